@@ -1,0 +1,224 @@
+"""Frozen configuration dataclasses. The CLI flags and YAML/JSON config files map onto these.
+
+Example:
+    >>> cfg = BuildConfig.from_dict({"precision": "fp16", "profiles": [
+    ...     {"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}]})
+    >>> cfg.precision
+    <Precision.FP16: 'fp16'>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamrt.errors import ConfigError
+from streamrt.types import ShapeProfile
+
+__all__ = ["BuildConfig", "CalibrationConfig", "CalibrationMethod", "ImagePreprocess", "Precision"]
+
+
+class Precision(enum.Enum):
+    """Numeric precision of an engine. Decided in the ONNX graph before any backend builds."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"  # fp32 graph, tensor-core matmuls allowed (GPU backends only)
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+class CalibrationMethod(enum.Enum):
+    """How int8 activation ranges are chosen from calibration data."""
+
+    ENTROPY = "entropy"
+    MINMAX = "minmax"
+    PERCENTILE = "percentile"
+
+
+def _enum(cls: type[enum.Enum], value: Any, field_name: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise ConfigError(f"{field_name} must be one of {allowed}, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """How a folder of calibration images becomes input tensors (resize, scale, layout).
+
+    Pixel values are read as RGB in [0, 255], resized to ``size`` (height, width), then
+    ``(x / 255 - mean) / std`` per channel, laid out as NCHW (or NHWC).
+    """
+
+    size: tuple[int, int] = (224, 224)
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    layout: str = "NCHW"
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("NCHW", "NHWC"):
+            raise ConfigError(f"preprocess layout must be NCHW or NHWC, got {self.layout!r}")
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise ConfigError(f"preprocess size must be (height, width) >= 1, got {self.size!r}")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Where int8 calibration data comes from and how ranges are computed."""
+
+    data: Path
+    method: CalibrationMethod = CalibrationMethod.ENTROPY
+    per_channel: bool = True
+    max_samples: int | None = None
+    percentile: float = 99.999
+    preprocess: ImagePreprocess | None = None
+    cache: Path | None = None  # defaults to <cache_dir>/calibration/<hash>.json
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", Path(self.data))
+        object.__setattr__(self, "method", _enum(CalibrationMethod, self.method, "calibration method"))
+        if self.cache is not None:
+            object.__setattr__(self, "cache", Path(self.cache))
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ConfigError(f"max_samples must be an integer >= 1, got {self.max_samples}")
+        if not 50.0 < self.percentile <= 100.0:
+            raise ConfigError(f"percentile must be in (50, 100], got {self.percentile}")
+
+
+def default_cache_dir() -> Path:
+    """``$STREAMRT_CACHE`` or ``~/.cache/streamrt``."""
+    import os
+
+    return Path(os.environ.get("STREAMRT_CACHE", Path.home() / ".cache" / "streamrt"))
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that decides what engine a build produces.
+
+    Two builds with equal configs, equal models and the same target give the same plan, which
+    is what the build cache relies on (see :meth:`cache_key_dict`).
+
+    Attributes:
+        backend: registry name of the backend (``onnxruntime``, ``torch_inductor``, ``tensorrt``).
+        precision: numeric precision; applied to the ONNX graph before the backend builds.
+        profiles: shape profiles for dynamic inputs; empty means "static shapes from the model"
+            (dynamic dims then default to 1..64 for a leading batch dim, else must be given).
+        keep_io_types: keep fp32 inputs/outputs when converting to fp16/bf16.
+        fp32_ops: op types kept in fp32 by the fp16/bf16 conversion (numerically sensitive ops).
+        calibration: int8 calibration data; required for ``precision=int8``.
+        memory_limit_mb: workspace/arena limit for backends that take one.
+        optimization_level: 0 (fast build) .. 5 (slowest, best kernels); backends map it.
+        backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
+    """
+
+    backend: str = "onnxruntime"
+    precision: Precision = Precision.FP32
+    profiles: tuple[ShapeProfile, ...] = ()
+    keep_io_types: bool = True
+    fp32_ops: tuple[str, ...] = ()
+    calibration: CalibrationConfig | None = None
+    memory_limit_mb: int | None = None
+    optimization_level: int = 3
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
+        object.__setattr__(self, "profiles", tuple(self.profiles))
+        object.__setattr__(self, "fp32_ops", tuple(self.fp32_ops))
+        if not 0 <= self.optimization_level <= 5:
+            raise ConfigError(f"optimization_level must be an integer in 0..5, got {self.optimization_level}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
+            raise ConfigError(f"memory_limit_mb must be an integer >= 1, got {self.memory_limit_mb}")
+        if self.precision is Precision.INT8 and self.calibration is None:
+            raise ConfigError(
+                "precision int8 needs calibration data",
+                hint="pass --calib DIR (a folder of .npy/.npz files or images)",
+            )
+
+    def replace(self, **changes: Any) -> BuildConfig:
+        return dataclasses.replace(self, **changes)
+
+    # --- (de)serialisation -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        calib = None
+        if self.calibration is not None:
+            c = self.calibration
+            calib = {
+                "data": str(c.data),
+                "method": c.method.value,
+                "per_channel": c.per_channel,
+                "max_samples": c.max_samples,
+                "percentile": c.percentile,
+                "preprocess": dataclasses.asdict(c.preprocess) if c.preprocess else None,
+                "cache": str(c.cache) if c.cache else None,
+            }
+        return {
+            "backend": self.backend,
+            "precision": self.precision.value,
+            "profiles": [p.to_dict() for p in self.profiles],
+            "keep_io_types": self.keep_io_types,
+            "fp32_ops": list(self.fp32_ops),
+            "calibration": calib,
+            "memory_limit_mb": self.memory_limit_mb,
+            "optimization_level": self.optimization_level,
+            "backend_options": dict(self.backend_options),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown build config keys {unknown}; known: {sorted(known)}")
+        kwargs: dict[str, Any] = dict(data)
+        if "profiles" in kwargs:
+            kwargs["profiles"] = tuple(
+                p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in kwargs["profiles"] or ()
+            )
+        calib = kwargs.get("calibration")
+        if isinstance(calib, Mapping):
+            calib = dict(calib)
+            pre = calib.get("preprocess")
+            if isinstance(pre, Mapping):
+                calib["preprocess"] = ImagePreprocess(
+                    **{k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()}
+                )
+            kwargs["calibration"] = CalibrationConfig(**calib)
+        if "fp32_ops" in kwargs:
+            kwargs["fp32_ops"] = tuple(kwargs["fp32_ops"] or ())
+        return cls(**kwargs)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> BuildConfig:
+        """Read a YAML or JSON file whose keys are this dataclass's fields."""
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        text = p.read_text()
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config file {p} must hold a mapping, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def cache_key_dict(self) -> dict[str, Any]:
+        """What identifies the build, without paths that do not change the result."""
+        d = self.to_dict()
+        if d["calibration"] is not None:
+            d["calibration"].pop("cache")
+        return d

@@ -1,0 +1,198 @@
+"""StreamRT's exception tree.
+
+Every error StreamRT raises on purpose derives from :class:`StreamRTError`, carries the
+offending value in its message and, where there is one, a hint that says how to fix it.
+The CLI prints ``str(error)`` on one line and exits with status 2.
+
+Hierarchy::
+
+    StreamRTError
+    ├── MissingDependencyError      an optional extra is not installed
+    ├── ConfigError                 a bad BuildConfig / RuntimeConfig / PipelineConfig value
+    │   └── ProfileError            a shape profile contradicts the model
+    ├── ModelError                  the model file itself is unusable
+    │   ├── ModelNotFoundError      no such file
+    │   ├── InvalidModelError       not ONNX, or fails the ONNX checker
+    │   └── UnsupportedOperatorError  a node the backend cannot run (node, op type, opset)
+    ├── CalibrationError            int8 calibration data missing or mismatched
+    ├── BuildError                  a backend failed to build an engine
+    ├── PlanError                   a plan file cannot be used
+    │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
+    │   └── PlanMismatchError       built for another backend version, device or library
+    ├── InputError                  bad inference inputs
+    │   ├── UnknownInputError       a name the engine does not have
+    │   ├── MissingInputError       an input the engine needs was not given
+    │   ├── DTypeMismatchError      wrong dtype
+    │   └── ShapeError              shape outside every profile, or wrong rank
+    ├── InferenceError              the backend failed while running
+    └── PipelineError               the stream/pipeline layer failed
+        ├── StageError              a stage raised for one item (the item's result carries it)
+        ├── StageTimeoutError       a stage did not finish in time
+        └── PipelineClosedError     work submitted after close()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BuildError",
+    "CalibrationError",
+    "ConfigError",
+    "DTypeMismatchError",
+    "InferenceError",
+    "InputError",
+    "InvalidModelError",
+    "MissingDependencyError",
+    "MissingInputError",
+    "ModelError",
+    "ModelNotFoundError",
+    "PipelineClosedError",
+    "PipelineError",
+    "PlanError",
+    "PlanFormatError",
+    "PlanMismatchError",
+    "ProfileError",
+    "ShapeError",
+    "StageError",
+    "StageTimeoutError",
+    "StreamRTError",
+    "UnknownInputError",
+    "UnsupportedOperatorError",
+]
+
+
+class StreamRTError(Exception):
+    """Root of every StreamRT error: a one-line message plus an optional fix."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class MissingDependencyError(StreamRTError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str, *, purpose: str = "") -> None:
+        what = f" for {purpose}" if purpose else ""
+        super().__init__(
+            f"the optional package '{package}' is required{what} but is not installed",
+            hint=f"pip install 'streamrt[{extra}]'",
+        )
+        self.package = package
+        self.extra = extra
+
+
+class ConfigError(StreamRTError, ValueError):
+    """A configuration value is invalid."""
+
+
+class ProfileError(ConfigError):
+    """A shape profile contradicts the model (unknown input, wrong rank, min > opt > max...)."""
+
+
+class ModelError(StreamRTError):
+    """The model file cannot be used."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """The model file does not exist."""
+
+
+class InvalidModelError(ModelError):
+    """The file is not an ONNX model, or the ONNX checker rejects it."""
+
+
+class UnsupportedOperatorError(ModelError):
+    """A node uses an operator the chosen backend cannot run."""
+
+    def __init__(self, node: str, op_type: str, opset: int, backend: str, *, detail: str = "") -> None:
+        extra = f": {detail}" if detail else ""
+        super().__init__(
+            f"node '{node}' uses operator {op_type} (opset {opset}) which backend '{backend}' "
+            f"cannot run{extra}",
+            hint="pick another backend with --backend, or re-export the model without this operator",
+        )
+        self.node = node
+        self.op_type = op_type
+        self.opset = opset
+
+
+class CalibrationError(StreamRTError):
+    """int8 calibration data is missing, empty or does not fit the model."""
+
+
+class BuildError(StreamRTError):
+    """A backend failed to build an engine."""
+
+
+class PlanError(StreamRTError):
+    """A plan file cannot be used."""
+
+
+class PlanFormatError(PlanError):
+    """The file is not a valid plan: truncated, tampered, foreign or of an unknown format version."""
+
+
+class PlanMismatchError(PlanError):
+    """The plan was built for another machine or library version than this one."""
+
+    def __init__(self, field: str, plan_value: Any, local_value: Any, rebuild_command: str) -> None:
+        super().__init__(
+            f"plan was built for {field}={plan_value!r} but this machine has {field}={local_value!r}",
+            hint=f"rebuild it here: {rebuild_command}",
+        )
+        self.field = field
+        self.plan_value = plan_value
+        self.local_value = local_value
+        self.rebuild_command = rebuild_command
+
+
+class InputError(StreamRTError, ValueError):
+    """Inference inputs do not match the engine."""
+
+
+class UnknownInputError(InputError):
+    """An input name the engine does not have."""
+
+
+class MissingInputError(InputError):
+    """An input the engine needs was not given."""
+
+
+class DTypeMismatchError(InputError):
+    """An input has the wrong dtype."""
+
+
+class ShapeError(InputError):
+    """An input shape lies outside every shape profile of the engine."""
+
+
+class InferenceError(StreamRTError):
+    """The backend failed while running an engine."""
+
+
+class PipelineError(StreamRTError):
+    """The stream or pipeline layer failed."""
+
+
+class StageError(PipelineError):
+    """A pipeline stage raised while processing one item."""
+
+    def __init__(self, stage: str, item: int, cause: BaseException) -> None:
+        super().__init__(f"stage '{stage}' failed on item {item}: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.item = item
+        self.cause = cause
+
+
+class StageTimeoutError(PipelineError):
+    """A stage did not finish within its timeout."""
+
+
+class PipelineClosedError(PipelineError):
+    """Work was submitted to a pipeline after ``close()``."""

@@ -1,0 +1,218 @@
+"""Tensor descriptions shared by every layer: dtypes, tensor specs and shape profiles.
+
+The dtype table is the single place that maps names between ONNX, NumPy, torch, TensorRT and
+the KServe v2 protocol; nothing else in StreamRT branches on dtype names.
+
+Example:
+    >>> spec = TensorSpec("images", DType.FLOAT32, (-1, 3, 224, 224))
+    >>> profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224))})
+    >>> profile.accepts({"images": (4, 3, 224, 224)})
+    True
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamrt.errors import ConfigError
+
+__all__ = ["DType", "Shape", "ShapeProfile", "ShapeRange", "TensorSpec", "format_shape", "parse_shape"]
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _DTypeInfo:
+    numpy: str
+    onnx: int  # onnx.TensorProto enum value
+    torch: str
+    tensorrt: str
+    kserve: str
+
+
+class DType(enum.Enum):
+    """Element types StreamRT moves between frameworks.
+
+    Each member's value is its canonical lower-case name; the conversion tables hang off it.
+    """
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT64 = "float64"
+    INT8 = "int8"
+    UINT8 = "uint8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    BOOL = "bool"
+
+    @property
+    def info(self) -> _DTypeInfo:
+        return _TABLE[self]
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        """The NumPy dtype (bfloat16 maps to ml_dtypes' bfloat16 when that package is present)."""
+        if self is DType.BFLOAT16:
+            try:
+                import ml_dtypes
+
+                return np.dtype(ml_dtypes.bfloat16)
+            except ImportError as exc:  # pragma: no cover - ml_dtypes ships with onnx
+                raise ConfigError("bfloat16 arrays need the ml_dtypes package") from exc
+        return np.dtype(self.info.numpy)
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self is DType.BFLOAT16 else self.numpy.itemsize
+
+    @property
+    def onnx(self) -> int:
+        return self.info.onnx
+
+    @property
+    def torch(self) -> Any:
+        """The torch dtype (imports torch)."""
+        import torch
+
+        return getattr(torch, self.info.torch)
+
+    @property
+    def kserve(self) -> str:
+        return self.info.kserve
+
+    @classmethod
+    def from_any(cls, value: Any) -> DType:
+        """Convert a NumPy/torch dtype, an ONNX element type, a KServe name or a plain name."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            for dtype, info in _TABLE.items():
+                if info.onnx == value:
+                    return dtype
+            raise ConfigError(f"unsupported ONNX element type {value}")
+        text = str(value)
+        if text.startswith("torch."):
+            text = text[len("torch.") :]
+        key = text.lower()
+        for dtype, info in _TABLE.items():
+            if key in (dtype.value, info.kserve.lower(), info.torch, info.tensorrt.lower()):
+                return dtype
+        try:
+            np_name = np.dtype(value).name
+        except TypeError:
+            np_name = ""
+        for dtype, info in _TABLE.items():
+            if np_name and np_name == info.numpy:
+                return dtype
+        if np_name == "bfloat16":
+            return DType.BFLOAT16
+        raise ConfigError(f"unsupported dtype {value!r}; known: {', '.join(d.value for d in cls)}")
+
+
+_TABLE: dict[DType, _DTypeInfo] = {
+    DType.FLOAT32: _DTypeInfo("float32", 1, "float32", "FLOAT", "FP32"),
+    DType.FLOAT16: _DTypeInfo("float16", 10, "float16", "HALF", "FP16"),
+    DType.BFLOAT16: _DTypeInfo("bfloat16", 16, "bfloat16", "BF16", "BF16"),
+    DType.FLOAT64: _DTypeInfo("float64", 11, "float64", "DOUBLE", "FP64"),
+    DType.INT8: _DTypeInfo("int8", 3, "int8", "INT8", "INT8"),
+    DType.UINT8: _DTypeInfo("uint8", 2, "uint8", "UINT8", "UINT8"),
+    DType.INT16: _DTypeInfo("int16", 5, "int16", "INT16", "INT16"),
+    DType.INT32: _DTypeInfo("int32", 6, "int32", "INT32", "INT32"),
+    DType.INT64: _DTypeInfo("int64", 7, "int64", "INT64", "INT64"),
+    DType.BOOL: _DTypeInfo("bool", 9, "bool", "BOOL", "BOOL"),
+}
+
+
+def format_shape(shape: Iterable[int]) -> str:
+    """``(1, 3, -1)`` -> ``'1x3x?'``, the notation the CLI and messages use."""
+    return "x".join("?" if d < 0 else str(d) for d in shape)
+
+
+def parse_shape(text: str) -> Shape:
+    """``'1x3x224x224'`` -> ``(1, 3, 224, 224)``; ``?`` or ``-1`` mark a dynamic dimension."""
+    try:
+        return tuple(-1 if part in ("?", "-1") else int(part) for part in text.strip().split("x"))
+    except ValueError as exc:
+        raise ConfigError(f"bad shape {text!r}: expected dimensions joined by 'x', e.g. 1x3x224x224") from exc
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """min/opt/max shape of one input. ``opt`` is the shape kernels are tuned for."""
+
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min", tuple(int(d) for d in self.min))
+        object.__setattr__(self, "opt", tuple(int(d) for d in self.opt))
+        object.__setattr__(self, "max", tuple(int(d) for d in self.max))
+
+    @classmethod
+    def fixed(cls, shape: Iterable[int]) -> ShapeRange:
+        s = tuple(shape)
+        return cls(s, s, s)
+
+    def contains(self, shape: Iterable[int]) -> bool:
+        s = tuple(shape)
+        return len(s) == len(self.min) and all(
+            lo <= d <= hi for d, lo, hi in zip(s, self.min, self.max, strict=True)
+        )
+
+    def describe(self) -> str:
+        return f"min {format_shape(self.min)}, opt {format_shape(self.opt)}, max {format_shape(self.max)}"
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Iterable[int]]) -> ShapeRange:
+        return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """One optimization profile: a :class:`ShapeRange` per dynamic input."""
+
+    ranges: Mapping[str, ShapeRange] = field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.ranges.items())))
+
+    def accepts(self, shapes: Mapping[str, Iterable[int]]) -> bool:
+        return all(name not in shapes or r.contains(shapes[name]) for name, r in self.ranges.items())
+
+    def to_dict(self) -> dict[str, dict[str, list[int]]]:
+        return {name: r.to_dict() for name, r in self.ranges.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Mapping[str, Iterable[int]]]) -> ShapeProfile:
+        return cls({name: ShapeRange.from_dict(r) for name, r in data.items()})
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype and shape of one engine input or output; ``-1`` marks a dynamic dimension."""
+
+    name: str
+    dtype: DType
+    shape: Shape
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d < 0 for d in self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype.value, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
+        return cls(str(data["name"]), DType.from_any(data["dtype"]), tuple(int(d) for d in data["shape"]))
