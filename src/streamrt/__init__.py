@@ -1,7 +1,57 @@
-"""StreamRT: build fast inference engines and keep the GPU busy while they run."""
+"""StreamRT: build fast inference engines and keep the GPU busy while they run.
+
+Example:
+    >>> import streamrt
+    >>> result = streamrt.build("model.onnx", streamrt.BuildConfig(precision="fp16"), "model.plan")  # doctest: +SKIP
+    >>> engine = streamrt.load(result.path)                                                          # doctest: +SKIP
+    >>> outputs = engine.create_context().infer({"images": batch})                                   # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "BuildConfig",
+    "BuildResult",
+    "DType",
+    "Engine",
+    "ExecutionContext",
+    "Precision",
+    "ShapeProfile",
+    "ShapeRange",
+    "StreamRTError",
+    "TensorSpec",
+    "__version__",
+    "build",
+    "load",
+]
+
+from streamrt.config import BuildConfig, Precision
+from streamrt.errors import StreamRTError
+from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
+
+if TYPE_CHECKING:
+    from streamrt.backends.base import Engine, ExecutionContext
+    from streamrt.builder import BuildResult, build
+    from streamrt.runtime import load
+
+_LAZY = {
+    "build": ("streamrt.builder", "build"),
+    "BuildResult": ("streamrt.builder", "BuildResult"),
+    "load": ("streamrt.runtime", "load"),
+    "Engine": ("streamrt.backends.base", "Engine"),
+    "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `import streamrt` stays cheap and a plan-only runtime never imports builders.
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'streamrt' has no attribute {name!r}")

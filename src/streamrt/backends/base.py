@@ -1,0 +1,229 @@
+"""The small protocols every backend fills in: Backend (build + load), Engine, ExecutionContext.
+
+Build and run are separate: ``Backend.build`` turns a (precision-transformed) ONNX model into
+payload bytes that :mod:`streamrt.plan` freezes; ``Backend.load`` turns a verified plan back
+into an :class:`Engine`. An engine only validates and runs; it never imports builder code.
+
+Lifecycle (after Polygraphy's runners): nothing heavy in ``__init__``; ``Engine.close()`` and
+the context-manager protocol release resources; :meth:`ExecutionContext.infer` checks names,
+dtypes and shapes against the profiles in one place, then calls the backend's ``_infer_impl``.
+
+Example:
+    >>> engine = streamrt.load("model.plan")                       # doctest: +SKIP
+    >>> with engine.create_context() as ctx:                        # doctest: +SKIP
+    ...     out = ctx.infer({"images": batch})
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
+from streamrt.onnx.profiles import check_shapes
+from streamrt.plan import Plan, PlanManifest, check_field
+from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from streamrt.config import BuildConfig
+    from streamrt.onnx.model import OnnxModel
+
+__all__ = ["Backend", "BuildOutput", "Engine", "ExecutionContext", "LayerTiming", "Progress"]
+
+Progress = Callable[[str], None]
+"""Receives one short line per build step ("optimizing graph", "autotuning 3/12")."""
+
+
+@dataclass(frozen=True)
+class BuildOutput:
+    """What a backend's build returns; :func:`streamrt.build` wraps it into a plan.
+
+    Attributes:
+        payload: bytes the backend's ``load`` understands.
+        settings: backend settings that shaped the payload, recorded in the manifest.
+        extra: backend facts recorded in the manifest (compatibility flags, package names...).
+    """
+
+    payload: bytes
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One row of a per-layer profile: ``streamrt profile`` sorts and sums these."""
+
+    name: str
+    op_type: str
+    total_ms: float
+    calls: int
+
+    @property
+    def mean_ms(self) -> float:
+        return self.total_ms / max(self.calls, 1)
+
+
+class Backend(abc.ABC):
+    """A backend: builds payloads on this machine and loads plans into engines.
+
+    Subclasses set ``name`` (the registry key), ``extra`` (the pip extra that brings its
+    library) and ``device_fields`` (the manifest ``device`` keys that must match at load).
+    """
+
+    name: ClassVar[str]
+    extra: ClassVar[str]
+    device_fields: ClassVar[tuple[str, ...]] = ()
+    precisions: ClassVar[frozenset[str]] = frozenset({"fp32"})
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """Version of the library that runs this backend's payloads."""
+
+    @abc.abstractmethod
+    def runtime_versions(self) -> dict[str, str]:
+        """Versions of every library a payload depends on (recorded in the plan)."""
+
+    @abc.abstractmethod
+    def target(self, config: BuildConfig) -> dict[str, Any]:
+        """The device this machine builds for, as recorded in the manifest's ``device``."""
+
+    @abc.abstractmethod
+    def build(
+        self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
+    ) -> BuildOutput:
+        """Build a payload from a checked, precision-transformed model."""
+
+    @abc.abstractmethod
+    def load(self, plan: Plan) -> Engine:
+        """Turn a verified, compatible plan into an engine."""
+
+    def check_compatible(self, manifest: PlanManifest) -> None:
+        """Raise PlanMismatchError when the plan cannot run here (library version or device).
+
+        The default compares ``backend_version`` and ``device_fields``; backends that build
+        version- or hardware-compatible payloads override it.
+        """
+        check_field(manifest, f"{self.name} version", manifest.backend_version, self.version())
+        from streamrt.config import BuildConfig
+
+        local = self.target(BuildConfig(backend=self.name))
+        for key in self.device_fields:
+            check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
+
+
+def _shape_of(value: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in value.shape)
+
+
+class Engine(abc.ABC):
+    """A loaded plan. Create one :class:`ExecutionContext` per concurrent stream.
+
+    Attributes:
+        manifest: the plan's manifest (precision, provenance, build settings).
+        device: ``"cpu"`` or ``"cuda"``: where inputs and outputs live.
+    """
+
+    def __init__(self, manifest: PlanManifest) -> None:
+        self.manifest = manifest
+        self.device: str = "cpu"
+        self._closed = False
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.manifest.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.manifest.outputs
+
+    @property
+    def profiles(self) -> tuple[ShapeProfile, ...]:
+        return self.manifest.profiles
+
+    @abc.abstractmethod
+    def create_context(self) -> ExecutionContext:
+        """A new execution context; each serves one stream at a time."""
+
+    def profile_layers(self, inputs: Mapping[str, Any], iterations: int = 10) -> list[LayerTiming]:
+        """Per-layer times from the backend's own profiler, in a run separate from timed runs."""
+        from streamrt.errors import StreamRTError
+
+        raise StreamRTError(f"backend '{self.manifest.backend}' has no per-layer profiler")
+
+    def validate(self, inputs: Mapping[str, Any]) -> int:
+        """Check names, dtypes and shapes; return the index of the profile that accepts them."""
+        expected = {s.name: s for s in self.inputs}
+        for name in inputs:
+            if name not in expected:
+                raise UnknownInputError(
+                    f"unknown input '{name}'; the engine's inputs are: {', '.join(expected)}"
+                )
+        shapes = {}
+        for name, spec in expected.items():
+            if name not in inputs:
+                raise MissingInputError(
+                    f"missing input '{name}' ({spec.dtype.value}, {format_shape(spec.shape)})"
+                )
+            value = inputs[name]
+            got = DType.from_any(value.dtype)
+            if got is not spec.dtype:
+                raise DTypeMismatchError(
+                    f"input '{name}' has dtype {got.value}, the engine expects {spec.dtype.value}",
+                    hint=f"convert it, e.g. array.astype('{spec.dtype.value}')",
+                )
+            shape = _shape_of(value)
+            if len(shape) != len(spec.shape):
+                raise ShapeError(
+                    f"input '{name}' has rank {len(shape)} ({format_shape(shape)}), "
+                    f"the engine expects rank {len(spec.shape)} ({format_shape(spec.shape)})"
+                )
+            shapes[name] = shape
+        return check_shapes(self.profiles, shapes)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class ExecutionContext(abc.ABC):
+    """Runs an engine on one stream at a time.
+
+    ``infer`` enqueues work on ``stream`` (a :class:`streamrt.device.base.Stream`; ``None``
+    means the engine's own default for synchronous use) and returns outputs that are valid once
+    that stream reaches this point. CPU engines run synchronously in the calling thread, which
+    for a host stream is that stream's worker.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def infer(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
+        """Validate inputs against the engine, then run. Returns outputs by name."""
+        profile = self.engine.validate(inputs)
+        return self._infer_impl(inputs, profile, stream)
+
+    @abc.abstractmethod
+    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
+        """Run with inputs already validated; ``profile`` is the accepting profile's index."""
+
+    def close(self) -> None:
+        """Release per-context resources."""
+
+    def __enter__(self) -> ExecutionContext:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,180 @@
+"""``streamrt.build``: model + BuildConfig -> plan file, with a content-keyed build cache.
+
+Steps: load and check the model; validate the shape profiles against it; apply the precision
+transform (fp16/bf16 casts, int8 Q/DQ from calibration data) to the ONNX graph; let the backend
+build its payload; freeze everything into a plan written atomically.
+
+The cache key is the SHA-256 of: the source model bytes, the build config (without paths that
+do not change the result), the calibration data content, the backend and its version, the
+target device and the plan format version. Building the same thing twice reuses the plan.
+
+Example:
+    >>> result = build("model.onnx", BuildConfig(precision="fp16"), "model.plan")   # doctest: +SKIP
+    >>> result.cached, result.path                                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import shlex
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamrt import __version__
+from streamrt.backends import get_backend
+from streamrt.backends.base import Progress
+from streamrt.config import BuildConfig, default_cache_dir
+from streamrt.errors import ConfigError, PlanError
+from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
+from streamrt.onnx.profiles import resolve_profiles
+from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
+from streamrt.types import format_shape
+
+__all__ = ["BuildResult", "build", "build_command", "cache_key"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Where the plan is, what it says, and whether the cache supplied it."""
+
+    path: Path
+    manifest: PlanManifest
+    cached: bool
+    seconds: float
+
+
+def _log_progress(line: str) -> None:
+    log.info("%s", line)
+
+
+def _hash_folder(folder: Path) -> str:
+    digest = hashlib.sha256()
+    if folder.is_dir():
+        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(f.relative_to(folder)).encode())
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def cache_key(model: OnnxModel, config: BuildConfig, target: dict[str, Any], backend_version: str) -> str:
+    """The content hash that identifies a build (see module docs)."""
+    parts = {
+        "format": FORMAT_VERSION,
+        "model": model.sha256,
+        "config": config.cache_key_dict(),
+        "calibration": _hash_folder(config.calibration.data) if config.calibration else None,
+        "backend_version": backend_version,
+        "target": target,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
+    """The ``streamrt build`` command line that reproduces ``config`` for ``source``."""
+    args = ["streamrt", "build", source, "-o", str(output), "--backend", config.backend]
+    args += ["--precision", config.precision.value]
+    for profile in config.profiles:
+        for label in ("min", "opt", "max"):
+            spec = ",".join(f"{n}:{format_shape(getattr(r, label))}" for n, r in profile.ranges.items())
+            args += [f"--{label}-shapes", spec]
+    if config.calibration is not None:
+        args += ["--calib", str(config.calibration.data), "--calib-method", config.calibration.method.value]
+    if config.optimization_level != 3:
+        args += ["--opt-level", str(config.optimization_level)]
+    if config.memory_limit_mb is not None:
+        args += ["--memory-limit", str(config.memory_limit_mb)]
+    for key, value in config.backend_options.items():
+        args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+    return shlex.join(args)
+
+
+def build(
+    model: str | Path | OnnxModel,
+    config: BuildConfig | None = None,
+    output: str | Path | None = None,
+    *,
+    cache: bool = True,
+    cache_dir: str | Path | None = None,
+    progress: Progress | None = None,
+) -> BuildResult:
+    """Build (or reuse) a plan for ``model``.
+
+    Args:
+        model: an ONNX file or an already loaded :class:`OnnxModel`.
+        config: what to build; defaults to ONNX Runtime fp32 with profiles from the model.
+        output: where to write the plan; defaults to the cache entry itself.
+        cache: reuse an identical earlier build and store this one.
+        cache_dir: defaults to ``$STREAMRT_CACHE`` or ``~/.cache/streamrt``.
+        progress: receives one line per long step (default: logged at INFO).
+    """
+    started = time.perf_counter()
+    config = config or BuildConfig()
+    report = progress or _log_progress
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    source = model if isinstance(model, OnnxModel) else load_model(model)
+    backend = get_backend(config.backend)
+    if config.precision.value not in backend.precisions:
+        raise ConfigError(
+            f"backend '{backend.name}' cannot build precision {config.precision.value}; "
+            f"it supports {', '.join(sorted(backend.precisions))}",
+        )
+    profiles = resolve_profiles(source.inputs, config.profiles)
+    target = backend.target(config)
+    key = cache_key(source, config, target, backend.version())
+    cached_plan = cache_root / "plans" / f"{key}.plan"
+    out_path = Path(output) if output is not None else cached_plan
+
+    if cache and cached_plan.is_file():
+        try:
+            manifest = read_manifest(cached_plan)
+        except PlanError:
+            log.warning("ignoring unreadable cache entry %s", cached_plan)
+        else:
+            if out_path.resolve() != cached_plan.resolve():
+                with atomic_write(out_path) as dst, open(cached_plan, "rb") as src:
+                    shutil.copyfileobj(src, dst)
+            report(f"reused cached plan {cached_plan.name[:16]}… (same model, settings and target)")
+            return BuildResult(out_path, manifest, True, time.perf_counter() - started)
+
+    transformed = source
+    if config.precision.value not in ("fp32", "tf32"):
+        from streamrt.onnx.precision import apply_precision
+
+        report(f"applying precision {config.precision.value} to the ONNX graph")
+        proto = apply_precision(source.proto, config, cache_dir=cache_root, progress=report)
+        transformed = model_from_proto(proto, source.path)
+    report(f"building with {backend.name} {backend.version()}")
+    built = backend.build(transformed, config, profiles, report)
+    source_label = str(source.path) if source.path else source.name
+    manifest = PlanManifest(
+        backend=backend.name,
+        backend_version=backend.version(),
+        runtime_versions=backend.runtime_versions(),
+        device=target,
+        precision=config.precision.value,
+        inputs=transformed.inputs,
+        outputs=transformed.outputs,
+        profiles=profiles,
+        source_sha256=source.sha256,
+        source_name=source.name,
+        build_settings={"config": config.to_dict(), "backend": dict(built.settings)},
+        build_command=build_command(source_label, out_path, config),
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        streamrt_version=__version__,
+        extra=dict(built.extra),
+    )
+    write_plan(out_path, manifest, built.payload)
+    if cache and out_path.resolve() != cached_plan.resolve():
+        with atomic_write(cached_plan) as dst, open(out_path, "rb") as src:
+            shutil.copyfileobj(src, dst)
+    seconds = time.perf_counter() - started
+    report(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.2f} MiB) in {seconds:.1f} s")
+    return BuildResult(out_path, manifest, False, seconds)
