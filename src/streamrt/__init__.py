@@ -2,9 +2,10 @@
 
 Example:
     >>> import streamrt
-    >>> result = streamrt.build("model.onnx", streamrt.BuildConfig(precision="fp16"), "model.plan")  # doctest: +SKIP
-    >>> engine = streamrt.load(result.path)                                                          # doctest: +SKIP
-    >>> outputs = engine.create_context().infer({"images": batch})                                   # doctest: +SKIP
+    >>> config = streamrt.BuildConfig(precision="fp16")
+    >>> result = streamrt.build("model.onnx", config, "model.plan")      # doctest: +SKIP
+    >>> engine = streamrt.load(result.path)                              # doctest: +SKIP
+    >>> outputs = engine.create_context().infer({"images": batch})       # doctest: +SKIP
 """
 
 from __future__ import annotations

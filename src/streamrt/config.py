@@ -184,16 +184,16 @@ class BuildConfig:
         kwargs: dict[str, Any] = dict(data)
         if "profiles" in kwargs:
             kwargs["profiles"] = tuple(
-                p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in kwargs["profiles"] or ()
+                p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p)
+                for p in kwargs["profiles"] or ()
             )
         calib = kwargs.get("calibration")
         if isinstance(calib, Mapping):
             calib = dict(calib)
             pre = calib.get("preprocess")
             if isinstance(pre, Mapping):
-                calib["preprocess"] = ImagePreprocess(
-                    **{k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()}
-                )
+                fields = {k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()}
+                calib["preprocess"] = ImagePreprocess(**fields)  # type: ignore[arg-type]
             kwargs["calibration"] = CalibrationConfig(**calib)
         if "fp32_ops" in kwargs:
             kwargs["fp32_ops"] = tuple(kwargs["fp32_ops"] or ())

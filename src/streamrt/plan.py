@@ -185,7 +185,9 @@ def is_plan_file(path: str | Path) -> bool:
 
 def _parse_header(data: bytes, name: str) -> tuple[int, int]:
     if len(data) < _HEADER.size or data[: len(MAGIC)] != MAGIC:
-        raise PlanFormatError(f"{name} is not a StreamRT plan (bad magic)", hint="build one with 'streamrt build'")
+        raise PlanFormatError(
+            f"{name} is not a StreamRT plan (bad magic)", hint="build one with 'streamrt build'"
+        )
     _, version, meta_len = _HEADER.unpack_from(data)
     if version != FORMAT_VERSION:
         raise PlanFormatError(

@@ -35,15 +35,24 @@ class BackendEntry:
 
 BACKENDS: dict[str, BackendEntry] = {
     "onnxruntime": BackendEntry(
-        "streamrt.backends.onnxruntime", "OnnxRuntimeBackend", "onnxruntime", "core",
+        "streamrt.backends.onnxruntime",
+        "OnnxRuntimeBackend",
+        "onnxruntime",
+        "core",
         "ONNX Runtime (CPU by default; CUDA/TensorRT providers with onnxruntime-gpu)",
     ),
     "torch_inductor": BackendEntry(
-        "streamrt.backends.torch_inductor", "TorchInductorBackend", "torch", "torch",
+        "streamrt.backends.torch_inductor",
+        "TorchInductorBackend",
+        "torch",
+        "torch",
         "PyTorch torch.export + AOTInductor packages (GPU, or CPU through Inductor's C++ path)",
     ),
     "tensorrt": BackendEntry(
-        "streamrt.backends.tensorrt", "TensorRTBackend", "tensorrt", "tensorrt",
+        "streamrt.backends.tensorrt",
+        "TensorRTBackend",
+        "tensorrt",
+        "tensorrt",
         "NVIDIA TensorRT 10.x / 11.x serialized engines",
     ),
 }

@@ -217,7 +217,7 @@ class ExecutionContext(abc.ABC):
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
         """Run with inputs already validated; ``profile`` is the accepting profile's index."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most contexts hold nothing
         """Release per-context resources."""
 
     def __enter__(self) -> ExecutionContext:

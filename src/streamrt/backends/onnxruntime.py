@@ -104,12 +104,26 @@ def _providers(settings: Mapping[str, Any]) -> list[Any]:
     return out
 
 
+def _cpu_isa() -> str:
+    """The widest SIMD level ONNX Runtime's CPU kernels pick (it decides the NCHWc block size)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return platform.machine()
+    for isa in ("avx512f", "avx2", "avx", "asimd", "neon"):
+        if isa in flags:
+            return isa
+    return "generic"
+
+
 def _translate(exc: Exception, model: OnnxModel | None) -> Exception:
     text = str(exc)
     match = _NOT_IMPLEMENTED.search(text)
     if match:
         op, opset, node = match.groups()
-        return UnsupportedOperatorError(node, op, int(opset), "onnxruntime", detail=text.splitlines()[0][:200])
+        return UnsupportedOperatorError(
+            node, op, int(opset), "onnxruntime", detail=text.splitlines()[0][:200]
+        )
     where = f" for {model.name}" if model else ""
     return BuildError(f"onnxruntime could not create a session{where}: {text.splitlines()[0][:300]}")
 
@@ -119,7 +133,7 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
     extra = "core"
-    device_fields = ("kind", "arch")
+    device_fields = ("kind", "arch", "isa")
     # bf16 and tf32 have no CPU kernels in ONNX Runtime for most operators.
     precisions = frozenset({"fp32", "fp16", "int8"})
 
@@ -134,7 +148,7 @@ class OnnxRuntimeBackend(Backend):
     def target(self, config: BuildConfig) -> dict[str, Any]:
         providers = [PROVIDERS.get(p, p) for p in config.backend_options.get("providers", ["cpu"])]
         kind = "cuda" if any(p != "CPUExecutionProvider" for p in providers) else "cpu"
-        return {"kind": kind, "arch": platform.machine(), "providers": providers}
+        return {"kind": kind, "arch": platform.machine(), "isa": _cpu_isa(), "providers": providers}
 
     def build(
         self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
@@ -208,7 +222,7 @@ class OnnxRuntimeEngine(Engine):
 
     def close(self) -> None:
         super().close()
-        self._session = None  # type: ignore[assignment]
+        self._session = None
 
 
 def _node_calls(trace: Path) -> dict[str, LayerTiming]:
@@ -222,7 +236,9 @@ def _node_calls(trace: Path) -> dict[str, LayerTiming]:
         op = ev.get("args", {}).get("op_name", "?")
         prev = rows.get(name)
         dur = float(ev.get("dur", 0)) / 1000.0
-        rows[name] = LayerTiming(name, op, dur + (prev.total_ms if prev else 0.0), 1 + (prev.calls if prev else 0))
+        rows[name] = LayerTiming(
+            name, op, dur + (prev.total_ms if prev else 0.0), 1 + (prev.calls if prev else 0)
+        )
     return rows
 
 
@@ -251,8 +267,12 @@ class OnnxRuntimeContext(ExecutionContext):
         for name, tensor in inputs.items():
             t = tensor.contiguous()
             binding.bind_input(
-                name, "cuda", t.device.index or 0, np.dtype(str(t.dtype).replace("torch.", "")),
-                tuple(t.shape), t.data_ptr(),
+                name,
+                "cuda",
+                t.device.index or 0,
+                np.dtype(str(t.dtype).replace("torch.", "")),
+                tuple(t.shape),
+                t.data_ptr(),
             )
         for name in engine._output_names:
             binding.bind_output(name, "cuda")

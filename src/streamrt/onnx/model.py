@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-
 from streamrt.errors import InvalidModelError, ModelNotFoundError
 from streamrt.types import DType, TensorSpec
 
@@ -105,7 +104,9 @@ def tensor_specs(model: onnx.ModelProto, which: str) -> tuple[TensorSpec, ...]:
             continue
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
-            raise InvalidModelError(f"{which} '{value.name}' is not a tensor; StreamRT supports tensor IO only")
+            raise InvalidModelError(
+                f"{which} '{value.name}' is not a tensor; StreamRT supports tensor IO only"
+            )
         dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
         specs.append(TensorSpec(value.name, DType.from_any(int(ttype.elem_type)), dims))
     return tuple(specs)
@@ -129,7 +130,8 @@ def _check(proto: onnx.ModelProto, path: Path | None) -> None:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise InvalidModelError(
-            f"{where} fails the ONNX checker: {first}", hint="re-export the model, or fix it with onnx.checker"
+            f"{where} fails the ONNX checker: {first}",
+            hint="re-export the model, or fix it with onnx.checker",
         ) from exc
     if not proto.graph.output:
         raise InvalidModelError(f"{where} has no graph outputs")

@@ -87,7 +87,8 @@ def _default_range(spec: TensorSpec) -> ShapeRange:
     dynamic = [i for i, d in enumerate(spec.shape) if d < 0]
     if dynamic != [0]:
         raise ProfileError(
-            f"input '{spec.name}' ({format_shape(spec.shape)}) has dynamic dimensions {dynamic} and no profile",
+            f"input '{spec.name}' ({format_shape(spec.shape)}) has dynamic dimensions {dynamic} "
+            "and no profile",
             hint=(
                 f"give its range, e.g. --min-shapes {spec.name}:... --opt-shapes {spec.name}:... "
                 f"--max-shapes {spec.name}:..."
@@ -97,7 +98,9 @@ def _default_range(spec: TensorSpec) -> ShapeRange:
     return ShapeRange((1, *rest), (1, *rest), (DEFAULT_MAX_BATCH, *rest))
 
 
-def resolve_profiles(inputs: Sequence[TensorSpec], profiles: Iterable[ShapeProfile]) -> tuple[ShapeProfile, ...]:
+def resolve_profiles(
+    inputs: Sequence[TensorSpec], profiles: Iterable[ShapeProfile]
+) -> tuple[ShapeProfile, ...]:
     """Validate profiles against the model's inputs and complete them.
 
     Every profile ends up with a range for every input: static inputs get their fixed shape,

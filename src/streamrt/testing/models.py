@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-
 from streamrt.types import ShapeProfile, ShapeRange
 
 __all__ = ["CATALOGUE", "CatalogueModel", "resnet_like", "small_cnn"]
@@ -54,10 +54,19 @@ def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-           inits: dict[str, np.ndarray], name: str) -> onnx.ModelProto:
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: dict[str, np.ndarray],
+    name: str,
+) -> onnx.ModelProto:
     graph = helper.make_graph(
-        nodes, name, inputs, outputs, [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()]
+        nodes,
+        name,
+        inputs,
+        outputs,
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="streamrt")
     model.ir_version = 8
@@ -87,7 +96,7 @@ def _batch_profile(name: str, rest: tuple[int, ...], opt: int = 4, hi: int = 16)
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int = 1, pad: int = 0) -> np.ndarray:
     """NCHW convolution via im2col."""
-    n, c, h, wd = x.shape
+    h, wd = x.shape[2:]
     k, _, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
@@ -150,8 +159,12 @@ def _conv_bn_relu() -> onnx.ModelProto:
         helper.make_node("Relu", ["n"], ["y"]),
     ]
     inits = {
-        "w": _he(rng, (8, 3, 3, 3)), "b": rng.standard_normal(8) * 0.1, "g": rng.uniform(0.5, 1.5, 8),
-        "beta": rng.standard_normal(8) * 0.1, "mu": rng.standard_normal(8) * 0.1, "var": rng.uniform(0.5, 2, 8),
+        "w": _he(rng, (8, 3, 3, 3)),
+        "b": rng.standard_normal(8) * 0.1,
+        "g": rng.uniform(0.5, 1.5, 8),
+        "beta": rng.standard_normal(8) * 0.1,
+        "mu": rng.standard_normal(8) * 0.1,
+        "var": rng.uniform(0.5, 2, 8),
     }
     return _model(nodes, [_f32("x", [1, 3, 16, 16])], [_f32("y", [1, 8, 16, 16])], inits, "conv_bn_relu")
 
@@ -160,9 +173,9 @@ def _conv_bn_relu_ref(m: onnx.ModelProto, i: Arrays) -> Arrays:
     w = _weights(m)
     c = conv2d(i["x"].astype(np.float64), w["w"], w["b"], pad=1)
     shape = (1, -1, 1, 1)
-    n = (c - w["mu"].reshape(shape)) / np.sqrt(w["var"].reshape(shape) + 1e-5) * w["g"].reshape(
-        shape
-    ) + w["beta"].reshape(shape)
+    n = (c - w["mu"].reshape(shape)) / np.sqrt(w["var"].reshape(shape) + 1e-5) * w["g"].reshape(shape) + w[
+        "beta"
+    ].reshape(shape)
     return {"y": relu(n)}
 
 
@@ -178,7 +191,10 @@ def _dynamic_batch() -> onnx.ModelProto:
         helper.make_node("MatMul", ["flat", "w"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "dynamic_batch", [_f32("x", ["N", 4, 6])], [_f32("y", ["N", 5])],
+        nodes,
+        "dynamic_batch",
+        [_f32("x", ["N", 4, 6])],
+        [_f32("y", ["N", 5])],
         [
             numpy_helper.from_array(np.array(0, dtype=np.int64), "zero"),
             numpy_helper.from_array(np.array([0], dtype=np.int64), "axes0"),
@@ -204,8 +220,11 @@ def _two_io() -> onnx.ModelProto:
         helper.make_node("Softmax", ["prod"], ["probs"], axis=-1),
     ]
     return _model(
-        nodes, [_f32("a", ["N", 10]), _f32("b", ["N", 10])], [_f32("sum", ["N", 10]), _f32("probs", ["N", 10])],
-        {}, "two_io",
+        nodes,
+        [_f32("a", ["N", 10]), _f32("b", ["N", 10])],
+        [_f32("sum", ["N", 10]), _f32("probs", ["N", 10])],
+        {},
+        "two_io",
     )
 
 
@@ -228,9 +247,12 @@ def small_cnn(classes: int = 10, size: int = 32, seed: int = 4) -> onnx.ModelPro
         helper.make_node("Gemm", ["f", "wf", "bf"], ["logits"], transB=1),
     ]
     inits = {
-        "w1": _he(rng, (16, 3, 3, 3)), "b1": rng.standard_normal(16) * 0.1,
-        "w2": _he(rng, (32, 16, 3, 3)), "b2": rng.standard_normal(32) * 0.1,
-        "wf": rng.standard_normal((classes, 32)) * 0.5, "bf": rng.standard_normal(classes) * 0.1,
+        "w1": _he(rng, (16, 3, 3, 3)),
+        "b1": rng.standard_normal(16) * 0.1,
+        "w2": _he(rng, (32, 16, 3, 3)),
+        "b2": rng.standard_normal(32) * 0.1,
+        "wf": rng.standard_normal((classes, 32)) * 0.5,
+        "bf": rng.standard_normal(classes) * 0.1,
     }
     return _model(
         nodes, [_f32("x", ["N", 3, size, size])], [_f32("logits", ["N", classes])], inits, "small_cnn"
@@ -247,20 +269,46 @@ def _small_cnn_ref(m: onnx.ModelProto, i: Arrays) -> Arrays:
 CATALOGUE: dict[str, CatalogueModel] = {
     m.name: m
     for m in (
-        CatalogueModel("elementwise", _elementwise, lambda r, n: {"x": _rand(r, n, 8)}, _elementwise_ref,
-                       _batch_profile("x", (8,))),
-        CatalogueModel("matmul", _matmul, lambda r, n: {"x": _rand(r, n, 32)}, _matmul_ref,
-                       _batch_profile("x", (32,))),
-        CatalogueModel("conv_bn_relu", _conv_bn_relu, lambda r, n: {"x": _rand(r, 1, 3, 16, 16)},
-                       _conv_bn_relu_ref),
-        CatalogueModel("dynamic_batch", _dynamic_batch, lambda r, n: {"x": _rand(r, n, 4, 6)},
-                       _dynamic_batch_ref, _batch_profile("x", (4, 6))),
-        CatalogueModel("two_io", _two_io, lambda r, n: {"a": _rand(r, n, 10), "b": _rand(r, n, 10)},
-                       _two_io_ref, (ShapeProfile({
-                           "a": ShapeRange((1, 10), (4, 10), (16, 10)),
-                           "b": ShapeRange((1, 10), (4, 10), (16, 10))}),)),
-        CatalogueModel("small_cnn", small_cnn, lambda r, n: {"x": _rand(r, n, 3, 32, 32)}, _small_cnn_ref,
-                       _batch_profile("x", (3, 32, 32)), rtol=1e-3, atol=1e-3),
+        CatalogueModel(
+            "elementwise",
+            _elementwise,
+            lambda r, n: {"x": _rand(r, n, 8)},
+            _elementwise_ref,
+            _batch_profile("x", (8,)),
+        ),
+        CatalogueModel(
+            "matmul", _matmul, lambda r, n: {"x": _rand(r, n, 32)}, _matmul_ref, _batch_profile("x", (32,))
+        ),
+        CatalogueModel(
+            "conv_bn_relu", _conv_bn_relu, lambda r, n: {"x": _rand(r, 1, 3, 16, 16)}, _conv_bn_relu_ref
+        ),
+        CatalogueModel(
+            "dynamic_batch",
+            _dynamic_batch,
+            lambda r, n: {"x": _rand(r, n, 4, 6)},
+            _dynamic_batch_ref,
+            _batch_profile("x", (4, 6)),
+        ),
+        CatalogueModel(
+            "two_io",
+            _two_io,
+            lambda r, n: {"a": _rand(r, n, 10), "b": _rand(r, n, 10)},
+            _two_io_ref,
+            (
+                ShapeProfile(
+                    {"a": ShapeRange((1, 10), (4, 10), (16, 10)), "b": ShapeRange((1, 10), (4, 10), (16, 10))}
+                ),
+            ),
+        ),
+        CatalogueModel(
+            "small_cnn",
+            small_cnn,
+            lambda r, n: {"x": _rand(r, n, 3, 32, 32)},
+            _small_cnn_ref,
+            _batch_profile("x", (3, 32, 32)),
+            rtol=1e-3,
+            atol=1e-3,
+        ),
     )
 }
 
@@ -282,15 +330,24 @@ def resnet_like(depth: int = 18, classes: int = 1000, seed: int = 0) -> onnx.Mod
         i = next(counter)
         w, b = _bn_fold(rng, cin, cout, k)
         inits[f"conv{i}.w"], inits[f"conv{i}.b"] = w, b
-        nodes.append(helper.make_node("Conv", [x, f"conv{i}.w", f"conv{i}.b"], [f"conv{i}"],
-                                      pads=[k // 2] * 4, strides=[stride, stride]))
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, f"conv{i}.w", f"conv{i}.b"],
+                [f"conv{i}"],
+                pads=[k // 2] * 4,
+                strides=[stride, stride],
+            )
+        )
         if not act:
             return f"conv{i}"
         nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"]))
         return f"relu{i}"
 
     x = conv("images", 3, 64, 7, 2, True)
-    nodes.append(helper.make_node("MaxPool", [x], ["pool0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
+    nodes.append(
+        helper.make_node("MaxPool", [x], ["pool0"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)
+    )
     x, cin = "pool0", 64
     for stage, count in enumerate(blocks):
         cout = 64 * 2**stage
@@ -309,8 +366,13 @@ def resnet_like(depth: int = 18, classes: int = 1000, seed: int = 0) -> onnx.Mod
     ]
     inits["fc.w"] = rng.standard_normal((classes, cin)) * np.sqrt(1.0 / cin)
     inits["fc.b"] = np.zeros(classes)
-    return _model(nodes, [_f32("images", ["N", 3, 224, 224])], [_f32("logits", ["N", classes])], inits,
-                  f"resnet{depth}_like")
+    return _model(
+        nodes,
+        [_f32("images", ["N", 3, 224, 224])],
+        [_f32("logits", ["N", classes])],
+        inits,
+        f"resnet{depth}_like",
+    )
 
 
 _WRITERS: dict[str, Callable[[], onnx.ModelProto]] = {

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs the test dependencies into .venv and runs the linter, the type checker and every test.
+# torch is pinned: any other request pulls a multi-GB CUDA build on CPU-only machines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]' 'torch==2.13.0'
+.venv/bin/ruff check src tests benchmarks scripts
+.venv/bin/mypy
+.venv/bin/pytest -q "$@"

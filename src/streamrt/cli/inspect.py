@@ -1,0 +1,97 @@
+"""``streamrt inspect MODEL.onnx|PLAN``: IO, profiles, op histogram, precision and provenance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from streamrt.plan import is_plan_file
+from streamrt.types import format_shape
+
+__all__ = ["describe", "register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show IO tensors, profiles, op histogram, precision and build provenance",
+        description="Describe an ONNX model or a plan file.",
+    )
+    parser.add_argument("path", type=Path, help="ONNX model or plan")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run)
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """What ``inspect --json`` prints: the model's description, or the plan's manifest."""
+    if is_plan_file(path):
+        from streamrt.plan import read_plan
+
+        plan = read_plan(path)  # verifies the checksum: inspect reports broken plans too
+        info = {
+            "kind": "plan",
+            "path": str(path),
+            "size_bytes": path.stat().st_size,
+            **plan.manifest.to_dict(),
+        }
+        settings = plan.manifest.build_settings
+        if plan.manifest.backend == "onnxruntime":
+            import onnx
+            from streamrt.onnx.model import model_from_proto
+
+            optimized = model_from_proto(onnx.load_from_string(plan.payload), check=False)
+            info["op_histogram"] = optimized.op_histogram()
+        info["build_settings"] = settings
+        return info
+    from streamrt.onnx.model import load_model
+
+    return load_model(path).describe()
+
+
+def _io_lines(title: str, tensors: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{title}:"]
+    for t in tensors:
+        lines.append(f"  {t['name']:<24} {t['dtype']:<9} {format_shape(t['shape'])}")
+    return lines
+
+
+def _text(info: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if info["kind"] == "plan":
+        lines.append(f"plan {info['path']} ({info['size_bytes'] / 2**20:.2f} MiB)")
+        lines.append(f"  backend      {info['backend']} {info['backend_version']}")
+        lines.append(f"  precision    {info['precision']}")
+        lines.append(f"  device       {', '.join(f'{k}={v}' for k, v in info['device'].items())}")
+        lines.append(f"  source       {info['source_name']} (sha256 {info['source_sha256'][:16]}…)")
+        lines.append(f"  created      {info['created_at']} by streamrt {info['streamrt_version']}")
+        lines.append(f"  runtime      {', '.join(f'{k} {v}' for k, v in info['runtime_versions'].items())}")
+        lines.append(f"  rebuild      {info['build_command']}")
+    else:
+        lines.append(f"onnx model {info['path']}")
+        lines.append(f"  opset {info['opset']}, ir {info['ir_version']}, producer {info['producer'] or '?'}")
+        lines.append(f"  sha256 {info['sha256']}")
+    lines += _io_lines("inputs", info["inputs"]) + _io_lines("outputs", info["outputs"])
+    for i, profile in enumerate(info.get("profiles", [])):
+        lines.append(f"profile {i}:")
+        for name, r in profile.items():
+            lines.append(
+                f"  {name:<24} min {format_shape(r['min'])}  opt {format_shape(r['opt'])}  "
+                f"max {format_shape(r['max'])}"
+            )
+    hist = info.get("op_histogram") or {}
+    if hist:
+        lines.append(f"ops ({sum(hist.values())} nodes):")
+        lines += [f"  {op:<28} {count}" for op, count in hist.items()]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.path.exists():
+        from streamrt.errors import ModelNotFoundError
+
+        raise ModelNotFoundError(f"file not found: {args.path}")
+    info = describe(args.path)
+    print(json.dumps(info, indent=2) if args.json else _text(info))
+    return 0

@@ -1,0 +1,98 @@
+"""ONNX Runtime backend on the model catalogue, plus its input checks and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import streamrt
+from helpers import catalogue_file, save, unsupported_op_model
+from streamrt.config import BuildConfig
+from streamrt.errors import (
+    DTypeMismatchError,
+    MissingInputError,
+    PlanMismatchError,
+    ShapeError,
+    UnknownInputError,
+    UnsupportedOperatorError,
+)
+from streamrt.plan import read_plan, write_plan
+from streamrt.testing.models import CATALOGUE
+
+
+def _build(name: str, tmp_path: Path) -> tuple[streamrt.Engine, Path]:
+    model = CATALOGUE[name]
+    result = streamrt.build(
+        catalogue_file(name, tmp_path),
+        BuildConfig(profiles=model.profiles),
+        tmp_path / f"{name}.plan",
+        cache_dir=tmp_path / "cache",
+    )
+    return streamrt.load(result.path), result.path
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_catalogue_matches_numpy_reference(name: str, tmp_path: Path) -> None:
+    model = CATALOGUE[name]
+    engine, _ = _build(name, tmp_path)
+    ctx = engine.create_context()
+    rng = np.random.default_rng()
+    for batch in (1, 3) if model.profiles else (1,):
+        inputs = model.inputs(rng, batch)
+        got = ctx.infer(inputs)
+        want = model.reference(model.make(), inputs)
+        assert set(got) == set(want)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=model.rtol, atol=model.atol)
+
+
+def test_shape_outside_profile_names_input_and_range(tmp_path: Path) -> None:
+    engine, _ = _build("matmul", tmp_path)
+    x = np.random.default_rng().standard_normal((17, 32)).astype(np.float32)
+    with pytest.raises(ShapeError, match=r"input 'x' has shape 17x32, outside every profile.*max 16x32"):
+        engine.create_context().infer({"x": x})
+
+
+def test_input_checks(tmp_path: Path) -> None:
+    engine, _ = _build("two_io", tmp_path)
+    ctx = engine.create_context()
+    a = np.ones((2, 10), np.float32)
+    with pytest.raises(MissingInputError, match="missing input 'b'"):
+        ctx.infer({"a": a})
+    with pytest.raises(UnknownInputError, match="unknown input 'c'"):
+        ctx.infer({"a": a, "b": a, "c": a})
+    with pytest.raises(DTypeMismatchError, match="input 'b' has dtype float64, the engine expects float32"):
+        ctx.infer({"a": a, "b": a.astype(np.float64)})
+    with pytest.raises(ShapeError, match="rank"):
+        ctx.infer({"a": a, "b": a[0]})
+
+
+def test_unsupported_operator_names_node_op_and_opset(tmp_path: Path) -> None:
+    path = save(unsupported_op_model(), tmp_path / "bf16.onnx")
+    with pytest.raises(UnsupportedOperatorError, match=r"node 'sqrt_bf16' uses operator Sqrt \(opset 13\)"):
+        streamrt.build(path, BuildConfig(), tmp_path / "bf16.plan", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "bf16.plan").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("backend_version", "0.0.1"), ("device", {"kind": "cpu", "arch": "riscv"})]
+)
+def test_foreign_plan_is_refused_with_rebuild_command(tmp_path: Path, field: str, value: object) -> None:
+    _, path = _build("matmul", tmp_path)
+    plan = read_plan(path)
+    foreign = dataclasses.replace(plan.manifest, **{field: value})
+    write_plan(path, foreign, plan.payload)
+    with pytest.raises(PlanMismatchError) as info:
+        streamrt.load(path)
+    assert "streamrt build" in str(info.value) and str(path) in str(info.value)
+
+
+def test_per_node_profile(tmp_path: Path) -> None:
+    engine, _ = _build("small_cnn", tmp_path)
+    x = np.random.default_rng().standard_normal((2, 3, 32, 32)).astype(np.float32)
+    rows = engine.profile_layers({"x": x}, iterations=3)
+    assert rows and all(r.calls == 3 and r.total_ms >= 0 for r in rows)
+    assert {r.op_type for r in rows} >= {"Conv", "Gemm"}
