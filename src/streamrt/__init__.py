@@ -27,6 +27,7 @@ __all__ = [
     "TensorSpec",
     "__version__",
     "build",
+    "build_module",
     "load",
 ]
 
@@ -36,6 +37,7 @@ from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
+    from streamrt.backends.torch_inductor import build_module
     from streamrt.builder import BuildResult, build
     from streamrt.runtime import load
 
@@ -43,6 +45,7 @@ _LAZY = {
     "build": ("streamrt.builder", "build"),
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
+    "build_module": ("streamrt.backends.torch_inductor", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
 }

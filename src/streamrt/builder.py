@@ -28,15 +28,15 @@ from typing import Any
 
 from streamrt import __version__
 from streamrt.backends import get_backend
-from streamrt.backends.base import Progress
+from streamrt.backends.base import BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError
 from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
-from streamrt.types import format_shape
+from streamrt.types import ShapeProfile, TensorSpec, format_shape
 
-__all__ = ["BuildResult", "build", "build_command", "cache_key"]
+__all__ = ["BuildResult", "build", "build_command", "cache_key", "make_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,40 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
     return shlex.join(args)
 
 
+def make_manifest(
+    backend_name: str,
+    target: dict[str, Any],
+    config: BuildConfig,
+    built: BuildOutput,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    profiles: tuple[ShapeProfile, ...],
+    *,
+    source_sha256: str,
+    source_name: str,
+    build_command: str,
+) -> PlanManifest:
+    """The manifest of a fresh build (shared by ONNX builds and module builds)."""
+    backend = get_backend(backend_name)
+    return PlanManifest(
+        backend=backend.name,
+        backend_version=backend.version(),
+        runtime_versions=backend.runtime_versions(),
+        device=target,
+        precision=config.precision.value,
+        inputs=inputs,
+        outputs=outputs,
+        profiles=profiles,
+        source_sha256=source_sha256,
+        source_name=source_name,
+        build_settings={"config": config.to_dict(), "backend": dict(built.settings)},
+        build_command=build_command,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        streamrt_version=__version__,
+        extra=dict(built.extra),
+    )
+
+
 def build(
     model: str | Path | OnnxModel,
     config: BuildConfig | None = None,
@@ -153,23 +187,17 @@ def build(
         transformed = model_from_proto(proto, source.path)
     report(f"building with {backend.name} {backend.version()}")
     built = backend.build(transformed, config, profiles, report)
-    source_label = str(source.path) if source.path else source.name
-    manifest = PlanManifest(
-        backend=backend.name,
-        backend_version=backend.version(),
-        runtime_versions=backend.runtime_versions(),
-        device=target,
-        precision=config.precision.value,
-        inputs=transformed.inputs,
-        outputs=transformed.outputs,
-        profiles=profiles,
+    manifest = make_manifest(
+        backend.name,
+        target,
+        config,
+        built,
+        transformed.inputs,
+        transformed.outputs,
+        profiles,
         source_sha256=source.sha256,
         source_name=source.name,
-        build_settings={"config": config.to_dict(), "backend": dict(built.settings)},
-        build_command=build_command(source_label, out_path, config),
-        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        streamrt_version=__version__,
-        extra=dict(built.extra),
+        build_command=build_command(str(source.path) if source.path else source.name, out_path, config),
     )
     write_plan(out_path, manifest, built.payload)
     if cache and out_path.resolve() != cached_plan.resolve():
