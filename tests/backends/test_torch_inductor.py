@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import catalogue_file
 
 import streamrt
+from helpers import catalogue_file
 from streamrt.config import BuildConfig
 from streamrt.errors import PlanMismatchError, ShapeError
 from streamrt.plan import read_plan, write_plan

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import catalogue_file
 
 import streamrt
+from helpers import catalogue_file
 from streamrt.config import BuildConfig
 from streamrt.errors import ShapeError
 from streamrt.testing.models import CATALOGUE
