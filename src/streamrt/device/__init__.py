@@ -1,0 +1,59 @@
+"""Streams, events, pinned/device buffers and pools, on CUDA (torch) or on host threads.
+
+Example:
+    >>> from streamrt.device import get_device
+    >>> dev = get_device("cpu")
+    >>> dev.kind
+    'cpu'
+"""
+
+from __future__ import annotations
+
+from streamrt.device.base import Device, Event, Stream, StreamWork
+from streamrt.device.buffers import BufferPool
+from streamrt.device.host import CpuDevice, HostEvent, HostStream, InlineStream
+from streamrt.errors import ConfigError
+
+__all__ = [
+    "BufferPool",
+    "CpuDevice",
+    "Device",
+    "Event",
+    "HostEvent",
+    "HostStream",
+    "InlineStream",
+    "Stream",
+    "StreamWork",
+    "cuda_available",
+    "get_device",
+]
+
+_KINDS = ("auto", "cuda", "cpu")
+
+
+def cuda_available() -> bool:
+    """True when torch is installed and sees a CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def get_device(kind: str = "auto", index: int = 0) -> Device:
+    """Return the device for ``kind``: ``"cuda"``, ``"cpu"`` (host streams) or ``"auto"``.
+
+    ``"auto"`` picks CUDA when it is available, so the same pipeline code runs on a GPU machine
+    and on CI.
+
+    Raises:
+        ConfigError: ``kind`` is not one of auto, cuda, cpu.
+        PipelineError: ``"cuda"`` was asked for on a machine without CUDA.
+    """
+    if kind not in _KINDS:
+        raise ConfigError(f"device must be one of {', '.join(_KINDS)}, got {kind!r}")
+    if kind == "cpu" or (kind == "auto" and not cuda_available()):
+        return CpuDevice()
+    from streamrt.device.cuda import CudaDevice
+
+    return CudaDevice(index)

@@ -1,0 +1,210 @@
+"""CUDA streams, events and buffers on ``torch.cuda``.
+
+Rules this module keeps (pytorch docs/source/notes/cuda.md, "CUDA streams", "pinned memory"):
+
+* Every stream is a fresh ``torch.cuda.Stream``, never the default stream: the legacy default
+  stream synchronises with all blocking streams and would serialise the pipeline.
+* ``launch(fn)`` calls ``fn`` with ``torch.cuda.stream(s)`` current, so torch ops, AOTInductor
+  kernels and CUDA-graph replays issued inside land on ``s``. Engines that take a raw stream
+  (TensorRT ``execute_async_v3``) use :attr:`CudaStream.handle`.
+* Host buffers for asynchronous copies are pinned (``torch.empty(..., pin_memory=True)``) and
+  allocated once; a ``non_blocking`` copy from pageable memory is staged and blocks the host.
+* Allocator safety is event-gated reuse (see :mod:`streamrt.device.buffers`): buffers consumed on
+  another stream stay referenced until an event recorded behind the consumer has completed.
+* Host waits use ``Event.synchronize``/``query`` (not ``Stream.synchronize``, which
+  ``torch.cuda.set_sync_debug_mode("error")`` flags), so the steady state passes that check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from streamrt.device.base import Event, Stream, StreamWork
+from streamrt.device.buffers import BufferPool, import_torch, torch_dtype
+from streamrt.device.host import HostStream, InlineStream
+from streamrt.errors import PipelineError
+
+__all__ = ["CudaDevice", "CudaEvent", "CudaStream"]
+
+# Host polling of a CUDA event with a timeout: start short (results are usually ready), back off
+# so a long wait does not burn a core or hold the GIL.
+# The cap stays small: a producer that wakes late leaves the GPU idle when the ring is short.
+_POLL_START_S = 10e-6
+_POLL_MAX_S = 100e-6
+
+
+class CudaEvent:
+    """A ``torch.cuda.Event``; the underlying object is :attr:`torch`.
+
+    ``blocking=True`` makes :meth:`synchronize` yield the CPU instead of spinning.
+    """
+
+    def __init__(self, timing: bool = False, blocking: bool = False) -> None:
+        torch = import_torch()
+        self._timing = timing
+        self._event = torch.cuda.Event(enable_timing=timing, blocking=blocking)
+
+    @property
+    def torch(self) -> Any:
+        """The wrapped ``torch.cuda.Event``."""
+        return self._event
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @property
+    def timing(self) -> bool:
+        return self._timing
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()  # releases the GIL while it waits
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            self._event.synchronize()
+            return True
+        if self._event.query():
+            return True
+        deadline = time.perf_counter() + timeout
+        pause = _POLL_START_S
+        while not self._event.query():
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _POLL_MAX_S)
+        return True
+
+    def elapsed_ms(self, end: Event) -> float:
+        if not isinstance(end, CudaEvent):
+            raise PipelineError("elapsed_ms between a CUDA event and a host event is undefined")
+        return float(self._event.elapsed_time(end.torch))
+
+
+class CudaStream:
+    """A non-default ``torch.cuda.Stream`` with the :class:`~streamrt.device.base.Stream` protocol.
+
+    Example (on a GPU machine):
+        >>> s = CudaDevice().stream("engine")  # doctest: +SKIP
+        >>> s.launch(lambda: model(x))  # kernels land on s  # doctest: +SKIP
+        >>> context.execute_async_v3(s.handle)  # TensorRT takes the raw handle  # doctest: +SKIP
+    """
+
+    def __init__(self, name: str, device_index: int = 0, priority: int = 0) -> None:
+        torch = import_torch()
+        self._name = name
+        self._stream = torch.cuda.Stream(device=device_index, priority=priority)
+        self._stream_ctx = torch.cuda.stream
+
+    def __repr__(self) -> str:
+        return f"CudaStream({self._name!r}, handle={self.handle:#x})"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def handle(self) -> int:
+        return int(self._stream.cuda_stream)
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @property
+    def torch(self) -> Any:
+        """The wrapped ``torch.cuda.Stream`` (for ``with torch.cuda.stream(s.torch):``)."""
+        return self._stream
+
+    def new_event(self, timing: bool = False) -> CudaEvent:
+        return CudaEvent(timing)
+
+    def launch(self, fn: StreamWork) -> None:
+        with self._stream_ctx(self._stream):
+            fn()
+
+    def record(self, event: Event | None = None) -> CudaEvent:
+        if event is None:
+            event = CudaEvent()
+        elif not isinstance(event, CudaEvent):
+            raise PipelineError(f"a CUDA stream can only record CUDA events, got {type(event).__name__}")
+        event.torch.record(self._stream)
+        return event
+
+    def wait(self, event: Event) -> None:
+        if isinstance(event, CudaEvent):
+            self._stream.wait_event(event.torch)  # device-side: the host does not block
+        elif not event.query():
+            raise PipelineError(
+                f"CUDA stream '{self._name}' cannot wait on the GPU for a pending host event",
+                hint="launch the CUDA work from the host stream that records the event",
+            )
+
+    def synchronize(self) -> None:
+        self._stream.synchronize()
+
+    def close(self, *, cancel: bool = False, timeout: float | None = None) -> bool:
+        # CUDA work cannot be cancelled; wait for it (with a timeout) so buffers can be freed.
+        return self.record().wait(timeout)
+
+
+class CudaDevice:
+    """One CUDA GPU seen through torch: streams, events, pinned and device buffers."""
+
+    def __init__(self, index: int = 0) -> None:
+        torch = import_torch()
+        if not torch.cuda.is_available():
+            raise PipelineError("CUDA device requested but torch.cuda.is_available() is False",
+                                hint="use get_device('cpu') or get_device('auto')")
+        self._index = index
+        self._torch_device = torch.device("cuda", index)
+
+    def __repr__(self) -> str:
+        return f"CudaDevice({self._index})"
+
+    @property
+    def kind(self) -> str:
+        return "cuda"
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    @property
+    def index(self) -> int:
+        return self._index
+
+    @property
+    def torch_device(self) -> Any:
+        return self._torch_device
+
+    def stream(self, name: str, *, priority: int = 0) -> Stream:
+        return CudaStream(name, self._index, priority)
+
+    def host_stream(self, name: str, *, inline: bool = False) -> Stream:
+        return InlineStream(name) if inline else HostStream(name)
+
+    def host_buffer(self, shape: Sequence[int], dtype: Any, *, pinned: bool = True) -> Any:
+        torch = import_torch()
+        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), pin_memory=pinned)
+
+    def empty(self, shape: Sequence[int], dtype: Any) -> Any:
+        torch = import_torch()
+        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=self._torch_device)
+
+    def pool(
+        self, shape: Sequence[int], dtype: Any, count: int, *, host: bool = False, pinned: bool = True
+    ) -> BufferPool[Any]:
+        make = (lambda: self.host_buffer(shape, dtype, pinned=pinned)) if host else (
+            lambda: self.empty(shape, dtype)
+        )
+        return BufferPool([make() for _ in range(count)])
+
+    def synchronize(self) -> None:
+        import_torch().cuda.synchronize(self._index)
