@@ -1,0 +1,99 @@
+"""``streamrt compare A B``: run two engines on the same inputs and compare their outputs.
+
+A and B are plans or ONNX models; models are built on the fly through the cache. The shared
+build flags apply to both sides, ``--a-backend/--a-precision`` and ``--b-backend/--b-precision``
+override them per side, e.g. what int8 costs::
+
+    streamrt compare model.onnx model.onnx --b-precision int8 --calib data/
+
+Exit status 0 when every output is within ``|a - b| <= atol + rtol * |a|`` (A is the
+reference), 1 when one is not, 2 on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from streamrt.cli._inputs import add_input_arguments, describe_inputs, inputs_from_args
+from streamrt.cli.common import add_build_arguments, engine_from_path
+from streamrt.plan import is_plan_file
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare two backends, precisions or plans on the same inputs (errors, cosine, top-1)",
+        description="Run A and B on the same inputs and compare every output in float64. Exit status 1 "
+        "when an output is outside |a - b| <= atol + rtol * |a| (A is the reference).",
+    )
+    parser.add_argument("a", type=Path, metavar="A", help="reference: plan file or ONNX model")
+    parser.add_argument("b", type=Path, metavar="B", help="tested: plan file or ONNX model")
+    parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_input_arguments(parser)
+    add_build_arguments(parser)
+    add_build_arguments(parser, prefix="a-")
+    add_build_arguments(parser, prefix="b-")
+    parser.set_defaults(func=run)
+
+
+def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
+    if is_plan_file(path) and (getattr(args, f"{side}_backend") or getattr(args, f"{side}_precision")):
+        print(
+            f"streamrt compare: note: {path} is a plan; --{side}-backend/--{side}-precision are ignored",
+            file=sys.stderr,
+        )
+    return engine_from_path(path, args, prefix=f"{side}-")
+
+
+def _label(path: Path, engine: Any) -> str:
+    m = engine.manifest
+    return f"{path} ({m.backend} {m.backend_version}, {m.precision}, {engine.device})"
+
+
+def run(args: argparse.Namespace) -> int:
+    from streamrt.compare import compare_outputs, format_diffs, run_numpy
+    from streamrt.inputs import cast_inputs
+
+    engine_a = _side(args.a, args, "a")
+    with engine_a:
+        engine_b = _side(args.b, args, "b")
+        with engine_b:
+            arrays, source = inputs_from_args(engine_a, args)
+            feeds_b = cast_inputs(arrays, engine_b.inputs)
+            engine_b.validate(feeds_b)
+            out_a = run_numpy(engine_a, arrays)
+            out_b = run_numpy(engine_b, feeds_b)
+            label_a, label_b = _label(args.a, engine_a), _label(args.b, engine_b)
+    diffs = compare_outputs(out_a, out_b, atol=args.atol, rtol=args.rtol)
+    passed = all(d.passed for d in diffs)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "a": label_a,
+                    "b": label_b,
+                    "inputs": source,
+                    "shapes": {n: list(v.shape) for n, v in arrays.items()},
+                    "atol": args.atol,
+                    "rtol": args.rtol,
+                    "passed": passed,
+                    "outputs": [d.to_json() for d in diffs],
+                },
+                indent=2,
+                allow_nan=False,
+            )
+        )
+    else:
+        print(f"A: {label_a}")
+        print(f"B: {label_b}")
+        print(f"Inputs: {source}: {describe_inputs(arrays)}")
+        print(format_diffs(diffs))
+    return 0 if passed else 1

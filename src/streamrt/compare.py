@@ -1,0 +1,210 @@
+"""Compare the outputs of two engines (backends, precisions or plans) on the same inputs.
+
+Every output is compared in float64. An element passes when ``|a - b| <= atol + rtol * |a|``
+with ``a`` the reference (engine A): NumPy's ``isclose`` rule, asymmetric on purpose so the
+reference decides the scale. NaNs in the same place of both outputs count as equal, and so do
+infinities of the same sign.
+
+Reported per output: max and mean absolute error, max relative error (over the elements where
+the reference is non-zero: relative error is undefined at zero), cosine similarity of the
+flattened outputs and, for classifiers (2-D float outputs N x C with C > 1), the fraction of rows
+whose arg-max agrees (top-1 agreement).
+
+Example:
+    >>> diffs = compare_outputs(ref_outputs, test_outputs, atol=1e-3, rtol=1e-3)   # doctest: +SKIP
+    >>> all(d.passed for d in diffs)                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamrt.inputs import to_device, to_numpy
+from streamrt.types import Shape, format_shape
+
+if TYPE_CHECKING:
+    from streamrt.backends.base import Engine
+
+__all__ = ["OutputDiff", "compare_outputs", "format_diffs", "run_numpy", "top1_agreement"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputDiff:
+    """How one output of the tested engine differs from the reference.
+
+    Attributes:
+        name: output name.
+        shape: reference shape.
+        max_abs: largest ``|a - b|``.
+        mean_abs: mean ``|a - b|``.
+        max_rel: largest ``|a - b| / |a|`` over elements with ``a != 0``.
+        cosine: cosine similarity of the flattened outputs (1.0 when both are all-zero).
+        top1: fraction of rows with equal arg-max, for N x C float outputs with C > 1; else None.
+        mismatches: elements outside ``atol + rtol * |a|``.
+        total: elements compared.
+        atol / rtol: the tolerances applied.
+        problem: why the output could not be compared element-wise (missing, shape), else None.
+    """
+
+    name: str
+    shape: Shape
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+    cosine: float
+    top1: float | None
+    mismatches: int
+    total: int
+    atol: float
+    rtol: float
+    problem: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.problem is None and self.mismatches == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready mapping; metrics that could not be computed (NaN) become ``None``."""
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = None
+        data["shape"] = list(self.shape)
+        data["passed"] = self.passed
+        return data
+
+
+def top1_agreement(ref: np.ndarray, test: np.ndarray) -> float | None:
+    """Fraction of rows whose arg-max agrees, for 2-D float outputs N x C with C > 1; else None."""
+    is_float = ref.dtype.kind == "f" or ref.dtype.name == "bfloat16"
+    if not is_float or ref.ndim != 2 or ref.shape[1] < 2 or ref.shape != test.shape:
+        return None
+    return float(np.mean(np.argmax(ref, axis=1) == np.argmax(test, axis=1)))
+
+
+def _failed(name: str, shape: Shape, atol: float, rtol: float, problem: str) -> OutputDiff:
+    nan = float("nan")
+    return OutputDiff(name, shape, nan, nan, nan, nan, None, 0, 0, atol, rtol, problem)
+
+
+def _diff_one(name: str, ref_raw: Any, test_raw: Any, atol: float, rtol: float) -> OutputDiff:
+    ref_np, test_np = to_numpy(ref_raw), to_numpy(test_raw)
+    shape = tuple(int(d) for d in ref_np.shape)
+    if ref_np.shape != test_np.shape:
+        problem = f"shape {format_shape(test_np.shape)} differs from the reference's {format_shape(shape)}"
+        return _failed(name, shape, atol, rtol, problem)
+    a = ref_np.astype(np.float64).ravel()
+    b = test_np.astype(np.float64).ravel()
+    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    finite = np.isfinite(a) & np.isfinite(b)
+    absdiff = np.abs(a[finite] - b[finite])
+    bad = ~same_special & ~finite  # a NaN/inf on one side only
+    close = absdiff <= atol + rtol * np.abs(a[finite])
+    mismatches = int(bad.sum()) + int((~close).sum())
+    nonzero = a[finite] != 0
+    rel = absdiff[nonzero] / np.abs(a[finite][nonzero])
+    na, nb = float(np.linalg.norm(a[finite])), float(np.linalg.norm(b[finite]))
+    if na == 0.0 and nb == 0.0:
+        cosine = 1.0
+    elif na == 0.0 or nb == 0.0:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(a[finite], b[finite]) / (na * nb))
+    return OutputDiff(
+        name=name,
+        shape=shape,
+        max_abs=float(absdiff.max()) if absdiff.size else 0.0,
+        mean_abs=float(absdiff.mean()) if absdiff.size else 0.0,
+        max_rel=float(rel.max()) if rel.size else 0.0,
+        cosine=cosine,
+        top1=top1_agreement(ref_np, test_np),
+        mismatches=mismatches,
+        total=int(a.size),
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+def compare_outputs(
+    ref: Mapping[str, Any], test: Mapping[str, Any], atol: float = 1e-5, rtol: float = 1e-3
+) -> list[OutputDiff]:
+    """Compare every output of ``test`` against ``ref`` (NumPy arrays or torch tensors), in float64.
+
+    Outputs are reported in the reference's order; an output missing on either side, or of
+    another shape, is reported with ``problem`` set and fails.
+
+    Args:
+        ref: reference outputs by name (engine A).
+        test: outputs under test by name (engine B).
+        atol: absolute tolerance.
+        rtol: relative tolerance, scaled by the reference's magnitude.
+    """
+    if atol < 0 or rtol < 0:
+        from streamrt.errors import ConfigError
+
+        raise ConfigError(f"atol and rtol must be >= 0, got atol={atol}, rtol={rtol}")
+    diffs = []
+    for name, value in ref.items():
+        shape = tuple(int(d) for d in value.shape)
+        if name not in test:
+            diffs.append(_failed(name, shape, atol, rtol, "missing from the tested outputs"))
+            continue
+        diffs.append(_diff_one(name, value, test[name], atol, rtol))
+    for name, value in test.items():
+        if name not in ref:
+            shape = tuple(int(d) for d in value.shape)
+            diffs.append(_failed(name, shape, atol, rtol, "missing from the reference outputs"))
+    return diffs
+
+
+def format_diffs(diffs: list[OutputDiff]) -> str:
+    """A table, one row per output, ending in a PASSED/FAILED line."""
+    header = ("output", "shape", "max abs", "mean abs", "max rel", "cosine", "top-1", "mismatches", "result")
+    rows = [header]
+    for d in diffs:
+        if d.problem is not None:
+            dashes = ("-",) * 6
+            rows.append((d.name, format_shape(d.shape), *dashes, f"FAILED ({d.problem})"))
+            continue
+        rows.append(
+            (
+                d.name,
+                format_shape(d.shape),
+                f"{d.max_abs:.3e}",
+                f"{d.mean_abs:.3e}",
+                f"{d.max_rel:.3e}",
+                f"{d.cosine:.6f}",
+                "-" if d.top1 is None else f"{d.top1 * 100:.2f}%",
+                f"{d.mismatches}/{d.total}",
+                "passed" if d.passed else "FAILED",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    failed = sum(not d.passed for d in diffs)
+    atol, rtol = (diffs[0].atol, diffs[0].rtol) if diffs else (0.0, 0.0)
+    verdict = "PASSED" if not failed else f"FAILED ({failed} of {len(diffs)} outputs)"
+    lines.append(f"{verdict}: |a - b| <= atol + rtol * |a| with atol={atol:g}, rtol={rtol:g}")
+    return "\n".join(lines)
+
+
+def run_numpy(engine: Engine, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``engine`` once on host arrays and return host arrays (moving data to a CUDA engine and back)."""
+    feeds = to_device(inputs, engine.device)
+    with engine.create_context() as ctx:
+        outputs = ctx.infer(feeds)
+        if engine.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()  # the outputs are valid once the engine's stream gets there
+        result = {name: to_numpy(value) for name, value in outputs.items()}
+    log.debug("ran %s on %s", engine.manifest.source_name, ", ".join(inputs))
+    return result
