@@ -42,7 +42,7 @@ def test_cpu_buffers_take_any_dtype_spelling() -> None:
 def test_pool_hands_out_round_robin_and_rejects_double_use() -> None:
     pool = BufferPool(["a", "b"])
     i, a = pool.acquire()
-    j, b = pool.acquire()
+    _, b = pool.acquire()
     assert (a, b) == ("a", "b")
     with pytest.raises(PipelineError, match="still held"):
         pool.acquire()

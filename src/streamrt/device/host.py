@@ -320,13 +320,16 @@ class CpuDevice:
     def torch_device(self) -> Any:
         return import_torch().device("cpu")
 
-    def stream(self, name: str, *, priority: int = 0) -> Stream:
+    def _worker(self, name: str) -> HostStream:
         stream = HostStream(name)
         self._streams.add(stream)
         return stream
 
+    def stream(self, name: str, *, priority: int = 0) -> Stream:
+        return self._worker(name)
+
     def host_stream(self, name: str, *, inline: bool = False) -> Stream:
-        return InlineStream(name) if inline else self.stream(name)
+        return InlineStream(name) if inline else self._worker(name)
 
     def host_buffer(self, shape: Sequence[int], dtype: Any, *, pinned: bool = True) -> Any:
         return import_torch().empty(tuple(shape), dtype=torch_dtype(dtype))
