@@ -142,8 +142,46 @@ def _convert_fp16(model: onnx.ModelProto, config: BuildConfig, blocked: list[str
         )
     except Exception as exc:  # the converter raises bare ValueError/AssertionError/onnx errors
         raise BuildError(f"float16 conversion failed: {type(exc).__name__}: {exc}") from exc
+    _drop_round_trips(converted)
     _toposort(converted.graph)  # the converter appends its Cast nodes at the end of the graph
     return converted
+
+
+def _drop_round_trips(model: onnx.ModelProto) -> None:
+    """Bypass the fp32 -> fp16 -> fp32 Cast pairs the converter leaves after fp32-kept ops.
+
+    The converter casts every fp32-kept op's output to float16, even when the consumer is another
+    fp32-kept op or a float32 graph output; an fp32 ReduceSum of 1e5 then still ends as inf. The
+    outer Cast becomes an Identity of the float32 source, and the inner Cast goes when unused.
+    """
+    if model.ByteSize() > _CHECKER_LIMIT:
+        return
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.value_info)}
+    producers = {out: node for node in graph.node for out in node.output}
+    bypassed = []
+    for outer in graph.node:
+        inner = producers.get(outer.input[0]) if outer.op_type == "Cast" and outer.input else None
+        if (
+            inner is not None
+            and inner.op_type == "Cast"
+            and _cast_to(outer) == onnx.TensorProto.FLOAT
+            and _cast_to(inner) == onnx.TensorProto.FLOAT16
+            and types.get(inner.input[0]) == onnx.TensorProto.FLOAT
+        ):
+            outer.op_type = "Identity"
+            del outer.attribute[:]
+            outer.input[0] = inner.input[0]
+            bypassed.append(inner)
+    used = {o.name for o in graph.output} | set().union(*(_reads(n) for n in graph.node))
+    for node in bypassed:
+        if node.output[0] not in used and node in graph.node:
+            graph.node.remove(node)
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "to"), -1)
 
 
 def _free_names(graph: onnx.GraphProto) -> set[str]:
