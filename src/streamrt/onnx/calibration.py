@@ -140,9 +140,7 @@ class CalibrationDataset:
                 hint="pass an existing folder of .npy/.npz files or images with --calib",
             )
         if not self.folder.is_dir():
-            raise CalibrationError(
-                f"calibration data must be a folder, got the file {self.folder}", hint=_FORMATS_HINT
-            )
+            raise CalibrationError(f"calibration data must be a folder, got the file {self.folder}", hint=_FORMATS_HINT)
         samples, ignored = [], []
         for entry in sorted(self.folder.iterdir(), key=lambda p: p.name):
             if entry.name.startswith("."):
@@ -153,9 +151,7 @@ class CalibrationDataset:
             else:
                 samples.append((entry, kind))
         if ignored:
-            logger.warning(
-                "ignoring %d unsupported file(s) in %s: %s", len(ignored), self.folder, ignored[:5]
-            )
+            logger.warning("ignoring %d unsupported file(s) in %s: %s", len(ignored), self.folder, ignored[:5])
         if not samples:
             raise CalibrationError(f"calibration folder {self.folder} holds no samples", hint=_FORMATS_HINT)
         kinds = {kind for _, kind in samples}
@@ -269,8 +265,7 @@ class CalibrationDataset:
         if len(shape) == 4 and shape[2] > 0 and shape[3] > 0:
             return ImagePreprocess(size=(shape[2], shape[3]))
         raise CalibrationError(
-            f"model input '{self.inputs[0].name}' has shape {format_shape(shape)}: "
-            "cannot infer the image size",
+            f"model input '{self.inputs[0].name}' has shape {format_shape(shape)}: cannot infer the image size",
             hint="give calibration.preprocess with size, mean, std and layout",
         )
 
@@ -334,15 +329,10 @@ def _fit(path: Path, spec: TensorSpec, array: np.ndarray) -> np.ndarray:
             f"{what} expects rank {rank} (shape {format_shape(spec.shape)}{one_item}), "
             f"got rank {array.ndim} (shape {format_shape(array.shape)})"
         )
-    bad = [
-        i
-        for i, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True))
-        if want >= 0 and want != got
-    ]
+    bad = [i for i, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)) if want >= 0 and want != got]
     if bad:
         raise CalibrationError(
-            f"{what} expects shape {format_shape(spec.shape)}, got {format_shape(array.shape)} "
-            f"(dimension {bad[0]})"
+            f"{what} expects shape {format_shape(spec.shape)}, got {format_shape(array.shape)} (dimension {bad[0]})"
         )
     if array.size == 0:
         raise CalibrationError(f"{what} holds no values (shape {format_shape(array.shape)})")
@@ -366,9 +356,7 @@ class CalibrationKey:
 
     @property
     def digest(self) -> str:
-        text = json.dumps(
-            {"model": self.model, "data": self.data, "settings": dict(self.settings)}, sort_keys=True
-        )
+        text = json.dumps({"model": self.model, "data": self.data, "settings": dict(self.settings)}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
@@ -401,9 +389,7 @@ def read_calibration_cache(path: Path, key: CalibrationKey) -> dict[str, Any] | 
     else:
         matches = stored.get("digest") == key.digest
     if not matches:
-        logger.warning(
-            "calibration cache %s was computed for another model, data or settings; recalibrating", path
-        )
+        logger.warning("calibration cache %s was computed for another model, data or settings; recalibrating", path)
         return None
     if not isinstance(ranges, dict):
         logger.warning("ignoring calibration cache %s without ranges", path)

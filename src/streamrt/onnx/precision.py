@@ -121,9 +121,7 @@ def int8_op_types(config: BuildConfig) -> list[str]:
 # --- fp32 / fp16 / bf16 -----------------------------------------------------------------------
 
 
-def _unchanged(
-    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress
-) -> onnx.ModelProto:
+def _unchanged(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
     return model
 
 
@@ -228,9 +226,7 @@ def _toposort(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes[i] for i in order)
 
 
-def _to_fp16(
-    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress
-) -> onnx.ModelProto:
+def _to_fp16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
     report(f"fp16: converting, keeping {len(fp32_op_types(config))} op types in fp32")
     converted = _convert_fp16(_copy(model), config, fp32_op_types(config))
     _check(converted, "fp16")
@@ -240,9 +236,7 @@ def _to_fp16(
 _BF16_TAG = "streamrt-bf16:"
 
 
-def _to_bf16(
-    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress
-) -> onnx.ModelProto:
+def _to_bf16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
     """bfloat16 through the float16 converter, then retyped.
 
     No maintained converter in our dependencies writes bfloat16 (onnxconverter-common and ORT's
@@ -308,9 +302,7 @@ def _allows_bf16(op_type: str, opset: int) -> bool:
     if not schema.inputs:
         return True
     type_str = schema.inputs[0].type_str
-    allowed = next(
-        (c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == type_str), [type_str]
-    )
+    allowed = next((c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == type_str), [type_str])
     return "tensor(float)" not in allowed or "tensor(bfloat16)" in allowed
 
 
@@ -369,9 +361,7 @@ def _retype_graph(graph: onnx.GraphProto) -> None:
                     attr.i = bf16
 
 
-def _to_int8(
-    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress
-) -> onnx.ModelProto:
+def _to_int8(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
     from streamrt.onnx.quantize import quantize_int8
 
     if config.calibration is None:  # BuildConfig refuses this already; kept for direct callers

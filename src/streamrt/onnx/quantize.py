@@ -90,9 +90,7 @@ def quantize_int8(
     dataset: CalibrationDataset | None = None
     if explicit is not None and not calib.data.exists() and explicit.is_file():
         key = CalibrationKey(model_digest(model), None, settings)
-        logger.warning(
-            "calibration folder %s is missing: reusing %s without checking its data", calib.data, explicit
-        )
+        logger.warning("calibration folder %s is missing: reusing %s without checking its data", calib.data, explicit)
     else:
         dataset = CalibrationDataset.from_config(calib, specs)
         dataset.load(0)  # fail before any slow step when the data does not fit at all
@@ -114,9 +112,7 @@ def quantize_int8(
             ranges_path.write_text(json.dumps(ranges))
         else:
             assert dataset is not None
-            _calibrate(
-                ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress
-            )
+            _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
             write_calibration_cache(cache_path, key, json.loads(ranges_path.read_text()))
             _write_trt_table(ranges_path, cache_path, tmp)
             logger.info("wrote calibration cache %s", cache_path)
@@ -230,7 +226,9 @@ class _Feeds:
         if self.index + 1 >= len(self._dataset):
             return None
         self.index += 1
-        self._progress(f"int8: calibration sample {self.index + 1}/{len(self._dataset)}")
+        done, total = self.index + 1, len(self._dataset)
+        if done == total or done % max(1, total // 10) == 0:  # about ten lines per calibration
+            self._progress(f"int8: calibration sample {done}/{total}")
         return self._dataset.load(self.index)
 
     def __len__(self) -> int:
