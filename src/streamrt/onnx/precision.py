@@ -9,7 +9,9 @@ for every backend, so :func:`apply_precision` returns the ONNX model that all bu
   weights and activations to float16, keeping the op types of :func:`fp32_op_types` in float32
   behind Cast pairs, and keeping float32 graph inputs/outputs when ``keep_io_types`` is set.
 - ``bf16``: the same conversion, retyped to bfloat16, with weights rounded from the original
-  float32 values (no tool in our dependencies converts to bfloat16; see :func:`_to_bf16`).
+  float32 values, after an upgrade to opset 22 (where Conv and pooling first accept bfloat16).
+  No tool in our dependencies converts to bfloat16; see :func:`_to_bf16`. ONNX Runtime's CPU
+  provider has no bfloat16 kernels for most ops: bf16 models are for GPU backends.
 - ``int8``: ONNX Runtime static quantization in QDQ format (symmetric int8 activations and
   weights, as recommended for GPU/TensorRT), ranges from a calibration folder
   (:mod:`streamrt.onnx.calibration`) and a JSON calibration cache that later builds reuse.
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import onnx
-from streamrt.config import BuildConfig, CalibrationMethod, Precision
+from streamrt.config import BuildConfig, Precision
 from streamrt.errors import BuildError, ConfigError
 
 __all__ = ["FP32_OPS", "INT8_OP_TYPES", "apply_precision", "fp32_op_types", "int8_op_types"]
@@ -60,16 +62,6 @@ FP32_OPS: tuple[str, ...] = (
 #: quantization guidance (Q/DQ on the inputs of Conv/MatMul, fused with what follows).
 INT8_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
-#: Histogram settings, part of the calibration cache key. ONNX Runtime's entropy default
-#: (128 bins for 128 quantized bins) leaves a single candidate threshold, i.e. min-max; 2048 bins
-#: give the TensorRT entropy calibrator's search (thresholds from 128 to 2048 half-bins).
-_HISTOGRAM_BINS = {CalibrationMethod.ENTROPY: 2048, CalibrationMethod.PERCENTILE: 2048}
-_ENTROPY_QUANTIZED_BINS = 128
-_METHOD_NAMES = {
-    CalibrationMethod.ENTROPY: "Entropy",
-    CalibrationMethod.MINMAX: "MinMax",
-    CalibrationMethod.PERCENTILE: "Percentile",
-}
 _CHECKER_LIMIT = 2_000_000_000  # protobuf cannot serialise a model above 2 GB for the checker
 
 
@@ -84,8 +76,8 @@ def apply_precision(
 
     The input model is never modified: fp32/tf32 return the same object, other precisions a new
     one that passes the ONNX checker. Intermediate files live in a temporary folder that is
-    removed on success and failure; the only file written under the user's paths is the
-    calibration cache, atomically.
+    removed on success and failure; the only files written under the user's paths are the
+    calibration cache and its TensorRT-style tables, each atomically.
 
     Args:
         model: a float32 ONNX model.
