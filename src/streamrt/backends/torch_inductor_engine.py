@@ -41,13 +41,17 @@ _CXX_RUNTIME_LOADED = False
 
 
 def ensure_cxx_runtime() -> None:
-    """Load the C++ runtime the packages' ``.so`` files were linked against, globally, once.
+    """Put the system ``libstdc++`` into the process's global symbol scope, once, before loading.
 
-    AOTInductor compiles its wrapper with the system ``g++`` and links the system
-    ``libstdc++``. If the process has not loaded that runtime yet when the package's ``.so`` is
-    opened, the loader can bind its C++ symbols against an older runtime pulled in by another
-    extension, which crashed on the H200 image (see docs/gpu-backend.md). Opening the
-    compiler's ``libstdc++`` with RTLD_GLOBAL first makes the result independent of import order.
+    Why (found on the H200 image, torch 2.11+cu130, g++ 13): AOTInductor compiles a package's
+    ``.so`` with the system ``g++`` against its libstdc++ headers, but links it against
+    ``libtorch*.so`` only (``libstdc++`` is not in its DT_NEEDED). ``libtorch_cpu.so`` exports its
+    own statically linked, older copy of ``std::filesystem`` (101 dynamic symbols). The package's
+    undefined ``std::filesystem::path`` symbols therefore bind to torch's copy, whose internal
+    layout differs from g++ 13's headers, and loading segfaults inside ``path`` code. Importing
+    onnxruntime first "fixed" it only because that makes the system ``libstdc++`` global. Opening
+    the compiler's ``libstdc++`` with RTLD_GLOBAL makes every package bind to the runtime it was
+    compiled for, whatever was imported before. ``scripts/gpu_aoti_diagnose.py`` reproduces it.
     """
     global _CXX_RUNTIME_LOADED
     if _CXX_RUNTIME_LOADED:
