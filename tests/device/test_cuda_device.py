@@ -1,0 +1,111 @@
+"""CUDA streams, events and buffers on a real GPU (marker ``gpu``)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from streamrt.device import get_device
+from streamrt.errors import PipelineError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
+
+SLEEP_CYCLES = 50_000_000  # torch.cuda._sleep: ~25 ms at H200 clocks
+
+
+@pytest.fixture
+def dev():
+    return get_device("cuda")
+
+
+def test_streams_are_fresh_non_default_streams_with_raw_handles(dev) -> None:
+    import torch
+
+    s1, s2 = dev.stream("a"), dev.stream("b")
+    default = torch.cuda.default_stream()
+    assert s1.is_cuda and isinstance(s1.torch, torch.cuda.Stream)
+    assert s1.handle == s1.torch.cuda_stream != 0
+    assert s1.handle != default.cuda_stream and s1.handle != s2.handle
+
+
+def test_launch_makes_the_stream_current_then_restores(dev) -> None:
+    import torch
+
+    stream = dev.stream("x")
+    seen: list[int] = []
+    stream.launch(lambda: seen.append(torch.cuda.current_stream().cuda_stream))
+    assert seen == [stream.handle]
+    assert torch.cuda.current_stream().cuda_stream == torch.cuda.default_stream().cuda_stream
+
+
+def test_wait_orders_work_across_streams_without_a_host_sync(dev) -> None:
+    import torch
+
+    a, b = dev.stream("a"), dev.stream("b")
+    x = dev.empty((1 << 20,), torch.float32)
+    out = dev.empty((1 << 20,), torch.float32)
+    a.launch(lambda: (torch.cuda._sleep(SLEEP_CYCLES), x.fill_(1.0)))
+    b.wait(a.record())
+    b.launch(lambda: torch.mul(x, 2, out=out))
+    done = b.record()
+    assert not done.query()  # the host did not block: the sleep is still running
+    done.synchronize()
+    assert bool((out == 2).all())
+
+
+def test_timing_events_and_host_wait_with_timeout(dev) -> None:
+    import torch
+
+    stream = dev.stream("t")
+    start = stream.record(stream.new_event(timing=True))
+    stream.launch(lambda: torch.cuda._sleep(SLEEP_CYCLES))
+    end = stream.record(stream.new_event(timing=True))
+    assert end.wait(timeout=0.001) is False
+    assert end.wait(timeout=30) is True
+    assert start.elapsed_ms(end) > 1.0
+
+
+def test_pinned_and_device_buffers(dev) -> None:
+    import torch
+
+    pinned = dev.host_buffer((16,), "float32")
+    assert pinned.is_pinned() and pinned.device.type == "cpu"
+    assert not dev.host_buffer((16,), torch.uint8, pinned=False).is_pinned()
+    assert dev.empty((4, 4), "float16").device.type == "cuda"
+    pool = dev.pool((8,), torch.float32, 2, host=True)
+    assert all(b.is_pinned() for b in pool.buffers)
+
+
+def test_host_stream_waits_for_a_cuda_event(dev) -> None:
+    import torch
+
+    cuda, host = dev.stream("gpu"), dev.host_stream("host")
+    src = dev.empty((1024,), torch.float32)
+    dst = dev.host_buffer((1024,), torch.float32)
+    dst.fill_(-1)
+    seen: list[float] = []
+    try:
+        cuda.launch(lambda: (torch.cuda._sleep(SLEEP_CYCLES), src.fill_(3.0), dst.copy_(src, non_blocking=True)))
+        host.wait(cuda.record())
+        host.launch(lambda: seen.append(float(dst.min())))
+        host.synchronize()
+        assert seen == [3.0]
+    finally:
+        host.close(timeout=10)
+
+
+def test_a_cuda_stream_waits_only_for_completed_host_events(dev) -> None:
+    cuda, host = dev.stream("gpu"), dev.host_stream("host")
+    try:
+        done = host.record()
+        done.synchronize()
+        cuda.wait(done)  # completed: nothing to wait for on the GPU
+        gate = threading.Event()
+        host.launch(lambda: gate.wait(10))
+        pending = host.record()
+        with pytest.raises(PipelineError, match="pending host event"):
+            cuda.wait(pending)
+        gate.set()
+    finally:
+        host.close(timeout=10)
