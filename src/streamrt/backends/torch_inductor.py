@@ -16,6 +16,7 @@ mismatch message. See ``docs/gpu-backend.md``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -117,9 +118,7 @@ def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[
     autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
     return {
         "max_autotune": autotune,
-        "coordinate_descent_tuning": bool(
-            opts.get("coordinate_descent_tuning", config.optimization_level >= 5)
-        ),
+        "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
         "freezing": bool(opts.get("freezing", False)),
         "aot_inductor.metadata": dict(metadata),
     }
@@ -136,8 +135,7 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
             aoti_compile_and_package(ep, package_path=str(path), inductor_configs=dict(inductor_configs))
         except Exception as exc:
             raise BuildError(
-                f"AOTInductor compilation failed: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0][:400]}",
+                f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
                 hint="try --opt-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
             ) from exc
         return path.read_bytes()
@@ -161,7 +159,7 @@ def set_tf32(enabled: bool) -> None:
     """
     if enabled:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.fp32_precision = "tf32"  # type: ignore[attr-defined]
+        torch.backends.cudnn.fp32_precision = "tf32"
 
 
 class TorchInductorBackend(Backend):
@@ -303,15 +301,12 @@ def build_module(
     if config.backend != "torch_inductor":
         config = config.replace(backend="torch_inductor")
     if config.precision.value == "int8":
-        raise ConfigError(
-            "int8 from a PyTorch module is not supported; export to ONNX and build with --calib"
-        )
+        raise ConfigError("int8 from a PyTorch module is not supported; export to ONNX and build with --calib")
     report = progress or (lambda line: log.info("%s", line))
     kind = _device_kind(config)
     names = list(input_names or [f"input_{i}" for i in range(len(example_inputs))])
     inputs = tuple(
-        TensorSpec(n, DType.from_any(t.dtype), tuple(t.shape))
-        for n, t in zip(names, example_inputs, strict=True)
+        TensorSpec(n, DType.from_any(t.dtype), tuple(t.shape)) for n, t in zip(names, example_inputs, strict=True)
     )
     if config.profiles:
         dynamic_axes = {
@@ -328,7 +323,8 @@ def build_module(
             for s in inputs
         )
     profiles = resolve_profiles(inputs, config.profiles or ())
-    net: torch.nn.Module = module.eval().to(kind)
+    # A copy: casting to fp16/bf16 or moving devices must not change the caller's module.
+    net: torch.nn.Module = copy.deepcopy(module).eval().to(kind)
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision.value)
     if half is not None:
         net = net.to(half)
@@ -337,16 +333,13 @@ def build_module(
     if half is not None and not config.keep_io_types:
         example_inputs = [t.to(half) if t.is_floating_point() else t for t in example_inputs]
         inputs = tuple(
-            TensorSpec(s.name, DType.from_any(t.dtype), s.shape)
-            for s, t in zip(inputs, example_inputs, strict=True)
+            TensorSpec(s.name, DType.from_any(t.dtype), s.shape) for s, t in zip(inputs, example_inputs, strict=True)
         )
     with torch.no_grad():
         outs = net(*[t.to(kind) for t in example_inputs])
     outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
     onames = list(output_names or [f"output_{i}" for i in range(len(outs))])
-    outputs = tuple(
-        TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True)
-    )
+    outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
     dtypes = [t.dtype for t in example_inputs]
     backend = TorchInductorBackend()
     built = backend._build_module(net, names, dtypes, config, profiles, report, kind)

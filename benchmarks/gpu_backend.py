@@ -1,0 +1,218 @@
+"""GPU backend benchmark: StreamRT torch_inductor plans against PyTorch eager and ONNX Runtime CPU.
+
+Side by side in one run, on fresh random inputs, timed with CUDA events after warm-up (median
+of many runs):
+
+* ResNet-50 (torchvision architecture, random weights), batch 32 and batch 1: PyTorch eager
+  fp32 / fp16, StreamRT plans built from the nn.Module (fp32, fp16, fp16 + CUDA graphs);
+  build and load times.
+* The YOLO-style detector from ``streamrt.testing.yolo`` at 640x640, same variants.
+* Accuracy through the ONNX path: ``resnet_like(18)`` ONNX -> plans (fp32, fp16) against
+  ONNX Runtime CPU fp32, relative L2 error.
+
+Usage: python benchmarks/gpu_backend.py OUTDIR   (writes OUTDIR/gpu-backend.md and .json)
+Needs a CUDA GPU and torchvision.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import streamrt
+from streamrt.backends.torch_inductor import build_module
+from streamrt.config import BuildConfig
+from streamrt.types import ShapeProfile, ShapeRange
+
+
+def cuda_median_ms(fn: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor], runs: int = 50) -> float:
+    """Median of CUDA-event times of ``fn`` on rotating inputs, after warm-up, on a side stream."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for i in range(5):
+            fn(inputs[i % len(inputs)])
+        stream.synchronize()
+        times = []
+        for i in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn(inputs[i % len(inputs)])
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a64 - b64) / np.linalg.norm(b64))
+
+
+def model_rows(
+    name: str, net: torch.nn.Module, shape: tuple[int, ...], batches: tuple[int, ...], tmp: Path
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    net = net.eval().cuda()
+    big = max(batches)
+    profile = ShapeProfile({"images": ShapeRange((1, *shape), (big, *shape), (big, *shape))})
+    plans = {}
+    for precision in ("fp32", "fp16"):
+        cfg = BuildConfig(
+            backend="torch_inductor",
+            precision=precision,
+            profiles=(profile,),
+            backend_options={"device": "cuda", "freezing": True},
+        )
+        t0 = time.perf_counter()
+        plans[precision] = build_module(
+            net,
+            [torch.randn(big, *shape, device="cuda")],
+            tmp / f"{name}-{precision}.plan",
+            cfg,
+            input_names=["images"],
+            output_names=["out"],
+        )
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        streamrt.load(plans[precision])
+        rows.append(
+            {"model": name, "variant": f"build {precision}", "build_s": build_s, "load_s": time.perf_counter() - t0}
+        )
+    half = {"fp32": torch.float32, "fp16": torch.float16}
+    for batch in batches:
+        inputs = [torch.randn(batch, *shape, device="cuda") for _ in range(4)]
+        ref = None
+        results: dict[str, float] = {}
+        with torch.no_grad():
+            for precision, dtype in half.items():
+                eager = net.to(dtype)
+                results[f"eager {precision}"] = cuda_median_ms(lambda x, m=eager, d=dtype: m(x.to(d)), inputs)
+                out = eager(inputs[0].to(dtype)).float()
+                if precision == "fp32":
+                    ref = out
+            net.float()
+            for precision in ("fp32", "fp16"):
+                engine = streamrt.load(plans[precision])
+                for graphs in (False, True):
+                    ctx = engine.create_context(cuda_graph=graphs)
+                    label = f"plan {precision}{' + CUDA graphs' if graphs else ''}"
+                    results[label] = cuda_median_ms(lambda x, c=ctx: c.infer({"images": x}), inputs)
+                    got = ctx.infer({"images": inputs[0]})["out"].float()
+                    torch.cuda.synchronize()
+                    assert ref is not None
+                    err = float((got - ref).norm() / ref.norm())
+                    rows.append(
+                        {
+                            "model": name,
+                            "batch": batch,
+                            "variant": label,
+                            "ms": results[label],
+                            "rel_l2_vs_eager_fp32": err,
+                        }
+                    )
+        for label in ("eager fp32", "eager fp16"):
+            rows.append({"model": name, "batch": batch, "variant": label, "ms": results[label]})
+        base32, base16 = results["eager fp32"], results["eager fp16"]
+        for row in rows:
+            if row.get("batch") == batch and row["model"] == name and "ms" in row:
+                row["items_per_s"] = batch / row["ms"] * 1e3
+                row["x_eager_fp32"] = base32 / row["ms"]
+                row["x_eager_fp16"] = base16 / row["ms"]
+    return rows
+
+
+def onnx_accuracy(tmp: Path) -> list[dict[str, Any]]:
+    import onnx
+    import onnxruntime as ort
+
+    from streamrt.testing.models import resnet_like
+
+    path = tmp / "resnet18_like.onnx"
+    onnx.save(resnet_like(18), str(path))
+    x = np.random.default_rng().standard_normal((4, 3, 224, 224)).astype(np.float32)
+    t0 = time.perf_counter()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = session.run(None, {"images": x})[0]
+    ort_ms = (time.perf_counter() - t0) * 1e3
+    rows = [
+        {"model": "resnet18_like (ONNX)", "variant": "onnxruntime CPU fp32", "batch": 4, "host_ms_first_run": ort_ms}
+    ]
+    profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (4, 3, 224, 224), (8, 3, 224, 224))})
+    for precision in ("fp32", "fp16"):
+        cfg = BuildConfig(
+            backend="torch_inductor", precision=precision, profiles=(profile,), backend_options={"device": "cuda"}
+        )
+        t0 = time.perf_counter()
+        plan = streamrt.build(path, cfg, tmp / f"r18-{precision}.plan", cache=False).path
+        build_s = time.perf_counter() - t0
+        got = streamrt.load(plan).create_context().infer({"images": torch.from_numpy(x).cuda()})["logits"]
+        rows.append(
+            {
+                "model": "resnet18_like (ONNX)",
+                "variant": f"plan {precision} via importer",
+                "batch": 4,
+                "build_s": build_s,
+                "rel_l2_vs_ort_fp32": rel_l2(got.float().cpu().numpy(), ref),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/gpu-backend")
+    out.mkdir(parents=True, exist_ok=True)
+    import torchvision
+
+    from streamrt.testing.yolo import yolo_like
+
+    torch.manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += onnx_accuracy(Path(tmp))
+        rows += model_rows("resnet50", torchvision.models.resnet50(), (3, 224, 224), (1, 32), Path(tmp))
+        rows += model_rows("yolo_like 640", yolo_like(num_classes=80), (3, 640, 640), (1, 8), Path(tmp))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    header = [
+        "# GPU backend benchmark (torch_inductor plans vs PyTorch eager vs ONNX Runtime CPU)",
+        "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"- commit: {commit or 'unknown'}",
+        f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"python {platform.python_version()}",
+        "- command: `python benchmarks/gpu_backend.py OUTDIR`",
+        "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs",
+        "",
+        "| model | batch | variant | median ms | items/s | x eager fp32 | x eager fp16 | rel. L2 err "
+        "| build s | load s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def f(v: Any, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, (int, float)) else ""
+
+    lines = [
+        f"| {r['model']} | {r.get('batch', '')} | {r['variant']} | {f(r.get('ms'), '.3f')} "
+        f"| {f(r.get('items_per_s'), '.0f')} "
+        f"| {f(r.get('x_eager_fp32'), '.2f')} | {f(r.get('x_eager_fp16'), '.2f')} "
+        f"| {f(r.get('rel_l2_vs_eager_fp32', r.get('rel_l2_vs_ort_fp32')), '.2e')} "
+        f"| {f(r.get('build_s'), '.1f')} | {f(r.get('load_s'), '.3f')} |"
+        for r in rows
+    ]
+    text = "\n".join(header + lines) + "\n"
+    (out / "gpu-backend.md").write_text(text)
+    (out / "gpu-backend.json").write_text(json.dumps(rows, indent=2))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
