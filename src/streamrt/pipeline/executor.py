@@ -35,12 +35,13 @@ from functools import partial
 from typing import Any
 
 from streamrt.device import get_device
-from streamrt.device.base import Device, Event, Stream
+from streamrt.device.base import Device
 from streamrt.errors import ConfigError, PipelineClosedError, PipelineError, StageError, StageTimeoutError
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.pipeline.graphs import capture_graph
+from streamrt.pipeline.ring import SlotState, lane_streams
 from streamrt.pipeline.stage import Lane, Result, Slot, Stage, Workload
-from streamrt.pipeline.tracing import ENQUEUE, TRACK_CUDA, TRACK_HOST, PipelineTrace, StageSpan, TraceClock
+from streamrt.pipeline.tracing import PipelineTrace, TraceClock, add_item_spans
 
 __all__ = ["Pipeline"]
 
@@ -51,42 +52,6 @@ Collector = Callable[[Slot, int], Any]
 
 def _default_collect(slot: Slot, item: int) -> Any:
     return slot.output
-
-
-class _SlotState:
-    """Pipeline-private bookkeeping of one slot and the item it currently holds."""
-
-    def __init__(self, slot: Slot, stages: int, trace: bool) -> None:
-        streams = slot.lane.streams
-        self.slot = slot
-        self.ends: list[Event] = [s.new_event(timing=trace and s.is_cuda) for s in streams]
-        self.starts: list[Event | None] = [
-            s.new_event(timing=True) if trace and s.is_cuda else None for s in streams
-        ]
-        self.graphs: list[Any | None] = [None] * stages
-        self.item: int | None = None
-        self.error: PipelineError | None = None
-        self.launched = threading.Event()
-        self.next_stage = 0
-        self.submitted = 0.0
-        self.ran = [False] * stages
-        self.host_t0 = [0.0] * stages
-        self.host_t1 = [0.0] * stages
-        self.thread = [""] * stages
-
-    def begin(self, item: int, value: Any) -> None:
-        self.item = item
-        self.error = None
-        self.slot.input = value
-        self.slot.output = None
-        self.launched.clear()
-        self.next_stage = 0
-        self.ran = [False] * len(self.ran)
-        self.submitted = time.perf_counter()
-
-    def release(self) -> None:
-        self.item = None
-        self.slot.input = None
 
 
 class Pipeline:
@@ -123,15 +88,18 @@ class Pipeline:
         self._closed = False
         self._broken: PipelineError | None = None
         self._next_item = 0
-        self._inflight: deque[_SlotState] = deque()
+        self._inflight: deque[SlotState] = deque()
         self._ready: deque[Result] = deque()
         self._nvtx: Any = None
         if self._config.nvtx and self._device.is_cuda:
             import torch
 
             self._nvtx = torch.cuda.nvtx
-        self._lanes = [Lane(w, self._device, self._make_streams(w)) for w in range(self._config.workers)]
-        self._slots: list[list[_SlotState]] = []
+        self._lanes = [
+            Lane(w, self._device, lane_streams(self._device, self._stages, self._config.topology, w))
+            for w in range(self._config.workers)
+        ]
+        self._slots: list[list[SlotState]] = []
         try:
             for lane in self._lanes:
                 if setup_lane is not None:
@@ -140,6 +108,12 @@ class Pipeline:
                 self._slots.append([self._make_slot(lane, i, setup_slot) for i in slots])
             if self._config.cuda_graphs and self._device.is_cuda:
                 self._capture_graphs()
+            if self._device.is_cuda:
+                # Weights, constants and poisoned buffers were written on whatever stream was
+                # current (usually the default stream). torch's streams are non-blocking: they do
+                # not wait for the default stream, so make all of that land before the first item.
+                self._device.synchronize()
+                self._check_stream_pool()
         except BaseException:
             self._close_streams(cancel=True)
             raise
@@ -168,34 +142,20 @@ class Pipeline:
 
     # -- construction -------------------------------------------------------------------------
 
-    def _make_streams(self, w: int) -> tuple[Stream, ...]:
-        """One stream per stage, shared as the topology says (see :class:`Topology`)."""
-        dev, topology = self._device, self._config.topology
-        made: dict[str, Stream] = {}
-        out = []
-        for stage in self._stages:
-            if topology is Topology.SYNC:
-                key = "main" if dev.is_cuda and not stage.on_host else "inline"
-            elif stage.on_host:
-                key = f"host:{stage.group}"
-            else:
-                key = "main" if topology is Topology.SINGLE else stage.group
-            if key not in made:
-                name = f"lane{w}/{key.removeprefix('host:')}"
-                if key == "inline":
-                    made[key] = dev.host_stream(name, inline=True)
-                elif stage.on_host:
-                    made[key] = dev.host_stream(name)
-                else:
-                    made[key] = dev.stream(name)
-            out.append(made[key])
-        return tuple(out)
-
-    def _make_slot(self, lane: Lane, index: int, setup: Callable[[Slot], None] | None) -> _SlotState:
+    def _make_slot(self, lane: Lane, index: int, setup: Callable[[Slot], None] | None) -> SlotState:
         slot = Slot(index, lane, self._device, self._config.use_pinned)
         if setup is not None:
             setup(slot)
-        return _SlotState(slot, len(self._stages), self._config.trace)
+        return SlotState(slot, len(self._stages), self._config.trace)
+
+    def _check_stream_pool(self) -> None:
+        handles = [s.handle for lane in self._lanes for s in lane.unique_streams if s.is_cuda]
+        if len(set(handles)) < len(handles):
+            logger.warning(
+                "this pipeline asks for %d CUDA streams but torch hands out streams from a pool of 32 per "
+                "priority, so some lanes share one (correct, but serialised); use fewer workers or stream groups",
+                len(handles),
+            )
 
     def _capture_graphs(self) -> None:
         for states in self._slots:
@@ -270,7 +230,7 @@ class Pipeline:
             self._collect_oldest()  # the naive loop: a host sync per item
         return item
 
-    def _launch(self, state: _SlotState, start: int) -> None:
+    def _launch(self, state: SlotState, start: int) -> None:
         """Launch stages ``start..`` of the slot's item (see the module docstring, steps 2-3)."""
         streams = state.slot.lane.streams
         try:
@@ -299,7 +259,7 @@ class Pipeline:
             logger.error("%s", error, exc_info=True)
         state.launched.set()
 
-    def _run_stage(self, state: _SlotState, j: int) -> None:
+    def _run_stage(self, state: SlotState, j: int) -> None:
         """The stage wrapper every stream runs: skip after a failure, time, NVTX, catch."""
         if state.error is not None:
             return
@@ -356,7 +316,7 @@ class Pipeline:
                 return
             self._collect_oldest()
 
-    def _timed_out(self, state: _SlotState, timeout: float) -> StageTimeoutError:
+    def _timed_out(self, state: SlotState, timeout: float) -> StageTimeoutError:
         stuck = next(
             (j for j in range(state.next_stage) if not state.ends[j].query()),
             max(state.next_stage - 1, 0),
@@ -418,31 +378,11 @@ class Pipeline:
         """The trace of the current window (spans only with ``config.trace``)."""
         return self._trace
 
-    def _record(self, state: _SlotState, item: int, latency_s: float, failed: bool) -> None:
-        trace, clock = self._trace, self._clock
-        trace.add_latency(latency_s * 1e3)
-        trace.end_ms = clock.now_ms()
-        if not self._config.trace:
-            return
-        lane = state.slot.lane
-        for j, stage in enumerate(self._stages):
-            if not state.ran[j]:
-                continue
-            stream = lane.streams[j]
-            host = (clock.host_ms(state.host_t0[j]), clock.host_ms(state.host_t1[j]))
-            thread = state.thread[j]
-            if stream.is_cuda:
-                start_event = state.starts[j]
-                assert start_event is not None
-                start, end = clock.event_ms(start_event), clock.event_ms(state.ends[j])
-                trace.tracks.setdefault(stream.name, TRACK_CUDA)
-                trace.spans.append(StageSpan(stage.name, item, lane.index, stream.name, stage.kind.value,
-                                             start, end, failed))
-                trace.spans.append(StageSpan(stage.name, item, lane.index, thread, ENQUEUE, *host, failed))
-            else:
-                trace.spans.append(StageSpan(stage.name, item, lane.index, thread, stage.kind.value,
-                                             *host, failed))
-            trace.tracks.setdefault(thread, TRACK_HOST)
+    def _record(self, state: SlotState, item: int, latency_s: float, failed: bool) -> None:
+        self._trace.add_latency(latency_s * 1e3)
+        self._trace.end_ms = self._clock.now_ms()
+        if self._config.trace:
+            add_item_spans(self._trace, self._clock, self._stages, state, item, failed)
 
     # -- shutdown -----------------------------------------------------------------------------
 

@@ -14,12 +14,17 @@ into Chrome-trace JSON, a PNG timeline and a summary.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrt.device.base import Event, Stream
 
-__all__ = ["ENQUEUE", "TRACK_CUDA", "TRACK_HOST", "PipelineTrace", "StageSpan", "TraceClock"]
+if TYPE_CHECKING:
+    from streamrt.pipeline.ring import SlotState
+    from streamrt.pipeline.stage import Stage
+
+__all__ = ["ENQUEUE", "TRACK_CUDA", "TRACK_HOST", "PipelineTrace", "StageSpan", "TraceClock", "add_item_spans"]
 
 ENQUEUE = "enqueue"
 """Span kind of the host time spent launching a CUDA stage."""
@@ -116,3 +121,30 @@ class TraceClock:
         if self._ref is None:
             raise ValueError("this trace clock has no CUDA reference (host device)")
         return self._ref_ms + self._ref.elapsed_ms(event)
+
+
+def add_item_spans(
+    trace: PipelineTrace, clock: TraceClock, stages: Sequence[Stage], state: SlotState, item: int, failed: bool
+) -> None:
+    """Append the spans of one collected item (its events have completed) to ``trace``.
+
+    A CUDA stage gives a span on its stream (from its timing events) and an ``enqueue`` span on
+    the host thread that launched it; a host stage gives one span on the thread that ran it.
+    Stages skipped after a failure give none.
+    """
+    lane = state.slot.lane
+    for j, stage in enumerate(stages):
+        if not state.ran[j]:
+            continue
+        stream = lane.streams[j]
+        host = (clock.host_ms(state.host_t0[j]), clock.host_ms(state.host_t1[j]))
+        thread = state.thread[j]
+        start_event = state.starts[j]
+        if stream.is_cuda and start_event is not None:
+            device = (clock.event_ms(start_event), clock.event_ms(state.ends[j]))
+            trace.tracks.setdefault(stream.name, TRACK_CUDA)
+            trace.spans.append(StageSpan(stage.name, item, lane.index, stream.name, stage.kind.value, *device, failed))
+            trace.spans.append(StageSpan(stage.name, item, lane.index, thread, ENQUEUE, *host, failed))
+        else:
+            trace.spans.append(StageSpan(stage.name, item, lane.index, thread, stage.kind.value, *host, failed))
+        trace.tracks.setdefault(thread, TRACK_HOST)
