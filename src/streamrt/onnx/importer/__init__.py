@@ -24,9 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import onnx
+import torch
 
 from .graph import InputInfo, OnnxModule, default_opset, load_model, model_nodes
 from .registry import BACKEND, MIN_OPSET, check_node, converter_table, opset_range
@@ -89,7 +88,7 @@ def import_onnx(model: ModelLike) -> OnnxModule:
     return OnnxModule(load_model(model))
 
 
-def _dim_name(text: str, taken: set[str]) -> str:
+def _dim_name(text: str) -> str:
     name = re.sub(r"\W", "_", text) or "dim"
     if name[0].isdigit():
         name = f"d_{name}"
@@ -109,7 +108,7 @@ def auto_dynamic_shapes(module: OnnxModule) -> tuple[dict[int, Any] | None, ...]
         spec: dict[int, Any] = {}
         for axis, dim in enumerate(info.shape):
             if isinstance(dim, str):
-                name = _dim_name(dim, set(dims))
+                name = _dim_name(dim)
                 spec[axis] = dims.setdefault(name, torch.export.Dim(name))
             elif dim is None:
                 spec[axis] = torch.export.Dim.AUTO

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .registry import Node, RunContext
-from .values import ShapeValue, Value, rank_of, to_tensor
+from .values import ShapeValue, Value, to_tensor
 
 __all__ = [
     "all_shape_values",
@@ -63,6 +63,3 @@ def unsupported(node: Node, why: str) -> NotImplementedError:
     """An error for an attribute combination found only at run time."""
     return NotImplementedError(f"{node.op_type} node '{node.name}': {why}")
 
-
-def keep_rank(value: Value) -> int:
-    return rank_of(value)

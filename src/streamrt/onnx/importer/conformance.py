@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-
 import onnx
+import torch
 from onnx import numpy_helper
 
 from .registry import MIN_OPSET, converter_table
@@ -163,7 +162,7 @@ def _to_torch(value: Any) -> torch.Tensor:
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     t = tensor.detach().cpu()
-    if t.dtype.itemsize == 1 and t.dtype.is_floating_point or t.dtype == torch.bfloat16:
+    if (t.dtype.itemsize == 1 and t.dtype.is_floating_point) or t.dtype == torch.bfloat16:
         return t.to(torch.float32).numpy()
     return t.numpy()
 
@@ -237,11 +236,11 @@ def run_case(case: NodeCase, *, export: bool = False) -> CaseResult:
     """Import ``case.model``, run every data set and compare (optionally also via torch.export)."""
     from . import export_program, import_onnx
 
-    model = case.model
+    model: onnx.ModelProto | None = case.model
     if case.opset < MIN_OPSET:
-        model = _restamped(model, case.opset)
-        if model is None:
-            return CaseResult(case, "excluded", f"opset {case.opset} < {MIN_OPSET}")
+        model = _restamped(case.model, case.opset)
+    if model is None:
+        return CaseResult(case, "excluded", f"opset {case.opset} < {MIN_OPSET}")
     missing = case.unsupported_ops()
     if case.expanded and missing:
         return CaseResult(case, "excluded", f"expanded graph uses unsupported {', '.join(missing)}")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-
 import onnx
+import torch
 from onnx import numpy_helper
+
 from streamrt.errors import InvalidModelError, UnsupportedOperatorError
 
 from .registry import BACKEND, MIN_OPSET, Node, RunContext, check_node, converter_table
@@ -202,7 +202,18 @@ def _input_info(value: onnx.ValueInfoProto, arg_name: str) -> InputInfo:
     return InputInfo(value.name, arg_name, onnx_to_torch_dtype(ttype.elem_type), tuple(dims))
 
 
-def _run(module: OnnxModule, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _run(module: OnnxModule, *inputs: torch.Tensor, **named: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if named:
+        args = list(inputs)
+        for arg in module.arg_names[len(args) :]:
+            if arg not in named:
+                break
+            args.append(named.pop(arg))
+        if named:
+            from streamrt.errors import UnknownInputError
+
+            raise UnknownInputError(f"unknown inputs {sorted(named)}; the model takes {list(module.arg_names)}")
+        inputs = tuple(args)
     return module.run(*inputs)
 
 
@@ -280,15 +291,20 @@ class OnnxModule(torch.nn.Module):
 
     def _add_constant(self, name: str, array: np.ndarray) -> None:
         tensor = numpy_to_torch(array)
+        items: tuple[Any, ...] | None = None
+        if tensor.dim() <= 1 and tensor.numel() <= SHAPE_VALUE_MAX_ELEMENTS and tensor.dtype in _PY_DTYPES:
+            items = tuple(tensor.reshape(-1).tolist())
+            if not tensor.is_floating_point():
+                # Small integer constants are shape arithmetic (axes, shapes, indices): Python
+                # values only; one used as a tensor becomes a constant where it is used.
+                self._consts.append(_Constant(name, "", items, tensor.dim() == 0, tensor.dtype))
+                return
         buffer = re.sub(r"\W", "_", f"c_{name}")
         base, k = buffer, 1
         while buffer in self._buffer_names:
             buffer, k = f"{base}_{k}", k + 1
         self._buffer_names.add(buffer)
         self.register_buffer(buffer, tensor)
-        items: tuple[Any, ...] | None = None
-        if tensor.dim() <= 1 and tensor.numel() <= SHAPE_VALUE_MAX_ELEMENTS and tensor.dtype in _PY_DTYPES:
-            items = tuple(tensor.reshape(-1).tolist())
         self._consts.append(_Constant(name, buffer, items, tensor.dim() == 0, tensor.dtype))
 
     def _plan(self, nodes: list[Node]) -> tuple[_Step, ...]:
@@ -327,10 +343,10 @@ class OnnxModule(torch.nn.Module):
         env: dict[str, Value] = {}
         buffers = dict(self.named_buffers())
         for const in self._consts:
-            backing = buffers[const.buffer]
+            backing = buffers[const.buffer] if const.buffer else None
             if const.items is not None:
                 env[const.name] = ShapeValue(const.items, const.dtype, const.scalar, backing)
-            else:
+            elif backing is not None:
                 env[const.name] = backing
         for info, tensor in zip(self._inputs, inputs, strict=True):
             env[info.name] = tensor

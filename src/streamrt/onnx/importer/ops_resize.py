@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .common import input_or, norm_axis, tensor
 from .registry import Node, OpSpec, RunContext
@@ -65,6 +66,8 @@ def _present(value: Value | None) -> bool:
 
 
 def _floor_size(size: Any, scale: float) -> Any:
+    if scale == 1.0:
+        return size
     if isinstance(size, int):
         return int(size * scale)
     if float(scale).is_integer():
@@ -103,7 +106,8 @@ def _plan(node: Node, x: torch.Tensor, inputs: Inputs) -> tuple[list[Any], list[
 
 
 def _same(a: Any, b: Any) -> bool:
-    return a == b if isinstance(a, int) and isinstance(b, int) else a is b
+    """Sizes known equal while tracing, without adding a guard on symbolic sizes."""
+    return bool(statically_known_true(a == b))
 
 
 def _pow2(scale: Any) -> bool:
@@ -163,22 +167,26 @@ def _source_coords(
     return (y + 0.5) / scale - 0.5, None
 
 
+# nearest_mode -> source index from the source coordinate (exact integers map to themselves)
+_NEAREST: dict[str, Any] = {
+    "round_prefer_floor": lambda x: torch.where(x - torch.floor(x) <= 0.5, torch.floor(x), torch.floor(x) + 1),
+    "round_prefer_ceil": lambda x: torch.where(x - torch.floor(x) < 0.5, torch.floor(x), torch.floor(x) + 1),
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+}
+
+
 def _nearest_index(x: torch.Tensor, rule: str) -> torch.Tensor:
-    low = torch.floor(x)
-    frac = x - low
-    table = {
-        "round_prefer_floor": torch.where(frac <= 0.5, low, low + 1),
-        "round_prefer_ceil": torch.where(frac < 0.5, low, low + 1),
-        "floor": low,
-        "ceil": torch.ceil(x),
-    }
-    return table[rule]
+    return _NEAREST[rule](x)
 
 
 def _taps(attrs: _Attrs, scale: Any) -> tuple[int, int]:
     """(number of taps, offset of the first tap from ceil(x) - 1)."""
     support = 2 if attrs.mode == "cubic" else 1
-    if attrs.antialias and isinstance(scale, float) and scale < 1:
+    if attrs.antialias and not isinstance(scale, float):
+        # The filter width depends on the scale, so it must be known while tracing.
+        raise NotImplementedError("Resize with antialias needs a scale known at trace time (static sizes)")
+    if attrs.antialias and scale < 1:
         first = math.floor(-support / scale) + 1
         return 2 - 2 * first, first
     return 2 * support, 1 - support
@@ -247,14 +255,14 @@ def _resize(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
         rois = [(0.0, 1.0)] * rank
         for i, a in enumerate(axes):
             rois[a] = (roi[i], roi[half + i])
-    work = x if x.dtype == torch.float64 else x.to(torch.float32)
+    work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
     for axis in range(rank):
         identity = isinstance(scales[axis], float) and scales[axis] == 1.0 and _same(out[axis], x.shape[axis])
         if identity and (rois[axis] is None or rois[axis] == (0.0, 1.0)):
             continue
         work = _resize_axis(work, axis, attrs, scales[axis], out[axis], rois[axis])
     if is_float_dtype(x.dtype):
-        return [work.to(x.dtype)]
+        return [work if work.dtype == x.dtype else work.to(x.dtype)]
     info = torch.iinfo(x.dtype)
     return [torch.round(work).clamp(info.min, info.max).to(x.dtype)]
 

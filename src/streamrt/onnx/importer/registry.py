@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+import onnx
 import torch
 
-import onnx
 from streamrt.errors import UnsupportedOperatorError
 
 from .values import Value

@@ -188,6 +188,12 @@ def is_float_dtype(dtype: torch.dtype) -> bool:
 _UNSIGNED_WIDE = frozenset({torch.uint16, torch.uint32, torch.uint64})
 
 
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.uint64:
+        return t.view(torch.int64)
+    return t.to(torch.int64) if t.dtype in _UNSIGNED_WIDE else t
+
+
 def widen_unsigned(fn: Any, *xs: torch.Tensor) -> torch.Tensor:
     """Run ``fn`` on uint16/32/64 tensors through int64 (torch has few kernels for them).
 
@@ -196,7 +202,7 @@ def widen_unsigned(fn: Any, *xs: torch.Tensor) -> torch.Tensor:
     """
     if not any(t.dtype in _UNSIGNED_WIDE for t in xs):
         return fn(*xs)
-    wide = [t.view(torch.int64) if t.dtype == torch.uint64 else t.to(torch.int64) for t in xs]
+    wide = [_widen(t) for t in xs]
     out: torch.Tensor = fn(*wide)
     first = xs[0].dtype
     if first not in _UNSIGNED_WIDE or out.dtype == torch.bool or out.dtype.is_floating_point:
