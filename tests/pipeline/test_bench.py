@@ -31,7 +31,7 @@ def test_compare_interleaves_rounds_and_keeps_outputs() -> None:
     seen: list[str] = []
     results = compare(
         standard_cases(ring_size=2, workers=(2,)), lambda: FrameWorkload(engine, SPEC), get_device("cpu"),
-        make_frames(4, SPEC), items=6, warmup=2, rounds=2, trace_items=5, keep_outputs=4,
+        make_frames(4, SPEC), items=6, warmup=2, rounds=2, warmup_rounds=1, trace_items=5, keep_outputs=4,
         on_round=lambda r, case, trace: seen.append(f"{r}{case.name}"),
     )
     assert seen == ["0(a)", "0(b)", "0(c)", "0(b+c)", "1(a)", "1(b)", "1(c)", "1(b+c)"]
@@ -46,8 +46,8 @@ def test_compare_interleaves_rounds_and_keeps_outputs() -> None:
 def test_pipeline_bench_command_writes_its_report(tmp_path, capsys) -> None:
     out = tmp_path / "report"
     code = main(["--device", "cpu", "--height", "36", "--width", "64", "--size", "32", "--classes", "10",
-                 "--items", "6", "--warmup", "2", "--rounds", "1", "--trace-items", "6", "--workers", "2",
-                 "--frames", "3", "--verify", "4", "--out", str(out)])
+                 "--items", "6", "--warmup", "2", "--rounds", "1", "--warmup-rounds", "0", "--trace-items", "6",
+                 "--workers", "2", "--frames", "3", "--verify", "4", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| (a) sync |" in printed and "bit-identical in every case" in printed

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, help="timed items per run (default 600 on CUDA, 40 on CPU)")
     parser.add_argument("--warmup", type=int, help="warm-up items per run (default 50 on CUDA, 4 on CPU)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs per case; the median is reported")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="rounds of all cases run first, discarded")
     parser.add_argument("--trace-items", type=int, help="items in the extra traced run per case (0: none)")
     parser.add_argument("--frames", type=int, default=16, help="distinct random frames, cycled (default 16)")
     parser.add_argument("--height", type=int, default=1080, help="frame height (default 1080)")
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     results = compare(
         cases, lambda: FrameWorkload(engine, spec), device, frames,
         items=args.items or defaults["items"], warmup=args.warmup or defaults["warmup"], rounds=args.rounds,
+        warmup_rounds=args.warmup_rounds,
         trace_items=trace_items or None, keep_outputs=args.verify,
     )
     summaries = [(summarize(r.median), summarize(r.traced) if r.traced is not None else None) for r in results]

@@ -105,6 +105,7 @@ def compare(
     items: int,
     warmup: int,
     rounds: int = 3,
+    warmup_rounds: int = 1,
     trace_items: int | None = None,
     keep_outputs: int = 0,
     on_round: Callable[[int, BenchCase, PipelineTrace], None] | None = None,
@@ -118,20 +119,26 @@ def compare(
         inputs: distinct inputs, cycled.
         items, warmup: measured and warm-up items per run.
         rounds: untraced runs per case; throughput is their median.
+        warmup_rounds: rounds of every case run first and discarded: the first runs in a process
+            pay one-time costs that a per-run warm-up does not absorb (first-touch page faults of
+            fresh memory, allocator growth, library initialisation).
         trace_items: items in the traced run (None: no traced run).
         keep_outputs: outputs kept from the first round, to check cases agree.
         on_round: progress callback.
     """
     results = [CaseResult(case) for case in cases]
-    for r in range(rounds):
+    for r in range(-warmup_rounds, rounds):
         for result in results:
             config = result.case.config.replace(device=device.kind, trace=False)
             keep = keep_outputs if r == 0 else 0
             trace, outputs = _run(make_workload(), config, device, inputs, items, warmup, keep)
             trace.label = result.case.label
+            logger.info("%s %s: %.1f items/s", "warm-up round" if r < 0 else f"round {r}", result.case.label,
+                        trace.items_per_s)
+            if r < 0:
+                continue
             result.rounds.append(trace)
             result.outputs.extend(outputs)
-            logger.info("round %d %s: %.1f items/s", r, result.case.label, trace.items_per_s)
             if on_round is not None:
                 on_round(r, result.case, trace)
     if trace_items:
