@@ -205,12 +205,14 @@ def single_op(
     opset: int = OPSET,
     initializers: dict[str, np.ndarray] | None = None,
     node_inputs: list[str] | None = None,
+    dynamic: bool = False,
     **attrs: object,
 ) -> onnx.ModelProto:
     """A one-node model: ``inputs`` become graph inputs, ``initializers`` constants.
 
     ``node_inputs`` orders the node's inputs (use ``""`` for an omitted optional input); by
-    default the graph inputs then the initializers, in the given order.
+    default the graph inputs then the initializers, in the given order. ``dynamic`` declares
+    every input dimension as a named dynamic one (so ONNX Runtime accepts other shapes).
     """
     initializers = initializers or {}
     names = node_inputs if node_inputs is not None else [*inputs, *initializers]
@@ -220,7 +222,11 @@ def single_op(
         [node],
         "single",
         [
-            helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            helper.make_tensor_value_info(
+                k,
+                helper.np_dtype_to_tensor_dtype(v.dtype),
+                [f"{k}_{i}" for i in range(v.ndim)] if dynamic else v.shape,
+            )
             for k, v in inputs.items()
         ],
         [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
@@ -229,3 +235,19 @@ def single_op(
     model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", opset)])
     model.ir_version = 8
     return onnx.shape_inference.infer_shapes(model)
+
+
+def resize_by_computed_sizes(rng: np.random.Generator, factor: float = 1.5) -> onnx.ModelProto:
+    """Resize whose ``sizes`` are computed from the input shape (Shape -> Slice -> Cast -> Mul ->
+    Floor -> Cast -> Concat), as exporters write ``F.interpolate(x, scale_factor=1.5)`` with
+    dynamic H/W."""
+    g = _Graph(rng)
+    shape = g.op("Shape", ["x"])
+    nc = g.op("Slice", [shape, g.const(np.array([0], np.int64)), g.const(np.array([2], np.int64))])
+    hw = g.op("Slice", [shape, g.const(np.array([2], np.int64)), g.const(np.array([4], np.int64))])
+    hw = g.op("Mul", [g.op("Cast", [hw], to=TensorProto.FLOAT), g.const(np.array([factor], np.float32))])
+    hw = g.op("Cast", [g.op("Floor", [hw])], to=TensorProto.INT64)
+    sizes = g.op("Concat", [nc, hw], axis=0)
+    y = g.op("Resize", ["x", "", "", sizes], mode="linear", coordinate_transformation_mode="half_pixel")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])]
+    return g.model(inputs, [(str(y), "y", 4)], opset=13)

@@ -13,7 +13,13 @@ import pytest
 import torch
 from torch.export import Dim
 
-from onnx_importer.importer_models import conv_classifier, flatten_by_shape, transformer_block, yolo_head
+from onnx_importer.importer_models import (
+    conv_classifier,
+    flatten_by_shape,
+    resize_by_computed_sizes,
+    transformer_block,
+    yolo_head,
+)
 from onnx_importer.test_models import ATOL, RTOL, images, ort_run, tokens
 from streamrt.onnx.importer import auto_dynamic_shapes, export_program, import_onnx, to_fx
 
@@ -68,6 +74,16 @@ def test_yolo_head_dynamic_batch_and_resolution() -> None:
     assert "aten.upsample_nearest2d.vec" in targets  # the YOLO Resize takes the F.interpolate path
     for shape in ((2, 3, 64, 96), (3, 3, 128, 64), (1, 3, 32, 32)):
         _check(program, model, images(rng, *shape))
+
+
+def test_resize_sizes_computed_from_symbolic_shape() -> None:
+    rng = np.random.default_rng()
+    model = resize_by_computed_sizes(rng)
+    dims = {0: Dim("n", min=1, max=8), 2: Dim("h", min=2, max=64), 3: Dim("w", min=2, max=64)}
+    program = export_program(model, [torch.randn(2, 3, 8, 10)], (dims,))
+    assert not _targets(program) & _HOST_READS
+    for shape in ((2, 3, 8, 10), (1, 3, 5, 7), (3, 3, 17, 4)):
+        _check(program, model, {"x": rng.standard_normal(shape).astype(np.float32)})
 
 
 def test_transformer_dynamic_batch_and_sequence() -> None:

@@ -62,4 +62,3 @@ def broadcast_items(
 def unsupported(node: Node, why: str) -> NotImplementedError:
     """An error for an attribute combination found only at run time."""
     return NotImplementedError(f"{node.op_type} node '{node.name}': {why}")
-

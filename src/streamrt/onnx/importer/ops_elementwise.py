@@ -35,11 +35,15 @@ def _trunc_div(a: Any, b: Any) -> Any:
 
 
 def _py_floor(x: Any) -> Any:
-    return float(math.floor(x)) if isinstance(x, float) else x
+    if isinstance(x, float):
+        return float(math.floor(x))
+    return torch.sym_float(math.floor(x)) if isinstance(x, torch.SymFloat) else x
 
 
 def _py_ceil(x: Any) -> Any:
-    return float(math.ceil(x)) if isinstance(x, float) else x
+    if isinstance(x, float):
+        return float(math.ceil(x))
+    return torch.sym_float(math.ceil(x)) if isinstance(x, torch.SymFloat) else x
 
 
 def _py_sign(x: Any) -> Any:

@@ -41,12 +41,20 @@ def _max0(v: Any) -> Any:
     return max(v, 0) if _is_int(v) else torch.sym_max(v, 0)
 
 
+def _same_total(size: Any, k: int, s: int) -> Any:
+    """Total SAME padding, ``max((ceil(size / s) - 1) * s + k - size, 0)``."""
+    if k >= s:
+        # Never negative then; written without max() so that a symbolic size gives a simple
+        # expression torch.export can reason about.
+        return k - 1 - (size - 1) % s
+    return _max0(((size + s - 1) // s - 1) * s + k - size)
+
+
 def _same_pads(auto_pad: str, sizes: Sequence[Any], kernel: Sequence[int], strides: Sequence[int]) -> list[Any]:
     """``[begin_1.., end_1..]`` pads for auto_pad SAME_UPPER/SAME_LOWER (out = ceil(in / stride))."""
     begins, ends = [], []
     for size, k, s in zip(sizes, kernel, strides, strict=True):
-        out = (size + s - 1) // s
-        total = _max0((out - 1) * s + k - size)
+        total = _same_total(size, k, s)
         small = total // 2
         big = total - small
         begins.append(small if auto_pad == "SAME_UPPER" else big)

@@ -153,6 +153,8 @@ def _source_coords(
         return (y * 0 if width == 1 else y * (size - 1) / (width - 1)), None
     if coord == "asymmetric":
         return y / scale, None
+    if coord == "tf_half_pixel_for_nn":  # opset 11 only
+        return (y + 0.5) / scale, None
     if coord == "pytorch_half_pixel":
         return (y * 0 - 0.5 if width == 1 else (y + 0.5) / scale - 0.5), None
     if coord == "half_pixel_symmetric":

@@ -169,6 +169,22 @@ def _clamp(value: Any, lo: Any, hi: Any) -> Any:
     return torch.sym_max(lo, torch.sym_min(value, hi))
 
 
+def _flipped_bounds(start: int, end: int, dim: Any) -> tuple[Any, Any]:
+    """Bounds in the flipped axis for a negative-step slice with static start/end.
+
+    With a static size they are ONNX's clamped bounds exactly; with a symbolic size, starts and
+    ends are assumed to lie within ``[-size, size)`` (or be the usual "to the end" sentinels),
+    which keeps the bounds simple expressions and the export free of guards.
+    """
+    if isinstance(dim, int):
+        lo = min(max(start + dim if start < 0 else start, 0), dim - 1)
+        hi = min(max(end + dim if end < 0 else end, -1), dim - 1)
+        return dim - 1 - lo, dim - 1 - hi
+    s_flip: Any = 0 if start >= _BIG else (-1 - start if start < 0 else dim - 1 - start)
+    e_flip: Any = None if end <= -_BIG else (-1 - end if end < 0 else dim - 1 - end)
+    return s_flip, e_flip
+
+
 def slice_axis(x: torch.Tensor, axis: int, start: Any, end: Any, step: int) -> torch.Tensor:
     """``x`` sliced along ``axis`` with ONNX Slice semantics (clamping, negative steps)."""
     if step > 0:
@@ -177,6 +193,9 @@ def slice_axis(x: torch.Tensor, axis: int, start: Any, end: Any, step: int) -> t
         end = min(end, _BIG) if isinstance(end, int) else end
         return x[(slice(None),) * axis + (slice(start, end, step),)]
     dim = x.shape[axis]
+    if isinstance(start, int) and isinstance(end, int):
+        s_flip, e_flip = _flipped_bounds(start, end, dim)
+        return x.flip(axis)[(slice(None),) * axis + (slice(s_flip, e_flip, -step),)]
     if isinstance(start, int) and start < 0:
         start = start + dim
     if isinstance(end, int) and end < 0:
