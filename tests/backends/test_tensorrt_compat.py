@@ -20,7 +20,6 @@ from streamrt.config import BuildConfig
 from streamrt.errors import (
     BuildError,
     ConfigError,
-    MissingDependencyError,
     PlanMismatchError,
     ProfileError,
     UnsupportedOperatorError,
@@ -104,17 +103,6 @@ def test_network_flags_reject_old_tensorrt() -> None:
 def test_network_flags_without_strong_typing_fail_clearly() -> None:
     with pytest.raises(BuildError, match="no strongly typed networks"):
         compat.network_flags(_fake_trt("10.0.0", types.SimpleNamespace()))
-
-
-def test_import_tensorrt_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
-
-    def missing(name: str) -> Any:
-        raise ModuleNotFoundError(f"No module named '{name}'", name=name)
-
-    monkeypatch.setattr(importlib, "import_module", missing)
-    with pytest.raises(MissingDependencyError, match=r"streamrt\[tensorrt\]"):
-        compat.import_tensorrt()
 
 
 # --- dtype table --------------------------------------------------------------------------------

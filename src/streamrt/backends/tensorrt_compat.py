@@ -20,7 +20,6 @@ the full table with sources):
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 import threading
@@ -36,7 +35,6 @@ from streamrt.config import BuildConfig
 from streamrt.errors import (
     BuildError,
     ConfigError,
-    MissingDependencyError,
     PlanMismatchError,
     ProfileError,
     StreamRTError,
@@ -58,7 +56,6 @@ __all__ = [
     "dtype_from_trt",
     "enum_name",
     "get_logger",
-    "import_tensorrt",
     "network_flags",
     "normalize_inspector",
     "parse_version",
@@ -70,21 +67,10 @@ __all__ = [
     "version_can_run",
 ]
 
-log = logging.getLogger(__name__)
 trt_log = logging.getLogger("streamrt.backends.tensorrt.library")
 """Where TensorRT's own messages go (its ILogger is bridged to this logger)."""
 
 MIN_VERSION = (10, 0)
-
-
-def import_tensorrt() -> Any:
-    """Import ``tensorrt``; a missing library raises the error that names the extra to install."""
-    try:
-        return importlib.import_module("tensorrt")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.split(".")[0] == "tensorrt":
-            raise MissingDependencyError("tensorrt", "tensorrt", purpose="the tensorrt backend") from exc
-        raise
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -327,16 +313,7 @@ def check_plan(manifest: PlanManifest, local_version: str, local_device: Mapping
 
 # --- errors from the parser and the builder -----------------------------------------------------
 
-_UNSUPPORTED = frozenset(
-    {
-        "UNSUPPORTED_NODE",
-        "UNSUPPORTED_NODE_ATTR",
-        "UNSUPPORTED_NODE_INPUT",
-        "UNSUPPORTED_NODE_DATATYPE",
-        "UNSUPPORTED_NODE_DYNAMIC",
-        "UNSUPPORTED_NODE_SHAPE",
-    }
-)
+_UNSUPPORTED = frozenset(f"UNSUPPORTED_NODE{s}" for s in ("", "_ATTR", "_INPUT", "_DATATYPE", "_DYNAMIC", "_SHAPE"))
 
 
 @dataclass(frozen=True)
