@@ -126,9 +126,10 @@ class BenchResult:
         return [r.to_json() for r in self.records]
 
     def write_times(self, path: str | Path) -> Path:
-        """Write :meth:`export_times` as a JSON array."""
+        """Write :meth:`export_times` as a JSON array, one query per line (as trtexec writes it)."""
         p = Path(path)
-        p.write_text(json.dumps(self.export_times(), indent=1) + "\n")
+        rows = ",\n".join(f"  {json.dumps(r)}" for r in self.export_times())
+        p.write_text(f"[\n{rows}\n]\n")
         return p
 
     def to_json(self) -> dict[str, Any]:

@@ -71,8 +71,8 @@ class IterationRecord:
         return self.h2d_ms + self.compute_ms + self.d2h_ms
 
     def to_json(self) -> dict[str, float]:
-        """One element of ``--export-times``, with trtexec's field names."""
-        return {
+        """One element of ``--export-times``, with trtexec's field names, rounded to the nanosecond."""
+        values = {
             "startEnqMs": self.start_enq_ms,
             "endEnqMs": self.end_enq_ms,
             "startH2dMs": self.start_h2d_ms,
@@ -86,6 +86,7 @@ class IterationRecord:
             "d2hMs": self.d2h_ms,
             "latencyMs": self.latency_ms,
         }
+        return {key: round(value, 6) for key, value in values.items()}
 
     @classmethod
     def host(cls, start_ms: float, end_ms: float) -> IterationRecord:
