@@ -428,18 +428,17 @@ class TensorRTContext(ExecutionContext):
                 self._no_graph.add(key)
                 return self._enqueue(s, tensors, provided)
         graph = self._graph
+        targets = None
+        if provided is not None:
+            targets = {n: _check_provided(n, provided[n], tuple(t.shape), t.dtype) for n, t in graph.outputs.items()}
         for name, t in tensors.items():
             graph.inputs[name].copy_(t, non_blocking=True)
         self._consumed.torch.record(s)  # inputs are consumed once copied into the static buffers
         graph.graph.replay()
-        if provided is not None:
-            outs = {
-                name: _check_provided(name, provided[name], tuple(t.shape), t.dtype)
-                for name, t in graph.outputs.items()
-            }
+        if targets is not None:
             for name, t in graph.outputs.items():
-                outs[name].copy_(t, non_blocking=True)
-            return outs
+                targets[name].copy_(t, non_blocking=True)
+            return targets
         return {name: t.clone() for name, t in graph.outputs.items()}
 
     def _capture(self, s: Any, key: tuple[Any, ...], tensors: Mapping[str, Any]) -> _Graph | None:
