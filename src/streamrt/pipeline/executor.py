@@ -94,6 +94,11 @@ class Pipeline:
         if self._config.nvtx and self._device.is_cuda:
             import torch
 
+            try:  # fail here, not inside every stage, when this torch build has no NVTX
+                torch.cuda.nvtx.range_push("streamrt")
+                torch.cuda.nvtx.range_pop()
+            except Exception as exc:
+                raise ConfigError(f"nvtx=True but NVTX ranges are unavailable: {exc}") from exc
             self._nvtx = torch.cuda.nvtx
         self._lanes = [
             Lane(w, self._device, lane_streams(self._device, self._stages, self._config.topology, w))
@@ -120,8 +125,8 @@ class Pipeline:
         # A private stream for the trace clock's reference event, created once (torch hands
         # out streams from a pool of 32 per device; creating one per reset would cycle it).
         self._clock_stream = self._device.stream("clock") if self._device.is_cuda else None
-        self._clock = TraceClock(self._clock_stream)
-        self._trace = PipelineTrace(self._config.describe())
+        self._clock: TraceClock
+        self._trace: PipelineTrace
         self.reset_trace()
         logger.debug("pipeline %s on %s: %d lanes x %d slots", self._config.describe(), self._device,
                      len(self._lanes), self._config.slots_per_lane)
@@ -265,10 +270,10 @@ class Pipeline:
             return
         stage = self._stages[j]
         graph = state.graphs[j]
+        item = -1 if state.item is None else state.item
         t0 = time.perf_counter()
         if self._nvtx is not None:
-            self._nvtx.range_push(f"{stage.name} #{state.item}")
-        item = -1 if state.item is None else state.item
+            self._nvtx.range_push(f"{stage.name} #{item}")
         try:
             if graph is not None:
                 graph.replay()
