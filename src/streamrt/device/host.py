@@ -123,30 +123,15 @@ _STOP = object()
 _CALL, _WAIT, _RECORD = 0, 1, 2
 
 
-class HostStream:
-    """A worker thread that runs launched callables in order (see the module docstring).
-
-    Example:
-        >>> s = HostStream("decode")
-        >>> s.launch(lambda: None)
-        >>> s.record().wait(timeout=5)
-        True
-        >>> s.close()
-        True
-    """
+class _HostStreamBase:
+    """What every host stream shares: a name, no raw handle, host events."""
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
         self._closed = False
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"streamrt:{name}", daemon=True)
-        self._thread.start()
 
     def __repr__(self) -> str:
-        return f"HostStream({self._name!r})"
+        return f"{type(self).__name__}({self._name!r})"
 
     @property
     def name(self) -> str:
@@ -160,13 +145,35 @@ class HostStream:
     def is_cuda(self) -> bool:
         return False
 
-    @property
-    def thread_name(self) -> str:
-        """Name of the worker thread (the track work shows up on in traces)."""
-        return self._thread.name
-
     def new_event(self, timing: bool = False) -> HostEvent:
         return HostEvent(timing)
+
+
+class HostStream(_HostStreamBase):
+    """A worker thread that runs launched callables in order (see the module docstring).
+
+    Example:
+        >>> s = HostStream("decode")
+        >>> s.launch(lambda: None)
+        >>> s.record().wait(timeout=5)
+        True
+        >>> s.close()
+        True
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"streamrt:{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def thread_name(self) -> str:
+        """Name of the worker thread (the track its work shows up on in traces)."""
+        return self._thread.name
 
     def _put(self, op: Any) -> None:
         with self._lock:
@@ -242,38 +249,12 @@ class HostStream:
                     self._errors.append(exc)
 
 
-class InlineStream:
+class InlineStream(_HostStreamBase):
     """A host "stream" that runs work at once in the calling thread, and waits by blocking it.
 
     Used by the synchronous topology: the plain loop a user writes, no threads involved.
     Exceptions from launched work propagate to the caller immediately.
     """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._closed = False
-
-    def __repr__(self) -> str:
-        return f"InlineStream({self._name!r})"
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def handle(self) -> int:
-        return 0
-
-    @property
-    def is_cuda(self) -> bool:
-        return False
-
-    @property
-    def thread_name(self) -> str:
-        return threading.current_thread().name
-
-    def new_event(self, timing: bool = False) -> HostEvent:
-        return HostEvent(timing)
 
     def launch(self, fn: StreamWork) -> None:
         if self._closed:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrt.config import _enum
 from streamrt.errors import ConfigError
 
 __all__ = ["PipelineConfig", "Topology"]
@@ -68,14 +69,8 @@ class PipelineConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        topology = self.topology
-        if not isinstance(topology, Topology):
-            try:
-                topology = Topology(str(topology).lower())
-            except ValueError:
-                allowed = ", ".join(t.value for t in Topology)
-                raise ConfigError(f"topology must be one of {allowed}, got {self.topology!r}") from None
-            object.__setattr__(self, "topology", topology)
+        topology = _enum(Topology, self.topology, "topology")
+        object.__setattr__(self, "topology", topology)
         for name in ("workers", "ring_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
