@@ -208,8 +208,9 @@ class _MatmulContext(ExecutionContext):
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
         import torch
 
-        assert torch.cuda.current_stream() == stream  # enqueued on the stream it was given
-        self.engine.streams.add(stream)
+        if stream is not None:
+            assert torch.cuda.current_stream() == stream  # enqueued on the stream it was given
+            self.engine.streams.add(stream)
         x = inputs["x"]
         for _ in range(20):
             x = torch.tanh(x @ self.engine.weight)
@@ -232,3 +233,19 @@ def test_cuda_engine_is_timed_with_events_on_a_side_stream(tmp_path: Path) -> No
     for t in times:
         assert t["startH2dMs"] <= t["endH2dMs"] <= t["endComputeMs"] <= t["endD2hMs"]
     assert "GPU Compute Time" in result.format()
+
+
+@pytest.mark.gpu
+def test_run_numpy_moves_data_to_a_cuda_engine_and_back() -> None:
+    import torch
+
+    from streamrt.compare import run_numpy
+
+    engine = _MatmulEngine()
+    x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
+    out = run_numpy(engine, {"x": x})["y"]
+    assert isinstance(out, np.ndarray) and out.shape == (4, 256)
+    expected = torch.from_numpy(x).cuda()
+    for _ in range(20):
+        expected = torch.tanh(expected @ engine.weight)
+    np.testing.assert_allclose(out, expected.cpu().numpy(), rtol=1e-5, atol=1e-5)
