@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
-import onnx
 from helpers import catalogue_file, save
 from streamrt.cli.main import main
 from streamrt.testing.models import small_cnn
