@@ -78,14 +78,16 @@ class TensorRTEngine(Engine):
         self._engine: Any = engine
         self._io = _read_io(engine)
         self._check_io()
-        self._input_names = [s.name for s in manifest.inputs]
+        self._input_names = [s.name for s in manifest.inputs if s.name in self._io]
         self._output_names = [s.name for s in manifest.outputs]
         self._output_dtypes = {name: self._io[name][1].torch for name in self._output_names}
 
     def _check_io(self) -> None:
         want = {s.name: (True, s.dtype) for s in self.manifest.inputs}
         want.update({s.name: (False, s.dtype) for s in self.manifest.outputs})
-        if want != self._io:
+        # TensorRT may drop a graph input that no node reads; it is then accepted and ignored.
+        unused = {name for name, (is_input, _) in want.items() if is_input and name not in self._io}
+        if {k: v for k, v in want.items() if k not in unused} != self._io:
             raise PlanFormatError(
                 f"the TensorRT engine's I/O tensors {sorted(self._io)} do not match the plan's manifest {sorted(want)}"
             )
