@@ -164,4 +164,4 @@ def test_setup_failure_releases_worker_threads() -> None:
     deadline = time.perf_counter() + 5
     while threading.active_count() > before and time.perf_counter() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == before
+    assert threading.active_count() <= before  # (threads of earlier tests may finish meanwhile)
