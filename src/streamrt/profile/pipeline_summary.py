@@ -136,7 +136,7 @@ def summarize(trace: PipelineTrace) -> PipelineSummary:
         interval = clip(span.start_ms, span.end_ms)
         by_track[span.track].append(interval)
         cuda = trace.tracks.get(span.track) == TRACK_CUDA
-        by_resource[_RESOURCE_OF_KIND[span.kind] if cuda else f"thread {span.track}"].append(interval)
+        by_resource[_RESOURCE_OF_KIND.get(span.kind, span.kind) if cuda else f"thread {span.track}"].append(interval)
         by_kind[span.kind].append(interval)
         if span.kind == ENQUEUE:
             enqueue_total += span.duration_ms
