@@ -183,7 +183,9 @@ def build(
         from streamrt.onnx.precision import apply_precision
 
         report(f"applying precision {config.precision.value} to the ONNX graph")
-        proto = apply_precision(source.proto, config, cache_dir=cache_root, progress=report)
+        proto = apply_precision(
+            source.proto, config, cache_dir=cache_root, progress=report, int8_style=backend.int8_style
+        )
         transformed = model_from_proto(proto, source.path)
     report(f"building with {backend.name} {backend.version()}")
     built = backend.build(transformed, config, profiles, report)

@@ -78,6 +78,8 @@ class Backend(abc.ABC):
     extra: ClassVar[str]
     device_fields: ClassVar[tuple[str, ...]] = ()
     precisions: ClassVar[frozenset[str]] = frozenset({"fp32"})
+    # Q/DQ layout this backend fuses into integer kernels (see streamrt.onnx.quantize).
+    int8_style: ClassVar[str] = "tensorrt"
 
     @abc.abstractmethod
     def version(self) -> str:

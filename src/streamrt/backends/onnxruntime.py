@@ -136,6 +136,7 @@ class OnnxRuntimeBackend(Backend):
     device_fields = ("kind", "arch", "isa")
     # bf16 and tf32 have no CPU kernels in ONNX Runtime for most operators.
     precisions = frozenset({"fp32", "fp16", "int8"})
+    int8_style = "onnxruntime"
 
     def version(self) -> str:
         return str(ort.__version__)

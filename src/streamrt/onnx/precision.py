@@ -71,6 +71,7 @@ def apply_precision(
     *,
     cache_dir: Path,
     progress: Progress | None = None,
+    int8_style: str = "tensorrt",
 ) -> onnx.ModelProto:
     """Return ``model`` transformed to ``config.precision``; every backend builds from the result.
 
@@ -85,6 +86,8 @@ def apply_precision(
         cache_dir: root of StreamRT's caches; int8 ranges go to ``<cache_dir>/calibration/``
             unless ``config.calibration.cache`` names a file (or folder).
         progress: called with one-line status messages (conversion steps, calibration samples).
+        int8_style: the Q/DQ layout the target backend fuses (``Backend.int8_style``; see
+            :func:`streamrt.onnx.quantize.quantize_int8`).
 
     Returns:
         The transformed model.
@@ -95,6 +98,8 @@ def apply_precision(
         BuildError: a conversion failed or produced an invalid model.
     """
     report = progress or (lambda message: None)
+    if config.precision is Precision.INT8:
+        return _to_int8(model, config, cache_dir, report, int8_style)
     return _TRANSFORMS[config.precision](model, config, cache_dir, report)
 
 
@@ -353,7 +358,9 @@ def _retype_graph(graph: onnx.GraphProto) -> None:
                     attr.i = bf16
 
 
-def _to_int8(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
+def _to_int8(
+    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress, style: str = "tensorrt"
+) -> onnx.ModelProto:
     from streamrt.onnx.quantize import quantize_int8
 
     if config.calibration is None:  # BuildConfig refuses this already; kept for direct callers
@@ -364,7 +371,7 @@ def _to_int8(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, repor
             f"fp32_ops {list(config.fp32_ops)} excludes every int8 op type {list(INT8_OP_TYPES)}",
             hint="remove some of them from fp32_ops, or build with precision fp16",
         )
-    quantized = quantize_int8(model, config.calibration, ops, cache_dir=cache_dir, progress=report)
+    quantized = quantize_int8(model, config.calibration, ops, cache_dir=cache_dir, progress=report, style=style)
     _check(quantized, "int8")
     return quantized
 

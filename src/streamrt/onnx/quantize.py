@@ -64,8 +64,20 @@ def quantize_int8(
     *,
     cache_dir: Path,
     progress: Progress,
+    style: str = "tensorrt",
 ) -> onnx.ModelProto:
     """Insert Q/DQ nodes on the inputs and weights of ``op_types``, with ranges from ``calib``.
+
+    ``style`` is the Q/DQ layout the target backend fuses into integer kernels:
+
+    * ``"tensorrt"`` (GPU backends): symmetric int8 activations and weights, outputs of the
+      quantized ops stay float (TensorRT fuses DQ -> op and emits float).
+    * ``"onnxruntime"`` (ONNX Runtime's CPU provider): uint8 asymmetric activations, symmetric
+      int8 weights, and the outputs quantized too, so each ``DQ -> Conv -> Q`` group becomes one
+      ``QLinearConv`` (U8S8 is the x86 fast path); without output Q/DQ ONNX Runtime runs a float
+      convolution behind a DequantizeLinear and int8 is slower than fp32.
+
+    Both styles use the same calibration ranges (and cache).
 
     Args:
         model: the float32 model (not modified).
@@ -82,6 +94,9 @@ def quantize_int8(
         CalibrationError: missing, empty, unreadable or mismatched calibration data.
         BuildError: ONNX Runtime failed to calibrate or quantize.
     """
+    if style not in ("tensorrt", "onnxruntime"):
+        raise ValueError(f"int8 style must be 'tensorrt' or 'onnxruntime', got {style!r}")
+    tensorrt_style = style == "tensorrt"
     op_types = list(op_types)
     ort_q = _Ort()
     settings = _settings(calib, op_types, ort_q.version)
@@ -126,14 +141,14 @@ def quantize_int8(
                 quant_format=ort_q.QuantFormat.QDQ,
                 op_types_to_quantize=op_types,
                 per_channel=calib.per_channel,
-                activation_type=ort_q.QuantType.QInt8,
+                activation_type=ort_q.QuantType.QInt8 if tensorrt_style else ort_q.QuantType.QUInt8,
                 weight_type=ort_q.QuantType.QInt8,
                 calibrate_method=ort_q.methods[calib.method],
                 extra_options={
-                    "ActivationSymmetric": True,
+                    "ActivationSymmetric": tensorrt_style,
                     "WeightSymmetric": True,
                     # TensorRT fuses Q/DQ into the consumer: outputs of quantized ops stay float.
-                    "OpTypesToExcludeOutputQuantization": op_types,
+                    "OpTypesToExcludeOutputQuantization": op_types if tensorrt_style else [],
                 },
                 calibration_cache_path=str(ranges_path),
             )
