@@ -199,15 +199,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results: Sequence[Any],
            summaries: Sequence[tuple[Any, Any]]) -> None:
+    from streamrt.errors import MissingDependencyError
     from streamrt.profile.timeline import plot_timeline
     from streamrt.profile.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
+    plots = True
     for result in results:
         if result.traced is not None and result.traced.spans:
             slug = _slug(result.case.label)
             write_chrome_trace(result.traced, out / "traces" / f"{slug}.json")
-            plot_timeline(result.traced, out / "timelines" / f"{slug}.png")
+            try:
+                if plots:
+                    plot_timeline(result.traced, out / "timelines" / f"{slug}.png")
+            except MissingDependencyError as exc:  # keep the measurements of a long run
+                log.warning("no PNG timelines: %s", exc)
+                plots = False
     facts = "\n".join(f"- {k}: {v}" for k, v in env.items())
     report = [
         "# Pipeline topologies benchmark", "", facts,
