@@ -25,8 +25,8 @@ def _has_tensorrt() -> bool:
 
 _CAPABILITIES = {
     "torch": (_has_torch, "torch is not installed (pip install 'streamrt[torch]')"),
-    "gpu": (_has_cuda, "no CUDA GPU available"),
     "tensorrt": (_has_tensorrt, "TensorRT is not installed (it only comes from NVIDIA's index)"),
+    "gpu": (_has_cuda, "no CUDA GPU available"),
 }
 
 

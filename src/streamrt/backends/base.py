@@ -156,6 +156,10 @@ class Engine(abc.ABC):
 
         raise StreamRTError(f"backend '{self.manifest.backend}' has no per-layer profiler")
 
+    def inspect_layers(self) -> dict[str, Any] | None:
+        """Per-layer engine information (TensorRT's engine inspector); ``None`` where a backend has none."""
+        return None
+
     def validate(self, inputs: Mapping[str, Any]) -> int:
         """Check names, dtypes and shapes; return the index of the profile that accepts them."""
         expected = {s.name: s for s in self.inputs}

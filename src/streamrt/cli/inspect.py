@@ -21,6 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("path", type=Path, help="ONNX model or plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--layers", action="store_true", help="load the plan and add the backend's per-layer engine information"
+    )
     parser.set_defaults(func=run)
 
 
@@ -39,6 +42,7 @@ def describe(path: Path) -> dict[str, Any]:
         settings = plan.manifest.build_settings
         if plan.manifest.backend == "onnxruntime":
             import onnx
+
             from streamrt.onnx.model import model_from_proto
 
             optimized = model_from_proto(onnx.load_from_string(plan.payload), check=False)
@@ -84,6 +88,13 @@ def _text(info: dict[str, Any]) -> str:
     if hist:
         lines.append(f"ops ({sum(hist.values())} nodes):")
         lines += [f"  {op:<28} {count}" for op, count in hist.items()]
+    layers = info.get("layers")
+    if isinstance(layers, dict):
+        rows = layers.get("layers", [])
+        lines.append(f"layers ({len(rows)}):")
+        lines += [f"  {row.get('name', '?'):<40} {row.get('type', '')}" for row in rows]
+    elif layers:
+        lines.append(f"layers: {layers}")
     return "\n".join(lines)
 
 
@@ -93,5 +104,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise ModelNotFoundError(f"file not found: {args.path}")
     info = describe(args.path)
+    if args.layers and info["kind"] == "plan":
+        import streamrt
+
+        layers = streamrt.load(args.path).inspect_layers()
+        info["layers"] = layers if layers is not None else f"backend '{info['backend']}' reports no layer information"
     print(json.dumps(info, indent=2) if args.json else _text(info))
     return 0
