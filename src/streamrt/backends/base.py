@@ -103,6 +103,10 @@ class Backend(abc.ABC):
     def load(self, plan: Plan) -> Engine:
         """Turn a verified, compatible plan into an engine."""
 
+    def describe_payload(self, payload: bytes) -> dict[str, Any]:
+        """Extra facts for ``streamrt inspect`` read from a payload without loading it (e.g. ops)."""
+        return {}
+
     def check_compatible(self, manifest: PlanManifest) -> None:
         """Raise PlanMismatchError when the plan cannot run here (library version or device).
 

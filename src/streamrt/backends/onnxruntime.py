@@ -168,6 +168,14 @@ class OnnxRuntimeBackend(Backend):
             payload = optimized.read_bytes() if optimized.exists() else model.data
         return BuildOutput(payload=payload, settings=settings)
 
+    def describe_payload(self, payload: bytes) -> dict[str, Any]:
+        import onnx
+
+        from streamrt.onnx.model import model_from_proto
+
+        optimized = model_from_proto(onnx.load_from_string(payload), check=False)
+        return {"op_histogram": optimized.op_histogram()}
+
     def load(self, plan: Plan) -> OnnxRuntimeEngine:
         return OnnxRuntimeEngine(plan.manifest, plan.payload)
 

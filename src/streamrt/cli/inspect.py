@@ -39,15 +39,9 @@ def describe(path: Path) -> dict[str, Any]:
             "size_bytes": path.stat().st_size,
             **plan.manifest.to_dict(),
         }
-        settings = plan.manifest.build_settings
-        if plan.manifest.backend == "onnxruntime":
-            import onnx
+        from streamrt.backends import get_backend
 
-            from streamrt.onnx.model import model_from_proto
-
-            optimized = model_from_proto(onnx.load_from_string(plan.payload), check=False)
-            info["op_histogram"] = optimized.op_histogram()
-        info["build_settings"] = settings
+        info.update(get_backend(plan.manifest.backend).describe_payload(plan.payload))
         return info
     from streamrt.onnx.model import load_model
 
