@@ -61,3 +61,27 @@ def test_every_supported_op_with_node_tests_passes_some(results: list[CaseResult
     assert all(s.passed > 0 for s in summary.values()), [op for op, s in summary.items() if s.passed == 0]
     # Most supported ops have node tests; the few without are covered by the model tests.
     assert len(summary) >= 0.9 * len(supported_ops())
+
+
+EXPORT_OPS = (
+    "Reshape",
+    "Resize",
+    "Slice",
+    "Split",
+    "Squeeze",
+    "Unsqueeze",
+    "Expand",
+    "Pad",
+    "Gather",
+    "Conv",
+    "MaxPool",
+)
+
+
+def test_passing_tests_of_shape_heavy_ops_also_export() -> None:
+    """``torch.export`` (static shapes, small inputs baked as constants) on a subset of ops."""
+    results = run_cases(load_cases(ops=EXPORT_OPS), export=True)
+    passing = [r for r in results if r.status == "pass"]
+    assert len(passing) > 100
+    failed = {r.case.name: r.export for r in passing if r.export != "pass"}
+    assert not failed, failed

@@ -110,7 +110,8 @@ def _scatter_nd(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
     elif reduction == "add":
         out = flat.index_add(0, linear, source)
     else:
-        out = flat.index_reduce(0, linear, source, _REDUCE[reduction], include_self=True)
+        index = linear.reshape(-1, *([1] * (source.dim() - 1))).expand_as(source)
+        out = flat.scatter_reduce(0, index, source, _REDUCE[reduction], include_self=True)
     return [out.reshape(data.shape)]
 
 

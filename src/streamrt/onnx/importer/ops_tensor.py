@@ -67,6 +67,12 @@ def _range(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
     start, limit, delta = (_scalar(v) for v in inputs[:3])
     first = inputs[0]
     assert first is not None
+    static = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, limit, delta))
+    if static and all(isinstance(v, ShapeValue) for v in inputs[:3]) and delta != 0:
+        items = range(start, limit, delta)
+        if len(items) <= SHAPE_VALUE_MAX_ELEMENTS:
+            # e.g. the axes of a reduction computed from a rank: keep them Python values.
+            return [ShapeValue(tuple(items), first.dtype)]
     return [torch.arange(start, limit, delta, dtype=first.dtype, device=ctx.device)]
 
 
