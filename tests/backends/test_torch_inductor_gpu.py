@@ -18,16 +18,24 @@ from streamrt.testing.models import CATALOGUE
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
+class _Plans(dict[str, Path]):
+    """Builds each catalogue plan on first use, so parallel test workers build only what they run."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, name: str) -> Path:
+        model = CATALOGUE[name]
+        config = BuildConfig(backend="torch_inductor", profiles=model.profiles, backend_options={"device": "cuda"})
+        path = streamrt.build(catalogue_file(name, self.folder), config, self.folder / f"{name}.plan", cache=False).path
+        self[name] = path
+        return path
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("gpu")
-    out = {}
-    for name, model in CATALOGUE.items():
-        config = BuildConfig(
-            backend="torch_inductor", profiles=model.profiles, backend_options={"device": "cuda"}
-        )
-        out[name] = streamrt.build(catalogue_file(name, tmp), config, tmp / f"{name}.plan", cache=False).path
-    return out
+    return _Plans(tmp_path_factory.mktemp("gpu"))
 
 
 def _to_cuda(inputs: dict[str, np.ndarray]) -> dict[str, object]:
