@@ -135,7 +135,7 @@ def test_forward_takes_inputs_positionally_and_checks_arity() -> None:
         module.run(x)
 
 
-def test_initializers_become_buffers_that_follow_dtype_moves() -> None:
+def test_initializers_are_buffers_that_move_with_the_module() -> None:
     module = import_onnx(conv_classifier(np.random.default_rng(3)))
     buffers = dict(module.named_buffers())
     assert buffers and all(b.dtype == torch.float32 for b in buffers.values())

@@ -223,7 +223,9 @@ class OnnxModule(torch.nn.Module):
     ``forward`` takes the graph inputs positionally, in ONNX graph-input order (initializers
     excluded; parameter names are the sanitised ONNX names, see :attr:`arg_names`), and returns
     a tuple with one tensor per graph output. Initializers and ``Constant`` values are buffers,
-    so ``.to(device)``/``.half()`` style moves and ``torch.export`` treat them as weights.
+    so ``.to(device)`` moves them and ``torch.export`` treats them as weights; small integer
+    constants (shapes, axes, indices) are plain Python values. Precision is the ONNX graph's:
+    convert fp16/bf16 in ONNX (``streamrt.onnx.precision``), not with ``.half()`` here.
 
     Example:
         >>> module = OnnxModule(onnx.load("model.onnx"))       # doctest: +SKIP

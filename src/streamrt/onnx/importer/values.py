@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
+import onnx
 import torch
 
 from streamrt.errors import InvalidModelError
@@ -138,8 +139,10 @@ _FLOAT_DTYPES = frozenset(
 def onnx_to_torch_dtype(elem_type: int) -> torch.dtype:
     """Map an ONNX ``TensorProto`` element type to a torch dtype.
 
+    Sub-byte types map to their container dtype (see :mod:`.narrow`).
+
     Raises:
-        InvalidModelError: For element types torch cannot hold (strings, 4-bit types...).
+        InvalidModelError: For element types torch cannot hold (strings, undefined...).
     """
     extra = _EXTRA_ONNX_TO_TORCH.get(elem_type)
     if extra is not None:
@@ -147,8 +150,6 @@ def onnx_to_torch_dtype(elem_type: int) -> torch.dtype:
     try:
         return DType.from_any(int(elem_type)).torch
     except Exception as exc:
-        import onnx
-
         name = (
             onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
         )
@@ -167,7 +168,8 @@ _CONTAINER_TYPES = frozenset({21, 22, 23, 25, 26})
 
 
 def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
-    """Copy a NumPy array (including ml_dtypes bfloat16/float8) into a new torch tensor."""
+    """Copy a NumPy array into a new torch tensor (ml_dtypes bfloat16/float8 included, sub-byte
+    types into their container dtype)."""
     name = array.dtype.name
     container = SUB_BYTE_CONTAINERS.get(name)
     if container is not None:
