@@ -236,7 +236,7 @@ def _model(weight: float) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
         [numpy_helper.from_array(np.full(2, weight, np.float32), "w")],
     )
-    return helper.make_model(graph)
+    return helper.make_model(graph, ir_version=10)
 
 
 def test_model_digest() -> None:

@@ -82,7 +82,7 @@ def _cnn(rng: np.random.Generator) -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
@@ -149,7 +149,7 @@ def sensitive_model() -> onnx.ModelProto:
         ],
         [w, proj, scale, bias, axes],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -271,7 +271,7 @@ def test_bf16_rounds_weights_from_fp32_without_fp16_clamping(tmp_path: Path) -> 
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
         [numpy_helper.from_array(big, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     bf16 = apply_precision(model, BuildConfig(precision="bf16"), cache_dir=tmp_path)
     (weight,) = [t for t in bf16.graph.initializer if t.name == "w"]
     stored = np.frombuffer(weight.raw_data, dtype=ml_dtypes.bfloat16).reshape(2, 2)
@@ -286,7 +286,7 @@ def test_bf16_refuses_models_that_already_hold_fp16(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     with pytest.raises(BuildError, match="already holds float16"):
         apply_precision(model, BuildConfig(precision="bf16"), cache_dir=tmp_path)
 
