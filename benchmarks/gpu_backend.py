@@ -10,7 +10,8 @@ of many runs):
 * Accuracy through the ONNX path: ``resnet_like(18)`` ONNX -> plans (fp32, fp16) against
   ONNX Runtime CPU fp32, relative L2 error.
 
-Usage: python benchmarks/gpu_backend.py OUTDIR   (writes OUTDIR/gpu-backend.md and .json)
+Usage: python benchmarks/gpu_backend.py OUTDIR [PARTS]   (writes OUTDIR/gpu-backend[-PARTS].md and .json)
+PARTS: comma-separated subset of onnx,resnet50,yolo (default: all).
 Needs a CUDA GPU and torchvision.
 """
 
@@ -170,6 +171,7 @@ def onnx_accuracy(tmp: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/gpu-backend")
+    parts = (sys.argv[2] if len(sys.argv) > 2 else "onnx,resnet50,yolo").split(",")
     out.mkdir(parents=True, exist_ok=True)
     import torchvision
 
@@ -178,9 +180,12 @@ def main() -> None:
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows += onnx_accuracy(Path(tmp))
-        rows += model_rows("resnet50", torchvision.models.resnet50(), (3, 224, 224), (1, 32), Path(tmp))
-        rows += model_rows("yolo_like 640", yolo_like(num_classes=80), (3, 640, 640), (1, 8), Path(tmp))
+        if "onnx" in parts:
+            rows += onnx_accuracy(Path(tmp))
+        if "resnet50" in parts:
+            rows += model_rows("resnet50", torchvision.models.resnet50(), (3, 224, 224), (1, 32), Path(tmp))
+        if "yolo" in parts:
+            rows += model_rows("yolo_like 640", yolo_like(num_classes=80), (3, 640, 640), (1, 8), Path(tmp))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = [
         "# GPU backend benchmark (torch_inductor plans vs PyTorch eager vs ONNX Runtime CPU)",
@@ -189,7 +194,7 @@ def main() -> None:
         f"- commit: {commit or 'unknown'}",
         f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"python {platform.python_version()}",
-        "- command: `python benchmarks/gpu_backend.py OUTDIR`",
+        f"- command: `python benchmarks/gpu_backend.py OUTDIR {','.join(parts)}`",
         "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs",
         "",
         "| model | batch | variant | median ms | items/s | x eager fp32 | x eager fp16 | rel. L2 err "
@@ -209,8 +214,9 @@ def main() -> None:
         for r in rows
     ]
     text = "\n".join(header + lines) + "\n"
-    (out / "gpu-backend.md").write_text(text)
-    (out / "gpu-backend.json").write_text(json.dumps(rows, indent=2))
+    suffix = "-" + "-".join(parts)
+    (out / f"gpu-backend{suffix}.md").write_text(text)
+    (out / f"gpu-backend{suffix}.json").write_text(json.dumps(rows, indent=2))
     print(text)
 
 

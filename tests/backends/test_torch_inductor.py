@@ -91,3 +91,17 @@ def test_build_from_pytorch_module(tmp_path: Path) -> None:
     with torch.no_grad():
         want = net.double()(x.double())
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_half_precision_wrapper_exports_static_and_dynamic(dynamic: bool) -> None:
+    # fp16/bf16 module builds wrap the net in a forward(*args) cast; torch.export needs the
+    # dynamic shapes nested for varargs and none at all for static profiles.
+    import torch
+
+    from streamrt.backends.torch_inductor import _CastIO, export_profiles
+
+    net = _CastIO(torch.nn.Linear(4, 2), torch.bfloat16)
+    rng = ShapeRange((1, 4), (4, 4), (8, 4)) if dynamic else ShapeRange.fixed((3, 4))
+    ep = export_profiles(net, ["x"], [torch.float32], ShapeProfile({"x": rng}), "cpu")
+    assert bool(ep.range_constraints) == dynamic

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -104,8 +105,12 @@ def export_profiles(
             if lo != hi
         }
         dynamic.append(dims or None)
+    shapes: Any = tuple(dynamic) if any(d is not None for d in dynamic) else None
+    params = inspect.signature(module.forward).parameters.values()
+    if shapes is not None and any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        shapes = (shapes,)  # torch.export matches `forward(*args)` against one nested entry
     try:
-        return torch.export.export(module, tuple(examples), dynamic_shapes=tuple(dynamic), strict=False)
+        return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
     except Exception as exc:
         raise BuildError(
             f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
