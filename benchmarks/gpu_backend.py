@@ -11,7 +11,8 @@ of many runs):
   ONNX Runtime CPU fp32, relative L2 error.
 
 Usage: python benchmarks/gpu_backend.py OUTDIR [PARTS]   (writes OUTDIR/gpu-backend[-PARTS].md and .json)
-PARTS: comma-separated subset of onnx,resnet50,yolo (default: all).
+PARTS: comma-separated subset of onnx,resnet50,yolo (default: all), each optionally with its
+precisions, e.g. ``resnet50:fp32+fp16,yolo:fp16`` (default: fp32+fp16).
 Needs a CUDA GPU and torchvision.
 """
 
@@ -60,14 +61,19 @@ def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def model_rows(
-    name: str, net: torch.nn.Module, shape: tuple[int, ...], batches: tuple[int, ...], tmp: Path
+    name: str,
+    net: torch.nn.Module,
+    shape: tuple[int, ...],
+    batches: tuple[int, ...],
+    tmp: Path,
+    precisions: tuple[str, ...] = ("fp32", "fp16"),
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     net = net.eval().cuda()
     big = max(batches)
     profile = ShapeProfile({"images": ShapeRange((1, *shape), (big, *shape), (big, *shape))})
     plans = {}
-    for precision in ("fp32", "fp16"):
+    for precision in precisions:
         cfg = BuildConfig(
             backend="torch_inductor",
             precision=precision,
@@ -102,7 +108,7 @@ def model_rows(
                 if precision == "fp32":
                     ref = out
             net.float()
-            for precision in ("fp32", "fp16"):
+            for precision in precisions:
                 engine = streamrt.load(plans[precision])
                 for graphs in (False, True):
                     ctx = engine.create_context(cuda_graph=graphs)
@@ -132,7 +138,7 @@ def model_rows(
     return rows
 
 
-def onnx_accuracy(tmp: Path) -> list[dict[str, Any]]:
+def onnx_accuracy(tmp: Path, precisions: tuple[str, ...] = ("fp32", "fp16")) -> list[dict[str, Any]]:
     import onnx
     import onnxruntime as ort
 
@@ -149,7 +155,7 @@ def onnx_accuracy(tmp: Path) -> list[dict[str, Any]]:
         {"model": "resnet18_like (ONNX)", "variant": "onnxruntime CPU fp32", "batch": 4, "host_ms_first_run": ort_ms}
     ]
     profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (4, 3, 224, 224), (8, 3, 224, 224))})
-    for precision in ("fp32", "fp16"):
+    for precision in precisions:
         cfg = BuildConfig(
             backend="torch_inductor", precision=precision, profiles=(profile,), backend_options={"device": "cuda"}
         )
@@ -171,7 +177,11 @@ def onnx_accuracy(tmp: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/gpu-backend")
-    parts = (sys.argv[2] if len(sys.argv) > 2 else "onnx,resnet50,yolo").split(",")
+    spec = sys.argv[2] if len(sys.argv) > 2 else "onnx,resnet50,yolo"
+    parts: dict[str, tuple[str, ...]] = {}
+    for item in spec.split(","):
+        name, _, precs = item.partition(":")
+        parts[name] = tuple(precs.split("+")) if precs else ("fp32", "fp16")
     out.mkdir(parents=True, exist_ok=True)
     import torchvision
 
@@ -181,11 +191,13 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         if "onnx" in parts:
-            rows += onnx_accuracy(Path(tmp))
+            rows += onnx_accuracy(Path(tmp), parts["onnx"])
         if "resnet50" in parts:
-            rows += model_rows("resnet50", torchvision.models.resnet50(), (3, 224, 224), (1, 32), Path(tmp))
+            net = torchvision.models.resnet50()
+            rows += model_rows("resnet50", net, (3, 224, 224), (1, 32), Path(tmp), parts["resnet50"])
         if "yolo" in parts:
-            rows += model_rows("yolo_like 640", yolo_like(num_classes=80), (3, 640, 640), (1, 8), Path(tmp))
+            net = yolo_like(num_classes=80)
+            rows += model_rows("yolo_like 640", net, (3, 640, 640), (1, 8), Path(tmp), parts["yolo"])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = [
         "# GPU backend benchmark (torch_inductor plans vs PyTorch eager vs ONNX Runtime CPU)",
@@ -194,7 +206,7 @@ def main() -> None:
         f"- commit: {commit or 'unknown'}",
         f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"python {platform.python_version()}",
-        f"- command: `python benchmarks/gpu_backend.py OUTDIR {','.join(parts)}`",
+        f"- command: `python benchmarks/gpu_backend.py OUTDIR {spec}`",
         "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs",
         "",
         "| model | batch | variant | median ms | items/s | x eager fp32 | x eager fp16 | rel. L2 err "
@@ -214,7 +226,7 @@ def main() -> None:
         for r in rows
     ]
     text = "\n".join(header + lines) + "\n"
-    suffix = "-" + "-".join(parts)
+    suffix = "-" + "-".join(parts)  # part names only
     (out / f"gpu-backend{suffix}.md").write_text(text)
     (out / f"gpu-backend{suffix}.json").write_text(json.dumps(rows, indent=2))
     print(text)

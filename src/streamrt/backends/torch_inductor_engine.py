@@ -101,13 +101,19 @@ class TorchInductorEngine(Engine):
         set_tf32(manifest.build_settings.get("backend", {}).get("fp32_precision") == "tf32")
         ensure_cxx_runtime()
 
-    def load_runner(self, profile: int, *, single_threaded: bool) -> Any:
-        """A new AOTInductor runner for one profile's package."""
+    def load_runner(self, profile: int) -> Any:
+        """A new AOTInductor runner for one profile's package, in single-threaded mode.
+
+        Each context owns its runners and is used by one thread at a time, so the model
+        container's thread-sync logic buys nothing; worse, it makes a runner unsafe inside a CUDA
+        graph captured by the caller (the pipeline captures whole stages): on the H200 such
+        replays returned wrong outputs. Single-threaded runners capture cleanly.
+        """
         from torch._inductor.package import load_package
 
         index = torch.cuda.current_device() if self.device == "cuda" else -1
         return load_package(
-            str(self._packages[profile]), run_single_threaded=single_threaded, device_index=index
+            str(self._packages[profile]), run_single_threaded=True, device_index=index
         )
 
     def create_context(
@@ -196,7 +202,7 @@ class TorchInductorContext(ExecutionContext):
 
     def _runner(self, profile: int) -> Any:
         if profile not in self._runners:
-            self._runners[profile] = self.engine.load_runner(profile, single_threaded=self.cuda_graph)
+            self._runners[profile] = self.engine.load_runner(profile)
         return self._runners[profile]
 
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
