@@ -157,14 +157,16 @@ def pack_payload(packages: Sequence[bytes], meta: Mapping[str, Any]) -> bytes:
 
 
 def set_tf32(enabled: bool) -> None:
-    """Allow TF32 tensor-core math for fp32 matmuls and convolutions (process-wide torch state).
+    """TF32 tensor-core math for fp32 matmuls and cuDNN convolutions on (tf32) or off (fp32, IEEE).
 
-    Only the new ``fp32_precision`` API is used, never the legacy ``allow_tf32`` flags: torch
-    refuses a mix of the two. Plans built without tf32 leave torch's defaults untouched.
+    Process-wide torch state, set when a plan is built or loaded. It is always set explicitly:
+    torch enables TF32 for cuDNN convolutions by default, which put fp32 plans 2-3e-4 (relative
+    L2) away from an fp32 reference on the H200. The legacy ``allow_tf32`` flags are used on
+    purpose: torch.export (2.11-2.13) reads them internally and raises once the newer
+    ``fp32_precision`` API has set conv and RNN flags, so the two APIs cannot be mixed here.
     """
-    if enabled:
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.fp32_precision = "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 class TorchInductorBackend(Backend):
