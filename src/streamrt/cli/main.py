@@ -26,6 +26,10 @@ SUBCOMMANDS = (
     "compare",
     "profile",
     "pipeline_bench",
+    "detect",
+    "demo",
+    "serve",
+    "perf",
 )
 
 log = logging.getLogger("streamrt")
