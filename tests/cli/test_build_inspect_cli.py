@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import catalogue_file, checker_failing_model, save, unsupported_op_model
@@ -26,9 +27,7 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_version_from_console_script() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "streamrt.cli.main", "--version"], capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-m", "streamrt.cli.main", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("streamrt 0.")
 
 
@@ -69,7 +68,20 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     broken_plan = tmp / "broken.plan"
     assert main(["build", str(good), "-o", str(broken_plan), "--no-cache"]) == 0
     broken_plan.write_bytes(broken_plan.read_bytes()[:-10])
+    empty_calib = tmp / "empty_calib"
+    empty_calib.mkdir()
+    bad_calib = tmp / "bad_calib"
+    bad_calib.mkdir()
+    np.save(bad_calib / "a.npy", np.random.default_rng().standard_normal((1, 16)).astype(np.float32))
     return {
+        "empty calib": (
+            ["build", str(good), "-o", str(tmp / "o.plan"), "--precision", "int8", "--calib", str(empty_calib)],
+            "holds no samples",
+        ),
+        "calib shape": (
+            ["build", str(good), "-o", str(tmp / "o.plan"), "--precision", "int8", "--calib", str(bad_calib)],
+            "input 'x' expects shape ?x32, got 1x16",
+        ),
         "missing": (["build", str(tmp / "none.onnx"), "-o", str(tmp / "o.plan")], "model file not found"),
         "not onnx": (["build", str(not_onnx), "-o", str(tmp / "o.plan")], "not an ONNX model"),
         "checker": (
