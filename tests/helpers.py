@@ -6,6 +6,7 @@ from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
+
 from streamrt.testing.models import CATALOGUE
 
 

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
-
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from streamrt.config import CalibrationConfig, ImagePreprocess
 from streamrt.errors import CalibrationError, MissingDependencyError
 from streamrt.onnx.calibration import (

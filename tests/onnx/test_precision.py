@@ -25,12 +25,12 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 from streamrt.config import BuildConfig, CalibrationConfig
 from streamrt.errors import BuildError, CalibrationError, ConfigError
 from streamrt.onnx.precision import FP32_OPS, apply_precision

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import onnx
+
 from streamrt.config import CalibrationConfig, ImagePreprocess
 from streamrt.errors import CalibrationError, MissingDependencyError
 from streamrt.types import DType, TensorSpec, format_shape

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+
 from streamrt.errors import InvalidModelError, ModelNotFoundError
 from streamrt.types import DType, TensorSpec
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-
 import onnx
+
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import BuildError, ConfigError
 

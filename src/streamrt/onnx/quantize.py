@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import onnx
+
 from streamrt.config import CalibrationConfig, CalibrationMethod
 from streamrt.errors import BuildError, CalibrationError, StreamRTError
 from streamrt.onnx.calibration import (

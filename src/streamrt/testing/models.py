@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from streamrt.types import ShapeProfile, ShapeRange
 
 __all__ = ["CATALOGUE", "CatalogueModel", "resnet_like", "small_cnn"]
