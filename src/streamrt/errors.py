@@ -25,10 +25,20 @@ Hierarchy::
     │   ├── DTypeMismatchError      wrong dtype
     │   └── ShapeError              shape outside every profile, or wrong rank
     ├── InferenceError              the backend failed while running
-    └── PipelineError               the stream/pipeline layer failed
-        ├── StageError              a stage raised for one item (the item's result carries it)
-        ├── StageTimeoutError       a stage did not finish in time
-        └── PipelineClosedError     work submitted after close()
+    ├── PipelineError               the stream/pipeline layer failed
+    │   ├── StageError              a stage raised for one item (the item's result carries it)
+    │   ├── StageTimeoutError       a stage did not finish in time
+    │   └── PipelineClosedError     work submitted after close()
+    └── ServeError                  the model server refused or failed one request
+        ├── RequestError            malformed request: bad JSON, sizes that disagree, bad parameters
+        │   └── PayloadTooLargeError  body or tensor larger than the server's limits
+        ├── UnknownModelError       no such model or version in the repository
+        ├── ModelNotReadyError      the model exists but is loading, unloading or failed to load
+        ├── QueueFullError          the model's queue is at max_queue_size: rejected at once
+        ├── RequestTimeoutError     the request's queue timeout expired before it ran
+        ├── ServerShuttingDownError the server stopped accepting work (graceful shutdown)
+        ├── UnsupportedRequestError a protocol feature StreamRT does not implement
+        └── UnauthorizedError       missing or wrong bearer token
 """
 
 from __future__ import annotations
@@ -47,18 +57,28 @@ __all__ = [
     "MissingInputError",
     "ModelError",
     "ModelNotFoundError",
+    "ModelNotReadyError",
+    "PayloadTooLargeError",
     "PipelineClosedError",
     "PipelineError",
     "PlanError",
     "PlanFormatError",
     "PlanMismatchError",
     "ProfileError",
+    "QueueFullError",
+    "RequestError",
+    "RequestTimeoutError",
+    "ServeError",
+    "ServerShuttingDownError",
     "ShapeError",
     "StageError",
     "StageTimeoutError",
     "StreamRTError",
+    "UnauthorizedError",
     "UnknownInputError",
+    "UnknownModelError",
     "UnsupportedOperatorError",
+    "UnsupportedRequestError",
 ]
 
 
@@ -196,3 +216,43 @@ class StageTimeoutError(PipelineError):
 
 class PipelineClosedError(PipelineError):
     """Work was submitted to a pipeline after ``close()``."""
+
+
+class ServeError(StreamRTError):
+    """The model server refused or failed one request (``streamrt.serve.status`` maps it to HTTP/gRPC)."""
+
+
+class RequestError(ServeError):
+    """A malformed request: bad JSON, binary sizes that disagree with the header, bad parameters."""
+
+
+class PayloadTooLargeError(RequestError):
+    """A request body or tensor exceeds the server's size or element-count limits."""
+
+
+class UnknownModelError(ServeError):
+    """No model (or no such version of it) in the repository."""
+
+
+class ModelNotReadyError(ServeError):
+    """The model exists but is loading, unloading, or failed to load (the message says why)."""
+
+
+class QueueFullError(ServeError):
+    """The model's queue holds ``max_queue_size`` requests; new ones are rejected at once."""
+
+
+class RequestTimeoutError(ServeError):
+    """A request waited in the queue longer than its timeout and was rejected without running."""
+
+
+class ServerShuttingDownError(ServeError):
+    """The server is shutting down and accepts no new work."""
+
+
+class UnsupportedRequestError(ServeError):
+    """A protocol feature StreamRT does not implement (shared memory, BYTES tensors, ...)."""
+
+
+class UnauthorizedError(ServeError):
+    """The request lacks the bearer token the server was started with."""

@@ -1,0 +1,59 @@
+"""The StreamRT model server: KServe v2 / Triton protocol over HTTP and gRPC.
+
+A repository of models (plans, or ONNX built on load), a dynamic batcher and instance group per
+model, Prometheus metrics with Triton's names, and a perf_analyzer-style load generator. See
+``docs/serving.md``.
+
+Example:
+    >>> from streamrt.serve import ServerConfig, ServerThread
+    >>> with ServerThread("models", ServerConfig(http_port=0)) as server:   # doctest: +SKIP
+    ...     print(server.http_port)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from streamrt.serve.config import (
+    BatchingConfig,
+    InstanceGroupConfig,
+    ModelConfig,
+    QueuePolicy,
+    ServerConfig,
+    TensorConfig,
+    VersionPolicy,
+    WarmupConfig,
+)
+
+__all__ = [
+    "BatchingConfig",
+    "InferenceServer",
+    "InstanceGroupConfig",
+    "ModelConfig",
+    "ModelRepository",
+    "QueuePolicy",
+    "ServerConfig",
+    "ServerThread",
+    "TensorConfig",
+    "VersionPolicy",
+    "WarmupConfig",
+]
+
+if TYPE_CHECKING:
+    from streamrt.serve.repository import ModelRepository
+    from streamrt.serve.server import InferenceServer, ServerThread
+
+_LAZY = {
+    "InferenceServer": "streamrt.serve.server",
+    "ServerThread": "streamrt.serve.server",
+    "ModelRepository": "streamrt.serve.repository",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `streamrt.serve.config` must not pull in the backends or asyncio machinery.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'streamrt.serve' has no attribute {name!r}")

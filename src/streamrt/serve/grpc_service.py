@@ -1,0 +1,262 @@
+"""KServe v2 gRPC front end (``inference.GRPCInferenceService``) on ``grpc.aio``.
+
+Served through a generic handler over the messages of :mod:`streamrt.serve.proto`, so no
+generated ``_pb2_grpc`` code is needed. Inputs come as ``raw_input_contents`` (what tritonclient
+sends) or typed ``contents``; outputs always go back as ``raw_output_contents``, the only form
+tritonclient's ``InferResult.as_numpy`` reads. Errors use the status table's gRPC codes;
+shared-memory, trace and log RPCs are not registered, so they answer ``UNIMPLEMENTED``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from streamrt.errors import MissingDependencyError, RequestError, StreamRTError, UnsupportedRequestError
+from streamrt.serve.proto import SERVICE
+from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype, numpy_dtype
+from streamrt.serve.server import InferenceServer
+from streamrt.serve.status import status_for
+
+__all__ = ["decode_grpc_request", "encode_grpc_response", "start_grpc"]
+
+log = logging.getLogger(__name__)
+
+# Typed contents field for each datatype (FP16/BF16 have none: they must come raw).
+_CONTENTS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+}
+
+
+def import_grpc() -> Any:
+    """Import grpc (with ``grpc.aio``) or raise MissingDependencyError naming the ``serve`` extra."""
+    try:
+        import grpc
+        import grpc.aio
+    except ImportError as exc:
+        raise MissingDependencyError("grpcio", "serve", purpose="the gRPC front end") from exc
+    return grpc
+
+
+def _param(value: Any) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
+
+
+def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
+    """``ModelInferRequest`` -> :class:`InferRequest` (raw contents are zero-copy views)."""
+    params = {k: _param(v) for k, v in message.parameters.items()}
+    raw = list(message.raw_input_contents)
+    if raw and len(raw) != len(message.inputs):
+        raise RequestError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(message.inputs):
+        where = f"input '{tensor.name}'"
+        shape = tuple(int(d) for d in tensor.shape)
+        if any(d < 0 for d in shape):
+            raise RequestError(f"{where}: shape dimensions must be >= 0, got {list(shape)}")
+        dtype = numpy_dtype(tensor.datatype)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if count > max_elements:
+            from streamrt.errors import PayloadTooLargeError
+
+            raise PayloadTooLargeError(f"{where}: {count} elements exceed the server limit of {max_elements}")
+        if raw:
+            data = raw[index]
+            if len(data) != count * dtype.itemsize:
+                raise RequestError(f"{where}: raw_input_contents has {len(data)} bytes but shape {list(shape)} "
+                                   f"of {tensor.datatype} needs {count * dtype.itemsize}")
+            inputs[tensor.name] = np.frombuffer(data, dtype=dtype).reshape(shape)
+            continue
+        field = _CONTENTS.get(tensor.datatype)
+        if field is None:
+            raise UnsupportedRequestError(f"{where}: {tensor.datatype} must be sent in raw_input_contents")
+        values = getattr(tensor.contents, field)
+        if len(values) != count:
+            raise RequestError(f"{where}: contents has {len(values)} values but shape {list(shape)} needs {count}")
+        inputs[tensor.name] = np.asarray(values, dtype=dtype).reshape(shape)
+    priority, timeout = params.get("priority", 0) or 0, params.get("timeout", 0) or 0
+    if not isinstance(priority, int) or not isinstance(timeout, int) or priority < 0 or timeout < 0:
+        raise RequestError("parameters 'priority' and 'timeout' must be integers >= 0")
+    return InferRequest(
+        model=message.model_name,
+        version=message.model_version,
+        id=message.id,
+        inputs=inputs,
+        outputs=tuple(RequestedOutput(o.name) for o in message.outputs),
+        priority=priority,
+        timeout_us=timeout,
+    )
+
+
+def encode_grpc_response(response: InferResponse) -> Any:
+    """:class:`InferResponse` -> ``ModelInferResponse`` with ``raw_output_contents`` in output order."""
+    from streamrt.serve.proto import messages
+
+    message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
+    for name, array in response.outputs.items():
+        message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
+        message.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+    return message
+
+
+class _Service:
+    """The RPC implementations; each returns a response message or aborts with the mapped status."""
+
+    def __init__(self, server: InferenceServer) -> None:
+        from google.protobuf import json_format
+
+        from streamrt.serve.proto import messages
+
+        self.server = server
+        self.m = messages
+        self.json_format = json_format
+        self.grpc = import_grpc()
+
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            metadata = dict(context.invocation_metadata() or ())
+            self.server.check_auth(metadata.get("authorization"))
+            return await call()
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+
+    @property
+    def repo(self) -> Any:
+        return self.server.repository
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return self.m.ServerLiveResponse(live=self.server.live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return self.m.ServerReadyResponse(ready=self.server.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            ready = self.server.accepting and self.repo.is_ready(request.name, request.version)
+            return self.m.ModelReadyResponse(ready=ready)
+        return await self._guard(context, call)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self.m.ServerMetadataResponse(**self.server.metadata())
+        return await self._guard(context, call)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            meta = self.repo.get(request.name, request.version).metadata(self.repo.versions(request.name))
+            return self.json_format.ParseDict(meta, self.m.ModelMetadataResponse())
+        return await self._guard(context, call)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            config = self.repo.get(request.name, request.version).triton_config()
+            message = self.json_format.ParseDict(config, self.m.ModelConfig(), ignore_unknown_fields=True)
+            return self.m.ModelConfigResponse(config=message)
+        return await self._guard(context, call)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            stats = self.server.statistics(request.name, request.version)
+            return self.json_format.ParseDict(stats, self.m.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return await self._guard(context, call)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self.json_format.ParseDict({"models": self.repo.index(ready_only=request.ready)},
+                                              self.m.RepositoryIndexResponse())
+        return await self._guard(context, call)
+
+    def _check_control(self) -> None:
+        if not self.server.config.model_control:
+            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._check_control()
+            params = {k: _param(v) for k, v in request.parameters.items()}
+            if any(k.startswith("file:") for k in params):
+                raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+            override = None
+            if params.get("config"):
+                try:
+                    override = json.loads(params["config"])
+                except ValueError as exc:
+                    raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
+            await self.repo.load(request.model_name, override)
+            return self.m.RepositoryModelLoadResponse()
+        return await self._guard(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._check_control()
+            await self.repo.unload(request.model_name)
+            return self.m.RepositoryModelUnloadResponse()
+        return await self._guard(context, call)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            infer_request = decode_grpc_request(request, self.server.config.max_tensor_elements)
+            return encode_grpc_response(await self.server.infer(infer_request))
+        return await self._guard(context, call)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        try:
+            metadata = dict(context.invocation_metadata() or ())
+            self.server.check_auth(metadata.get("authorization"))
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+        async for request in requests:
+            try:
+                infer_request = decode_grpc_request(request, self.server.config.max_tensor_elements)
+                response = encode_grpc_response(await self.server.infer(infer_request))
+                yield self.m.ModelStreamInferResponse(infer_response=response)
+            except StreamRTError as exc:
+                yield self.m.ModelStreamInferResponse(error_message=str(exc))
+
+
+_UNARY = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+          "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+_REQUEST_TYPES = {"RepositoryIndex": "RepositoryIndexRequest", "RepositoryModelLoad": "RepositoryModelLoadRequest",
+                  "RepositoryModelUnload": "RepositoryModelUnloadRequest"}
+
+
+def _handler(service: _Service) -> Any:
+    grpc = service.grpc
+    handlers = {}
+    for name in _UNARY:
+        request_type = getattr(service.m, _REQUEST_TYPES.get(name, f"{name}Request"))
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            getattr(service, name),
+            request_deserializer=request_type.FromString,
+            response_serializer=lambda message: message.SerializeToString(),
+        )
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        service.ModelStreamInfer,
+        request_deserializer=service.m.ModelInferRequest.FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+async def start_grpc(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+    """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
+    grpc = import_grpc()
+    limit = server.config.max_request_bytes
+    grpc_server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.so_reuseport", 0),
+    ])
+    grpc_server.add_generic_rpc_handlers((_handler(_Service(server)),))
+    bound = grpc_server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise StreamRTError(f"cannot bind the gRPC port {host}:{port}", hint="pick another --grpc-port")
+    await grpc_server.start()
+    return grpc_server, bound

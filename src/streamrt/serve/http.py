@@ -1,0 +1,213 @@
+"""KServe v2 HTTP/REST front end on aiohttp.
+
+Why aiohttp: one well-kept package gives an asyncio HTTP/1.1 server with a C parser (llhttp), a
+request body limit, and the async client that ``streamrt perf`` uses; it runs on the same event
+loop as ``grpc.aio``, so both front ends share the schedulers without threads in between, and
+tritonclient's own ``http.aio`` client already depends on it.
+
+Routes follow Triton's (``/v2/health/{live,ready}``, ``/v2``, ``/v2/models/{m}[/versions/{v}]``
+with ``/ready``, ``/config``, ``/stats``, ``/infer``, ``/v2/models/stats``,
+``/v2/repository/index`` and ``/v2/repository/models/{m}/{load,unload}``). Errors are
+``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.status`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from streamrt.errors import (
+    MissingDependencyError,
+    PayloadTooLargeError,
+    RequestError,
+    ServeError,
+    StreamRTError,
+    UnsupportedRequestError,
+)
+from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
+from streamrt.serve.status import status_for
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from streamrt.serve.server import InferenceServer
+
+__all__ = ["build_app", "start_http"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+
+
+def import_aiohttp() -> Any:
+    """Import aiohttp or raise MissingDependencyError naming the ``serve`` extra."""
+    try:
+        import aiohttp
+        from aiohttp import web  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError("aiohttp", "serve", purpose="the HTTP front end") from exc
+    return aiohttp
+
+
+def _error(status: int, message: str) -> web.Response:
+    from aiohttp import web
+
+    return web.json_response({"error": message}, status=status)
+
+
+def build_app(server: InferenceServer) -> web.Application:
+    """The aiohttp application serving ``server`` (exposed for tests with aiohttp's test client)."""
+    import_aiohttp()
+    from aiohttp import web
+
+    limit = server.config.max_request_bytes
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if not request.path.startswith("/v2/health/"):
+                server.check_auth(request.headers.get("Authorization"))
+            return await handler(request)
+        except StreamRTError as exc:
+            status = status_for(exc)
+            if status.http >= 500 and not isinstance(exc, ServeError):
+                log.warning("%s %s failed: %s", request.method, request.path, exc)
+            return _error(status.http, str(exc))
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body exceeds the server limit of {limit} bytes")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _error(exc.status, exc.reason)
+            raise
+
+    def repo() -> Any:
+        assert server.repository is not None
+        return server.repository
+
+    async def live(request: web.Request) -> web.Response:
+        return web.Response(status=200 if server.live else 400)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(status=200 if server.ready else 400)
+
+    async def server_metadata(request: web.Request) -> web.Response:
+        return web.json_response(server.metadata())
+
+    def target(request: web.Request) -> tuple[str, str]:
+        return request.match_info["model"], request.match_info.get("version", "")
+
+    async def model_metadata(request: web.Request) -> web.Response:
+        name, version = target(request)
+        return web.json_response(repo().get(name, version).metadata(repo().versions(name)))
+
+    async def model_ready(request: web.Request) -> web.Response:
+        name, version = target(request)
+        return web.Response(status=200 if server.accepting and repo().is_ready(name, version) else 400)
+
+    async def model_config(request: web.Request) -> web.Response:
+        name, version = target(request)
+        return web.json_response(repo().get(name, version).triton_config())
+
+    async def model_stats(request: web.Request) -> web.Response:
+        name, version = target(request)
+        return web.json_response(server.statistics(name, version))
+
+    async def all_stats(request: web.Request) -> web.Response:
+        return web.json_response(server.statistics())
+
+    async def infer(request: web.Request) -> web.Response:
+        name, version = target(request)
+        if request.content_length is not None and request.content_length > limit:
+            raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+        if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+            raise UnsupportedRequestError("compressed request bodies are not supported; send identity encoding")
+        body = await request.read()
+        raw_length = request.headers.get(HEADER_LENGTH)
+        try:
+            header_length = None if raw_length is None else int(raw_length)
+        except ValueError:
+            raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw_length!r}") from None
+        infer_request = decode_http_request(
+            body, header_length, model=name, version=version, max_elements=server.config.max_tensor_elements
+        )
+        response = await server.infer(infer_request)
+        payload, json_length = encode_http_response(response, infer_request)
+        headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
+        if json_length is not None:
+            headers[HEADER_LENGTH] = str(json_length)
+        return web.Response(body=payload, headers=headers)
+
+    async def json_body(request: web.Request) -> dict[str, Any]:
+        text = await request.read()
+        if not text.strip():
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RequestError(f"malformed JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise RequestError("the body must be a JSON object")
+        return data
+
+    async def repository_index(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        return web.json_response(repo().index(ready_only=bool(body.get("ready", False))))
+
+    def check_control() -> None:
+        if not server.config.model_control:
+            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
+
+    async def load(request: web.Request) -> web.Response:
+        check_control()
+        body = await json_body(request)
+        params = body.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise RequestError("'parameters' must be an object")
+        if any(k.startswith("file:") for k in params):
+            raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+        config = params.get("config")
+        override = None
+        if config is not None:
+            try:
+                override = json.loads(config) if isinstance(config, str) else config
+            except ValueError as exc:
+                raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
+        await repo().load(request.match_info["model"], override)
+        return web.Response(status=200)
+
+    async def unload(request: web.Request) -> web.Response:
+        check_control()
+        await json_body(request)
+        await repo().unload(request.match_info["model"])
+        return web.Response(status=200)
+
+    app = web.Application(client_max_size=limit, middlewares=[errors])
+    add = app.router.add_route
+    add("GET", "/v2/health/live", live)
+    add("GET", "/v2/health/ready", ready)
+    add("GET", "/v2", server_metadata)
+    add("GET", "/v2/models/stats", all_stats)
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
+        add("GET", base, model_metadata)
+        add("GET", f"{base}/ready", model_ready)
+        add("GET", f"{base}/config", model_config)
+        add("GET", f"{base}/stats", model_stats)
+        add("POST", f"{base}/infer", infer)
+    add("POST", "/v2/repository/index", repository_index)
+    add("POST", "/v2/repository/models/{model}/load", load)
+    add("POST", "/v2/repository/models/{model}/unload", unload)
+    return app
+
+
+async def start_http(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+    """Start the HTTP site; returns the runner (``await runner.cleanup()`` stops it) and the bound port."""
+    import_aiohttp()
+    from aiohttp import web
+
+    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    return runner, int(runner.addresses[0][1])

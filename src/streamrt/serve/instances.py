@@ -1,0 +1,229 @@
+"""Model instances: each one an execution context, a stream and a worker thread of its own.
+
+An instance runs one batch at a time (Triton's rule: instance count = concurrent executions of
+a model). Batches of one model on different instances overlap: on the GPU each instance enqueues
+on its own CUDA stream; on the CPU each worker thread runs the engine while others do too.
+
+Data path of a batch, with as few host copies as the wire allows:
+
+* **Inputs**: each request's tensors are zero-copy views of the request body. They are
+  concatenated straight into a per-instance input slot (pinned host memory when the engine is
+  on CUDA, then one asynchronous H2D copy on the instance's stream). A batch of one request on a
+  CPU engine skips the slot and runs on the view itself.
+* **Outputs**: CUDA outputs are copied asynchronously into freshly taken pinned buffers (torch's
+  caching host allocator recycles them), then split into per-request views; the front end's
+  serialisation is the only further copy. CPU outputs are split as views.
+
+Example:
+    >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
+    >>> group.instances[0].submit([{"x": x}], done=print)                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from streamrt.backends.base import Engine
+from streamrt.device import Device, Stream, get_device
+from streamrt.errors import ConfigError, InferenceError, StreamRTError
+from streamrt.serve.config import InstanceGroupConfig
+
+__all__ = ["BatchResult", "Instance", "InstanceGroup"]
+
+log = logging.getLogger(__name__)
+
+Inputs = Mapping[str, np.ndarray]
+
+# Input slots kept per instance for distinct (input, dtype, item shape) keys; older ones are dropped.
+_MAX_SLOT_KEYS = 8
+
+
+@dataclass
+class BatchResult:
+    """Per-request outputs of one batch and how long its phases took (ns)."""
+
+    outputs: list[dict[str, np.ndarray]]
+    rows: int
+    input_ns: int
+    infer_ns: int
+    output_ns: int
+
+
+class Instance:
+    """One execution context + stream + worker; runs the batches it is given, one at a time.
+
+    Args:
+        name: for logs and thread names (``<model>_<version>_<index>``).
+        engine: the loaded engine (shared by the instances of a model version).
+        device: the device layer's device the engine runs on.
+        batched: the model has a batch dimension (batches are concatenated along axis 0).
+        max_batch_size: rows of the input slots.
+    """
+
+    def __init__(self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int) -> None:
+        self.name = name
+        self.engine = engine
+        self.device = device
+        self.batched = batched
+        self.max_batch_size = max(1, max_batch_size)
+        self.context = engine.create_context()
+        self.stream: Stream = device.stream(name)
+        # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it.
+        self.worker: Stream = device.host_stream(f"{name}-worker") if device.is_cuda else self.stream
+        self._cuda = device.is_cuda
+        self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
+
+    def __repr__(self) -> str:
+        return f"Instance({self.name!r}, {self.device!r})"
+
+    def submit(self, requests: Sequence[Inputs], done: Callable[[BatchResult | BaseException], None]) -> None:
+        """Run ``requests`` as one batch on the worker; ``done`` gets the result or the error.
+
+        ``done`` runs on the worker thread and is called exactly once.
+        """
+
+        def job() -> None:
+            try:
+                result: BatchResult | BaseException = self.run(requests)
+            except BaseException as exc:
+                result = exc
+            done(result)
+
+        self.worker.launch(job)
+
+    def run(self, requests: Sequence[Inputs]) -> BatchResult:
+        """Run one batch synchronously in the calling thread (the worker, or warm-up)."""
+        t0 = time.perf_counter_ns()
+        rows = [next(iter(r.values())).shape[0] if self.batched else 1 for r in requests]
+        inputs = self._gather(requests, sum(rows))
+        t1 = time.perf_counter_ns()
+        try:
+            outputs = self._infer(inputs)
+        except StreamRTError:
+            raise
+        except Exception as exc:
+            raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
+        t2 = time.perf_counter_ns()
+        if len(requests) == 1:
+            split = [outputs]
+        else:
+            bounds = list(itertools.accumulate(rows, initial=0))
+            split = [{k: v[a:b] for k, v in outputs.items()} for a, b in itertools.pairwise(bounds)]
+        t3 = time.perf_counter_ns()
+        return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
+
+    def _slot(self, name: str, array: np.ndarray) -> tuple[Any, np.ndarray]:
+        key = (name, array.dtype.str, array.shape[1:])
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= _MAX_SLOT_KEYS:
+                self._slots.pop(next(iter(self._slots)))
+            shape = (self.max_batch_size, *array.shape[1:])
+            if self._cuda:
+                tensor = self.device.host_buffer(shape, array.dtype, pinned=True)
+                slot = (tensor, tensor.numpy())
+            else:
+                host = np.empty(shape, dtype=array.dtype)
+                slot = (host, host)
+            self._slots[key] = slot
+        return slot
+
+    def _gather(self, requests: Sequence[Inputs], rows: int) -> dict[str, Any]:
+        if len(requests) == 1 and not self._cuda:
+            return dict(requests[0])
+        gathered: dict[str, Any] = {}
+        for name in requests[0]:
+            arrays = [r[name] for r in requests]
+            if not self.batched or rows > self.max_batch_size:
+                host: Any = np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0])
+                gathered[name] = self._to_device(host, None)
+                continue
+            owner, view = self._slot(name, arrays[0])
+            np.concatenate(arrays, axis=0, out=view[:rows])
+            gathered[name] = self._to_device(view[:rows], owner[:rows] if self._cuda else None)
+        return gathered
+
+    def _to_device(self, host: np.ndarray, pinned: Any) -> Any:
+        if not self._cuda:
+            return host
+        import torch
+
+        source = pinned if pinned is not None else torch.from_numpy(host)
+        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
+            return source.to(self.device.torch_device, non_blocking=True)
+
+    def _infer(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        if not self._cuda:
+            raw = self.context.infer(inputs, self.stream)
+            return {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in raw.items()}
+        import torch
+
+        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
+            raw = self.context.infer(inputs, self.stream)
+            host: dict[str, Any] = {}
+            for key, value in raw.items():
+                if isinstance(value, np.ndarray):
+                    host[key] = value
+                elif value.is_cuda:
+                    pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                    pinned.copy_(value, non_blocking=True)
+                    host[key] = pinned
+                else:
+                    host[key] = value
+        self.stream.record().synchronize()  # the worker thread waits; the event loop does not
+        return {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in host.items()}
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish queued work (up to ``timeout``), stop the worker and release the context."""
+        self.worker.close(timeout=timeout)
+        if self.worker is not self.stream:
+            self.stream.close(timeout=timeout)
+        self.context.close()
+        self._slots.clear()
+
+
+class InstanceGroup:
+    """All instances of one model version."""
+
+    def __init__(self, instances: list[Instance]) -> None:
+        self.instances = instances
+
+    @classmethod
+    def create(
+        cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int
+    ) -> InstanceGroup:
+        """Create every instance the config's ``instance_group`` asks for.
+
+        Raises:
+            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), or a GPU other than 0.
+        """
+        instances: list[Instance] = []
+        for group in groups:
+            wanted = {"KIND_GPU": "cuda", "KIND_CPU": "cpu"}.get(group.kind, engine.device)
+            if wanted != engine.device:
+                raise ConfigError(
+                    f"model '{name}': instance_group kind {group.kind} but the engine runs on {engine.device}",
+                    hint="use KIND_AUTO, or build the plan for the device you want",
+                )
+            if any(g != 0 for g in group.gpus):
+                raise ConfigError(f"model '{name}': only gpus [0] is supported, got {list(group.gpus)}")
+            device = get_device(engine.device)
+            for _ in range(group.count):
+                instances.append(
+                    Instance(f"{name}_{len(instances)}", engine, device, batched=batched, max_batch_size=max_batch_size)
+                )
+        return cls(instances)
+
+    def close(self, timeout: float | None = None) -> None:
+        for instance in self.instances:
+            try:
+                instance.close(timeout)
+            except Exception:
+                log.warning("closing instance %s failed", instance.name, exc_info=True)

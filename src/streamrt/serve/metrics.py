@@ -1,0 +1,155 @@
+"""Prometheus ``/metrics`` with Triton's metric names, so existing dashboards work unchanged.
+
+The text format is written here (a dozen lines) rather than with prometheus_client, whose
+counters always gain a ``_total`` suffix that Triton's names do not have.
+
+Per model and version (labels ``model``, ``version``), read from :class:`ModelStats` at scrape
+time: ``nv_inference_request_success``, ``nv_inference_request_failure`` (label ``reason``),
+``nv_inference_count``, ``nv_inference_exec_count``, ``nv_inference_pending_request_count``,
+the cumulative ``nv_inference_{request,queue,compute_input,compute_infer,compute_output}_duration_us``
+and ``nv_model_load_duration_secs``. Per GPU (label ``gpu_uuid``), through NVML when the
+``nvidia-ml-py`` package and a GPU are present: ``nv_gpu_utilization`` (0..1),
+``nv_gpu_memory_total_bytes``, ``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage`` (W),
+``nv_gpu_power_limit`` (W), ``nv_energy_consumption`` (J).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamrt.serve.server import InferenceServer
+
+__all__ = ["collect", "render", "start_metrics"]
+
+log = logging.getLogger(__name__)
+
+# (name, help, value from ModelStats); counters in the Prometheus sense.
+_COUNTERS = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+     lambda s: (s.success.ns + s.fail.ns) // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+     lambda s: s.compute_output.ns // 1000),
+)
+_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_GPU = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)"),
+    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes"),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes"),
+    ("nv_gpu_power_usage", "GPU power usage in watts"),
+    ("nv_gpu_power_limit", "GPU power management limit in watts"),
+    ("nv_energy_consumption", "GPU energy consumption in joules since the server started"),
+)
+
+
+def _gpu_readings() -> list[tuple[str, list[float]]]:
+    """Per-GPU (uuid, values in _GPU order) through NVML; empty without pynvml or a GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+        readings = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            readings.append((
+                uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                [
+                    pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
+                    float(memory.total),
+                    float(memory.used),
+                    pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                    pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0,
+                    pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0,
+                ],
+            ))
+        return readings
+    except Exception:
+        log.debug("NVML readings failed", exc_info=True)
+        return []
+
+
+Family = tuple[str, str, str, list[tuple[dict[str, str], float]]]
+"""(name, type, help, samples of (labels, value))."""
+
+
+def collect(server: InferenceServer) -> list[Family]:
+    """Metric families for the current state of ``server``."""
+    served = server.repository.served() if server.repository else []
+
+    def ids(m: Any) -> dict[str, str]:
+        return {"model": m.name, "version": str(m.version)}
+
+    families: list[Family] = [
+        (name, "counter", text, [(ids(m), float(value(m.stats))) for m in served]) for name, text, value in _COUNTERS
+    ]
+    families.append((
+        "nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes",
+        [({**ids(m), "reason": r}, float(m.stats.failures.get(r, 0))) for m in served for r in _REASONS],
+    ))
+    families.append((
+        "nv_inference_pending_request_count", "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        [(ids(m), float(m.pending)) for m in served],
+    ))
+    families.append((
+        "nv_model_load_duration_secs", "gauge", "Model load time in seconds",
+        [(ids(m), m.load_seconds) for m in served],
+    ))
+    readings = _gpu_readings()
+    for i, (name, text) in enumerate(_GPU):
+        families.append((name, "gauge", text, [({"gpu_uuid": uuid}, values[i]) for uuid, values in readings]))
+    return families
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(server: InferenceServer) -> bytes:
+    """Prometheus text exposition (format 0.0.4) of :func:`collect`, names exactly as Triton's."""
+    lines = []
+    for name, kind, text, samples in collect(server):
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            number = repr(value) if value != int(value) else str(int(value))
+            lines.append(f"{name}{{{label_text}}} {number}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+async def start_metrics(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+    """Serve ``GET /metrics`` on its own port (Triton's 8002); returns the runner and the bound port."""
+    from aiohttp import web
+
+    from streamrt.serve.http import import_aiohttp
+
+    import_aiohttp()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=render(server), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    return runner, int(runner.addresses[0][1])

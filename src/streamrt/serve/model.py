@@ -1,0 +1,342 @@
+"""One served model version: engine, resolved config, instances, scheduler and statistics.
+
+Loading (:meth:`ServedModel.load`, run in a worker thread) finds the version's file, builds an
+ONNX model through the build cache when there is no plan, loads the engine, resolves the config
+against the engine (inputs, outputs and ``max_batch_size`` come from the engine's specs and shape
+profiles when the config leaves them out, and must agree with them when it does not), creates
+the instances and warms every one of them up. Only then can :meth:`ServedModel.start` put a
+scheduler in front of it on the event loop and the model report READY.
+
+Example:
+    >>> served = ServedModel.load(Path("repo/cnn"), 1, ModelConfig(name="cnn"))   # doctest: +SKIP
+    >>> served.start(); await served.infer(request)                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamrt.backends.base import Engine
+from streamrt.config import BuildConfig
+from streamrt.errors import (
+    ConfigError,
+    DTypeMismatchError,
+    MissingInputError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    RequestError,
+    ShapeError,
+    UnknownInputError,
+)
+from streamrt.onnx.profiles import check_shapes
+from streamrt.plan import is_plan_file
+from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
+from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.protocol import InferRequest, InferResponse
+from streamrt.serve.scheduler import ModelScheduler
+from streamrt.serve.stats import ModelStats
+from streamrt.types import ShapeProfile, ShapeRange, TensorSpec, format_shape
+
+__all__ = ["ServedModel", "load_engine", "resolve_config"]
+
+log = logging.getLogger(__name__)
+
+
+def _onnx_build_config(path: Path, config: ModelConfig) -> BuildConfig:
+    """The build config, with a batch profile of 1..max_batch_size when none is given."""
+    build = config.build
+    if build.profiles or not config.max_batch_size:
+        return build
+    from streamrt.onnx.model import load_model
+
+    ranges = {}
+    for spec in load_model(path).inputs:
+        if spec.shape and spec.shape[0] < 0 and all(d > 0 for d in spec.shape[1:]):
+            rest = spec.shape[1:]
+            n = config.max_batch_size
+            ranges[spec.name] = ShapeRange((1, *rest), (n, *rest), (n, *rest))
+    return build.replace(profiles=(ShapeProfile(ranges),)) if ranges else build
+
+
+def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
+    """Load ``<model_dir>/<version>/<file>``: a plan, or an ONNX model built through the cache.
+
+    Raises:
+        ModelNotFoundError: the version directory holds no model file.
+    """
+    import streamrt
+
+    folder = model_dir / str(version)
+    names = [config.default_model_filename] if config.default_model_filename else ["model.plan", "model.onnx"]
+    path = next((folder / n for n in names if (folder / n).is_file()), None)
+    if path is None:
+        raise ModelNotFoundError(
+            f"model '{config.name}' version {version}: no {' or '.join(names)} in {folder}",
+            hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
+        )
+    if is_plan_file(path):
+        return streamrt.load(path)
+    started = time.perf_counter()
+    result = streamrt.build(path, _onnx_build_config(path, config), cache=True)
+    log.info("model '%s' version %d: %s %s in %.1f s", config.name, version,
+             "reused cached plan" if result.cached else "built plan", result.path.name, time.perf_counter() - started)
+    return streamrt.load(result.path)
+
+
+def _agree(
+    given: tuple[TensorConfig, ...], derived: list[TensorConfig], kind: str, model: str
+) -> tuple[TensorConfig, ...]:
+    if not given:
+        return tuple(derived)
+    by_name = {t.name: t for t in derived}
+    for t in given:
+        engine_t = by_name.get(t.name)
+        if engine_t is None:
+            raise ConfigError(f"model '{model}': {kind} '{t.name}' is not in the engine; it has {', '.join(by_name)}")
+        if t.data_type is not engine_t.data_type:
+            raise ConfigError(f"model '{model}': {kind} '{t.name}' is TYPE_{t.data_type.kserve} in the config "
+                              f"but TYPE_{engine_t.data_type.kserve} in the engine")
+        pairs = zip(t.dims, engine_t.dims, strict=False)
+        if len(t.dims) != len(engine_t.dims) or any(e not in (-1, c) for c, e in pairs):
+            raise ConfigError(f"model '{model}': {kind} '{t.name}' has dims {list(t.dims)} in the config but "
+                              f"{list(engine_t.dims)} in the engine (batch dimension excluded)")
+    missing = [n for n in by_name if n not in {t.name for t in given}]
+    if missing and kind == "input":
+        raise ConfigError(f"model '{model}': the config leaves out engine inputs {missing}")
+    return given
+
+
+def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
+    """Fill in and check ``max_batch_size``, inputs and outputs against the engine.
+
+    Raises:
+        ConfigError: the config contradicts the engine (names, types, dims, batch size vs profiles).
+    """
+    specs: list[TensorSpec] = [*engine.inputs, *engine.outputs]
+    dynamic_batch = all(s.shape and s.shape[0] < 0 for s in specs)
+    profile_max = min(
+        (p.ranges[s.name].max[0] for p in engine.profiles for s in engine.inputs if s.name in p.ranges),
+        default=0,
+    ) if dynamic_batch else 0
+    mbs = config.max_batch_size
+    if mbs is None:
+        mbs = profile_max if dynamic_batch else 0
+    elif mbs > 0:
+        fixed = next((s for s in specs if not s.shape or s.shape[0] >= 0), None)
+        if fixed is not None:
+            raise ConfigError(
+                f"model '{config.name}': max_batch_size {mbs} but '{fixed.name}' has no dynamic batch "
+                f"dimension (shape {format_shape(fixed.shape)})",
+                hint="set max_batch_size: 0, or build the model with a dynamic first dimension",
+            )
+        if mbs > profile_max:
+            raise ConfigError(
+                f"model '{config.name}': max_batch_size {mbs} exceeds the engine's largest profile batch {profile_max}",
+                hint=f"set max_batch_size <= {profile_max}, or rebuild with --max-shapes for batch {mbs}",
+            )
+    if config.dynamic_batching is not None and mbs == 0:
+        raise ConfigError(f"model '{config.name}': dynamic_batching needs max_batch_size >= 1")
+    for size in config.dynamic_batching.preferred_batch_size if config.dynamic_batching else ():
+        if size > mbs:
+            raise ConfigError(f"model '{config.name}': preferred_batch_size {size} exceeds max_batch_size {mbs}")
+
+    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:
+        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items]
+
+    inputs = _agree(config.input, derived(engine.inputs), "input", config.name)
+    outputs = _agree(config.output, derived(engine.outputs), "output", config.name)
+    return config.replace(max_batch_size=mbs, input=inputs, output=outputs, backend=engine.manifest.backend)
+
+
+class ServedModel:
+    """A loaded, warmed-up model version. Create with :meth:`load`, then :meth:`start` on the loop."""
+
+    def __init__(self, version: int, config: ModelConfig, engine: Engine, instances: InstanceGroup) -> None:
+        self.version = version
+        self.config = config
+        self.engine = engine
+        self.instances = instances
+        self.stats = ModelStats()
+        self.load_seconds = 0.0
+        self.platform = f"streamrt_{engine.manifest.backend}"
+        self.batched = bool(config.max_batch_size)
+        self._inputs = {t.name: t for t in config.input}
+        self._outputs = [t.name for t in config.output]
+        self._scheduler: ModelScheduler | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @classmethod
+    def load(cls, model_dir: Path, version: int, config: ModelConfig) -> ServedModel:
+        """Load engine, resolve config, create and warm up instances (blocking; call from a thread)."""
+        started = time.perf_counter()
+        engine = load_engine(model_dir, version, config)
+        try:
+            resolved = resolve_config(config, engine)
+            instances = InstanceGroup.create(
+                f"{config.name}_{version}", engine, resolved.instance_group,
+                batched=bool(resolved.max_batch_size), max_batch_size=resolved.max_batch_size or 1,
+            )
+        except BaseException:
+            engine.close()
+            raise
+        served = cls(version, resolved, engine, instances)
+        try:
+            served.warm_up()
+        except BaseException:
+            served.release()
+            raise
+        served.load_seconds = time.perf_counter() - started
+        return served
+
+    def release(self) -> None:
+        """Close instances and engine (after the scheduler stopped, or when loading failed)."""
+        self.instances.close(timeout=5.0)
+        self.engine.close()
+
+    # --- warm-up ------------------------------------------------------------------------------
+
+    def _warmup_runs(self) -> list[WarmupConfig]:
+        if self.config.model_warmup is not None:
+            return list(self.config.model_warmup)
+        sizes = sorted({1, self.config.max_batch_size or 1})
+        return [WarmupConfig(name=f"default_batch_{b}", batch_size=b) for b in sizes]
+
+    def _warmup_inputs(self, warmup: WarmupConfig, rng: np.random.Generator) -> dict[str, np.ndarray] | None:
+        profile = self.engine.profiles[0] if self.engine.profiles else ShapeProfile()
+        arrays = {}
+        for name, tensor in self._inputs.items():
+            given = warmup.inputs.get(name, {})
+            dims = tuple(int(d) for d in given.get("dims", tensor.dims))
+            if any(d < 0 for d in dims):
+                opt = profile.ranges.get(name)
+                if opt is None:
+                    return None
+                offset = 1 if self.batched else 0
+                dims = tuple(opt.opt[i + offset] if d < 0 else d for i, d in enumerate(dims))
+            shape = (warmup.batch_size, *dims) if self.batched else dims
+            dtype = tensor.data_type.numpy
+            if given.get("zero_data"):
+                arrays[name] = np.zeros(shape, dtype)
+            elif np.issubdtype(dtype, np.floating):
+                arrays[name] = rng.standard_normal(shape).astype(dtype)
+            else:
+                arrays[name] = rng.integers(0, 2, size=shape).astype(dtype)
+        return arrays
+
+    def warm_up(self) -> None:
+        """Run the warm-up requests on every instance (Triton: not READY before this succeeds)."""
+        rng = np.random.default_rng(0)
+        for warmup in self._warmup_runs():
+            inputs = self._warmup_inputs(warmup, rng)
+            if inputs is None:
+                log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
+                continue
+            self.check(inputs)
+            for instance in self.instances.instances:
+                for _ in range(warmup.count):
+                    instance.run([inputs])
+        log.debug("model '%s' version %d warmed up", self.name, self.version)
+
+    # --- serving ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Put the scheduler in front of the instances (call on the event loop)."""
+        self._scheduler = ModelScheduler(
+            f"{self.name}:{self.version}", self.instances,
+            max_batch_size=self.config.max_batch_size or 1,
+            batching=self.config.dynamic_batching, stats=self.stats,
+        )
+
+    @property
+    def pending(self) -> int:
+        return self._scheduler.pending if self._scheduler else 0
+
+    def check(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, Hashable]:
+        """Validate a request's inputs; return its batch rows and its batching key.
+
+        Raises:
+            UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
+        """
+        for name in inputs:
+            if name not in self._inputs:
+                raise UnknownInputError(f"unknown input '{name}' for model '{self.name}'; "
+                                        f"its inputs are: {', '.join(self._inputs)}")
+        rows = 1
+        shapes = {}
+        for name, tensor in self._inputs.items():
+            array = inputs.get(name)
+            if array is None:
+                raise MissingInputError(f"model '{self.name}' needs input '{name}' "
+                                        f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
+            if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
+                from streamrt.types import DType
+
+                got = DType.from_any(array.dtype).kserve
+                raise DTypeMismatchError(f"input '{name}' of model '{self.name}' has datatype {got}, "
+                                         f"the model expects {tensor.data_type.kserve}")
+            shape = array.shape
+            rest = shape[1:] if self.batched else shape
+            if len(rest) != len(tensor.dims) or any(d not in (-1, s) for s, d in zip(rest, tensor.dims, strict=False)):
+                expected = ([-1] if self.batched else []) + list(tensor.dims)
+                raise ShapeError(f"input '{name}' of model '{self.name}' has shape {list(shape)}, "
+                                 f"the model expects {expected} (-1: any size)")
+            if self.batched:
+                rows = shape[0]
+                mbs = self.config.max_batch_size or 1
+                if not 1 <= rows <= mbs:
+                    raise ShapeError(f"input '{name}' of model '{self.name}' has batch size {rows}; "
+                                     f"it must be in 1..{mbs} (max_batch_size)")
+            shapes[name] = shape
+        if self.batched and len({s[0] for s in shapes.values()}) > 1:
+            raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: "
+                             + ", ".join(f"{n} {s[0]}" for n, s in shapes.items()))
+        if self.engine.profiles:
+            check_shapes(self.engine.profiles, shapes)
+        key = tuple((n, inputs[n].dtype.str, shapes[n][1:] if self.batched else shapes[n]) for n in self._inputs)
+        return rows, key
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, queue, wait for the batch, and shape the response (outputs as requested)."""
+        if self._scheduler is None:
+            raise ModelNotReadyError(f"model '{self.name}' version {self.version} is not started")
+        for out in request.outputs:
+            if out.name not in self._outputs:
+                raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
+                                   f"its outputs are: {', '.join(self._outputs)}")
+        rows, key = self.check(request.inputs)
+        outputs = await self._scheduler.submit(
+            request.inputs, rows=rows, key=key, priority=request.priority, timeout_us=request.timeout_us
+        )
+        names = [o.name for o in request.outputs] or self._outputs
+        return InferResponse(self.name, str(self.version), request.id, {n: outputs[n] for n in names})
+
+    async def stop(self, timeout: float) -> None:
+        """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
+        if self._scheduler is not None:
+            await self._scheduler.close(timeout)
+        self.engine.close()
+
+    # --- descriptions -------------------------------------------------------------------------
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The model metadata response (KServe ``$metadata_model_response``)."""
+        lead = [-1] if self.batched else []
+
+        def tensors(items: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.data_type.kserve, "shape": lead + list(t.dims)} for t in items]
+
+        return {"name": self.name, "versions": versions, "platform": self.platform,
+                "inputs": tensors(self.config.input), "outputs": tensors(self.config.output)}
+
+    def triton_config(self) -> dict[str, Any]:
+        """The resolved config as Triton's JSON."""
+        return self.config.to_triton(self.platform)

@@ -1,0 +1,53 @@
+"""KServe v2 gRPC messages, built at import time in a private protobuf descriptor pool.
+
+``kserve_v2.proto`` is StreamRT's wire-compatible subset of the ``inference`` package; its
+compiled descriptor is embedded in ``_descriptor.py`` (see :mod:`.generate` for why not a
+``_pb2.py``). Needs ``protobuf >= 4.25`` (the ``serve`` extra); no grpcio-tools at run time.
+
+Example:
+    >>> from streamrt.serve.proto import messages
+    >>> messages.ServerLiveResponse(live=True).live
+    True
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from streamrt.errors import MissingDependencyError
+
+__all__ = ["SERVICE", "messages"]
+
+SERVICE = "inference.GRPCInferenceService"
+"""The full gRPC service name; method paths are ``/inference.GRPCInferenceService/<Method>``."""
+
+
+def _build() -> SimpleNamespace:
+    try:
+        from google.protobuf import descriptor_pool, message_factory
+    except ImportError as exc:  # pragma: no cover - protobuf comes with onnx
+        raise MissingDependencyError("protobuf", "serve", purpose="the gRPC front end") from exc
+    from streamrt.serve.proto._descriptor import SERIALIZED
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(SERIALIZED)
+    file = pool.FindFileByName("kserve_v2.proto")
+    classes: dict[str, Any] = {}
+    for name, desc in file.message_types_by_name.items():
+        classes[name] = message_factory.GetMessageClass(desc)
+    classes["DataType"] = file.enum_types_by_name["DataType"]
+    return SimpleNamespace(**classes)
+
+
+_MESSAGES: SimpleNamespace | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use so that `python -m streamrt.serve.proto.generate` runs without a descriptor.
+    global _MESSAGES
+    if name == "messages":
+        if _MESSAGES is None:
+            _MESSAGES = _build()
+        return _MESSAGES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,276 @@
+"""KServe v2 requests and responses: the internal form, and its HTTP JSON / binary-data codec.
+
+Both front ends turn what arrives into an :class:`InferRequest` (NumPy arrays by input name,
+zero-copy views of the request body where the data is binary) and turn an
+:class:`InferResponse` back into their wire form. The HTTP form is JSON, optionally followed by
+raw tensors (the binary tensor data extension): ``Inference-Header-Content-Length`` gives the JSON
+size; each binary input carries ``parameters.binary_data_size``; outputs are binary when asked
+per output (``binary_data``) or per request (``binary_data_output``, what tritonclient sends).
+
+Example:
+    >>> body = b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2]}]}'
+    >>> req = decode_http_request(body, None, model="m", version="", max_elements=100)
+    >>> req.inputs["x"].tolist()
+    [[1.0, 2.0]]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
+from streamrt.types import DType
+
+__all__ = [
+    "InferRequest",
+    "InferResponse",
+    "RequestedOutput",
+    "decode_http_request",
+    "encode_http_response",
+    "kserve_dtype",
+    "numpy_dtype",
+    "tensor_from_bytes",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for; ``binary`` None means "as the request says"."""
+
+    name: str
+    binary: bool | None = None
+
+
+@dataclass(eq=False)
+class InferRequest:
+    """One inference request, protocol-independent.
+
+    Attributes:
+        model / version: target ("" = the default version).
+        id: the client's request id, echoed in the response.
+        inputs: arrays by input name, shapes as sent (batch dim included when the model batches).
+        outputs: requested outputs (empty: all, in the model's order).
+        binary_output: request-level ``binary_data_output``.
+        priority: 0 = the model's default level, 1 = highest.
+        timeout_us: queue timeout asked by the client (0: the model's default).
+        received_ns: ``time.perf_counter_ns()`` when the front end received it.
+    """
+
+    model: str
+    version: str = ""
+    id: str = ""
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: tuple[RequestedOutput, ...] = ()
+    binary_output: bool = False
+    priority: int = 0
+    timeout_us: int = 0
+    received_ns: int = field(default_factory=time.perf_counter_ns)
+
+
+@dataclass(eq=False)
+class InferResponse:
+    """Outputs of one request, in the order they go on the wire."""
+
+    model: str
+    version: str
+    id: str
+    outputs: dict[str, np.ndarray]
+
+
+def numpy_dtype(datatype: str) -> np.dtype[Any]:
+    """KServe datatype name (``"FP32"``) -> little-endian NumPy dtype.
+
+    Raises:
+        UnsupportedRequestError: BYTES (string tensors) and unknown names.
+    """
+    if datatype == "BYTES":
+        raise UnsupportedRequestError("BYTES (string) tensors are not supported by StreamRT engines")
+    try:
+        return DType.from_any(datatype).numpy.newbyteorder("<")
+    except ConfigError:
+        raise RequestError(f"unknown datatype {datatype!r}; known: {', '.join(d.kserve for d in DType)}") from None
+
+
+def kserve_dtype(array: np.ndarray) -> str:
+    """NumPy array -> KServe datatype name."""
+    return DType.from_any(array.dtype).kserve
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+        raise RequestError(f"{where}: 'shape' must be a list of integers, got {value!r}")
+    if any(d < 0 for d in value):
+        raise RequestError(f"{where}: shape dimensions must be >= 0, got {value}")
+    return tuple(value)
+
+
+def _elements(shape: tuple[int, ...], where: str, max_elements: int) -> int:
+    count = math.prod(shape)
+    if count > max_elements:
+        raise PayloadTooLargeError(
+            f"{where}: {count} elements exceed the server limit of {max_elements}",
+            hint="send smaller batches, or start the server with a larger --max-tensor-elements",
+        )
+    return count
+
+
+def tensor_from_bytes(
+    data: bytes | memoryview, offset: int, datatype: str, shape: tuple[int, ...], where: str, max_elements: int
+) -> np.ndarray:
+    """A zero-copy array over ``data[offset:]`` of exactly ``shape`` (size already checked by the caller)."""
+    dtype = numpy_dtype(datatype)
+    count = _elements(shape, where, max_elements)
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _tensor_from_json(value: Any, datatype: str, shape: tuple[int, ...], where: str, max_elements: int) -> np.ndarray:
+    dtype = numpy_dtype(datatype)
+    count = _elements(shape, where, max_elements)
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RequestError(f"{where}: 'data' does not hold {datatype} values: {exc}") from None
+    if array.size != count:
+        raise RequestError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {count}")
+    return array.reshape(shape)
+
+
+def _params(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError(f"{where}: 'parameters' must be an object, got {type(value).__name__}")
+    return value
+
+
+def _int_param(params: dict[str, Any], key: str, where: str) -> int:
+    value = params.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise RequestError(f"{where}: parameter '{key}' must be an integer >= 0, got {value!r}")
+    return value
+
+
+def decode_http_request(
+    body: bytes, header_length: int | None, *, model: str, version: str, max_elements: int
+) -> InferRequest:
+    """Parse an HTTP infer body (JSON, or JSON + binary tensors) into an :class:`InferRequest`.
+
+    Raises:
+        RequestError: malformed JSON, missing fields, binary sizes that disagree with the body.
+        PayloadTooLargeError: a tensor over ``max_elements``.
+        UnsupportedRequestError: BYTES tensors, shared memory, classification, raw binary bodies.
+    """
+    if header_length is not None and (header_length < 0 or header_length > len(body)):
+        raise RequestError(
+            f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
+        )
+    if header_length == 0:
+        raise UnsupportedRequestError(
+            f"{HEADER_LENGTH}: 0 (a raw binary body) is not supported; send a JSON header with the tensor"
+        )
+    json_end = len(body) if header_length is None else header_length
+    try:
+        header = json.loads(body[:json_end])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"malformed JSON in the request: {exc}") from None
+    if not isinstance(header, dict):
+        raise RequestError("the request body must be a JSON object")
+    params = _params(header.get("parameters"), "request")
+    inputs_json = header.get("inputs")
+    if not isinstance(inputs_json, list) or not inputs_json:
+        raise RequestError("the request needs a non-empty 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    offset = json_end
+    view = memoryview(body)
+    for index, item in enumerate(inputs_json):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise RequestError(f"input {index}: needs a 'name' string")
+        name = item["name"]
+        where = f"input '{name}'"
+        if name in inputs:
+            raise RequestError(f"{where} is given twice")
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise RequestError(f"{where}: needs a 'datatype' string such as \"FP32\"")
+        shape = _shape(item.get("shape"), where)
+        iparams = _params(item.get("parameters"), where)
+        if "shared_memory_region" in iparams:
+            raise UnsupportedRequestError(f"{where}: shared memory is not supported")
+        if "binary_data_size" in iparams:
+            size = _int_param(iparams, "binary_data_size", where)
+            if header_length is None:
+                raise RequestError(f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header")
+            expected = _elements(shape, where, max_elements) * numpy_dtype(datatype).itemsize
+            if size != expected:
+                raise RequestError(
+                    f"{where}: binary_data_size is {size} bytes but shape {list(shape)} of {datatype} needs {expected}"
+                )
+            if offset + size > len(body):
+                raise RequestError(
+                    f"{where}: binary data ends at byte {offset + size} but the body has {len(body)} bytes"
+                )
+            inputs[name] = tensor_from_bytes(view, offset, datatype, shape, where, max_elements)
+            offset += size
+        elif "data" in item:
+            inputs[name] = _tensor_from_json(item["data"], datatype, shape, where, max_elements)
+        else:
+            raise RequestError(f"{where}: needs 'data' or parameters.binary_data_size")
+    if offset != len(body):
+        raise RequestError(
+            f"the body has {len(body) - offset} bytes after the last tensor; the binary_data_size values "
+            f"and {HEADER_LENGTH} ({header_length}) do not add up to the body length {len(body)}"
+        )
+    outputs = []
+    for index, item in enumerate(header.get("outputs") or ()):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise RequestError(f"output {index}: needs a 'name' string")
+        oparams = _params(item.get("parameters"), f"output '{item['name']}'")
+        if oparams.get("classification"):
+            raise UnsupportedRequestError("the classification extension is not supported")
+        if "shared_memory_region" in oparams:
+            raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not supported")
+        binary = oparams.get("binary_data")
+        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+    request_id = header.get("id", "")
+    return InferRequest(
+        model=model,
+        version=version,
+        id=str(request_id) if request_id is not None else "",
+        inputs=inputs,
+        outputs=tuple(outputs),
+        binary_output=bool(params.get("binary_data_output", False)),
+        priority=_int_param(params, "priority", "request"),
+        timeout_us=_int_param(params, "timeout", "request"),
+    )
+
+
+def encode_http_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """The HTTP body of ``response`` and its JSON header length (None when all data is JSON)."""
+    binary_of = {o.name: o.binary for o in request.outputs}
+    entries = []
+    blobs: list[memoryview] = []
+    for name, array in response.outputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": kserve_dtype(array), "shape": list(array.shape)}
+        flag = binary_of.get(name)
+        if flag if flag is not None else request.binary_output:
+            contiguous = np.ascontiguousarray(array)
+            entry["parameters"] = {"binary_data_size": contiguous.nbytes}
+            blobs.append(contiguous.reshape(-1).view(np.uint8).data)
+        else:
+            entry["data"] = array.ravel().tolist()
+        entries.append(entry)
+    header: dict[str, Any] = {"model_name": response.model, "model_version": response.version, "outputs": entries}
+    if response.id:
+        header["id"] = response.id
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if not blobs:
+        return text, None
+    return b"".join([text, *blobs]), len(text)

@@ -1,0 +1,237 @@
+"""The model repository: a directory of models, their lifecycle and their states.
+
+Layout (Triton's)::
+
+    <repo>/<model>/config.yaml        (or config.yml / config.json / Triton's config.pbtxt; optional)
+    <repo>/<model>/<version>/model.plan   (or model.onnx, built on load through the build cache)
+
+States, as the repository index reports them: ``LOADING`` (readiness false, warm-up included),
+``READY``, ``UNLOADING``, ``UNAVAILABLE`` (with the reason: the load error, or "unloaded").
+Loads run in worker threads so the server keeps answering; a model that fails to load is
+UNAVAILABLE with its error and the others are unaffected. Reloading a READY model loads the new
+versions beside the old ones and swaps them in only once they are warm; if the reload fails the
+old versions keep serving.
+
+Example:
+    >>> repo = ModelRepository(Path("models"))            # doctest: +SKIP
+    >>> await repo.load("cnn"); repo.get("cnn", "")       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamrt.errors import ConfigError, ModelNotReadyError, StreamRTError, UnknownModelError
+from streamrt.serve.config import CONFIG_FILES, ModelConfig, read_config_file
+from streamrt.serve.model import ServedModel
+
+__all__ = ["ModelEntry", "ModelRepository", "ModelState"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelState(enum.Enum):
+    """Lifecycle states, named as Triton's repository index names them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class ModelEntry:
+    """What the repository knows about one model directory."""
+
+    name: str
+    state: ModelState = ModelState.UNAVAILABLE
+    reason: str = "unloaded"
+    versions: dict[int, ServedModel] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _versions(folder: Path) -> list[int]:
+    # Triton ignores non-numeric directories and those with a leading zero.
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit() and p.name[0] != "0")
+
+
+class ModelRepository:
+    """Loads, serves and unloads the models of one repository directory (use on the event loop).
+
+    Args:
+        root: the repository directory.
+        load_threads: models that may load at the same time.
+        drain_timeout_s: how long an unload waits for the model's in-flight requests.
+    """
+
+    def __init__(self, root: str | Path, *, load_threads: int = 2, drain_timeout_s: float = 30.0) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository {self.root} is not a directory")
+        self.drain_timeout_s = drain_timeout_s
+        self._entries: dict[str, ModelEntry] = {}
+        self._executor = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="streamrt-load")
+
+    # --- discovery ----------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        """Model directories in the repository (and models loaded from directories since removed)."""
+        on_disk = {p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        return sorted(on_disk | set(self._entries))
+
+    def _entry(self, name: str) -> ModelEntry:
+        entry = self._entries.get(name)
+        if entry is None:
+            if not (self.root / name).is_dir():
+                raise UnknownModelError(f"unknown model '{name}': not in the repository {self.root}")
+            entry = self._entries[name] = ModelEntry(name)
+        return entry
+
+    def read_config(self, name: str, override: Mapping[str, Any] | None = None) -> ModelConfig:
+        """The model's config from its directory, or ``override`` (a load request's config)."""
+        folder = self.root / name
+        if override is not None:
+            return ModelConfig.from_dict(override, name=name)
+        for file in CONFIG_FILES:
+            if (folder / file).is_file():
+                return ModelConfig.from_dict(read_config_file(folder / file), name=name)
+        return ModelConfig(name=name)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def load(self, name: str, config: Mapping[str, Any] | None = None) -> None:
+        """Load (or reload) every version the policy selects; READY once all are warm.
+
+        Raises:
+            UnknownModelError: no such directory.
+            StreamRTError: the load failed (the model is UNAVAILABLE with that reason, or keeps
+                serving its old versions on a failed reload).
+        """
+        entry = self._entry(name)
+        async with entry.lock:
+            reload = entry.state is ModelState.READY
+            if not reload:
+                entry.state, entry.reason = ModelState.LOADING, ""
+            try:
+                loaded = await self._load_versions(name, config)
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, StreamRTError) else f"{type(exc).__name__}: {exc}"
+                log.error("model '%s' failed to load: %s", name, reason)
+                if not reload:
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, reason
+                if isinstance(exc, StreamRTError):
+                    raise
+                raise ModelNotReadyError(f"model '{name}' failed to load: {reason}") from exc
+            old = entry.versions
+            for served in loaded.values():
+                served.start()
+            entry.versions = loaded
+            entry.state, entry.reason = ModelState.READY, ""
+            log.info("model '%s' ready: versions %s", name, ", ".join(map(str, loaded)))
+        if old:
+            await asyncio.gather(*(s.stop(self.drain_timeout_s) for s in old.values()))
+
+    async def _load_versions(self, name: str, override: Mapping[str, Any] | None) -> dict[int, ServedModel]:
+        config = self.read_config(name, override)
+        folder = self.root / name
+        versions = config.version_policy.select(_versions(folder))
+        if not versions:
+            raise ConfigError(
+                f"model '{name}': no version directory matches the version policy in {folder}",
+                hint=f"put the model in {folder}/1/model.plan (or model.onnx)",
+            )
+        loop = asyncio.get_running_loop()
+        jobs = [loop.run_in_executor(self._executor, ServedModel.load, folder, v, config) for v in versions]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        loaded = {s.version: s for s in results if isinstance(s, ServedModel)}
+        if errors:
+            for served in loaded.values():
+                await loop.run_in_executor(self._executor, served.release)
+            raise errors[0]
+        return loaded
+
+    async def unload(self, name: str) -> None:
+        """Stop accepting requests for ``name``, drain in-flight ones, release it (UNAVAILABLE)."""
+        entry = self._entry(name)
+        async with entry.lock:
+            if not entry.versions:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+                return
+            entry.state, entry.reason = ModelState.UNLOADING, ""
+            old, entry.versions = entry.versions, {}
+            await asyncio.gather(*(s.stop(self.drain_timeout_s) for s in old.values()))
+            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            log.info("model '%s' unloaded", name)
+
+    async def close(self) -> None:
+        """Unload every model and stop the loader threads."""
+        await asyncio.gather(*(self.unload(n) for n in list(self._entries)), return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ServedModel:
+        """The served version (``""``: the highest loaded one).
+
+        Raises:
+            UnknownModelError: no such model or version.
+            ModelNotReadyError: the model is loading, unloading or unavailable (with the reason).
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            if (self.root / name).is_dir():
+                raise ModelNotReadyError(f"model '{name}' is not loaded")
+            raise UnknownModelError(f"unknown model '{name}'")
+        if not entry.versions:
+            why = f": {entry.reason}" if entry.reason else ""
+            raise ModelNotReadyError(f"model '{name}' is {entry.state.value}{why}")
+        if not version:
+            return entry.versions[max(entry.versions)]
+        if not version.isdigit() or int(version) not in entry.versions:
+            raise UnknownModelError(
+                f"unknown version '{version}' of model '{name}'; served versions: "
+                + ", ".join(map(str, entry.versions))
+            )
+        return entry.versions[int(version)]
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except StreamRTError:
+            return False
+        return self._entries[name].state is ModelState.READY
+
+    def versions(self, name: str) -> list[str]:
+        entry = self._entries.get(name)
+        return [str(v) for v in sorted(entry.versions)] if entry else []
+
+    def served(self) -> list[ServedModel]:
+        """Every loaded model version (for statistics and metrics)."""
+        return [s for e in self._entries.values() for _, s in sorted(e.versions.items())]
+
+    def all_ready(self, names: list[str] | None = None) -> bool:
+        """True when every model in ``names`` (default: every model being managed) is READY."""
+        wanted = names if names is not None else list(self._entries)
+        return all(n in self._entries and self._entries[n].state is ModelState.READY for n in wanted)
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """The repository index: one row per model (and per loaded version)."""
+        rows = []
+        for name in self.model_names():
+            entry = self._entries.get(name) or ModelEntry(name)
+            if ready_only and entry.state is not ModelState.READY:
+                continue
+            if entry.versions:
+                rows += [{"name": name, "version": str(v), "state": entry.state.value, "reason": entry.reason}
+                         for v in sorted(entry.versions)]
+            else:
+                rows.append({"name": name, "version": "", "state": entry.state.value, "reason": entry.reason})
+        return rows
