@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
 from streamrt.types import ShapeProfile, ShapeRange, TensorSpec, format_shape
 
-__all__ = ["ServedModel", "load_engine", "resolve_config"]
+__all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
     log.info("model '%s' version %d: %s %s in %.1f s", config.name, version,
              "reused cached plan" if result.cached else "built plan", result.path.name, time.perf_counter() - started)
     return streamrt.load(result.path)
+
+
+EngineLoader = Callable[[Path, int, ModelConfig], Engine]
+"""Loads the engine of one model version: ``(model_dir, version, config) -> Engine``."""
 
 
 def _agree(
@@ -175,10 +179,15 @@ class ServedModel:
         return self.config.name
 
     @classmethod
-    def load(cls, model_dir: Path, version: int, config: ModelConfig) -> ServedModel:
-        """Load engine, resolve config, create and warm up instances (blocking; call from a thread)."""
+    def load(
+        cls, model_dir: Path, version: int, config: ModelConfig, loader: EngineLoader | None = None
+    ) -> ServedModel:
+        """Load engine, resolve config, create and warm up instances (blocking; call from a thread).
+
+        ``loader`` replaces :func:`load_engine` (tests inject engines that fail or stall on purpose).
+        """
         started = time.perf_counter()
-        engine = load_engine(model_dir, version, config)
+        engine = (loader or load_engine)(model_dir, version, config)
         try:
             resolved = resolve_config(config, engine)
             instances = InstanceGroup.create(

@@ -30,7 +30,7 @@ from typing import Any
 
 from streamrt.errors import ConfigError, ModelNotReadyError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig, read_config_file
-from streamrt.serve.model import ServedModel
+from streamrt.serve.model import EngineLoader, ServedModel
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
 
@@ -69,14 +69,23 @@ class ModelRepository:
         root: the repository directory.
         load_threads: models that may load at the same time.
         drain_timeout_s: how long an unload waits for the model's in-flight requests.
+        engine_loader: replaces :func:`streamrt.serve.model.load_engine`.
     """
 
-    def __init__(self, root: str | Path, *, load_threads: int = 2, drain_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        load_threads: int = 2,
+        drain_timeout_s: float = 30.0,
+        engine_loader: EngineLoader | None = None,
+    ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a directory")
         self.drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
+        self._loader = engine_loader
         self._executor = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="streamrt-load")
 
     # --- discovery ----------------------------------------------------------------------------
@@ -148,7 +157,8 @@ class ModelRepository:
                 hint=f"put the model in {folder}/1/model.plan (or model.onnx)",
             )
         loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._executor, ServedModel.load, folder, v, config) for v in versions]
+        jobs = [loop.run_in_executor(self._executor, ServedModel.load, folder, v, config, self._loader)
+                for v in versions]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         loaded = {s.version: s for s in results if isinstance(s, ServedModel)}

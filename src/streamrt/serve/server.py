@@ -27,6 +27,7 @@ from typing import Any
 from streamrt import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
+from streamrt.serve.model import EngineLoader
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
 from streamrt.serve.status import status_for
@@ -46,10 +47,14 @@ class InferenceServer:
     Args:
         repository: the model repository directory.
         config: listeners, limits, auth, shutdown timeout.
+        engine_loader: replaces how model versions load their engine (tests, custom engines).
     """
 
-    def __init__(self, repository: str | Path, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self, repository: str | Path, config: ServerConfig | None = None, *, engine_loader: EngineLoader | None = None
+    ) -> None:
         self.config = config or ServerConfig()
+        self.engine_loader = engine_loader
         self.repository_path = Path(repository)
         self.repository: ModelRepository | None = None
         self.started_at = 0.0
@@ -69,7 +74,8 @@ class InferenceServer:
         """Bind the front ends and start loading the start-up models (optionally wait for them)."""
         cfg = self.config
         self.repository = ModelRepository(
-            self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s
+            self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
+            engine_loader=self.engine_loader,
         )
         self._idle = asyncio.Event()
         self._idle.set()
@@ -208,8 +214,8 @@ class ServerThread:
     """
 
     def __init__(self, repository: str | Path, config: ServerConfig | None = None, *,
-                 start_timeout: float = 300.0) -> None:
-        self.server = InferenceServer(repository, config)
+                 start_timeout: float = 300.0, engine_loader: EngineLoader | None = None) -> None:
+        self.server = InferenceServer(repository, config, engine_loader=engine_loader)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamrt-server", daemon=True)
         self._start_timeout = start_timeout
