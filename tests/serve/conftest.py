@@ -154,6 +154,17 @@ def server_config(**changes: Any) -> ServerConfig:
     return base.replace(**changes)
 
 
+@pytest.fixture
+def make_server(tmp_path: Path, plans: dict[str, Path]) -> Any:
+    """``make_server(**ServerConfig changes)``: a fresh repository and a ServerThread (not started)."""
+
+    def make(**changes: Any) -> ServerThread:
+        repo = make_repo(tmp_path / f"repo{len(list(tmp_path.iterdir()))}", plans)
+        return ServerThread(repo, server_config(**changes), engine_loader=fake_loader, start_timeout=120)
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
     repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
