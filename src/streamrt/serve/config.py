@@ -320,7 +320,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> ModelConfig:
         """Validate a mapping (YAML/JSON/pbtxt) and build the config; ``name`` is the directory name."""
-        model = str(data.get("name") or name or "")
+        model = str(name or data.get("name") or "")
         where = f"model '{model}'"
         _check(bool(model), "model config", "a model needs a name")
         kw = _kwargs(cls, data, where, ignore=_IGNORED_MODEL_FIELDS)

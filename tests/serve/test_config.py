@@ -1,0 +1,97 @@
+"""Model and server config loading and validation; protocol codec edge cases; the status table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamrt.errors import ConfigError, QueueFullError, RequestError, ShapeError, UnknownModelError
+from streamrt.serve import BatchingConfig, ModelConfig, ServerConfig
+from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
+from streamrt.serve.status import status_for
+
+
+def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "max_batch_size: 8\ninput: [{name: x, data_type: TYPE_FP32, dims: [3, 32, 32]}]\n"
+        "dynamic_batching: {max_queue_delay_microseconds: 100, preferred_batch_size: [4, 8]}\n"
+        "instance_group: [{count: 2, kind: KIND_CPU}]\nversion_policy: {specific: {versions: [1, 3]}}\n"
+    )
+    (tmp_path / "config.pbtxt").write_text(
+        'name: "m"\nmax_batch_size: 8\ninput [{ name: "x" data_type: TYPE_FP32 dims: [3, 32, 32] }]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 100 preferred_batch_size: [4, 8] }\n"
+        "instance_group [{ count: 2 kind: KIND_CPU }]\nversion_policy { specific { versions: [1, 3] } }\n"
+        "optimization { input_pinned_memory { enable: true } }\n"
+    )
+    a = ModelConfig.from_file(tmp_path / "config.yaml", name="m")
+    b = ModelConfig.from_file(tmp_path / "config.pbtxt", name="m")
+    assert a == b
+    assert a.dynamic_batching == BatchingConfig(100, (4, 8))
+    assert a.instance_count == 2 and a.version_policy.select([1, 2, 3, 4]) == [1, 3]
+    c = ModelConfig.from_dict(json.loads(json.dumps(a.to_triton("p"))), name="m")
+    assert c.input == a.input and c.dynamic_batching == a.dynamic_batching
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0, got -1"),
+        ({"max_batch_size": "many"}, "max_batch_size must be an integer"),
+        ({"max_batch_sise": 4}, "unknown keys ['max_batch_sise']"),
+        ({"instance_group": [{"count": 0}]}, "count must be an integer >= 1, got 0"),
+        ({"instance_group": [{"kind": "KIND_TPU"}]}, "kind must be one of"),
+        ({"input": [{"name": "x", "data_type": "TYPE_QUUX"}]}, "unsupported data_type"),
+        ({"dynamic_batching": {"priority_levels": 2, "default_priority_level": 3}}, "default_priority_level"),
+        ({"dynamic_batching": {"default_queue_policy": {"timeout_action": "DELAY"}}}, "DELAY is not supported"),
+        ({"version_policy": {"newest": {}}}, "expected one of"),
+        ({"name": "other"}, "differs from its directory"),
+    ],
+)
+def test_model_config_errors_name_the_field(data: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_dict(data, name="m")
+    assert words in str(err.value) and "model 'm'" in str(err.value)
+
+
+def test_server_config_validation() -> None:
+    assert ServerConfig().host == "127.0.0.1"
+    with pytest.raises(ConfigError, match="http_port"):
+        ServerConfig(http_port=70000)
+    with pytest.raises(ConfigError, match="auth_token"):
+        ServerConfig(auth_token=" ")
+
+
+def test_http_codec_round_trip_binary_and_json() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    header = json.dumps({"id": "7", "inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                                                "parameters": {"binary_data_size": 24}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}]}).encode()
+    req = decode_http_request(header + x.tobytes(), len(header), model="m", version="", max_elements=100)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    resp = InferResponse("m", "1", req.id, {"y": x * 2, "z": np.array([True, False])})
+    body, length = encode_http_response(resp, req)
+    assert length is not None
+    head = json.loads(body[:length])
+    assert head["id"] == "7" and head["outputs"][0]["parameters"]["binary_data_size"] == 24
+    assert head["outputs"][1]["data"] == [True, False]
+    np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32).reshape(2, 3), x * 2)
+    plain, none = encode_http_response(resp, InferRequest("m"))
+    assert none is None and json.loads(plain)["outputs"][0]["data"] == (x * 2).ravel().tolist()
+
+
+def test_status_table() -> None:
+    assert status_for(RequestError("x")).http == 400
+    assert status_for(ShapeError("x")).grpc == "INVALID_ARGUMENT"
+    assert status_for(UnknownModelError("x")).http == 404
+    assert status_for(QueueFullError("x")).reason == "REJECTED"
+    assert status_for(RuntimeError("x")).http == 500
+
+
+def test_public_surface() -> None:
+    import streamrt.serve as serve
+
+    for name in serve.__all__:
+        assert getattr(serve, name) is not None
