@@ -1,7 +1,8 @@
-"""The Triton kernels against the host ops, on CPU tensors through Triton's interpreter.
+"""The Triton kernels without a GPU: compiled for sm_90 (type and lowering errors show up here), and run
+on CPU tensors through Triton's interpreter against the host ops.
 
-Runs where Triton imports and ``TRITON_INTERPRET=1`` is set (the variable must be set before
-Triton is imported, so it cannot be switched on from inside the test run):
+Runs where Triton imports; the interpreter tests also need ``TRITON_INTERPRET=1`` (read when Triton
+is imported, so it cannot be switched on from inside the test run):
 
     TRITON_INTERPRET=1 pytest tests/ops/test_triton_interpret.py
 
@@ -19,14 +20,44 @@ import pytest
 from streamrt.ops.letterbox import CpuLetterbox, Normalize
 from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-    reason="needs triton and TRITON_INTERPRET=1",
-)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
 torch = pytest.importorskip("torch")
 
+_SIGNATURES = {
+    "_letterbox_kernel": ({"src_ptr": "*u8", "dst_ptr": "*fp16", **dict.fromkeys(
+        ("src_h", "src_w", "new_h", "new_w", "top", "left", "out_h", "out_w", "ch0", "ch1", "ch2"), "i32"),
+        "src_batch_stride": "i64", "dst_batch_stride": "i64", **dict.fromkeys(
+        ("ratio_y", "ratio_x", "scale0", "scale1", "scale2", "shift0", "shift1", "shift2", "pad0", "pad1", "pad2"),
+        "fp32"), "BLOCK": "constexpr"}, {"BLOCK": 512}),
+    "_nms_mask_kernel": ({"boxes_ptr": "*fp32", "cls_ptr": "*i64", "mask_ptr": "*i64", "K": "i32", "W": "i32",
+                          "iou_thr": "fp32", "AGNOSTIC": "constexpr", "ROWS": "constexpr"},
+                         {"AGNOSTIC": False, "ROWS": 32}),
+    "_nms_scan_kernel": ({"mask_ptr": "*i64", "nvalid_ptr": "*i32", "keep_ptr": "*i64", "count_ptr": "*i32",
+                          "K": "i32", "W": "i32", "MAX_DET": "i32", "BLOCK_W": "constexpr"}, {"BLOCK_W": 512}),
+}
 
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter replaces the compiler")
+@pytest.mark.parametrize("name", list(_SIGNATURES))
+def test_kernels_compile_for_sm90(name: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from streamrt.ops import triton_kernels
+
+    types, constants = _SIGNATURES[name]
+    kernel = getattr(triton_kernels, name)
+    assert set(types) == set(kernel.arg_names)  # the table names every parameter
+    signature = {arg: types[arg] for arg in kernel.arg_names}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    assert compiled.asm["cubin"]
+
+
+@interpreted
 @pytest.mark.parametrize(("src", "dst"), [((90, 160), (64, 64)), ((61, 97), (96, 64))])
 def test_letterbox_kernel_equals_the_numpy_letterbox(src: tuple[int, int], dst: tuple[int, int]) -> None:
     from streamrt.ops.letterbox_torch import TorchLetterbox
@@ -42,6 +73,7 @@ def test_letterbox_kernel_equals_the_numpy_letterbox(src: tuple[int, int], dst: 
         np.testing.assert_allclose(out[b].numpy(), ref, rtol=0, atol=1e-5)
 
 
+@interpreted
 @pytest.mark.parametrize("agnostic", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
 def test_nms_kernels_equal_the_numpy_postprocess(agnostic: bool, ties: bool) -> None:

@@ -142,7 +142,9 @@ def nms_mask(boxes: Any, classes: Any, mask: Any, iou: float, agnostic: bool) ->
     batch, _, k = boxes.shape
     words = mask.shape[2]
     grid = (triton.cdiv(k, _MASK_ROWS), words, batch)
-    _nms_mask_kernel[grid](boxes, classes, mask, k, words, iou, AGNOSTIC=agnostic, ROWS=_MASK_ROWS)
+    # No fused multiply-adds: the IoU must round exactly as torchvision's and the host version's do.
+    _nms_mask_kernel[grid](boxes, classes, mask, k, words, iou, AGNOSTIC=agnostic, ROWS=_MASK_ROWS,
+                           enable_fp_fusion=False)
 
 
 @triton.jit
