@@ -1,0 +1,126 @@
+"""The run report of a detection run: throughput, per-frame latency, per-stage times, drops, the bound.
+
+Per-frame latency runs from the moment a frame became available (decoded, or for a paced camera
+the instant the camera produced it) to the moment its detections reached the caller, so queueing
+in front of the pipeline counts. Stage times and the busiest resource come from the pipeline's
+trace (:func:`streamrt.profile.pipeline_summary.summarize`); :func:`write_report_files` adds the
+PNG timeline and the Chrome trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamrt.pipeline.tracing import PipelineTrace
+
+__all__ = ["LATENCY_BUDGET_MS", "RunReport", "latency_stats", "write_report_files"]
+
+# A paced run "sustains" its cameras when it drops nothing and p99 latency stays under this.
+LATENCY_BUDGET_MS = 100.0
+
+
+def latency_stats(latencies_ms: list[float]) -> dict[str, float]:
+    """p50/p90/p99/max/mean of per-frame latencies (empty dict for no frames)."""
+    if not latencies_ms:
+        return {}
+    lat = np.asarray(latencies_ms, np.float64)
+    out = {f"p{q}": float(np.percentile(lat, q)) for q in (50, 90, 99)}
+    out.update(max=float(lat.max()), mean=float(lat.mean()))
+    return out
+
+
+@dataclass
+class RunReport:
+    """Numbers of one detection run (the CLI prints :meth:`format_text`; benchmarks use :meth:`to_dict`)."""
+
+    label: str
+    model: str
+    backend: str
+    device: str
+    sources: int
+    frame_size: str
+    batch: int
+    frames: int
+    wall_s: float
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    dropped: int = 0
+    paced: bool = False
+    target_fps: float | None = None
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    bottleneck: tuple[str, float] | None = None
+    detections: int = 0
+    trace: PipelineTrace | None = field(default=None, repr=False)
+
+    @property
+    def fps(self) -> float:
+        """Frames per second over the measured window (all sources together)."""
+        return self.frames / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def sustained(self) -> bool:
+        """Paced runs: no dropped frame and p99 latency under :data:`LATENCY_BUDGET_MS`."""
+        return self.dropped == 0 and self.latency_ms.get("p99", float("inf")) < LATENCY_BUDGET_MS
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("trace")
+        out.update(fps=self.fps, sustained=self.sustained)
+        return out
+
+    def format_text(self) -> str:
+        """A few lines for the terminal."""
+        lat = self.latency_ms
+        lines = [
+            f"{self.label}: {self.frames} frames from {self.sources} source(s) ({self.frame_size}) in "
+            f"{self.wall_s:.2f} s = {self.fps:.1f} FPS",
+            f"  model {self.model} on {self.backend} ({self.device}), batch {self.batch}, {self.detections} detections",
+            f"  latency per frame: p50 {lat.get('p50', float('nan')):.1f} ms, "
+            f"p99 {lat.get('p99', float('nan')):.1f} ms, max {lat.get('max', float('nan')):.1f} ms",
+        ]
+        if self.paced:
+            verdict = "sustained" if self.sustained else "NOT sustained"
+            lines.append(f"  camera-paced at {self.target_fps:g} FPS per source: {self.dropped} dropped frames, "
+                         f"{verdict} (no drops and p99 < {LATENCY_BUDGET_MS:g} ms)")
+        if self.stage_ms:
+            lines.append("  stage ms/item: " + ", ".join(f"{k} {v:.2f}" for k, v in self.stage_ms.items()))
+        if self.bottleneck:
+            lines.append(f"  busiest resource: {self.bottleneck[0]} ({100 * self.bottleneck[1]:.0f}% busy)")
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        lat = self.latency_ms
+        rows = [("config", self.label), ("model", f"{self.model} ({self.backend}, {self.device})"),
+                ("sources", f"{self.sources} x {self.frame_size}, batch {self.batch}"),
+                ("frames", str(self.frames)), ("throughput", f"{self.fps:.1f} FPS"),
+                ("latency p50 / p99 / max", f"{lat.get('p50', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} "
+                                            f"/ {lat.get('max', float('nan')):.1f} ms"),
+                ("dropped frames", str(self.dropped))]
+        rows += [(f"stage {k}", f"{v:.3f} ms/item") for k, v in self.stage_ms.items()]
+        if self.bottleneck:
+            rows.append(("busiest resource", f"{self.bottleneck[0]} ({100 * self.bottleneck[1]:.0f}% busy)"))
+        return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def write_report_files(report: RunReport, folder: str | Path, stem: str = "run") -> list[Path]:
+    """Write ``<stem>.json``, ``<stem>.md``, and when traced ``<stem>_timeline.png`` and ``<stem>_trace.json``."""
+    from streamrt.errors import MissingDependencyError
+    from streamrt.profile.timeline import plot_timeline
+    from streamrt.profile.trace import write_chrome_trace
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / f"{stem}.json", out / f"{stem}.md"]
+    written[0].write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    written[1].write_text(f"# Detection run: {report.label}\n\n{report.to_markdown()}\n")
+    if report.trace is not None and report.trace.spans:
+        written.append(write_chrome_trace(report.trace, out / f"{stem}_trace.json"))
+        with contextlib.suppress(MissingDependencyError):  # matplotlib is optional; the trace opens in Perfetto
+            written.append(plot_timeline(report.trace, out / f"{stem}_timeline.png",
+                                         title=f"{report.label}: {report.fps:.0f} FPS"))
+    return written

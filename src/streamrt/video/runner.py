@@ -1,0 +1,255 @@
+"""Run sources through the detection pipeline: free-running or camera-paced, one camera or many.
+
+Free-running, frames are read as fast as the pipeline takes them (a file being processed).
+Camera-paced, every source behaves like a live camera at ``fps``: frame ``k`` exists from
+``t0 + k / fps`` on, the camera keeps only its newest frame, and when the pipeline is still busy
+(``submit`` blocks while the ring is full) the frames produced meanwhile are dropped and counted,
+exactly as a capture card with a one-frame buffer would. Latency is measured from the instant a
+frame was produced, so a pipeline that keeps up shows it, and one that does not shows drops.
+
+Several sources are read in lock step (one frame of each per tick, as DeepStream's ``nvstreammux``
+does) and batched ``batch`` frames per engine call; ``batch`` defaults to the number of sources,
+capped by the engine's dynamic batch profile.
+
+Example:
+    >>> detector = open_detector(bundled_model())                            # doctest: +SKIP
+    >>> report = run_detection(detector, [open_source("synthetic")], DetectConfig())  # doctest: +SKIP
+    >>> print(report.format_text())                                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from streamrt.errors import ConfigError
+from streamrt.ops.letterbox import Normalize
+from streamrt.ops.postprocess import PostprocessConfig
+from streamrt.pipeline.config import PipelineConfig, Topology
+from streamrt.pipeline.executor import Pipeline
+from streamrt.pipeline.stage import Result
+from streamrt.video.model import DetectorModel
+from streamrt.video.report import RunReport, latency_stats
+from streamrt.video.sources import FrameSource
+from streamrt.video.workload import Detections, DetectionWorkload, Frame
+
+__all__ = ["DetectConfig", "run_detection"]
+
+log = logging.getLogger(__name__)
+
+OnResult = Callable[[Frame, Detections], None]
+Progress = Callable[[int, int | None], None]
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    """How a detection run feeds the pipeline.
+
+    Attributes:
+        postprocess: thresholds, ``max_det``.
+        normalize: the model's input normalisation (YOLO: RGB / 255).
+        pipeline: topology, ring size, workers, CUDA graphs, tracing (its ``device`` is replaced by
+            the engine's).
+        batch: frames per engine call; 0 means one per source, capped by the engine's batch range.
+        paced: camera-paced mode (see the module docstring).
+        fps: pacing rate per source; None uses the first source's frame rate.
+        max_frames: stop after this many frames per source.
+        warmup_frames: frames per source run before measuring (their results are delivered but not
+            counted): lazy initialisation, allocator growth and CUDA graph capture stay out of the numbers.
+        use_triton: device ops on Triton kernels (None: wherever they can run).
+    """
+
+    postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
+    normalize: Normalize = field(default_factory=Normalize)
+    pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(topology=Topology.STREAMS, trace=True))
+    batch: int = 0
+    paced: bool = False
+    fps: float | None = None
+    max_frames: int | None = None
+    warmup_frames: int = 0
+    use_triton: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch < 0:
+            raise ConfigError(f"batch must be >= 0 (0: one frame per source), got {self.batch}")
+        if self.fps is not None and self.fps <= 0:
+            raise ConfigError(f"fps must be > 0, got {self.fps}")
+
+
+class _Mux:
+    """Reads one frame of every live source per tick and cuts them into engine batches."""
+
+    def __init__(self, sources: Sequence[FrameSource], batch: int, max_frames: int | None) -> None:
+        self.sources = list(sources)
+        self.batch = batch
+        self.max_frames = max_frames
+        self.read = [0] * len(sources)
+        self.live = [True] * len(sources)
+
+    def tick(self, captured: float | None = None) -> list[list[Frame]] | None:
+        frames = []
+        for s, source in enumerate(self.sources):
+            if not self.live[s] or (self.max_frames is not None and self.read[s] >= self.max_frames):
+                continue
+            image = source.read()
+            if image is None:
+                self.live[s] = False
+                continue
+            frames.append(Frame(s, self.read[s], image, time.perf_counter() if captured is None else captured))
+            self.read[s] += 1
+        if not frames:
+            return None
+        return [frames[i: i + self.batch] for i in range(0, len(frames), self.batch)]
+
+    def skip(self, count: int) -> int:
+        dropped = 0
+        for s, source in enumerate(self.sources):
+            if self.live[s]:
+                n = source.skip(count)
+                self.read[s] += n
+                dropped += n
+        return dropped
+
+
+@dataclass
+class _Tally:
+    on_result: OnResult | None
+    progress: Progress | None
+    total: int | None
+    pending: dict[tuple[int, int], Frame] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list)
+    frames: int = 0
+    detections: int = 0
+    measuring: bool = True
+    last: float = 0.0
+
+    def handle(self, result: Result) -> None:
+        now = time.perf_counter()
+        for det in result.unwrap():
+            frame = self.pending.pop((det.source, det.index))
+            if self.on_result is not None:
+                self.on_result(frame, det)
+            if self.measuring:
+                self.latencies_ms.append((now - frame.captured) * 1e3)
+                self.frames += 1
+                self.detections += len(det)
+        self.last = now
+        if self.progress is not None:
+            self.progress(self.frames, self.total)
+
+
+def _submit(pipe: Pipeline, tally: _Tally, chunk: list[Frame]) -> None:
+    for frame in chunk:
+        tally.pending[(frame.source, frame.index)] = frame
+    pipe.submit(chunk)
+    for result in pipe.poll():
+        tally.handle(result)
+
+
+def _drain(pipe: Pipeline, tally: _Tally) -> None:
+    while pipe.in_flight:
+        tally.handle(pipe.get())
+    for result in pipe.poll():
+        tally.handle(result)
+
+
+def _free_running(pipe: Pipeline, mux: _Mux, tally: _Tally) -> None:
+    while (chunks := mux.tick()) is not None:
+        for chunk in chunks:
+            _submit(pipe, tally, chunk)
+
+
+def _camera_paced(pipe: Pipeline, mux: _Mux, tally: _Tally, fps: float) -> int:
+    period = 1.0 / fps
+    t0 = time.perf_counter()
+    tick = 0
+    dropped = 0
+    while True:
+        target = t0 + tick * period
+        while (now := time.perf_counter()) < target:
+            for result in pipe.poll():
+                tally.handle(result)
+            time.sleep(min(target - now, 5e-4))
+        newest = int((now - t0) / period)
+        if newest > tick:  # the cameras moved on while we were busy: only their newest frame is left
+            dropped += mux.skip(newest - tick)
+            tick = newest
+        chunks = mux.tick(captured=t0 + tick * period)
+        if chunks is None:
+            return dropped
+        for chunk in chunks:
+            _submit(pipe, tally, chunk)
+        tick += 1
+
+
+def run_detection(
+    model: DetectorModel,
+    sources: Sequence[FrameSource],
+    config: DetectConfig = DetectConfig(),
+    *,
+    on_result: OnResult | None = None,
+    progress: Progress | None = None,
+) -> RunReport:
+    """Run ``sources`` through the detection pipeline and return the run's report.
+
+    Args:
+        model: from :func:`~streamrt.video.model.open_detector`.
+        sources: one or more sources of the same frame size.
+        config: how to feed the pipeline.
+        on_result: called with every frame and its detections, in order per source (sinks).
+        progress: called with (frames done, frames expected or None) after every result.
+
+    Raises:
+        ConfigError: no sources, sources of different sizes, or a batch the engine cannot take.
+    """
+    if not sources:
+        raise ConfigError("a detection run needs at least one source")
+    sizes = {(s.info.height, s.info.width) for s in sources}
+    if len(sizes) != 1:
+        raise ConfigError(f"sources must share one frame size to be batched, got {sorted(sizes)}",
+                          hint="run sources of different sizes separately")
+    batch = config.batch or min(len(sources), model.max_batch)
+    if batch > model.max_batch:
+        raise ConfigError(f"batch {batch} exceeds the engine's largest batch {model.max_batch}",
+                          hint="rebuild with a larger dynamic batch profile (--max-batch)")
+    (frame_hw,) = sizes
+    workload = DetectionWorkload(model, frame_hw, batch=batch, postprocess=config.postprocess,
+                                 normalize=config.normalize, use_triton=config.use_triton)
+    pcfg = config.pipeline.replace(device=model.device)
+    fps = config.fps or sources[0].info.fps or 30.0
+    counts = [s.info.frames for s in sources]
+    total = None if None in counts else sum(min(c or 0, config.max_frames or c or 0) for c in counts)
+    tally = _Tally(on_result, progress, total)
+    mux = _Mux(sources, batch, config.max_frames)
+    dropped = 0
+    with Pipeline.from_workload(workload, pcfg) as pipe:
+        if config.warmup_frames:
+            tally.measuring = False
+            warm = _Mux(sources, batch, config.warmup_frames)
+            _free_running(pipe, warm, tally)
+            _drain(pipe, tally)
+            mux.read = list(warm.read)
+            mux.live = list(warm.live)
+            tally.measuring = True
+            pipe.reset_trace()
+        started = time.perf_counter()
+        if config.paced:
+            dropped = _camera_paced(pipe, mux, tally, fps)
+        else:
+            _free_running(pipe, mux, tally)
+        _drain(pipe, tally)
+        trace = pipe.trace()
+    wall = max(tally.last - started, 1e-9)
+    from streamrt.profile.pipeline_summary import summarize
+
+    summary = summarize(trace)
+    h, w = frame_hw
+    return RunReport(
+        label=pcfg.describe() + (" paced" if config.paced else ""), model=model.source, backend=model.backend,
+        device=model.device, sources=len(sources), frame_size=f"{w}x{h}", batch=batch, frames=tally.frames,
+        wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
+        target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
+        detections=tally.detections, trace=trace if trace.spans else None,
+    )

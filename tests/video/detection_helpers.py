@@ -1,0 +1,71 @@
+"""Helpers of the detection tests: hand-made models and accuracy against the generator's ground truth.
+
+Imported as ``video.detection_helpers`` (``tests`` is on the test path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+
+def yolov5_from_bundled(path: Path) -> Path:
+    """The bundled YOLOv8-layout model re-exported as YOLOv5 layout: (1, anchors, 5 + C), objectness 1."""
+    from streamrt.video.model import bundled_model
+
+    model = onnx.load(str(bundled_model()))
+    graph = model.graph
+    out = graph.output[0].name
+    graph.initializer.extend([
+        helper.make_tensor("split_sizes", TensorProto.INT64, [2], [4, 5]),
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+    ])
+    graph.node.extend([
+        helper.make_node("Split", [out, "split_sizes"], ["v5_boxes", "v5_scores"], axis=1),
+        helper.make_node("ReduceMax", ["v5_scores"], ["v5_max"], axes=[1], keepdims=1),
+        helper.make_node("Mul", ["v5_max", "zero"], ["v5_zeros"]),
+        helper.make_node("Add", ["v5_zeros", "one"], ["v5_obj"]),
+        helper.make_node("Concat", ["v5_boxes", "v5_obj", "v5_scores"], ["v5_cat"], axis=1),
+        helper.make_node("Transpose", ["v5_cat"], ["output_v5"], perm=[0, 2, 1]),
+    ])
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("output_v5", TensorProto.FLOAT, ["batch", "anchors", 10]))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def not_a_detector(path: Path) -> Path:
+    """An image model whose output is (batch, 3): no YOLO layout fits it."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["images", "axes"], ["pooled"], keepdims=0)],
+        "classifier",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor("axes", TensorProto.INT64, [2], [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def recall_precision(detections: list[Any], clip: Any, iou: float = 0.5, conf: float = 0.5) -> tuple[float, float]:
+    """Share of ground-truth boxes found (same class, IoU >= iou) and share of confident detections that are right."""
+    from streamrt.video.metrics import match_detections
+
+    found = truths = right = confident = 0
+    for det in detections:
+        truth = clip.ground_truth(det.index)
+        keep = det.scores >= conf
+        tp = match_detections((det.boxes[keep], det.scores[keep], det.classes[keep]), (truth.boxes, truth.classes),
+                              iou)
+        found += int(tp.sum())
+        truths += len(truth)
+        right += int(tp.sum())
+        confident += int(keep.sum())
+    return found / max(truths, 1), right / max(confident, 1)
