@@ -1,0 +1,161 @@
+"""``streamrt detect``: object detection on videos, image folders or generated clips, through the pipeline.
+
+SOURCE is a video file, a folder of images, an image, or ``synthetic[:WxHxN@FPS]``; several
+sources run as cameras batched into the engine. The model is a YOLO ONNX export (YOLOv5 or
+YOLOv8/YOLO11 layout; class names from its metadata, ``--labels`` or ``MODEL.txt``) or a plan;
+ONNX files are built through the cache with the best backend here unless ``--backend`` names one.
+Outputs: ``--out`` annotated video, ``--json`` detections as JSON Lines, ``--report DIR`` the run
+report (JSON, markdown, PNG timeline, Chrome trace). See ``docs/detection.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from streamrt.video.model import DetectorModel
+    from streamrt.video.runner import DetectConfig
+    from streamrt.video.workload import Detections, Frame
+
+__all__ = ["add_detect_arguments", "register", "run"]
+
+
+def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model, pipeline and post-processing flags (shared with ``streamrt demo``)."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--backend", default=None, help="backend for ONNX models (default: best available)")
+    model.add_argument("--precision", default=None, choices=["fp32", "fp16", "bf16"],
+                       help="default fp16 on GPU backends, fp32 on ONNX Runtime")
+    model.add_argument("--max-batch", type=int, default=16, help="largest batch of the built plan (default 16)")
+    model.add_argument("--layout", default=None, help="output layout: yolov8, yolov5, yolov8t (default: detect)")
+    model.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
+    model.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
+    pipe = parser.add_argument_group("pipeline")
+    pipe.add_argument("--topology", choices=("sync", "streams", "single"), default="streams",
+                      help="sync: the synchronous loop; streams: a stream per stage (default); single: one stream")
+    pipe.add_argument("--workers", type=int, default=1, help="replicated lanes, each with its own engine context")
+    pipe.add_argument("--ring", type=int, default=4, help="frames in flight per lane (default 4)")
+    pipe.add_argument("--graphs", action="store_true", help="replay pre/engine/post as CUDA graphs (CUDA only)")
+    pipe.add_argument("--batch", type=int, default=0, help="frames per engine call (default: one per source)")
+    post = parser.add_argument_group("post-processing")
+    post.add_argument("--conf", type=float, default=0.25, help="score threshold (default 0.25)")
+    post.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default 0.45)")
+    post.add_argument("--max-det", type=int, default=300, help="detections kept per frame (default 300)")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "detect", help="detect objects in videos, image folders or generated clips through the pipeline",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("sources", nargs="+", metavar="SOURCE",
+                        help="video file, image folder, image, synthetic[:WxHxN@FPS]")
+    parser.add_argument("--model", type=Path, default=None, help="ONNX file or plan (default: the bundled detector)")
+    parser.add_argument("--labels", type=Path, default=None, help="class names, one per line")
+    parser.add_argument("--out", type=Path, default=None, help="annotated video (.mp4/.avi); several sources: name_<i>")
+    parser.add_argument("--json", type=Path, default=None, help="detections as JSON Lines")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="run report, timeline and trace")
+    parser.add_argument("--paced", action="store_true", help="camera-paced: frames arrive at --fps, late ones drop")
+    parser.add_argument("--fps", type=float, default=None, help="pacing rate per source (default: the source's)")
+    parser.add_argument("--max-frames", type=int, default=None, help="stop after N frames per source")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_detect_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, redrawn at most 10 times a second (only on a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.started = time.perf_counter()
+        self._drawn = 0.0
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self._drawn < 0.1 and done != total):
+            return
+        self._drawn = now
+        rate = done / max(now - self.started, 1e-9)
+        if total:
+            filled = int(30 * done / total)
+            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {done}/{total}"
+        else:
+            bar = f"{done} frames"
+        print(f"\r  {bar} {rate:.1f} FPS", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectConfig:
+    """A :class:`~streamrt.video.runner.DetectConfig` from the shared flags."""
+    from streamrt.ops.postprocess import PostprocessConfig
+    from streamrt.pipeline.config import PipelineConfig
+    from streamrt.video.runner import DetectConfig
+
+    pipeline = PipelineConfig(topology=args.topology, workers=args.workers, ring_size=args.ring,
+                              cuda_graphs=args.graphs, trace=True)
+    return DetectConfig(
+        postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
+        pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
+        max_frames=getattr(args, "max_frames", None),
+    )
+
+
+def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None = None) -> DetectorModel:
+    from streamrt.cli.common import stderr_progress
+    from streamrt.video.model import bundled_model, open_detector
+
+    return open_detector(path or bundled_model(), backend=args.backend, labels=labels, layout=args.layout,
+                         max_batch=args.max_batch, precision=args.precision, cache=not args.no_cache,
+                         cache_dir=args.cache_dir, progress=stderr_progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    from streamrt.video.report import write_report_files
+    from streamrt.video.runner import run_detection
+    from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
+    from streamrt.video.sources import Prefetch, open_source
+
+    detector = open_model(args, args.model, args.labels)
+    config = detect_config(args, paced=args.paced)
+    sources = [open_source(s) for s in args.sources]
+    sinks: list[Sink] = []
+    try:
+        names = detector.names
+        first = sources[0].info
+        if args.json is not None:
+            sinks.append(ThreadedSink(JsonlSink(args.json, names)))
+        if args.out is not None:
+            sinks.append(ThreadedSink(VideoSink(args.out, fps=args.fps or first.fps, size=(first.width, first.height),
+                                                sources=len(sources), names=names)))
+        feeds = [Prefetch(s) for s in sources]
+
+        def deliver(frame: Frame, detections: Detections) -> None:
+            for sink in sinks:
+                sink(frame, detections)
+
+        bar = ProgressBar(not args.no_progress)
+        try:
+            report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar)
+        finally:
+            bar.close()
+            for feed in feeds:
+                feed.close()
+    finally:
+        for sink in sinks:
+            sink.close()
+    print(report.format_text())
+    for label, path in (("annotated video", args.out), ("detections", args.json)):
+        if path is not None:
+            print(f"wrote {label}: {path}")
+    if args.report is not None:
+        for path in write_report_files(report, args.report, "detect"):
+            print(f"wrote {path}")
+    return 0
