@@ -224,7 +224,8 @@ def train(args: argparse.Namespace) -> tuple[YoloLike, dict[str, Any]]:
     torch.manual_seed(args.seed)
     model = YoloLike(num_classes=len(CLASS_NAMES), width=args.width, depth=0.34)
     model.train()
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         (decay if p.ndim > 1 and "bn" not in name else no_decay).append(p)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 5e-4}, {"params": no_decay, "weight_decay": 0}],
@@ -259,6 +260,7 @@ def train(args: argparse.Namespace) -> tuple[YoloLike, dict[str, Any]]:
     facts = {"steps": args.steps, "batch": args.batch, "imgsz": args.imgsz, "width": args.width,
              "seed": args.seed, "train_seconds": round(time.perf_counter() - started, 1),
              "threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in model.parameters())}
+    assert isinstance(ema.model, YoloLike)
     return ema.model, facts
 
 
@@ -272,7 +274,7 @@ def export(model: YoloLike, imgsz: int, path: Path, metadata: dict[str, str]) ->
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.zeros(1, 3, imgsz, imgsz),), buffer, dynamo=False, opset_version=17,
+        torch.onnx.export(model, (torch.zeros(1, 3, imgsz, imgsz),), buffer, dynamo=False, opset_version=17,  # type: ignore[arg-type]
                           input_names=["images"], output_names=["output0"],
                           dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}})
     proto = onnx.load_from_string(buffer.getvalue())

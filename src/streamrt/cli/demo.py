@@ -27,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--frames", type=int, default=None, help="clip length (default 300 on CUDA, 150 on CPU)")
     parser.add_argument("--backend", default=None, help="backend (default: the best available)")
     parser.add_argument("--topology", choices=("streams", "single"), default="streams", help="pipeline topology")
-    parser.add_argument("--workers", type=int, default=1, help="replicated lanes (default 1)")
-    parser.add_argument("--ring", type=int, default=4, help="frames in flight per lane (default 4)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="replicated lanes (default 1 on CUDA, one per core on the CPU)")
+    parser.add_argument("--ring", type=int, default=None, help="frames in flight per lane (default 4 CUDA, 2 CPU)")
     parser.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
     parser.set_defaults(func=run)
@@ -48,30 +49,33 @@ def _size(text: str | None) -> tuple[int | None, int | None]:
 
 def run(args: argparse.Namespace) -> int:
     from streamrt.device import cuda_available
-    from streamrt.pipeline.config import PipelineConfig
-    from streamrt.video.demo import DemoConfig, run_demo
+    from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
     width, height = _size(args.size)
-    pipeline = PipelineConfig(topology=args.topology, workers=args.workers, ring_size=args.ring,
-                              cuda_graphs=cuda_available() and not args.no_graphs)
+    cuda = cuda_available()
+    base = default_pipeline(cuda)
+    pipeline = base.replace(topology=args.topology, workers=args.workers or base.workers,
+                            ring_size=args.ring or base.ring_size, cuda_graphs=cuda and not args.no_graphs)
     config = DemoConfig(out_dir=args.out_dir, width=width, height=height, frames=args.frames, backend=args.backend,
                         pipeline=pipeline, cache_dir=args.cache_dir)
     result = run_demo(config, progress=lambda line: print(f"  · {line}", file=sys.stderr, flush=True))
     sync, piped = result.sync, result.pipeline
     print(f"\nStreamRT demo: {result.detector.source} on {result.detector.backend} ({result.detector.device}), "
           f"{piped.frames} frames {piped.frame_size}\n")
-    print(f"  synchronous loop   {sync.fps:8.1f} FPS   p50 {sync.latency_ms.get('p50', 0):6.1f} ms   "
-          f"p99 {sync.latency_ms.get('p99', 0):6.1f} ms")
-    print(f"  pipeline ({piped.label}) {piped.fps:8.1f} FPS   p50 {piped.latency_ms.get('p50', 0):6.1f} ms   "
-          f"p99 {piped.latency_ms.get('p99', 0):6.1f} ms")
-    print(f"  speed-up           {result.speedup:8.2f}x")
+    rows = (("synchronous loop", sync), (f"pipeline, {piped.label}", piped))
+    width = max(len(label) for label, _ in rows)
+    for label, rep in rows:
+        print(f"  {label:<{width}}  {rep.fps:8.1f} FPS   latency p50 {rep.latency_ms.get('p50', 0):6.1f} ms, "
+              f"p99 {rep.latency_ms.get('p99', 0):6.1f} ms")
+    print(f"  {'speed-up':<{width}}  {result.speedup:8.2f}x   (median of {config.rounds} interleaved runs each)")
     print(f"  same detections in both runs: {'yes' if result.identical else 'NO'}; "
           f"mAP@0.5 vs the clip's ground truth: {result.map50:.3f}")
     if piped.bottleneck:
         print(f"  pipeline bound: {piped.bottleneck[0]} ({100 * piped.bottleneck[1]:.0f}% busy)")
     print()
-    for key in ("video", "detections", "plan", "sample"):
-        print(f"  {key:<11} {result.files[key]}")
+    for key in ("video", "detections", "plan", "lane plan", "sample"):
+        if key != "lane plan" or result.files[key] != result.files["plan"]:
+            print(f"  {key:<11} {result.files[key]}")
     for key, path in result.files.items():
         if key.endswith("_timeline.png"):
             print(f"  timeline    {path}")

@@ -33,6 +33,7 @@ from streamrt.types import ShapeProfile, ShapeRange
 
 __all__ = [
     "BACKEND_PREFERENCE",
+    "LANE_OPTIONS",
     "DetectorModel",
     "best_backend",
     "bundled_labels",
@@ -56,6 +57,11 @@ BACKEND_PREFERENCE: dict[str, _BackendChoice] = {
     "torch_inductor": _BackendChoice(needs_cuda=True, precision="fp16"),
     "onnxruntime": _BackendChoice(needs_cuda=False, precision="fp32"),
 }
+
+
+# Backend options of a plan that serves one of several parallel pipeline lanes on the host: one
+# intra-op thread per session, so lanes run frames side by side instead of fighting over every core.
+LANE_OPTIONS: dict[str, dict[str, Any]] = {"onnxruntime": {"threads": 1}}
 
 
 def best_backend() -> str:

@@ -240,7 +240,8 @@ class _Mover:
     vy: float
     size: float
     angle: float
-    spin: float
+    sway: float  # amplitude of the rotation (radians); objects sway within the training scenes' range
+    period: float  # frames per sway
     color: tuple[int, int, int]
     outline: tuple[int, int, int] | None
 
@@ -279,8 +280,9 @@ class SyntheticClip:
             heading = float(rng.uniform(0, 2 * math.pi))
             self._movers.append(_Mover(
                 cls=i % len(CLASS_NAMES), x=x, y=y, vx=speed * math.cos(heading), vy=speed * math.sin(heading),
-                size=size, angle=math.radians(float(rng.uniform(-10, 10))),
-                spin=math.radians(float(rng.uniform(-0.3, 0.3))),
+                size=size, angle=math.radians(float(rng.uniform(-0.6, 0.6) * config.max_angle_deg)),
+                sway=math.radians(float(rng.uniform(0, 0.4) * config.max_angle_deg)),
+                period=float(rng.uniform(60, 240)),
                 color=_color(rng), outline=_color(rng) if rng.random() < 0.3 else None,
             ))
 
@@ -293,7 +295,8 @@ class SyntheticClip:
         for m in self._movers:
             half = m.size / 2 + 1
             out.append((m.cls, _bounce(m.x + m.vx * index, half, self.width - half),
-                        _bounce(m.y + m.vy * index, half, self.height - half), m.size, m.angle + m.spin * index))
+                        _bounce(m.y + m.vy * index, half, self.height - half), m.size,
+                        m.angle + m.sway * math.sin(2 * math.pi * index / m.period)))
         return out
 
     def frame(self, index: int) -> np.ndarray:
