@@ -46,9 +46,10 @@ from streamrt.video.report import LATENCY_BUDGET_MS, RunReport, write_report_fil
 log = logging.getLogger("detection-bench")
 
 DEFAULTS = {
-    "cuda": {"items": 600, "warmup": 50, "streams": "1,2,4,8,16,24,32,48,64,96,128", "duration": 5.0,
-             "trace_items": 120},
-    "cpu": {"items": 200, "warmup": 10, "streams": "1,2,4,8,12,16,20,24,32", "duration": 4.0, "trace_items": 60},
+    "cuda": {"items": 600, "warmup": 50, "streams": "1,8,16,32,64,96,128,160,192,256,320", "duration": 5.0,
+             "trace_items": 120, "workers": "2,4"},
+    "cpu": {"items": 200, "warmup": 10, "streams": "1,2,4,8,12,16,20,24,32", "duration": 4.0, "trace_items": 60,
+            "workers": "2"},
 }
 
 
@@ -98,7 +99,7 @@ def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], ar
                defaults: dict[str, Any], out: Path | None) -> tuple[list[str], list[dict[str, Any]]]:
     """Part 1: the comparison table (markdown lines) and the raw numbers."""
     cuda = detectors["default"].device == "cuda"
-    table = cases(cuda, [int(w) for w in args.workers.split(",") if w.strip()])
+    table = cases(cuda, [int(w) for w in (args.workers or defaults["workers"]).split(",") if w.strip()])
     items, warmup = args.items or defaults["items"], args.warmup or defaults["warmup"]
     runs: dict[int, list[RunReport]] = {i: [] for i in range(len(table))}
     found: dict[int, list[Detections]] = {}
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=None, help="timed frames per run (default 600 CUDA, 60 CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up frames per run")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
-    parser.add_argument("--workers", default="2", help="replicated lane counts (default 2)")
+    parser.add_argument("--workers", default=None, help="replicated lane counts (default 2,4 on CUDA, 2 on CPU)")
     parser.add_argument("--streams", default=None, help="camera counts of the sweep, comma separated")
     parser.add_argument("--fps", type=float, default=30.0, help="frames per second per camera (default 30)")
     parser.add_argument("--duration", type=float, default=None, help="seconds per sweep point")
