@@ -36,7 +36,7 @@ from streamrt.video.sources import ArraySource, SourceError, VideoFileSource, it
 from streamrt.video.synthetic import SyntheticClip
 from streamrt.video.workload import Detections, Frame
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "default_pipeline", "run_demo"]
 
 log = logging.getLogger(__name__)
 

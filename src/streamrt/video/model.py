@@ -38,6 +38,8 @@ __all__ = [
     "best_backend",
     "bundled_labels",
     "bundled_model",
+    "describe_engine",
+    "detector_build_config",
     "open_detector",
     "read_labels",
 ]
