@@ -11,6 +11,10 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from streamrt.device import CpuDevice, HostEvent, HostStream, Stream
+from streamrt.device.base import Event
+from streamrt.errors import PipelineError
+
 
 def yolov5_from_bundled(path: Path) -> Path:
     """The bundled YOLOv8-layout model re-exported as YOLOv5 layout: (1, anchors, 5 + C), objectness 1."""
@@ -69,3 +73,71 @@ def recall_precision(detections: list[Any], clip: Any, iou: float = 0.5, conf: f
         right += int(tp.sum())
         confident += int(keep.sum())
     return found / max(truths, 1), right / max(confident, 1)
+
+
+class ImportedEngine:
+    """The bundled ONNX model through StreamRT's ONNX importer as a torch module, with the engine contract.
+
+    Runs on ``device``; on a CUDA stream the forward pass is enqueued there.
+    """
+
+    def __init__(self, device: str = "cpu", batch: int = 4) -> None:
+        import torch
+
+        from streamrt.onnx.importer import import_onnx
+        from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
+        from streamrt.video.model import bundled_model
+
+        self.torch = torch
+        self.module = import_onnx(onnx.load(str(bundled_model()))).to(device).eval()
+        self.device = device
+        self.inputs = (TensorSpec("images", DType.FLOAT32, (-1, 3, 320, 320)),)
+        self.outputs = (TensorSpec("output0", DType.FLOAT32, (-1, 9, 2100)),)
+        self.profiles = (ShapeProfile({"images": ShapeRange((1, 3, 320, 320), (1, 3, 320, 320),
+                                                            (batch, 3, 320, 320))}),)
+
+    def create_context(self) -> Any:
+        return _ImportedContext(self)
+
+
+class _ImportedContext:
+    def __init__(self, engine: ImportedEngine) -> None:
+        self.engine = engine
+
+    def infer(self, inputs: dict[str, Any], stream: Any = None) -> dict[str, Any]:
+        torch = self.engine.torch
+        with torch.no_grad():
+            cuda_stream = getattr(stream, "torch", None)
+            if cuda_stream is not None:
+                with torch.cuda.stream(cuda_stream):
+                    (out,) = self.engine.module(inputs["images"])
+            else:
+                (out,) = self.engine.module(inputs["images"])
+        return {"output0": out}
+
+
+class FakeCudaStream(HostStream):
+    """A worker-thread stream that claims to be CUDA and, like one, cannot wait for a pending host event:
+    the executor then takes its CUDA paths (continuations after host stages) on a CPU-only machine."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    def wait(self, event: Event) -> None:
+        if getattr(event, "fake_cuda", False) or event.query():
+            super().wait(event)
+            return
+        raise PipelineError(f"fake CUDA stream '{self.name}' asked to wait for a pending host event")
+
+    def new_event(self, timing: bool = False) -> HostEvent:
+        event = HostEvent(timing)
+        event.fake_cuda = True  # type: ignore[attr-defined]
+        return event
+
+
+class FakeCudaDevice(CpuDevice):
+    """CPU tensors, host streams for host stages, fake CUDA streams for device stages."""
+
+    def stream(self, name: str, *, priority: int = 0) -> Stream:
+        return FakeCudaStream(name)

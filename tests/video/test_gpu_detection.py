@@ -9,52 +9,20 @@ import numpy as np
 import pytest
 
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 from streamrt.video import DetectConfig, Detections, Frame, SyntheticClip, SyntheticSource, run_detection
-from streamrt.video.model import bundled_labels, bundled_model, describe_engine
-from video.detection_helpers import recall_precision
+from streamrt.video.model import bundled_labels, describe_engine
+from video.detection_helpers import ImportedEngine, recall_precision
 
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
 
-class ImportedEngine:
-    """The bundled ONNX model through StreamRT's ONNX importer as a torch module, with the engine contract."""
-
-    def __init__(self, batch: int) -> None:
-        import onnx
-
-        from streamrt.onnx.importer import import_onnx
-
-        self.module = import_onnx(onnx.load(str(bundled_model()))).cuda().eval()
-        self.device = "cuda"
-        shape = (-1, 3, 320, 320)
-        self.inputs = (TensorSpec("images", DType.FLOAT32, shape),)
-        self.outputs = (TensorSpec("output0", DType.FLOAT32, (-1, 9, 2100)),)
-        self.profiles = (ShapeProfile({"images": ShapeRange((1, 3, 320, 320), (1, 3, 320, 320),
-                                                            (batch, 3, 320, 320))}),)
-
-    def create_context(self) -> Any:
-        engine = self
-
-        class Context:
-            @torch.no_grad()
-            def infer(self, inputs: dict[str, Any], stream: Any = None) -> dict[str, Any]:
-                if stream is not None and getattr(stream, "is_cuda", False):
-                    with torch.cuda.stream(stream.torch):
-                        (out,) = engine.module(inputs["images"])
-                else:
-                    (out,) = engine.module(inputs["images"])
-                return {"output0": out}
-
-        return Context()
-
-
 @pytest.fixture(scope="module")
 def gpu_detector() -> Any:
     labels = tuple(bundled_labels().read_text().split())
-    return describe_engine(ImportedEngine(batch=4), labels=labels, source="bundled (imported)", backend="torch")
+    return describe_engine(ImportedEngine("cuda", batch=4), labels=labels, source="bundled (imported)",
+                           backend="torch")
 
 
 def _run(detector: Any, clip: SyntheticClip, pipeline: PipelineConfig, batch: int = 1) -> list[Detections]:

@@ -85,6 +85,9 @@ class TorchLetterbox:
         if self.use_triton:
             from streamrt.ops import triton_kernels
 
+            if not out4[0].is_contiguous():  # the kernel writes whole CHW planes of each image
+                raise ShapeError("letterbox output must be contiguous per image (B, 3, h, w)")
+
             triton_kernels.letterbox(frames4.contiguous(), out4, g, self.normalize)
         else:
             self._torch(frames4, out4)

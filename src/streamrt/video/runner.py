@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from streamrt.device.base import Device
 from streamrt.errors import ConfigError
 from streamrt.ops.letterbox import Normalize
 from streamrt.ops.postprocess import PostprocessConfig
@@ -191,6 +192,7 @@ def run_detection(
     *,
     on_result: OnResult | None = None,
     progress: Progress | None = None,
+    device: Device | None = None,
 ) -> RunReport:
     """Run ``sources`` through the detection pipeline and return the run's report.
 
@@ -200,6 +202,7 @@ def run_detection(
         config: how to feed the pipeline.
         on_result: called with every frame and its detections, in order per source (sinks).
         progress: called with (frames done, frames expected or None) after every result.
+        device: the pipeline's device (default: ``get_device(model.device)``).
 
     Raises:
         ConfigError: no sources, sources of different sizes, or a batch the engine cannot take.
@@ -224,7 +227,7 @@ def run_detection(
     tally = _Tally(on_result, progress, total)
     mux = _Mux(sources, batch, config.max_frames)
     dropped = 0
-    with Pipeline.from_workload(workload, pcfg) as pipe:
+    with Pipeline.from_workload(workload, pcfg, device=device) as pipe:
         if config.warmup_frames:
             tally.measuring = False
             warm = _Mux(sources, batch, config.warmup_frames)

@@ -162,9 +162,25 @@ class DetectionWorkload:
             out_dtype = getattr(torch, str(m.output_dtype))
             lane.state["post"] = TorchPostprocess(cfg, m.layout, m.num_classes, m.anchors, batch=self.batch,
                                                   device=dev, dtype=out_dtype, use_triton=self.use_triton)
+            self._warm_up(lane, dev, out_dtype)
         else:
             lane.state["letterbox"] = CpuLetterbox(self.frame_hw, m.input_hw, self.normalize)
             lane.state["post"] = CpuPostprocess(cfg, m.layout, m.num_classes)
+
+    def _warm_up(self, lane: Lane, dev: Any, out_dtype: Any) -> None:
+        """Run the device ops once on zeros: Triton compiles its kernels here, on this thread, not
+        on whichever pipeline thread first launches them."""
+        import torch
+
+        (h, w), (ih, iw), b, m = self.frame_hw, self.model.input_hw, self.batch, self.model
+        frames = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=dev)
+        lane.state["letterbox"](frames, torch.empty((b, 3, ih, iw), dtype=getattr(torch, str(m.input_dtype)),
+                                                    device=dev))
+        channels = m.layout.channels(m.num_classes)
+        shape = (b, channels, m.anchors) if m.layout.anchors_last else (b, m.anchors, channels)
+        dets = torch.empty((b, self.postprocess.max_det, 6), dtype=torch.float32, device=dev)
+        lane.state["post"](torch.zeros(shape, dtype=out_dtype, device=dev), dets,
+                           torch.empty((b,), dtype=torch.int32, device=dev))
 
     def setup_slot(self, slot: Slot) -> None:
         (h, w), (ih, iw), b, m = self.frame_hw, self.model.input_hw, self.batch, self.postprocess.max_det
