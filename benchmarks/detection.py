@@ -157,7 +157,8 @@ def sweep(detector: DetectorModel, frames: list[np.ndarray], args: argparse.Name
         frames = [torch.from_numpy(f).pin_memory().numpy() for f in frames]
     failures = 0
     for n in counts:
-        batch = min(n, detector.max_batch)
+        calls = -(-n // detector.max_batch)  # engine calls per tick, then frames split evenly between them
+        batch = -(-n // calls)
         length = int(duration * args.fps)
         sources = [ArraySource(frames[i % len(frames):] + frames[: i % len(frames)], fps=args.fps, loop=True,
                                length=length, name=f"cam{i}") for i in range(n)]
