@@ -270,7 +270,8 @@ def open_detector(
     Args:
         path: ``.onnx`` file or plan file.
         backend: for ONNX files; None picks :func:`best_backend`.
-        labels: a labels file or the names themselves (else metadata, else ``class0..``).
+        labels: a labels file or the names themselves (else ``path`` with a ``.txt`` suffix, else the
+            model's ``names`` metadata, else ``class0..``).
         layout: force an output layout (``yolov8``, ``yolov5``, ``yolov8t``).
         max_batch, opt_batch: the dynamic batch profile built for ONNX files with a dynamic batch.
         precision: override the backend's default precision (fp16 on GPU backends, fp32 on ONNX Runtime).
@@ -289,6 +290,8 @@ def open_detector(
         raise ModelNotFoundError(f"detector model not found: {p}")
     names = read_labels(labels) if isinstance(labels, (str, Path)) else (tuple(labels) if labels else None)
     metadata: dict[str, str] = {}
+    if names is None and p.with_suffix(".txt").is_file():
+        names = read_labels(p.with_suffix(".txt"))
     if is_plan_file(p):
         engine = streamrt.load(p)
         chosen = str(engine.manifest.backend)
@@ -297,8 +300,6 @@ def open_detector(
 
         model = load_model(p)
         metadata = model.metadata()
-        if names is None and p.with_suffix(".txt").is_file():
-            names = read_labels(p.with_suffix(".txt"))
         spec = model.inputs[0] if model.inputs else None
         if spec is None:
             raise ModelError(f"{p} has no inputs")
