@@ -1,6 +1,6 @@
 """One GPU session's worth of checks and measurements for real-time detection (run on the H200).
 
-    python scripts/gpu_detection_check.py OUT_DIR [--quick]
+    python scripts/gpu_detection_check.py OUT_DIR [--quick] [--parts 1,2,5]
 
 1. device ops vs their CPU versions: Triton letterbox vs the NumPy letterbox, Triton
    post-processing vs the NumPy post-processing, and the Triton kernels not synchronising with
@@ -12,9 +12,9 @@
 4. ``streamrt demo`` (the README's first command) end to end;
 5. the GPU tests of the detection code (``pytest -m gpu tests/ops tests/video``).
 
-Prints a table per part and writes ``OUT_DIR/gpu_detection_check.md`` (+ ``.json``, the
-benchmark's own report, timelines and the demo's outputs). A failing part is recorded and the
-others still run.
+Prints a table per part and writes ``OUT_DIR/part-<n>.md`` per part and ``OUT_DIR/gpu_detection_check.md``
+(every part found in OUT_DIR, so parts run in separate invocations add up), plus the benchmark's own
+report, timelines and the demo's outputs. A failing part is recorded and the others still run.
 """
 
 from __future__ import annotations
@@ -228,6 +228,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="output folder")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sweep points")
+    parser.add_argument("--parts", default="1,2,3,4,5",
+                        help="parts to run (default all); runs into the same folder add up in the summary")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: this script is for the GPU machine", file=sys.stderr)
@@ -240,16 +242,16 @@ def main() -> int:
         report["triton"] = triton.__version__
     except ImportError:
         report["triton"] = None
-    md = ["# GPU detection check", "", *(f"- {k}: {v}" for k, v in report.items()), ""]
-    parts: list[tuple[str, Callable[[], list[str]]]] = [
-        ("1. Device ops vs CPU ops", lambda: part_ops(report)),
-        ("2. Fixed-size NMS vs torchvision.ops.batched_nms", lambda: part_nms(report, args.quick)),
-        ("3. Detection benchmark (sync vs pipeline at 1080p, camera-paced sweep)",
-         lambda: part_benchmark(args.out, args.quick)),
-        ("4. streamrt demo", lambda: part_demo(args.out)),
-        ("5. GPU tests", part_tests),
-    ]
-    for title, fn in parts:
+    parts: dict[str, tuple[str, Callable[[], list[str]]]] = {
+        "1": ("1. Device ops vs CPU ops", lambda: part_ops(report)),
+        "2": ("2. Fixed-size NMS vs torchvision.ops.batched_nms", lambda: part_nms(report, args.quick)),
+        "3": ("3. Detection benchmark (sync vs pipeline at 1080p, camera-paced sweep)",
+              lambda: part_benchmark(args.out, args.quick)),
+        "4": ("4. streamrt demo", lambda: part_demo(args.out)),
+        "5": ("5. GPU tests", part_tests),
+    }
+    for key in [k.strip() for k in args.parts.split(",") if k.strip()]:
+        title, fn = parts[key]
         print(f"\n== {title}", flush=True)
         started = time.perf_counter()
         try:
@@ -259,9 +261,12 @@ def main() -> int:
             report.setdefault("failed", []).append(f"{title}: {type(exc).__name__}: {exc}")
         lines.append(f"\n({time.perf_counter() - started:.0f} s)")
         print("\n".join(lines), flush=True)
-        md += [f"## {title}", "", *lines, ""]
-    (args.out / "gpu_detection_check.md").write_text("\n".join(md) + "\n")
-    (args.out / "gpu_detection_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (args.out / f"part-{key}.md").write_text("\n".join([f"## {title}", "", *lines, ""]) + "\n")
+    (args.out / f"gpu_detection_check-{args.parts.replace(',', '')}.json").write_text(
+        json.dumps(report, indent=2, default=str) + "\n")
+    header = ["# GPU detection check", "", *(f"- {k}: {v}" for k, v in report.items() if k != "failed"), ""]
+    done = [(args.out / f"part-{k}.md").read_text() for k in parts if (args.out / f"part-{k}.md").is_file()]
+    (args.out / "gpu_detection_check.md").write_text("\n".join(header) + "\n" + "\n".join(done))
     print(f"\nwrote {args.out}/gpu_detection_check.md")
     return 1 if report.get("failed") else 0
 
