@@ -23,7 +23,8 @@ Hierarchy::
     │   ├── UnknownInputError       a name the engine does not have
     │   ├── MissingInputError       an input the engine needs was not given
     │   ├── DTypeMismatchError      wrong dtype
-    │   └── ShapeError              shape outside every profile, or wrong rank
+    │   ├── ShapeError              shape outside every profile, or wrong rank
+    │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)

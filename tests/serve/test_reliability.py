@@ -158,7 +158,8 @@ def test_queue_full_and_timeouts_are_rejected_with_a_message(server: Any, behavi
 
 
 def test_priority_levels_serve_high_priority_first(server: Any, behaviours: Any) -> None:
-    behaviours["slow"].sleep = 0.15
+    # Generous margins: on a loaded 2-core CI machine thread start-up can take a tenth of a second.
+    behaviours["slow"].sleep = 1.0
     order: list[str] = []
     lock = threading.Lock()
 
@@ -176,10 +177,10 @@ def test_priority_levels_serve_high_priority_first(server: Any, behaviours: Any)
     blockers = [threading.Thread(target=one, args=(f"b{i}", 1)) for i in range(2)]
     for t in blockers:
         t.start()
-    time.sleep(0.05)
+    time.sleep(0.35)
     low = threading.Thread(target=one, args=("low", 2))
     low.start()
-    time.sleep(0.02)
+    time.sleep(0.3)
     high = threading.Thread(target=one, args=("high", 1))
     high.start()
     for t in [*blockers, low, high]:
