@@ -8,48 +8,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import ClassVar
 
 import pytest
 
-from streamrt.device import CpuDevice, HostEvent, HostStream, Stream
-from streamrt.device.base import Event
-from streamrt.errors import PipelineError
+from fake_cuda import FakeCudaDevice, FakeCudaStream  # noqa: F401 - re-exported to the tests
+from streamrt.device import Stream
 from streamrt.pipeline import Slot, Stage
-
-
-class FakeCudaStream(HostStream):
-    """A worker-thread stream that claims to be CUDA and, like one, refuses to wait on the
-    device for a pending host event. It makes the executor take its CUDA-only paths
-    (continuations after host stages) on a machine without a GPU."""
-
-    launched_from: ClassVar[set[str]] = set()  # threads that launched work here (class-wide, for asserts)
-
-    @property
-    def is_cuda(self) -> bool:
-        return True
-
-    def launch(self, fn: Callable[[], object]) -> None:
-        FakeCudaStream.launched_from.add(threading.current_thread().name)
-        super().launch(fn)
-
-    def wait(self, event: Event) -> None:
-        if getattr(event, "fake_cuda", False) or event.query():
-            super().wait(event)
-            return
-        raise PipelineError(f"fake CUDA stream '{self.name}' asked to wait for a pending host event")
-
-    def new_event(self, timing: bool = False) -> HostEvent:
-        event = HostEvent(timing)
-        event.fake_cuda = True  # type: ignore[attr-defined]
-        return event
-
-
-class FakeCudaDevice(CpuDevice):
-    """CPU buffers, host streams for host stages, fake CUDA streams for device stages."""
-
-    def stream(self, name: str, *, priority: int = 0) -> Stream:
-        return FakeCudaStream(name)
 
 
 def with_delays(stages: Sequence[Stage], seed: int, max_s: float) -> list[Stage]:

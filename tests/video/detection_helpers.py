@@ -11,9 +11,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
-from streamrt.device import CpuDevice, HostEvent, HostStream, Stream
-from streamrt.device.base import Event
-from streamrt.errors import PipelineError
+from fake_cuda import FakeCudaDevice, FakeCudaStream  # noqa: F401 - re-exported to the detection tests
 
 
 def yolov5_from_bundled(path: Path) -> Path:
@@ -116,28 +114,3 @@ class _ImportedContext:
         return {"output0": out}
 
 
-class FakeCudaStream(HostStream):
-    """A worker-thread stream that claims to be CUDA and, like one, cannot wait for a pending host event:
-    the executor then takes its CUDA paths (continuations after host stages) on a CPU-only machine."""
-
-    @property
-    def is_cuda(self) -> bool:
-        return True
-
-    def wait(self, event: Event) -> None:
-        if getattr(event, "fake_cuda", False) or event.query():
-            super().wait(event)
-            return
-        raise PipelineError(f"fake CUDA stream '{self.name}' asked to wait for a pending host event")
-
-    def new_event(self, timing: bool = False) -> HostEvent:
-        event = HostEvent(timing)
-        event.fake_cuda = True  # type: ignore[attr-defined]
-        return event
-
-
-class FakeCudaDevice(CpuDevice):
-    """CPU tensors, host streams for host stages, fake CUDA streams for device stages."""
-
-    def stream(self, name: str, *, priority: int = 0) -> Stream:
-        return FakeCudaStream(name)
