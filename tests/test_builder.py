@@ -59,3 +59,16 @@ def test_failed_build_leaves_no_files(tmp_path: Path, monkeypatch: pytest.Monkey
         streamrt.build(src, BuildConfig(), tmp_path / "out" / "m.plan", cache_dir=tmp_path / "c")
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "matmul.onnx"]
     assert leftovers == []
+
+
+def test_plan_keeps_the_source_metadata(tmp_path: Path) -> None:
+    import onnx
+
+    from streamrt.testing.models import CATALOGUE
+
+    proto = CATALOGUE["small_cnn"].make()
+    onnx.helper.set_model_props(proto, {"names": "{0: 'cat', 1: 'dog'}", "imgsz": "[32, 32]"})
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, str(src))
+    result = streamrt.build(src, BuildConfig(), tmp_path / "m.plan", cache=False)
+    assert read_plan(result.path).manifest.source_metadata == {"names": "{0: 'cat', 1: 'dog'}", "imgsz": "[32, 32]"}

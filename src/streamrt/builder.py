@@ -22,6 +22,7 @@ import logging
 import shlex
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ def make_manifest(
     source_sha256: str,
     source_name: str,
     build_command: str,
+    source_metadata: Mapping[str, str] | None = None,
 ) -> PlanManifest:
     """The manifest of a fresh build (shared by ONNX builds and module builds)."""
     backend = get_backend(backend_name)
@@ -127,6 +129,7 @@ def make_manifest(
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         streamrt_version=__version__,
         extra=dict(built.extra),
+        source_metadata=dict(source_metadata or {}),
     )
 
 
@@ -199,6 +202,7 @@ def build(
         profiles,
         source_sha256=source.sha256,
         source_name=source.name,
+        source_metadata=source.metadata(),
         build_command=build_command(str(source.path) if source.path else source.name, out_path, config),
     )
     write_plan(out_path, manifest, built.payload)

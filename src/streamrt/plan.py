@@ -77,6 +77,8 @@ class PlanManifest:
         created_at: ISO-8601 UTC time of the build.
         streamrt_version: version of StreamRT that wrote the plan.
         extra: backend-specific facts (e.g. compatibility flags).
+        source_metadata: the source model's ONNX ``metadata_props`` (class names, input size...),
+            so applications can read them from a plan without the ONNX file.
     """
 
     backend: str
@@ -94,6 +96,7 @@ class PlanManifest:
     created_at: str
     streamrt_version: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    source_metadata: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -121,6 +124,7 @@ class PlanManifest:
                 created_at=str(data["created_at"]),
                 streamrt_version=str(data["streamrt_version"]),
                 extra=dict(data.get("extra", {})),
+                source_metadata={str(k): str(v) for k, v in dict(data.get("source_metadata", {})).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan manifest is incomplete or malformed: {exc!r}") from exc

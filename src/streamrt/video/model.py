@@ -295,6 +295,7 @@ def open_detector(
     if is_plan_file(p):
         engine = streamrt.load(p)
         chosen = str(engine.manifest.backend)
+        metadata = dict(engine.manifest.source_metadata)  # the source ONNX's metadata_props
     else:
         from streamrt.onnx.model import load_model
 
