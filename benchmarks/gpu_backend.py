@@ -55,6 +55,31 @@ def cuda_median_ms(fn: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor]
     return float(np.median(times))
 
 
+def ort_cpu_session(net: torch.nn.Module, shape: tuple[int, ...], path: Path) -> Any:
+    """The same module exported to ONNX (TorchScript exporter, dynamic batch) in an ONNX Runtime CPU session."""
+    import onnxruntime as ort
+
+    example = torch.randn(2, *shape)
+    device = next(net.parameters()).device
+    cpu_net = net.float().cpu().eval()
+    with torch.no_grad():
+        torch.onnx.export(cpu_net, (example,), str(path), input_names=["images"], output_names=["out"],
+                          dynamic_axes={"images": {0: "N"}, "out": {0: "N"}}, opset_version=17, dynamo=False)
+    net.to(device)
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def ort_cpu_median_ms(session: Any, inputs: list[np.ndarray], runs: int = 7) -> float:
+    """Median host time of ONNX Runtime CPU runs (after one warm-up), rotating over the inputs."""
+    session.run(None, {"images": inputs[0]})
+    times = []
+    for i in range(runs):
+        start = time.perf_counter()
+        session.run(None, {"images": inputs[i % len(inputs)]})
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     return float(np.linalg.norm(a64 - b64) / np.linalg.norm(b64))
@@ -96,6 +121,7 @@ def model_rows(
             {"model": name, "variant": f"build {precision}", "build_s": build_s, "load_s": time.perf_counter() - t0}
         )
     half = {"fp32": torch.float32, "fp16": torch.float16}
+    ort_session = ort_cpu_session(net, shape, tmp / f"{name.replace(' ', '_')}.onnx")
     for batch in batches:
         inputs = [torch.randn(batch, *shape, device="cuda") for _ in range(4)]
         ref = None
@@ -127,7 +153,8 @@ def model_rows(
                             "rel_l2_vs_eager_fp32": err,
                         }
                     )
-        for label in ("eager fp32", "eager fp16"):
+        results["onnxruntime CPU fp32"] = ort_cpu_median_ms(ort_session, [x.cpu().numpy() for x in inputs])
+        for label in ("eager fp32", "eager fp16", "onnxruntime CPU fp32"):
             rows.append({"model": name, "batch": batch, "variant": label, "ms": results[label]})
         base32, base16 = results["eager fp32"], results["eager fp16"]
         for row in rows:
@@ -207,7 +234,8 @@ def main() -> None:
         f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"python {platform.python_version()}",
         f"- command: `python benchmarks/gpu_backend.py OUTDIR {spec}`",
-        "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs",
+        "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs; "
+        "ONNX Runtime CPU: host clock, median of 7 runs after one warm-up",
         "",
         "| model | batch | variant | median ms | items/s | x eager fp32 | x eager fp16 | rel. L2 err "
         "| build s | load s |",
