@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -39,6 +38,7 @@ import numpy as np
 
 from streamrt.device import cuda_available
 from streamrt.pipeline.config import PipelineConfig, Topology
+from streamrt.profile.provenance import git_commit
 from streamrt.video import ArraySource, DetectConfig, Detections, Frame, SyntheticClip, open_detector, run_detection
 from streamrt.video.model import LANE_OPTIONS, DetectorModel, bundled_labels, bundled_model
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport, write_report_files
@@ -198,18 +198,8 @@ def sweep(detector: DetectorModel, frames: list[np.ndarray], args: argparse.Name
     return lines, reports
 
 
-def _commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
-
-
 def environment(detector: DetectorModel) -> dict[str, Any]:
-    env: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
+    env: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
                            "command": " ".join(["python", *sys.argv]), "python": platform.python_version(),
                            "cpus": os.cpu_count(), "backend": detector.backend}
     if detector.device == "cuda":

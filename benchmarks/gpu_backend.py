@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import torch
 import streamrt
 from streamrt.backends.torch_inductor import build_module
 from streamrt.config import BuildConfig
+from streamrt.profile.provenance import git_commit
 from streamrt.types import ShapeProfile, ShapeRange
 
 
@@ -225,12 +225,12 @@ def main() -> None:
         if "yolo" in parts:
             net = yolo_like(num_classes=80)
             rows += model_rows("yolo_like 640", net, (3, 640, 640), (1, 8), Path(tmp), parts["yolo"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     header = [
         "# GPU backend benchmark (torch_inductor plans vs PyTorch eager vs ONNX Runtime CPU)",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- commit: {commit or 'unknown'}",
+        f"- commit: {commit}",
         f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"python {platform.python_version()}",
         f"- command: `python benchmarks/gpu_backend.py OUTDIR {spec}`",

@@ -26,7 +26,6 @@ import datetime
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from streamrt.compare import compare_outputs
 from streamrt.config import BuildConfig, CalibrationConfig, Precision
 from streamrt.profile.bench import BenchResult, benchmark, benchmark_function
 from streamrt.profile.layers import LayerProfile
+from streamrt.profile.provenance import git_commit
 from streamrt.testing.models import resnet_like
 from streamrt.types import ShapeProfile, ShapeRange
 
@@ -88,15 +88,6 @@ def _machine() -> str:
     except OSError:
         pass
     return f"{model}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}"
-
-
-def _commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return f"{sha} (with uncommitted changes in the working tree)" if dirty else sha
 
 
 def _versions() -> str:
@@ -285,7 +276,7 @@ def _write(args: argparse.Namespace, table: list[str], rounds: list[str], comman
         "# ONNX Runtime InferenceSession vs StreamRT plans (fp32, int8)",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- commit: {_commit()}",
+        f"- commit: {git_commit(ROOT)}",
         f"- machine: {_machine()} (no GPU)",
         f"- command: `{command}` ({elapsed / 60:.1f} min)",
         f"- versions: {_versions()}",

@@ -53,6 +53,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from streamrt.profile.provenance import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "vgg"
 
@@ -335,8 +337,7 @@ def main() -> int:
 
 
 def render(servers: list[Server], engine: dict[int, float], args: argparse.Namespace, seconds: float) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                            check=False).stdout.strip()
+    commit = git_commit(ROOT)
     versions = {}
     for package in ("onnxruntime", "aiohttp", "grpcio", "ray", "fastapi", "uvicorn"):
         try:

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from streamrt.profile.provenance import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "resnet18"
 
@@ -141,8 +143,7 @@ def main() -> int:
     errors = sum(r["errors"] for r in results)
     ratio = served / offline_max
     util = [line for line in gpu.splitlines() if line.startswith(("nv_gpu_utilization{", "nv_gpu_memory_used"))]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                            check=False).stdout.strip()
+    commit = git_commit(ROOT)
     import torch
 
     gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"

@@ -104,16 +104,10 @@ class SyntheticBatches(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 def raw_outputs(model: YoloLike, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoded boxes (B, N, 4) xyxy, class logits (B, N, C), anchor points (N, 2), strides (N,)."""
-    p3 = model.p3(model.stem(images))
-    p4 = model.p4(p3)
-    p5 = model.p5(p4)
-    t4 = model.top4(torch.cat([model.up(p5), p4], 1))
-    t3 = model.top3(torch.cat([model.up(t4), p3], 1))
-    b4 = model.bot4(torch.cat([model.down3(t3), t4], 1))
-    b5 = model.bot5(torch.cat([model.down4(b4), p5], 1))
+    feats = model.features(images)
     head = model.head
     boxes, logits, points, strides = [], [], [], []
-    for feat, box, cls, stride in zip([t3, b4, b5], head.box, head.cls, head.strides, strict=True):
+    for feat, box, cls, stride in zip(feats, head.box, head.cls, head.strides, strict=True):
         h, w = feat.shape[2:]
         gy, gx = torch.meshgrid(torch.arange(h, dtype=feat.dtype) + 0.5, torch.arange(w, dtype=feat.dtype) + 0.5,
                                 indexing="ij")

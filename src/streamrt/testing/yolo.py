@@ -135,7 +135,8 @@ class YoloLike(nn.Module):
         self.bot5 = C2f(c(512) + c(1024), c(1024), d(3), shortcut=False)
         self.head = Head((c(256), c(512), c(1024)), num_classes, (8, 16, 32))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Backbone and PAN neck: the stride 8/16/32 feature maps the head reads."""
         p3 = self.p3(self.stem(images))
         p4 = self.p4(p3)
         p5 = self.p5(p4)
@@ -143,7 +144,10 @@ class YoloLike(nn.Module):
         t3 = self.top3(torch.cat([self.up(t4), p3], 1))
         b4 = self.bot4(torch.cat([self.down3(t3), t4], 1))
         b5 = self.bot5(torch.cat([self.down4(b4), p5], 1))
-        return self.head([t3, b4, b5])
+        return [t3, b4, b5]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images))
 
 
 def yolo_like(num_classes: int = 80, width: float = 0.25, depth: float = 0.34, seed: int = 0) -> YoloLike:
