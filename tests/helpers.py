@@ -1,7 +1,9 @@
-"""Small model builders shared by tests."""
+"""Small model builders and waiting helpers shared by tests."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -43,3 +45,11 @@ def checker_failing_model() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` every 10 ms; fail with ``what`` after ``timeout`` seconds (no timing margins in tests)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

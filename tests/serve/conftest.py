@@ -30,15 +30,18 @@ class Behaviour:
 
     sleep: float = 0.0
     fail: bool = False
+    gate: threading.Semaphore | None = None  # when set, each execution waits for one release
     calls: int = 0
     rows: list[int] = field(default_factory=list)
+    first_values: list[float] = field(default_factory=list)  # x.flat[0] of each execution, in start order
     active: int = 0
     max_active: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
-            self.sleep, self.fail, self.calls, self.rows, self.max_active = 0.0, False, 0, [], 0
+            self.sleep, self.fail, self.gate, self.calls, self.max_active = 0.0, False, None, 0, 0
+            self.rows, self.first_values = [], []
 
 
 class FakeEngine(Engine):
@@ -69,9 +72,13 @@ class FakeContext(ExecutionContext):
             b.calls += 1
             b.active += 1
             b.max_active = max(b.max_active, b.active)
-            b.rows.append(int(next(iter(inputs.values())).shape[0]))
-            sleep, fail = b.sleep, b.fail
+            first = next(iter(inputs.values()))
+            b.rows.append(int(first.shape[0]))
+            b.first_values.append(float(np.asarray(first).flat[0]))
+            sleep, fail, gate = b.sleep, b.fail, b.gate
         try:
+            if gate is not None and not gate.acquire(timeout=30):
+                raise InferenceError("test gate was never released")
             time.sleep(sleep)
             if fail:
                 raise InferenceError("injected engine failure")

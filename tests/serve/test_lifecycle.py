@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import wait_until
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -65,13 +67,20 @@ def test_dynamic_batching_combines_concurrent_requests(server: Any, behaviours: 
 
 
 def test_instances_overlap(server: Any, behaviours: Any) -> None:
-    behaviours["slow"].sleep = 0.2
+    slow = behaviours["slow"]
+    gate = slow.gate = threading.Semaphore(0)  # both executions must run at once before either may finish
     full = np.ones((4, 3, 32, 32), np.float32)
-    started = time.monotonic()
+
+    def open_when_both_run() -> None:
+        wait_until(lambda: slow.active == 2, "two concurrent executions")
+        gate.release(2)
+
+    opener = threading.Thread(target=open_when_both_run)
+    opener.start()
     results = fan_out(2, lambda i: post(server.http_port, "slow", full))
-    elapsed = time.monotonic() - started
+    opener.join(30)
     assert all(s == 200 for s, _ in results)
-    assert behaviours["slow"].max_active == 2 and elapsed < 0.38, elapsed
+    assert slow.max_active == 2
 
 
 def test_metrics_have_tritons_names_and_values(server: Any) -> None:
@@ -98,7 +107,8 @@ def test_metrics_have_tritons_names_and_values(server: Any) -> None:
 
 
 def test_readiness_false_while_loading_and_warmup_before_ready(make_server: Any, behaviours: Any) -> None:
-    behaviours["slow"].sleep = 0.3  # warm-up runs on the fake engine: loading takes >= 2 x 0.3 s
+    slow = behaviours["slow"]
+    slow.gate = threading.Semaphore(0)  # warm-up runs on the fake engine and waits here: still loading
     running = make_server(startup_models=("slow",), grpc_port=None, metrics_port=None)
     running._thread.start()
     running.call(running.server.start(wait_ready=False), timeout=30)
@@ -108,9 +118,8 @@ def test_readiness_false_while_loading_and_warmup_before_ready(make_server: Any,
         assert get_status(port, "/v2/health/ready") == 400
         assert get_status(port, "/v2/models/slow/ready") == 400
         assert post(port, "slow", np.ones((1, 3, 32, 32), np.float32))[0] == 503
-        deadline = time.monotonic() + 30
-        while get_status(port, "/v2/health/ready") != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        slow.gate.release(100)
+        wait_until(lambda: get_status(port, "/v2/health/ready") == 200, "the server to be ready")
         assert get_status(port, "/v2/models/slow/ready") == 200
         assert behaviours["slow"].calls >= 2  # warm-up ran on both instances before READY
     finally:
@@ -119,16 +128,18 @@ def test_readiness_false_while_loading_and_warmup_before_ready(make_server: Any,
 
 def test_graceful_shutdown_finishes_in_flight_then_refuses(make_server: Any, behaviours: Any) -> None:
     running = make_server(startup_models=("slow",), metrics_port=None).start()
-    behaviours["slow"].sleep = 0.4
+    slow = behaviours["slow"]
+    slow.gate, calls = threading.Semaphore(0), slow.calls
     port = running.server.http_port
     results: list[Any] = []
     client = threading.Thread(target=lambda: results.append(post(port, "slow", np.ones((1, 3, 32, 32), np.float32))))
     client.start()
-    time.sleep(0.1)
+    wait_until(lambda: slow.calls == calls + 1, "the request to run")
     stopper = threading.Thread(target=running.stop)
     stopper.start()
-    time.sleep(0.1)
+    wait_until(lambda: get_status(port, "/v2/health/ready") != 200, "the server to start stopping")
     assert post(port, "slow", np.ones((1, 3, 32, 32), np.float32))[0] == 503  # stopping: refused
+    slow.gate.release()
     client.join(30)
     stopper.join(30)
     assert results and results[0][0] == 200  # the in-flight request finished

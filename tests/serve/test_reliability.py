@@ -7,10 +7,13 @@ import json
 import socket
 import threading
 import time
+import urllib.request
 from typing import Any
 
 import numpy as np
 import pytest
+
+from helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,47 +148,56 @@ def test_queue_full_and_timeouts_are_rejected_with_a_message(server: Any, behavi
     assert len(codes) == 16 and 200 in codes and 503 in codes
     assert any("maximum of 6 requests" in r.get("error", "") for _, r in results)
     results.clear()
-    behaviours["flaky"].sleep = 0.5
+    flaky = behaviours["flaky"]
+    flaky.gate, calls = threading.Semaphore(0), flaky.calls
     busy = threading.Thread(target=one)
     busy.start()
-    time.sleep(0.1)
-    started = time.monotonic()
-    one(timeout_us=50_000)  # queued behind a 0.5 s batch: must time out on time, not after it
-    elapsed = time.monotonic() - started
-    busy.join(30)
+    wait_until(lambda: flaky.calls == calls + 1, "the busy request to run")
+    one(timeout_us=50_000)  # queued behind a batch held by the gate: must time out while the gate is shut
     timed_out = [r for s, r in results if s == 503 and "timed out" in r.get("error", "")]
-    assert timed_out and elapsed < 0.45, (results, elapsed)
+    flaky.gate.release()
+    busy.join(30)
+    assert timed_out and len(results) == 2, results
+
+
+def pending_requests(server: Any, model: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no pending-request gauge for {model}")
 
 
 def test_priority_levels_serve_high_priority_first(server: Any, behaviours: Any) -> None:
-    # Generous margins: on a loaded 2-core CI machine thread start-up can take a tenth of a second.
-    behaviours["slow"].sleep = 1.0
-    order: list[str] = []
-    lock = threading.Lock()
+    # Event-driven, no timing margins: executions wait on a gate the test opens one at a time.
+    slow = behaviours["slow"]
+    slow.gate = threading.Semaphore(0)
+    statuses: list[int] = []
 
-    full = np.ones((4, 3, 32, 32), np.float32)  # a full batch each: nothing combines
-
-    def one(tag: str, priority: int) -> None:
-        body = json.loads(infer_json(full))
+    def one(value: float, priority: int) -> None:
+        body = json.loads(infer_json(np.full((4, 3, 32, 32), value, np.float32)))  # a full batch: nothing combines
         body["parameters"] = {"priority": priority}
         status, _ = post(server, "/v2/models/slow/infer", json.dumps(body).encode())
-        assert status == 200
-        with lock:
-            order.append(tag)
+        statuses.append(status)
 
-    # Two instances; occupy both, then queue low before high: high must run first.
-    blockers = [threading.Thread(target=one, args=(f"b{i}", 1)) for i in range(2)]
-    for t in blockers:
+    # Occupy both instances, then queue low (level 2) before high (level 1).
+    threads = [threading.Thread(target=one, args=(float(i), 1)) for i in range(2)]
+    for t in threads:
         t.start()
-    time.sleep(0.35)
-    low = threading.Thread(target=one, args=("low", 2))
-    low.start()
-    time.sleep(0.3)
-    high = threading.Thread(target=one, args=("high", 1))
-    high.start()
-    for t in [*blockers, low, high]:
+    wait_until(lambda: slow.calls == 2, "both instances to be busy")
+    threads.append(threading.Thread(target=one, args=(20.0, 2)))
+    threads[-1].start()
+    wait_until(lambda: pending_requests(server, "slow") == 1, "the low-priority request to queue")
+    threads.append(threading.Thread(target=one, args=(10.0, 1)))
+    threads[-1].start()
+    wait_until(lambda: pending_requests(server, "slow") == 2, "the high-priority request to queue")
+    slow.gate.release()  # one instance frees up: the next execution must be the high-priority request
+    wait_until(lambda: slow.calls == 3, "the next execution")
+    assert slow.first_values[2] == 10.0, slow.first_values
+    slow.gate.release(3)
+    for t in threads:
         t.join(30)
-    assert order.index("high") < order.index("low"), order
+    assert statuses == [200] * 4 and slow.first_values[3] == 20.0, (statuses, slow.first_values)
 
 
 def test_client_disconnects_mid_request(server: Any, behaviours: Any) -> None:
