@@ -191,7 +191,7 @@ def build(
         )
         transformed = model_from_proto(proto, source.path)
     report(f"building with {backend.name} {backend.version()}")
-    built = backend.build(transformed, config, profiles, report)
+    built = backend.build(transformed, config, profiles, report, cache_dir=cache_root)
     manifest = make_manifest(
         backend.name,
         target,

@@ -68,7 +68,10 @@ def test_plan_from_another_torch_or_cpu_is_refused(
         streamrt.load(foreign)
 
 
-def test_build_from_pytorch_module(tmp_path: Path) -> None:
+def test_build_from_pytorch_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     import torch
 
     from streamrt.backends.torch_inductor import build_module
@@ -83,7 +86,10 @@ def test_build_from_pytorch_module(tmp_path: Path) -> None:
         BuildConfig(backend="torch_inductor", profiles=(profile,), backend_options=CPU),
         input_names=["features"],
         output_names=["scores"],
+        cache_dir=tmp_path / "cache",
     )
+    # Inductor compiled into the cache the caller named, and the process environment is as before.
+    assert any((tmp_path / "cache" / "inductor").iterdir()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     engine = streamrt.load(path)
     assert [s.name for s in engine.inputs] == ["features"] and engine.inputs[0].shape == (-1, 12)
     x = torch.randn(9, 12)

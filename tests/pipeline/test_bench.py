@@ -43,6 +43,22 @@ def test_compare_interleaves_rounds_and_keeps_outputs() -> None:
         assert all(a.equal(b) for a, b in zip(results[0].outputs, result.outputs, strict=True))
 
 
+def test_case_throughput_is_the_median_rounds_figure() -> None:
+    from streamrt.pipeline.bench import BenchCase, CaseResult
+    from streamrt.pipeline.tracing import PipelineTrace
+
+    def round_at(items_per_s: float) -> PipelineTrace:
+        trace = PipelineTrace("x", start_ms=0.0, end_ms=1000.0)
+        for _ in range(int(items_per_s)):
+            trace.add_latency(1.0)
+        return trace
+
+    result = CaseResult(standard_cases()[0], rounds=[round_at(300), round_at(100), round_at(200), round_at(400)])
+    assert isinstance(result.case, BenchCase)
+    # Two rounds or four: the summary line and the table read one round, never an average of two.
+    assert result.items_per_s == result.median.items_per_s == 200.0
+
+
 def test_pipeline_bench_command_writes_its_report(tmp_path, capsys) -> None:
     out = tmp_path / "report"
     code = main(["--device", "cpu", "--height", "36", "--width", "64", "--size", "32", "--classes", "10",

@@ -27,6 +27,7 @@ from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import TracebackType
 
     from streamrt.config import BuildConfig
@@ -95,9 +96,19 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def build(
-        self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
+        self,
+        model: OnnxModel,
+        config: BuildConfig,
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        *,
+        cache_dir: Path,
     ) -> BuildOutput:
-        """Build a payload from a checked, precision-transformed model."""
+        """Build a payload from a checked, precision-transformed model.
+
+        ``cache_dir`` is the build's cache root (``streamrt.build(cache_dir=...)``): backends keep
+        their own caches under it (TensorRT timing cache, Inductor's compile cache).
+        """
 
     @abc.abstractmethod
     def load(self, plan: Plan) -> Engine:

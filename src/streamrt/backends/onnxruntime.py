@@ -152,8 +152,14 @@ class OnnxRuntimeBackend(Backend):
         return {"kind": kind, "arch": platform.machine(), "isa": _cpu_isa(), "providers": providers}
 
     def build(
-        self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
-    ) -> BuildOutput:
+        self,
+        model: OnnxModel,
+        config: BuildConfig,
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        *,
+        cache_dir: Path,
+    ) -> BuildOutput:  # ONNX Runtime keeps no build cache of its own: the plan cache is the builder's
         settings = _session_settings(config)
         level = config.optimization_level
         progress(f"optimizing graph (onnxruntime {self.version()}, level {level})")

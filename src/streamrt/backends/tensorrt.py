@@ -37,7 +37,7 @@ import tensorrt as trt
 
 from streamrt.backends import tensorrt_compat as compat
 from streamrt.backends.base import Backend, BuildOutput, Engine, Progress
-from streamrt.config import BuildConfig, default_cache_dir
+from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError, MissingDependencyError, ProfileError, StreamRTError
 from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest, atomic_write
@@ -97,9 +97,15 @@ class TensorRTBackend(Backend):
         compat.check_plan(manifest, self.version(), local_gpu())
 
     def build(
-        self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
+        self,
+        model: OnnxModel,
+        config: BuildConfig,
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        *,
+        cache_dir: Path,
     ) -> BuildOutput:
-        return _Build(model, config, profiles, progress, self.target(config)).run()
+        return _Build(model, config, profiles, progress, self.target(config), cache_dir).run()
 
     def load(self, plan: Plan) -> Engine:
         try:
@@ -125,8 +131,10 @@ class _Build:
         profiles: Sequence[ShapeProfile],
         progress: Progress,
         device: dict[str, Any],
+        cache_dir: Path,
     ) -> None:
         self.model = model
+        self.cache_dir = cache_dir
         self.config = config
         self.profiles = profiles
         self.progress = progress
@@ -220,7 +228,7 @@ class _Build:
         if self.options.timing_cache:
             path = Path(self.options.timing_cache)
         else:
-            path = compat.timing_cache_path(default_cache_dir(), str(trt.__version__), self.device)
+            path = compat.timing_cache_path(self.cache_dir, str(trt.__version__), self.device)
         data = b""
         if path.is_file():
             data = path.read_bytes()

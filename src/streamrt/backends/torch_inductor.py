@@ -16,6 +16,7 @@ mismatch message. See ``docs/gpu-backend.md``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import inspect
@@ -26,7 +27,7 @@ import os
 import platform
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +130,26 @@ def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[
     }
 
 
+@contextlib.contextmanager
+def inductor_cache(cache_dir: Path) -> Iterator[None]:
+    """Inductor's compile cache under ``cache_dir/inductor`` for the duration of a build.
+
+    A ``TORCHINDUCTOR_CACHE_DIR`` the user set wins; otherwise the variable is set and restored.
+    """
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
 def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
     """AOTInductor-compile one exported program and return the ``.pt2`` bytes."""
     from torch._inductor import aoti_compile_and_package
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "inductor"))
     with tempfile.TemporaryDirectory(prefix="streamrt-aoti-") as tmp:
         path = Path(tmp) / "model.pt2"
         try:
@@ -204,7 +220,13 @@ class TorchInductorBackend(Backend):
             check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
 
     def build(
-        self, model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...], progress: Progress
+        self,
+        model: OnnxModel,
+        config: BuildConfig,
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        *,
+        cache_dir: Path,
     ) -> BuildOutput:
         from streamrt.onnx.importer import import_onnx
 
@@ -216,7 +238,8 @@ class TorchInductorBackend(Backend):
         module = import_onnx(model.proto).eval().to(kind)
         names = [s.name for s in model.inputs]
         dtypes = [s.dtype.torch for s in model.inputs]
-        return self._build_module(module, names, dtypes, config, profiles, progress, kind)
+        with inductor_cache(cache_dir):
+            return self._build_module(module, names, dtypes, config, profiles, progress, kind)
 
     def _build_module(
         self,
@@ -288,6 +311,7 @@ def build_module(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     progress: Progress | None = None,
+    cache_dir: str | Path | None = None,
 ) -> Path:
     """Build a torch_inductor plan straight from a PyTorch module, for users who start in PyTorch.
 
@@ -349,7 +373,8 @@ def build_module(
     outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
     dtypes = [t.dtype for t in example_inputs]
     backend = TorchInductorBackend()
-    built = backend._build_module(net, names, dtypes, config, profiles, report, kind)
+    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()):
+        built = backend._build_module(net, names, dtypes, config, profiles, report, kind)
     out_path = Path(output)
     manifest = make_manifest(
         backend.name,
