@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from helpers import wait_until
 from streamrt.device import HostEvent, HostStream, InlineStream
 from streamrt.errors import PipelineClosedError, PipelineError
 
@@ -111,7 +112,7 @@ def test_close_cancel_skips_queued_work_but_fires_events(streams) -> None:
     event = stream.record()
     closer = threading.Thread(target=lambda: stream.close(cancel=True, timeout=5))
     closer.start()
-    time.sleep(0.05)
+    wait_until(lambda: stream._cancel.is_set(), "close(cancel=True) to take effect")
     gate.set()
     closer.join(5)
     assert ran == [] and event.query()
