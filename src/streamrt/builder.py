@@ -29,7 +29,7 @@ from typing import Any
 
 from streamrt import __version__
 from streamrt.backends import get_backend
-from streamrt.backends.base import BuildOutput, Progress
+from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError
 from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
@@ -191,7 +191,7 @@ def build(
         )
         transformed = model_from_proto(proto, source.path)
     report(f"building with {backend.name} {backend.version()}")
-    built = backend.build(transformed, config, profiles, report, cache_dir=cache_root)
+    built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
     manifest = make_manifest(
         backend.name,
         target,

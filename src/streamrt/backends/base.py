@@ -33,10 +33,30 @@ if TYPE_CHECKING:
     from streamrt.config import BuildConfig
     from streamrt.onnx.model import OnnxModel
 
-__all__ = ["Backend", "BuildOutput", "Engine", "ExecutionContext", "LayerTiming", "Progress"]
+__all__ = ["Backend", "BuildJob", "BuildOutput", "Engine", "ExecutionContext", "LayerTiming", "Progress"]
 
 Progress = Callable[[str], None]
 """Receives one short line per build step ("optimizing graph", "autotuning 3/12")."""
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """What :func:`streamrt.build` asks a backend to build.
+
+    Attributes:
+        model: the checked model, precision already applied to the graph.
+        config: the build settings.
+        profiles: the resolved shape profiles (every input named, min <= opt <= max).
+        progress: receives one short line per long step.
+        cache_dir: the build's cache root: backends keep their own caches under it (TensorRT's
+            timing cache in ``tensorrt/``, Inductor's compile cache in ``inductor/``).
+    """
+
+    model: OnnxModel
+    config: BuildConfig
+    profiles: tuple[ShapeProfile, ...]
+    progress: Progress
+    cache_dir: Path
 
 
 @dataclass(frozen=True)
@@ -95,20 +115,8 @@ class Backend(abc.ABC):
         """The device this machine builds for, as recorded in the manifest's ``device``."""
 
     @abc.abstractmethod
-    def build(
-        self,
-        model: OnnxModel,
-        config: BuildConfig,
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        *,
-        cache_dir: Path,
-    ) -> BuildOutput:
-        """Build a payload from a checked, precision-transformed model.
-
-        ``cache_dir`` is the build's cache root (``streamrt.build(cache_dir=...)``): backends keep
-        their own caches under it (TensorRT timing cache, Inductor's compile cache).
-        """
+    def build(self, job: BuildJob) -> BuildOutput:
+        """Build a payload from ``job.model``, already checked and precision-transformed."""
 
     @abc.abstractmethod
     def load(self, plan: Plan) -> Engine:

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from streamrt.backends.base import Backend, BuildOutput, Engine, ExecutionContext, LayerTiming, Progress
+from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, ExecutionContext, LayerTiming
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError, InferenceError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest
-from streamrt.types import ShapeProfile
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeEngine"]
 
@@ -151,15 +150,8 @@ class OnnxRuntimeBackend(Backend):
         kind = "cuda" if any(p != "CPUExecutionProvider" for p in providers) else "cpu"
         return {"kind": kind, "arch": platform.machine(), "isa": _cpu_isa(), "providers": providers}
 
-    def build(
-        self,
-        model: OnnxModel,
-        config: BuildConfig,
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        *,
-        cache_dir: Path,
-    ) -> BuildOutput:  # ONNX Runtime keeps no build cache of its own: the plan cache is the builder's
+    def build(self, job: BuildJob) -> BuildOutput:
+        model, config, progress = job.model, job.config, job.progress  # no cache of its own: the plan cache is enough
         settings = _session_settings(config)
         level = config.optimization_level
         progress(f"optimizing graph (onnxruntime {self.version()}, level {level})")

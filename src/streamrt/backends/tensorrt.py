@@ -36,10 +36,9 @@ from typing import Any
 import tensorrt as trt
 
 from streamrt.backends import tensorrt_compat as compat
-from streamrt.backends.base import Backend, BuildOutput, Engine, Progress
+from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError, MissingDependencyError, ProfileError, StreamRTError
-from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest, atomic_write
 from streamrt.types import ShapeProfile, TensorSpec
 
@@ -96,16 +95,8 @@ class TensorRTBackend(Backend):
         """TensorRT version and GPU must match, except where the plan was built version/hardware compatible."""
         compat.check_plan(manifest, self.version(), local_gpu())
 
-    def build(
-        self,
-        model: OnnxModel,
-        config: BuildConfig,
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        *,
-        cache_dir: Path,
-    ) -> BuildOutput:
-        return _Build(model, config, profiles, progress, self.target(config), cache_dir).run()
+    def build(self, job: BuildJob) -> BuildOutput:
+        return _Build(job, self.target(job.config)).run()
 
     def load(self, plan: Plan) -> Engine:
         try:
@@ -124,24 +115,16 @@ class _Build:
     weights that the parser owns.
     """
 
-    def __init__(
-        self,
-        model: OnnxModel,
-        config: BuildConfig,
-        profiles: Sequence[ShapeProfile],
-        progress: Progress,
-        device: dict[str, Any],
-        cache_dir: Path,
-    ) -> None:
-        self.model = model
-        self.cache_dir = cache_dir
-        self.config = config
-        self.profiles = profiles
-        self.progress = progress
+    def __init__(self, job: BuildJob, device: dict[str, Any]) -> None:
+        self.model = job.model
+        self.config = job.config
+        self.profiles = job.profiles
+        self.progress = job.progress
+        self.cache_dir = job.cache_dir
         self.device = device
-        self.options = compat.build_options(config)
-        count = len(profiles)
-        self.what = f"{model.name} ({count} profile{'s' if count != 1 else ''}) for {device.get('name')}"
+        self.options = compat.build_options(job.config)
+        count = len(job.profiles)
+        self.what = f"{job.model.name} ({count} profile{'s' if count != 1 else ''}) for {device.get('name')}"
 
     def run(self) -> BuildOutput:
         monitor = compat.BuildProgress(self.progress)

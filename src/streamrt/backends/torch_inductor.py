@@ -33,10 +33,9 @@ from typing import Any
 
 import torch
 
-from streamrt.backends.base import Backend, BuildOutput, Engine, Progress
+from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import BuildError, ConfigError
-from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import ShapeProfile
 
@@ -219,27 +218,20 @@ class TorchInductorBackend(Backend):
         for key in self._CUDA_FIELDS if kind == "cuda" else self._CPU_FIELDS:
             check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
 
-    def build(
-        self,
-        model: OnnxModel,
-        config: BuildConfig,
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        *,
-        cache_dir: Path,
-    ) -> BuildOutput:
+    def build(self, job: BuildJob) -> BuildOutput:
         from streamrt.onnx.importer import import_onnx
 
+        model, config = job.model, job.config
         unknown = sorted(set(config.backend_options) - _OPTIONS)
         if unknown:
             raise ConfigError(f"unknown torch_inductor options {unknown}; known: {sorted(_OPTIONS)}")
         kind = _device_kind(config)
-        progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
+        job.progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
         module = import_onnx(model.proto).eval().to(kind)
         names = [s.name for s in model.inputs]
         dtypes = [s.dtype.torch for s in model.inputs]
-        with inductor_cache(cache_dir):
-            return self._build_module(module, names, dtypes, config, profiles, progress, kind)
+        with inductor_cache(job.cache_dir):
+            return self._build_module(module, names, dtypes, config, job.profiles, job.progress, kind)
 
     def _build_module(
         self,

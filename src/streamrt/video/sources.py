@@ -272,7 +272,7 @@ class SyntheticSource:
         pass
 
 
-class Prefetch:
+class Prefetch(_SkipByReading):
     """Decode ``source`` ahead on a daemon thread, ``depth`` frames deep."""
 
     _END = object()
@@ -320,12 +320,6 @@ class Prefetch:
             return None
         assert isinstance(value, np.ndarray)
         return value
-
-    def skip(self, count: int) -> int:
-        skipped = 0
-        while skipped < count and self.read() is not None:
-            skipped += 1
-        return skipped
 
     def close(self) -> None:
         self._stop.set()

@@ -9,6 +9,7 @@ implement the version of the op that the model's opset selects?
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -99,35 +100,15 @@ class OpSpec:
     check: CheckFn | None = None
 
 
+_OP_FAMILIES = ("ops_activation", "ops_elementwise", "ops_index", "ops_nn", "ops_norm", "ops_quant", "ops_reduce",
+                "ops_resize", "ops_shape", "ops_tensor")
+
+
 @functools.cache
 def converter_table() -> Mapping[str, OpSpec]:
     """All converters, merged from the ``CONVERTERS`` table of each op-family module."""
-    from . import (
-        ops_activation,
-        ops_elementwise,
-        ops_index,
-        ops_nn,
-        ops_norm,
-        ops_quant,
-        ops_reduce,
-        ops_resize,
-        ops_shape,
-        ops_tensor,
-    )
-
     table: dict[str, OpSpec] = {}
-    modules = (
-        ops_activation,
-        ops_elementwise,
-        ops_index,
-        ops_nn,
-        ops_norm,
-        ops_quant,
-        ops_reduce,
-        ops_resize,
-        ops_shape,
-        ops_tensor,
-    )
+    modules = [importlib.import_module(f"{__package__}.{family}") for family in _OP_FAMILIES]
     for module in modules:
         for op_type, spec in module.CONVERTERS.items():
             if op_type in table:
