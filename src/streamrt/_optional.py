@@ -1,0 +1,54 @@
+"""The one helper for optional dependencies: import a module or raise one clear error naming the extra.
+
+Every optional import in StreamRT (torch, OpenCV, aiohttp, grpcio, matplotlib, tensorrt, ...) goes
+through :func:`require`, so a missing extra is always the same one-line
+:class:`~streamrt.errors.MissingDependencyError` with the command that installs it, and
+:func:`available` answers "is it there?" without raising.
+
+Example:
+    >>> np = require("numpy", extra="core", purpose="arrays")
+    >>> available("numpy")
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from types import ModuleType
+
+from streamrt.errors import MissingDependencyError
+
+__all__ = ["available", "require"]
+
+# The PyPI name when it differs from the module name, for the message.
+_DISTRIBUTIONS = {
+    "cv2": "opencv-python-headless",
+    "yaml": "pyyaml",
+    "grpc": "grpcio",
+    "pynvml": "nvidia-ml-py",
+    "PIL": "pillow",
+}
+
+
+@cache
+def _import(module: str) -> ModuleType:
+    return importlib.import_module(module)
+
+
+def require(module: str, *, extra: str, purpose: str = "") -> ModuleType:
+    """Import ``module`` (cached) or raise :class:`MissingDependencyError` naming ``extra``."""
+    try:
+        return _import(module)
+    except ImportError as exc:
+        package = _DISTRIBUTIONS.get(module.split(".")[0], module.split(".")[0])
+        raise MissingDependencyError(package, extra, purpose=purpose) from exc
+
+
+def available(module: str) -> bool:
+    """True when ``module`` imports (the result is cached: a probe costs one import at most)."""
+    try:
+        _import(module)
+    except ImportError:
+        return False
+    return True
