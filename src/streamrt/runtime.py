@@ -16,7 +16,8 @@ from pathlib import Path
 
 from streamrt.backends import get_backend
 from streamrt.backends.base import Engine
-from streamrt.plan import read_plan
+from streamrt.errors import PlanMismatchError
+from streamrt.plan import read_plan, rebuild_command
 
 __all__ = ["load"]
 
@@ -35,7 +36,12 @@ def load(path: str | Path) -> Engine:
     started = time.perf_counter()
     plan = read_plan(path)
     backend = get_backend(plan.manifest.backend)
-    backend.check_compatible(plan.manifest)
+    try:
+        backend.check_compatible(plan.manifest)
+    except PlanMismatchError as exc:
+        # The manifest's command writes where the plan was first built; say how to rebuild *this* file.
+        command = rebuild_command(exc.rebuild_command, path)
+        raise PlanMismatchError(exc.field, exc.plan_value, exc.local_value, command) from None
     engine = backend.load(plan)
     log.debug("loaded %s (%s) in %.1f ms", path, plan.manifest.backend, (time.perf_counter() - started) * 1e3)
     return engine
