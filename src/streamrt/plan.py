@@ -46,6 +46,7 @@ __all__ = [
     "atomic_write",
     "check_field",
     "is_plan_file",
+    "new_file_mode",
     "read_manifest",
     "read_plan",
     "rebuild_command",
@@ -154,7 +155,7 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     tmp = Path(tmp_name)
     try:
         # mkstemp creates 0600; the final file gets the mode any other new file would get.
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -163,6 +164,11 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0o666 less the process umask."""
+    return 0o666 & ~_umask()
 
 
 def _umask() -> int:

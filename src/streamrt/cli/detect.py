@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
+    from streamrt.video.sources import FrameSource
     from streamrt.video.workload import Detections, Frame
 
 __all__ = ["add_detect_arguments", "register", "run"]
@@ -118,20 +119,35 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamrt.video.sources import open_source
+
+    # Sources first: a missing or unreadable video must fail before minutes of building.
+    sources = []
+    try:
+        for spec in args.sources:
+            sources.append(open_source(spec))
+        detector = open_model(args, args.model, args.labels)
+    except BaseException:
+        for source in sources:
+            source.close()
+        raise
+    return _detect(args, detector, sources)
+
+
+def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource]) -> int:
     from streamrt.video.report import write_report_files
     from streamrt.video.runner import run_detection
     from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
-    from streamrt.video.sources import Prefetch, open_source
+    from streamrt.video.sources import Prefetch
 
-    detector = open_model(args, args.model, args.labels)
     config = detect_config(args, paced=args.paced)
-    sources = [open_source(s) for s in args.sources]
     sinks: list[Sink] = []
+    feeds: list[Prefetch] = []
     try:
         names = detector.names
         first = sources[0].info
         if args.json is not None:
-            sinks.append(ThreadedSink(JsonlSink(args.json, names)))
+            sinks.append(ThreadedSink(JsonlSink(args.json, names, [s.info for s in sources])))
         if args.out is not None:
             sinks.append(ThreadedSink(VideoSink(args.out, fps=args.fps or first.fps, size=(first.width, first.height),
                                                 sources=len(sources), names=names)))
@@ -146,11 +162,19 @@ def run(args: argparse.Namespace) -> int:
             report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar)
         finally:
             bar.close()
-            for feed in feeds:
-                feed.close()
-    finally:
+    except BaseException:
+        # A failed run leaves no output behind: each sink deletes its temporary file.
         for sink in sinks:
-            sink.close()
+            sink.abort()
+        raise
+    finally:
+        for feed in feeds:
+            feed.close()
+        if not feeds:
+            for source in sources:
+                source.close()
+    for sink in sinks:
+        sink.close()
     print(report.format_text())
     for label, path in (("annotated video", args.out), ("detections", args.json)):
         if path is not None:

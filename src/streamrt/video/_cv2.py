@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from typing import Any
 
@@ -12,7 +13,12 @@ __all__ = ["has_cv2", "import_cv2"]
 
 @cache
 def import_cv2() -> Any:
-    """Import ``cv2`` or raise :class:`MissingDependencyError` naming the ``video`` extra."""
+    """Import ``cv2`` or raise :class:`MissingDependencyError` naming the ``video`` extra.
+
+    FFmpeg's own log lines (``[h264 @ 0x...] error while decoding MB``) are silenced: StreamRT
+    reports undecodable files and frames itself. Set ``OPENCV_FFMPEG_LOGLEVEL`` to see them.
+    """
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when FFmpeg starts
     try:
         import cv2
     except ImportError as exc:
