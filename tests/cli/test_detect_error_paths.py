@@ -137,3 +137,13 @@ def test_annotated_mp4_is_h264(tmp_path: Path, cache: Path) -> None:
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264"
         assert sum(1 for _ in container.decode(stream)) == 6
+
+
+def test_undecodable_file_is_one_line_without_ffmpeg_chatter(tmp_path: Path, cache: Path,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    clip = _h264_clip(tmp_path / "clip.mp4")
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(clip.read_bytes()[: clip.stat().st_size // 2])  # cut before the index: FFmpeg complains
+    assert main(["detect", str(bad), "--backend", "onnxruntime", "--cache-dir", str(cache)]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("streamrt detect: error: cannot open video"), err
