@@ -25,11 +25,14 @@ import json
 import logging
 import os
 import platform
+import re
 import tempfile
+import time
+import warnings
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +41,9 @@ from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import BuildError, ConfigError
 from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import ShapeProfile
+
+if TYPE_CHECKING:
+    from streamrt.builder import BuildResult
 
 __all__ = ["TorchInductorBackend", "build_module", "device_target", "export_profiles", "module_sha256"]
 
@@ -78,6 +84,41 @@ def _example_size(lo: int, opt: int, hi: int) -> int:
     return 2 if opt <= 1 and hi >= 2 else opt
 
 
+def _export_max(lo: int, hi: int) -> int:
+    """The upper bound handed to torch.export for a dynamic range ``lo..hi``.
+
+    torch.export reasons about a symbolic size as >= 2 (0 and 1 are specialisations), so a
+    range like 1..2 leaves the symbol only the value 2 and tracing "infers a static shape of 2".
+    Such ranges are exported up to 3: the kernels are valid for every size up to that bound, and
+    the plan's profile (checked before every call) still admits only ``lo..hi``.
+    """
+    return 3 if hi <= 2 else hi
+
+
+_SPECIALIZED = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\].*?specialized it to be a constant \((\d+)\)", re.S)
+_WHAT_TO_CHANGE = ("suggested fix", "inferred a static shape", "specialized it to be a constant")
+
+
+def _export_failure(exc: Exception, names: Sequence[str]) -> tuple[str, str]:
+    """torch.export's message on one line, keeping the part that says what to change, and a hint."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
+    keep = [lines[0][:400]]
+    for i, line in enumerate(lines):
+        if any(key in line.lower() for key in _WHAT_TO_CHANGE):
+            keep += [part[:300] for part in lines[i: i + 3]]
+            break
+    hint = "change the shape profile (--min-shapes/--max-shapes), or report the model's failing operator"
+    match = _SPECIALIZED.search(text)
+    if match:
+        arg, axis, size = match.groups()
+        by_arg = {re.sub(r"\W", "_", n): n for n in names}
+        name = by_arg.get(arg, arg)
+        hint = (f"the model fixes axis {axis} of input '{name}' to {size}: build with that axis at {size} "
+                f"in --min-shapes, --opt-shapes and --max-shapes")
+    return " ".join(dict.fromkeys(keep))[:1200], hint
+
+
 def export_profiles(
     module: torch.nn.Module,
     names: Sequence[str],
@@ -100,7 +141,7 @@ def export_profiles(
             example = torch.randint(0, 2, shape, generator=generator).to(dtype)
         examples.append(example.to(device))
         dims = {
-            axis: Dim.DYNAMIC(min=lo, max=hi)
+            axis: Dim.DYNAMIC(min=lo, max=_export_max(lo, hi))
             for axis, (lo, hi) in enumerate(zip(rng.min, rng.max, strict=True))
             if lo != hi
         }
@@ -112,10 +153,8 @@ def export_profiles(
     try:
         return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
     except Exception as exc:
-        raise BuildError(
-            f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
-            hint="narrow the shape profile, or report the model's failing operator",
-        ) from exc
+        message, hint = _export_failure(exc, names)
+        raise BuildError(f"torch.export failed: {type(exc).__name__}: {message}", hint=hint) from exc
 
 
 def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[str, Any]:
@@ -143,6 +182,26 @@ def inductor_cache(cache_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+@contextlib.contextmanager
+def torch_warnings_logged() -> Iterator[None]:
+    """torch's own deprecation warnings during a build go to the DEBUG log, not the user's terminal.
+
+    torch.export and AOTInductor raise FutureWarnings about torch internals (pytree's ``LeafSpec``)
+    that the user can do nothing about; ``streamrt -v`` still shows them.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        warnings.simplefilter("always", DeprecationWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, FutureWarning | DeprecationWarning):
+                    log.debug("torch: %s: %s", w.category.__name__, w.message)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
@@ -247,7 +306,7 @@ class TorchInductorBackend(Backend):
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
         inductor_configs = _inductor_configs(config, meta)
         packages = []
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for i, profile in enumerate(profiles):
                 progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
                 ep = export_profiles(module, names, dtypes, profile, kind)
@@ -304,8 +363,11 @@ def build_module(
     output_names: Sequence[str] | None = None,
     progress: Progress | None = None,
     cache_dir: str | Path | None = None,
-) -> Path:
+) -> BuildResult:
     """Build a torch_inductor plan straight from a PyTorch module, for users who start in PyTorch.
+
+    Returns the same :class:`~streamrt.builder.BuildResult` as :func:`streamrt.build` (module builds
+    are never cached: ``cached`` is False).
 
     Shapes come from ``config.profiles`` (by input name) or, when there are none, are static at
     the example inputs' shapes. fp16/bf16 cast the module's weights (inputs and outputs stay
@@ -315,11 +377,12 @@ def build_module(
         >>> build_module(net, [torch.randn(8, 3, 224, 224)], "net.plan",
         ...              BuildConfig(backend="torch_inductor", precision="fp16"))      # doctest: +SKIP
     """
-    from streamrt.builder import make_manifest
+    from streamrt.builder import BuildResult, make_manifest
     from streamrt.onnx.profiles import resolve_profiles
     from streamrt.plan import write_plan
     from streamrt.types import DType, TensorSpec
 
+    started = time.perf_counter()
     config = config or BuildConfig(backend="torch_inductor")
     if config.backend != "torch_inductor":
         config = config.replace(backend="torch_inductor")
@@ -382,4 +445,4 @@ def build_module(
     )
     write_plan(out_path, manifest, built.payload)
     report(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.2f} MiB)")
-    return out_path
+    return BuildResult(out_path, manifest, False, time.perf_counter() - started)
