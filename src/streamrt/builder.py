@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from streamrt import __version__
-from streamrt.backends import get_backend
+from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
-from streamrt.errors import ConfigError, PlanError
+from streamrt.errors import ConfigError, PlanError, StreamRTError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
@@ -95,6 +95,20 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
     for key, value in config.backend_options.items():
         args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return shlex.join(args)
+
+
+def backends_running(op_type: str, domain: str, *, exclude: str = "") -> tuple[str, ...]:
+    """The installed backends (other than ``exclude``) that say they can run ``op_type`` of ``domain``."""
+    names = []
+    for name in available_backends():
+        if name == exclude:
+            continue
+        try:
+            if get_backend(name).runs_operator(op_type, domain):
+                names.append(name)
+        except StreamRTError:
+            continue
+    return tuple(names)
 
 
 def make_manifest(
@@ -191,7 +205,12 @@ def build(
         )
         transformed = model_from_proto(proto, source.path)
     report(f"building with {backend.name} {backend.version()}")
-    built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
+    try:
+        built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
+    except UnsupportedOperatorError as exc:
+        if exc.alternatives is not None:
+            raise
+        raise exc.with_alternatives(backends_running(exc.op_type, exc.domain, exclude=backend.name)) from exc
     manifest = make_manifest(
         backend.name,
         target,

@@ -129,18 +129,43 @@ class InvalidModelError(ModelError):
 
 
 class UnsupportedOperatorError(ModelError):
-    """A node uses an operator the chosen backend cannot run."""
+    """A node uses an operator the chosen backend cannot run.
 
-    def __init__(self, node: str, op_type: str, opset: int, backend: str, *, detail: str = "") -> None:
+    The message names the node, its op type, its domain when it is not the default ONNX domain,
+    and, once :func:`streamrt.build` has asked the other backends (``alternatives``), which of
+    them could run it.
+    """
+
+    def __init__(self, node: str, op_type: str, opset: int, backend: str, *, detail: str = "",
+                 domain: str = "", alternatives: tuple[str, ...] | None = None) -> None:
         extra = f": {detail}" if detail else ""
+        where = f" from domain '{domain}'" if domain not in ("", "ai.onnx") else ""
+        if alternatives is None:
+            others, hint = "", "pick another backend with --backend, or re-export the model without this operator"
+        elif alternatives:
+            others = f"; backends that can run it: {', '.join(alternatives)}"
+            hint = f"rebuild with --backend {alternatives[0]}"
+        else:
+            others = "; no StreamRT backend installed here can run it"
+            hint = ("re-export the model without this operator, or register an implementation with the backend "
+                    "(an ONNX Runtime custom-op library, a TensorRT plugin)")
         super().__init__(
-            f"node '{node}' uses operator {op_type} (opset {opset}) which backend '{backend}' "
-            f"cannot run{extra}",
-            hint="pick another backend with --backend, or re-export the model without this operator",
+            f"node '{node}' uses operator {op_type}{where} (opset {opset}) which backend '{backend}' "
+            f"cannot run{extra}{others}",
+            hint=hint,
         )
         self.node = node
         self.op_type = op_type
         self.opset = opset
+        self.backend = backend
+        self.detail = detail
+        self.domain = domain
+        self.alternatives = alternatives
+
+    def with_alternatives(self, alternatives: tuple[str, ...]) -> UnsupportedOperatorError:
+        """The same error, naming the backends that could run the operator."""
+        return UnsupportedOperatorError(self.node, self.op_type, self.opset, self.backend, detail=self.detail,
+                                        domain=self.domain, alternatives=alternatives)
 
 
 class CalibrationError(StreamRTError):

@@ -122,6 +122,13 @@ class Backend(abc.ABC):
     def load(self, plan: Plan) -> Engine:
         """Turn a verified, compatible plan into an engine."""
 
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        """Whether this backend can run ``op_type`` of ``domain``; None when it cannot tell without trying.
+
+        Asked after another backend refused a node, to name the backends that could run it.
+        """
+        return None
+
     def describe_payload(self, payload: bytes) -> dict[str, Any]:
         """Extra facts for ``streamrt inspect`` read from a payload without loading it (e.g. ops)."""
         return {}

@@ -51,6 +51,9 @@ _LEVELS = {
 _MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 # "Could not find an implementation for Foo(13) node with name 'bar'"
 _NOT_IMPLEMENTED = re.compile(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+_NOT_REGISTERED = re.compile(r"(?:([\w.]+):)?(\w+)\((-?\d+)\) is not a registered function/op")
+# Domains ONNX Runtime ships kernels for (the ONNX standard, ONNX-ML and its own contrib operators).
+_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 
 def _session_settings(config: BuildConfig) -> dict[str, Any]:
@@ -123,6 +126,16 @@ def _translate(exc: Exception, model: OnnxModel | None) -> Exception:
         return UnsupportedOperatorError(
             node, op, int(opset), "onnxruntime", detail=text.splitlines()[0][:200]
         )
+    match = _NOT_REGISTERED.search(text)
+    if match and model is not None:
+        domain, op, _ = match.groups()
+        domain = domain or ""
+        node = next((n for n in model.proto.graph.node if n.op_type == op and n.domain == domain), None)
+        opsets = {imp.domain: int(imp.version) for imp in model.proto.opset_import}
+        return UnsupportedOperatorError(
+            (node.name or f"{op} #{list(model.proto.graph.node).index(node)}") if node is not None else "?",
+            op, opsets.get(domain, 0), "onnxruntime", detail="no kernel registered for this operator", domain=domain,
+        )
     where = f" for {model.name}" if model else ""
     return BuildError(f"onnxruntime could not create a session{where}: {text.splitlines()[0][:300]}")
 
@@ -136,6 +149,9 @@ class OnnxRuntimeBackend(Backend):
     # bf16 and tf32 have no CPU kernels in ONNX Runtime for most operators.
     precisions = frozenset({"fp32", "fp16", "int8"})
     int8_style = "onnxruntime"
+
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        return domain in _DOMAINS
 
     def version(self) -> str:
         return str(ort.__version__)

@@ -268,6 +268,11 @@ class TorchInductorBackend(Backend):
     def target(self, config: BuildConfig) -> dict[str, Any]:
         return device_target(_device_kind(config))
 
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        from streamrt.onnx.importer.registry import converter_table
+
+        return domain in ("", "ai.onnx") and op_type in converter_table()
+
     def check_compatible(self, manifest: PlanManifest) -> None:
         check_field(manifest, "torch version", manifest.backend_version, self.version())
         kind = str(manifest.device.get("kind"))
