@@ -18,7 +18,9 @@ Hierarchy::
     ├── BuildError                  a backend failed to build an engine
     ├── PlanError                   a plan file cannot be used
     │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
-    │   └── PlanMismatchError       built for another backend version, device or library
+    │   ├── PlanMismatchError       built for another backend version, device or library
+    │   └── PlanRequirementsError   this machine lacks the plan's backend library or its device
+    │                               (also a MissingDependencyError)
     ├── InputError                  bad inference inputs
     │   ├── UnknownInputError       a name the engine does not have
     │   ├── MissingInputError       an input the engine needs was not given
@@ -65,6 +67,7 @@ __all__ = [
     "PlanError",
     "PlanFormatError",
     "PlanMismatchError",
+    "PlanRequirementsError",
     "ProfileError",
     "QueueFullError",
     "RequestError",
@@ -196,6 +199,19 @@ class PlanMismatchError(PlanError):
         self.plan_value = plan_value
         self.local_value = local_value
         self.rebuild_command = rebuild_command
+
+
+class PlanRequirementsError(PlanError, MissingDependencyError):
+    """A plan needs a library or a device this machine lacks (TensorRT, a CUDA GPU).
+
+    The message says what is missing here and what the plan needs (backend and versions, GPU,
+    compute capability); the hint says where it runs and how to rebuild for this machine.
+    """
+
+    def __init__(self, message: str, *, package: str, extra: str, hint: str) -> None:
+        StreamRTError.__init__(self, message, hint=hint)
+        self.package = package
+        self.extra = extra
 
 
 class InputError(StreamRTError, ValueError):
