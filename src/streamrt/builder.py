@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt import __version__
+from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
@@ -165,9 +166,26 @@ def build(
         cache: reuse an identical earlier build and store this one.
         cache_dir: defaults to ``$STREAMRT_CACHE`` or ``~/.cache/streamrt``.
         progress: receives one line per long step (default: logged at INFO).
+
+    Raises:
+        OutOfMemoryError: host or device memory ran out; no plan is written.
     """
-    started = time.perf_counter()
     config = config or BuildConfig()
+    name = model.name if isinstance(model, OnnxModel) else Path(model).name
+    with out_of_memory_guard(f"building {name} with {config.backend}", BUILD_HINT):
+        return _build(model, config, output, cache=cache, cache_dir=cache_dir, progress=progress)
+
+
+def _build(
+    model: str | Path | OnnxModel,
+    config: BuildConfig,
+    output: str | Path | None,
+    *,
+    cache: bool,
+    cache_dir: str | Path | None,
+    progress: Progress | None,
+) -> BuildResult:
+    started = time.perf_counter()
     report = progress or _log_progress
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = model if isinstance(model, OnnxModel) else load_model(model)

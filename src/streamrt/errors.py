@@ -28,6 +28,7 @@ Hierarchy::
     │   ├── ShapeError              shape outside every profile, or wrong rank
     │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
+    ├── OutOfMemoryError            host or device memory ran out (build, load or inference)
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)
     │   ├── StageTimeoutError       a stage did not finish in time
@@ -61,6 +62,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "ModelNotReadyError",
+    "OutOfMemoryError",
     "PayloadTooLargeError",
     "PipelineClosedError",
     "PipelineError",
@@ -236,6 +238,21 @@ class ShapeError(InputError):
 
 class InferenceError(StreamRTError):
     """The backend failed while running an engine."""
+
+
+class OutOfMemoryError(StreamRTError):
+    """Host or device memory ran out while building, loading or running.
+
+    The message names what was being allocated, on which memory, and how much when the library
+    said; the hint says what to try. See :func:`streamrt._oom.out_of_memory_guard`.
+    """
+
+    def __init__(self, what: str, *, memory: str, requested: str | None, hint: str) -> None:
+        amount = f" (tried to allocate {requested})" if requested else ""
+        super().__init__(f"out of {memory} memory while {what}{amount}", hint=hint)
+        self.what = what
+        self.memory = memory
+        self.requested = requested
 
 
 class PipelineError(StreamRTError):

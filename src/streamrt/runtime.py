@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from streamrt._oom import LOAD_HINT, out_of_memory_guard
 from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import Engine
 from streamrt.errors import MissingDependencyError, PlanMismatchError, PlanRequirementsError
@@ -33,8 +34,15 @@ def load(path: str | Path) -> Engine:
             the field, both values and the command that rebuilds the plan here.
         PlanRequirementsError: the plan's backend library (or the GPU it needs) is missing here;
             a :class:`MissingDependencyError` too.
+        OutOfMemoryError: host or device memory ran out while reading or loading the plan.
     """
     started = time.perf_counter()
+    size = Path(path).stat().st_size if Path(path).is_file() else 0
+    with out_of_memory_guard(f"loading plan {path} ({size / 2**20:.1f} MiB)", LOAD_HINT):
+        return _load(path, started)
+
+
+def _load(path: str | Path, started: float) -> Engine:
     plan = read_plan(path)
     try:
         backend = get_backend(plan.manifest.backend)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from streamrt._oom import INFER_HINT, as_out_of_memory
 from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
 from streamrt.onnx.profiles import check_shapes
 from streamrt.plan import Plan, PlanManifest, check_field
@@ -247,7 +248,17 @@ class ExecutionContext(abc.ABC):
     def infer(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
         """Validate inputs against the engine, then run. Returns outputs by name."""
         profile = self.engine.validate(inputs)
-        return self._infer_impl(inputs, profile, stream)
+        try:
+            return self._infer_impl(inputs, profile, stream)
+        except Exception as exc:
+            oom = as_out_of_memory(exc, self._describe_call(inputs), INFER_HINT)
+            if oom is None or oom is exc:
+                raise
+            raise oom from exc
+
+    def _describe_call(self, inputs: Mapping[str, Any]) -> str:
+        shapes = ", ".join(f"{name} {format_shape(_shape_of(value))}" for name, value in inputs.items())
+        return f"running {self.engine.manifest.backend} inference on {shapes}"
 
     @abc.abstractmethod
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:

@@ -433,7 +433,10 @@ def build_module(
     outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
     dtypes = [t.dtype for t in example_inputs]
     backend = TorchInductorBackend()
-    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()):
+    from streamrt._oom import BUILD_HINT, out_of_memory_guard
+
+    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()), \
+            out_of_memory_guard(f"building {type(module).__qualname__} with torch_inductor", BUILD_HINT):
         built = backend._build_module(net, names, dtypes, config, profiles, report, kind)
     out_path = Path(output)
     manifest = make_manifest(
