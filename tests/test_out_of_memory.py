@@ -92,3 +92,10 @@ def test_cuda_out_of_memory_is_reported_with_its_size() -> None:
     with pytest.raises(OutOfMemoryError) as info, out_of_memory_guard("allocating a test tensor", "try less"):
         torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
     assert info.value.memory == "CUDA device" and info.value.requested is not None
+
+
+def test_server_answers_out_of_memory_as_resource_exhausted() -> None:
+    from streamrt.serve.status import status_for
+
+    error = OutOfMemoryError("running onnxruntime inference on x 3x32", memory="host", requested=None, hint="h")
+    assert (status_for(error).http, status_for(error).grpc) == (503, "RESOURCE_EXHAUSTED")
