@@ -2,7 +2,8 @@
 
 Every error StreamRT raises on purpose derives from :class:`StreamRTError`, carries the
 offending value in its message and, where there is one, a hint that says how to fix it.
-The CLI prints ``str(error)`` on one line and exits with status 2.
+The CLI prints ``str(error)`` on one line and exits with status 2. ``docs/errors.md`` has one row per
+class: its message shape, exit status and what a failure leaves on disk.
 
 Hierarchy::
 
