@@ -10,8 +10,8 @@ import argparse
 
 import torch
 
-from streamrt.backends.torch_inductor import build_module
 from streamrt.config import BuildConfig
+from streamrt.module_builder import build_module
 from streamrt.pipeline.workloads import FrameSpec, tiny_cnn
 
 

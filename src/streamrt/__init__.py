@@ -37,15 +37,15 @@ from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
-    from streamrt.backends.torch_inductor import build_module
     from streamrt.builder import BuildResult, build
+    from streamrt.module_builder import build_module
     from streamrt.runtime import load
 
 _LAZY = {
     "build": ("streamrt.builder", "build"),
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
-    "build_module": ("streamrt.backends.torch_inductor", "build_module"),
+    "build_module": ("streamrt.module_builder", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
 }

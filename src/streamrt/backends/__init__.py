@@ -35,21 +35,21 @@ class BackendEntry:
 
 BACKENDS: dict[str, BackendEntry] = {
     "onnxruntime": BackendEntry(
-        "streamrt.backends.onnxruntime",
+        "streamrt.backends.onnxruntime.builder",
         "OnnxRuntimeBackend",
         "onnxruntime",
         "core",
         "ONNX Runtime (CPU by default; CUDA/TensorRT providers with onnxruntime-gpu)",
     ),
     "torch_inductor": BackendEntry(
-        "streamrt.backends.torch_inductor",
+        "streamrt.backends.torch_inductor.builder",
         "TorchInductorBackend",
         "torch",
         "torch",
         "PyTorch torch.export + AOTInductor packages (GPU, or CPU through Inductor's C++ path)",
     ),
     "tensorrt": BackendEntry(
-        "streamrt.backends.tensorrt",
+        "streamrt.backends.tensorrt.builder",
         "TensorRTBackend",
         "tensorrt",
         "tensorrt",

@@ -5,7 +5,7 @@ come only from NVIDIA's package index, which these machines cannot reach. Every 
 checked against TensorRT's Python binding sources and documentation (``docs/tensorrt.md`` lists
 each call with its source), and ``tests/backends/test_tensorrt.py`` runs wherever
 ``import tensorrt`` works. The pure decisions (flags, tables, messages, compatibility rules) live
-in :mod:`streamrt.backends.tensorrt_compat` and are tested on CPU.
+in :mod:`streamrt.backends.tensorrt.compat` and are tested on CPU.
 
 Build: the precision-transformed ONNX model (StreamRT applies fp16/bf16 casts and int8 Q/DQ
 *before* any backend builds) is parsed by ``OnnxParser`` into a strongly typed network, so the
@@ -35,8 +35,8 @@ from typing import Any
 
 import tensorrt as trt
 
-from streamrt.backends import tensorrt_compat as compat
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine
+from streamrt.backends.tensorrt import compat
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError, MissingDependencyError, ProfileError, StreamRTError
 from streamrt.plan import Plan, PlanManifest, atomic_write
@@ -100,7 +100,7 @@ class TensorRTBackend(Backend):
 
     def load(self, plan: Plan) -> Engine:
         try:
-            from streamrt.backends.tensorrt_engine import TensorRTEngine
+            from streamrt.backends.tensorrt.engine import TensorRTEngine
         except ModuleNotFoundError as exc:
             if exc.name == "torch":
                 _torch()
