@@ -16,7 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from streamrt.errors import MissingDependencyError, PipelineError, StageTimeoutError
+from streamrt._optional import require
+from streamrt.errors import PipelineError, StageTimeoutError
 
 if TYPE_CHECKING:
     from streamrt.device.base import Event, Stream
@@ -27,12 +28,8 @@ T = TypeVar("T")
 
 
 def import_torch() -> Any:
-    """Import torch or raise :class:`MissingDependencyError` naming the extra to install."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - CI always has torch
-        raise MissingDependencyError("torch", "torch", purpose="device buffers") from exc
-    return torch
+    """Import torch or raise :class:`MissingDependencyError` naming the extra (many call sites here)."""
+    return require("torch", extra="torch", purpose="device buffers")
 
 
 def torch_dtype(dtype: Any) -> Any:

@@ -35,10 +35,12 @@ from typing import Any
 
 import tensorrt as trt
 
+from streamrt._features import cuda_target
+from streamrt._optional import require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine
 from streamrt.backends.tensorrt import compat
 from streamrt.config import BuildConfig
-from streamrt.errors import BuildError, ConfigError, MissingDependencyError, ProfileError, StreamRTError
+from streamrt.errors import BuildError, ConfigError, ProfileError, StreamRTError
 from streamrt.plan import Plan, PlanManifest, atomic_write
 from streamrt.types import ShapeProfile, TensorSpec
 
@@ -48,25 +50,13 @@ log = logging.getLogger(__name__)
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ModuleNotFoundError as exc:
-        raise MissingDependencyError("torch", "torch", purpose="the tensorrt backend's GPU memory and streams") from exc
-    return torch
+    return require("torch", extra="torch", purpose="the tensorrt backend's GPU memory and streams")
 
 
 def local_gpu() -> dict[str, Any] | None:
     """This machine's GPU as a plan records it (name, compute capability, CUDA), or None without one."""
-    torch = _torch()
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {
-        "kind": "cuda",
-        "name": str(props.name),
-        "compute_capability": f"{props.major}.{props.minor}",
-        "cuda": str(torch.version.cuda),
-    }
+    _torch()  # a missing torch names its extra instead of reading as "no GPU"
+    return cuda_target()
 
 
 class TensorRTBackend(Backend):
@@ -99,12 +89,9 @@ class TensorRTBackend(Backend):
         return _Build(job, self.target(job.config)).run()
 
     def load(self, plan: Plan) -> Engine:
-        try:
-            from streamrt.backends.tensorrt.engine import TensorRTEngine
-        except ModuleNotFoundError as exc:
-            if exc.name == "torch":
-                _torch()
-            raise
+        _torch()  # the engine side needs torch: a missing one names its extra
+        from streamrt.backends.tensorrt.engine import TensorRTEngine
+
         return TensorRTEngine(plan.manifest, plan.payload)
 
 

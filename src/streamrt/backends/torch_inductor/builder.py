@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from streamrt._features import cuda_available
+from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
 from streamrt.backends.torch_inductor.cache import inductor_cache
 from streamrt.backends.torch_inductor.payload import pack_payload
@@ -131,12 +133,8 @@ class TorchInductorBackend(Backend):
 
     def runtime_versions(self) -> dict[str, str]:
         versions = {"torch": self.version(), "cuda": str(torch.version.cuda)}
-        try:
-            import triton
-
-            versions["triton"] = str(triton.__version__)
-        except ImportError:
-            pass
+        if available("triton"):
+            versions["triton"] = str(require("triton", extra="torch").__version__)
         return versions
 
     def target(self, config: BuildConfig) -> dict[str, Any]:
@@ -145,7 +143,7 @@ class TorchInductorBackend(Backend):
     def check_compatible(self, manifest: PlanManifest) -> None:
         check_field(manifest, "torch version", manifest.backend_version, self.version())
         kind = str(manifest.device.get("kind"))
-        if kind == "cuda" and not torch.cuda.is_available():
+        if kind == "cuda" and not cuda_available():
             check_field(manifest, "device.kind", "cuda", "cpu (no CUDA GPU visible to torch)")
         local = device_target(kind)
         for key in self._CUDA_FIELDS if kind == "cuda" else self._CPU_FIELDS:
