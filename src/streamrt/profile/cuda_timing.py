@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from streamrt.profile.bench import BenchSettings, IterationRecord, TimedRun
+from streamrt.profile.loops import BenchSettings, TimedRun
+from streamrt.profile.summary import IterationRecord
 
 if TYPE_CHECKING:
     from streamrt.backends.base import ExecutionContext
