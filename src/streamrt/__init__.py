@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 __all__ = [
     "BuildConfig",
     "BuildResult",
@@ -31,6 +29,7 @@ __all__ = [
     "load",
 ]
 
+from streamrt._version import __version__
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import StreamRTError
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec

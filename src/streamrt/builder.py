@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrt import __version__
+from streamrt._version import __version__
 from streamrt.backends import get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir

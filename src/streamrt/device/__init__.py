@@ -10,8 +10,7 @@ Example:
 from __future__ import annotations
 
 from streamrt._features import cuda_available
-from streamrt.device.base import Device, Event, Stream, StreamWork
-from streamrt.device.buffers import BufferPool
+from streamrt.device.base import BufferPool, Device, Event, Stream, StreamWork
 from streamrt.device.host import CpuDevice, HostEvent, HostStream, InlineStream
 from streamrt.errors import ConfigError
 
