@@ -12,7 +12,7 @@ import torch
 
 from streamrt.config import BuildConfig
 from streamrt.module_builder import build_module
-from streamrt.pipeline.workloads import FrameSpec, tiny_cnn
+from streamrt.testing.workloads import FrameSpec, tiny_cnn
 
 
 def main() -> None:

@@ -93,7 +93,7 @@ def _environment(kind: str) -> dict[str, Any]:
 def _engine(args: argparse.Namespace, spec: Any, device: Any) -> Any:
     import torch
 
-    from streamrt.pipeline.workloads import TorchModuleEngine, tiny_cnn
+    from streamrt.testing.workloads import TorchModuleEngine, tiny_cnn
 
     if args.plan is not None:
         import streamrt
@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
-    from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, make_frames
     from streamrt.profile.pipeline_summary import format_comparison, summarize
+    from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     device = get_device(args.device)
     defaults = _DEFAULTS[device.kind]
