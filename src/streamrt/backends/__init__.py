@@ -29,7 +29,7 @@ class BackendEntry:
     module: str
     cls: str
     package: str  # the import name of its heavy library
-    extra: str  # the pip extra that installs it
+    pip_extra: str  # the pip extra that installs it
     summary: str
 
 
@@ -68,7 +68,7 @@ def get_backend(name: str) -> Backend:
         module = importlib.import_module(entry.module)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] == entry.package:
-            raise MissingDependencyError(entry.package, entry.extra, purpose=f"the {name} backend") from exc
+            raise MissingDependencyError(entry.package, entry.pip_extra, purpose=f"the {name} backend") from exc
         raise
     backend: Backend = getattr(module, entry.cls)()
     return backend

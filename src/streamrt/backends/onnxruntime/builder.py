@@ -69,7 +69,7 @@ class OnnxRuntimeBackend(Backend):
     """Builds optimized ONNX models for ONNX Runtime and loads them into sessions."""
 
     name = "onnxruntime"
-    extra = "core"
+    pip_extra = "core"
     device_fields = ("kind", "arch", "isa")
     # bf16 and tf32 have no CPU kernels in ONNX Runtime for most operators.
     precisions = frozenset({"fp32", "fp16", "int8"})
@@ -83,7 +83,7 @@ class OnnxRuntimeBackend(Backend):
 
         return {"onnxruntime": self.version(), "onnx": str(onnx.__version__), "numpy": np.__version__}
 
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         providers = [PROVIDERS.get(p, p) for p in config.backend_options.get("providers", ["cpu"])]
         kind = "cuda" if any(p != "CPUExecutionProvider" for p in providers) else "cpu"
         return {"kind": kind, "arch": platform.machine(), "isa": cpu_simd_level(), "providers": providers}

@@ -63,7 +63,7 @@ class TensorRTBackend(Backend):
     """Builds serialized TensorRT engines and loads them into :class:`TensorRTEngine` objects."""
 
     name = "tensorrt"
-    extra = "tensorrt"
+    pip_extra = "tensorrt"
     device_fields = ("name", "compute_capability")
     # Precision is decided in the ONNX graph; "tf32" only leaves TensorRT's TF32 flag on.
     precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
@@ -75,7 +75,7 @@ class TensorRTBackend(Backend):
         torch = _torch()
         return {"tensorrt": self.version(), "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
 
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         device = local_gpu()
         if device is None:
             raise ConfigError("the tensorrt backend builds for a CUDA GPU, and torch sees none on this machine")
@@ -86,7 +86,7 @@ class TensorRTBackend(Backend):
         compat.check_plan(manifest, self.version(), local_gpu())
 
     def build(self, job: BuildJob) -> BuildOutput:
-        return _Build(job, self.target(job.config)).run()
+        return _Build(job, self.target_device(job.config)).run()
 
     def load(self, plan: Plan) -> Engine:
         _torch()  # the engine side needs torch: a missing one names its extra
@@ -142,7 +142,7 @@ class _Build:
         payload = bytes(plan)
         del parser  # only now: the network's weights belonged to it
         return BuildOutput(
-            payload=payload, settings=self._settings(cache_file), extra={"tensorrt": self.options.facts()}
+            payload=payload, settings=self._settings(cache_file), manifest_facts={"tensorrt": self.options.facts()}
         )
 
     def _parse(self, network: Any, logger: Any) -> Any:

@@ -123,7 +123,7 @@ class TorchInductorBackend(Backend):
     """Builds AOTInductor packages (GPU or CPU) and loads them into engines."""
 
     name = "torch_inductor"
-    extra = "torch"
+    pip_extra = "torch"
     precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
     _CUDA_FIELDS = ("kind", "name", "compute_capability", "cuda")
     _CPU_FIELDS = ("kind", "arch", "isa")
@@ -137,7 +137,7 @@ class TorchInductorBackend(Backend):
             versions["triton"] = str(require("triton", extra="torch").__version__)
         return versions
 
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         return device_target(device_kind(config))
 
     def check_compatible(self, manifest: PlanManifest) -> None:
