@@ -33,7 +33,7 @@ import torch
 import streamrt
 from streamrt.config import BuildConfig
 from streamrt.module_builder import build_module
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 from streamrt.types import ShapeProfile, ShapeRange
 
 

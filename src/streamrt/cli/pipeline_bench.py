@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
-    from streamrt.profile.pipeline_summary import format_comparison, summarize
+    from streamrt.profiling.pipeline_summary import format_comparison, summarize
     from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     device = get_device(args.device)
@@ -189,8 +189,8 @@ def run(args: argparse.Namespace) -> int:
 def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results: Sequence[Any],
            summaries: Sequence[tuple[Any, Any]]) -> None:
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     plots = True

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, StreamRTError
-from streamrt.profile.stats import Stats
+from streamrt.profiling.stats import Stats
 from streamrt.serve.protocol import HEADER_LENGTH, numpy_dtype
 
 __all__ = ["LevelResult", "LoadConfig", "format_results", "run_load", "run_load_async"]

@@ -1,8 +1,8 @@
 """The timing loops' shared pieces: how long to run (:class:`BenchSettings`), what a loop hands
 back (:class:`TimedRun`), and the host loop for synchronous calls.
 
-The CUDA loop (:mod:`streamrt.profile.cuda_timing`, which imports torch) and the benchmark driver
-(:mod:`streamrt.profile.bench`) both build on this module, so neither imports the other's module
+The CUDA loop (:mod:`streamrt.profiling.cuda_timing`, which imports torch) and the benchmark driver
+(:mod:`streamrt.profiling.bench`) both build on this module, so neither imports the other's module
 at load time.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamrt.errors import ConfigError
-from streamrt.profile.summary import IterationRecord
+from streamrt.profiling.summary import IterationRecord
 
 __all__ = ["BenchSettings", "TimedRun", "host_loop"]
 

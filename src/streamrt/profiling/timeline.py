@@ -16,7 +16,7 @@ from pathlib import Path
 
 from streamrt._optional import require
 from streamrt.pipeline.tracing import ENQUEUE, PipelineTrace, StageSpan
-from streamrt.profile.trace import ordered_tracks
+from streamrt.profiling.trace import ordered_tracks
 
 __all__ = ["COLORS", "plot_timeline", "steady_window"]
 

@@ -3,7 +3,7 @@
 One *query* is one ``infer`` call on one batch. Every query gets a record with trtexec's
 timestamps (enqueue, H2D, compute and D2H start/end, in ms from the start of the run); the
 summary gives throughput (queries/s and items/s), min/max/mean/median/p90/p95/p99 of each
-metric (:mod:`streamrt.profile.stats`), total host walltime and total compute time, and
+metric (:mod:`streamrt.profiling.stats`), total host walltime and total compute time, and
 trtexec's warnings.
 
 How each kind of engine is timed:
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamrt.inputs import batch_size, shapes_of
-from streamrt.profile.loops import BenchSettings, TimedRun, host_loop
-from streamrt.profile.stats import Stats
-from streamrt.profile.summary import (
+from streamrt.profiling.loops import BenchSettings, TimedRun, host_loop
+from streamrt.profiling.stats import Stats
+from streamrt.profiling.summary import (
     COV_THRESHOLD,
     ENQUEUE_BOUND_RATIO,
     BenchSummary,
@@ -236,7 +236,7 @@ def benchmark(
     name = label or _label(engine)
     with engine.create_context() as ctx:
         if engine.device == "cuda":
-            from streamrt.profile.cuda_timing import cuda_loop
+            from streamrt.profiling.cuda_timing import cuda_loop
 
             run = cuda_loop(ctx, inputs, settings)
         else:
