@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from streamrt.backends.base import Engine
-from streamrt.config import BuildConfig
 from streamrt.errors import (
     ConfigError,
     DTypeMismatchError,
@@ -35,37 +34,21 @@ from streamrt.errors import (
     UnknownInputError,
 )
 from streamrt.onnx.profiles import check_shapes
-from streamrt.plan import is_plan_file
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
 from streamrt.serve.instances import InstanceGroup
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
-from streamrt.types import ShapeProfile, ShapeRange, TensorSpec, format_shape
+from streamrt.types import ShapeProfile, TensorSpec, format_shape
 
 __all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
 
 log = logging.getLogger(__name__)
 
 
-def _onnx_build_config(path: Path, config: ModelConfig) -> BuildConfig:
-    """The build config, with a batch profile of 1..max_batch_size when none is given."""
-    build = config.build
-    if build.profiles or not config.max_batch_size:
-        return build
-    from streamrt.onnx.model import load_model
-
-    ranges = {}
-    for spec in load_model(path).inputs:
-        if spec.shape and spec.shape[0] < 0 and all(d > 0 for d in spec.shape[1:]):
-            rest = spec.shape[1:]
-            n = config.max_batch_size
-            ranges[spec.name] = ShapeRange((1, *rest), (n, *rest), (n, *rest))
-    return build.replace(profiles=(ShapeProfile(ranges),)) if ranges else build
-
-
 def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
-    """Load ``<model_dir>/<version>/<file>``: a plan, or an ONNX model built through the cache.
+    """Open ``<model_dir>/<version>/<file>`` with :func:`streamrt.open`: a plan, or an ONNX model built
+    through the cache with a batch profile of 1..``max_batch_size`` when the config gives no profiles.
 
     Raises:
         ModelNotFoundError: the version directory holds no model file.
@@ -80,13 +63,11 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
             f"model '{config.name}' version {version}: no {' or '.join(names)} in {folder}",
             hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
         )
-    if is_plan_file(path):
-        return streamrt.load(path)
     started = time.perf_counter()
-    result = streamrt.build(path, _onnx_build_config(path, config), cache=True)
-    log.info("model '%s' version %d: %s %s in %.1f s", config.name, version,
-             "reused cached plan" if result.cached else "built plan", result.path.name, time.perf_counter() - started)
-    return streamrt.load(result.path)
+    engine = streamrt.open(path, config.build, max_batch=config.max_batch_size or None, cache=True)
+    log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
+             time.perf_counter() - started)
+    return engine
 
 
 EngineLoader = Callable[[Path, int, ModelConfig], Engine]
