@@ -5,7 +5,11 @@ Example:
     >>> config = streamrt.BuildConfig(precision="fp16")
     >>> result = streamrt.build("model.onnx", config, "model.plan")      # doctest: +SKIP
     >>> engine = streamrt.load(result.path)                              # doctest: +SKIP
+    >>> engine = streamrt.open("model.onnx", config, max_batch=32)      # doctest: +SKIP
     >>> outputs = engine.create_context().infer({"images": batch})       # doctest: +SKIP
+
+``streamrt.open`` is the short way: a plan is loaded, an ONNX model is built through the cache
+(with a batch profile 1..``max_batch``) and its plan loaded.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ __all__ = [
     "build",
     "build_module",
     "load",
+    "open",
 ]
 
 from streamrt._version import __version__
@@ -38,12 +43,14 @@ if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
     from streamrt.builder import BuildResult, build
     from streamrt.module_builder import build_module
+    from streamrt.opening import open
     from streamrt.runtime import load
 
 _LAZY = {
     "build": ("streamrt.builder", "build"),
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
+    "open": ("streamrt.opening", "open"),
     "build_module": ("streamrt.module_builder", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
