@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from streamrt._features import cuda_available
 from streamrt._oom import LOAD_HINT, out_of_memory_guard
 from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import Engine
@@ -72,22 +73,12 @@ def plan_needs(manifest: PlanManifest) -> str:
     return f"the {manifest.backend} backend ({versions}) and {where}"
 
 
-def _has_cuda_device() -> bool:
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    return Path("/dev/nvidiactl").exists()
-
-
 def requirements_error(
     manifest: PlanManifest, path: str | Path, missing: MissingDependencyError
 ) -> PlanRequirementsError:
     """The error for a plan whose backend library is not installed: what is missing, what the plan needs."""
     lacks = [f"the '{missing.package}' Python package"]
-    if manifest.device.get("kind") == "cuda" and not _has_cuda_device():
+    if manifest.device.get("kind") == "cuda" and not cuda_available():
         lacks.append("a CUDA device")
     here = [name for name in available_backends() if name != manifest.backend]
     rebuild = rebuild_command(manifest.build_command, path)
