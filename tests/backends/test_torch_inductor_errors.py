@@ -14,6 +14,7 @@ from helpers import catalogue_file, save
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ShapeError
+from streamrt.inputs import to_device, to_numpy
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import ShapeProfile, ShapeRange
 
@@ -21,12 +22,13 @@ pytestmark = [pytest.mark.torch]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_batch_profile_1_to_2_builds_and_runs_without_torch_warnings(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], device: str
 ) -> None:
     src = catalogue_file("matmul", tmp_path)
     plan = tmp_path / "mm.plan"
-    rc = main(["build", str(src), "-o", str(plan), "--backend", "torch_inductor", "--option", "device=cpu",
+    rc = main(["build", str(src), "-o", str(plan), "--backend", "torch_inductor", "--option", f"device={device}",
                "--no-cache", "--cache-dir", str(tmp_path / "cache"),
                "--min-shapes", "x:1x32", "--opt-shapes", "x:1x32", "--max-shapes", "x:2x32"])
     err = capfd.readouterr().err
@@ -35,12 +37,15 @@ def test_batch_profile_1_to_2_builds_and_runs_without_torch_warnings(
     model = CATALOGUE["matmul"]
     ctx = streamrt.load(plan).create_context()
     rng = np.random.default_rng()
+    engine = ctx.engine
     for batch in (1, 2):
         inputs = model.inputs(rng, batch)
-        np.testing.assert_allclose(ctx.infer(inputs)["y"], model.reference(model.make(), inputs)["y"],
-                                   rtol=1e-4, atol=1e-4)
+        got = to_numpy(ctx.infer(to_device(inputs, engine.device))["y"])
+        # fp32 with TF32 off (the plan's default), against NumPy's float64 reference
+        np.testing.assert_allclose(got, model.reference(model.make(), inputs)["y"], rtol=1e-4, atol=1e-4)
+    # The export bound (3) is wider than the profile (1..2): the profile still rules.
     with pytest.raises(ShapeError, match="outside every profile"):
-        ctx.infer(model.inputs(rng, 3))  # the export bound is wider than the profile; the profile still rules
+        ctx.infer(to_device(model.inputs(rng, 3), engine.device))
 
 
 def _fixed_batch_model() -> onnx.ModelProto:

@@ -146,11 +146,17 @@ def video_codec(path: str | Path) -> str:
 
 
 def _h264_encoder() -> str | None:
+    """The name of an H.264 *encoder* PyAV's FFmpeg has (``codecs_available`` also lists decoders)."""
     try:
         import av
     except ImportError:
         return None
-    return next((name for name in ("libx264", "h264", "libopenh264") if name in av.codecs_available), None)
+    for name in ("libx264", "libopenh264", "h264"):
+        try:
+            return str(av.Codec(name, "w").name)
+        except ValueError:  # UnknownCodecError: no such encoder in this build
+            continue
+    return None
 
 
 class _PyAVWriter:
