@@ -1,0 +1,231 @@
+"""Configs to and from plain data (YAML, JSON, pbtxt-as-dict), by cattrs over the frozen dataclasses.
+
+One converter reads and writes every config dataclass (``BuildConfig``, ``PipelineConfig``, the
+server's ``ModelConfig`` family): nested dataclasses, tuples, optionals and mappings come from the
+type hints; the hooks here cover what the hints cannot say:
+
+* scalars are strict: ``True`` is not an integer, ``1.5`` is not one either, ``"8"`` is (protobuf's
+  JSON writes 64-bit integers as strings);
+* enums are read by value, case-insensitively (``"FP16"`` -> ``Precision.FP16``);
+* paths from strings, shape profiles through :class:`~streamrt.types.ShapeProfile`'s own mapping;
+* unknown keys are refused, naming them and the allowed ones.
+
+Every failure becomes one :class:`~streamrt.errors.ConfigError` line that says where it happened
+(``model 'cnn' instance_group[0]: count must be an integer >= 1, got 0``); checks of single values
+stay in each dataclass's ``__post_init__``, so a config built in Python is checked the same way.
+
+Modules that own a config with a file format of its own (the server's Triton fields) register
+their hooks on :data:`converter` with :func:`register_class` and the cattrs hook API.
+
+Example:
+    >>> from streamrt.config import BuildConfig
+    >>> structure({"precision": "FP16"}, BuildConfig).precision
+    <Precision.FP16: 'fp16'>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.gen import make_dict_structure_fn
+
+from streamrt.errors import ConfigError
+from streamrt.types import ShapeProfile
+
+if sys.version_info < (3, 11):  # pragma: no cover - the backport cattrs itself needs there
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["converter", "register_class", "structure", "unstructure"]
+
+T = TypeVar("T")
+
+
+class InvalidValue(ValueError):
+    """A value of the wrong kind; the message starts with ``must be`` and the field name is added."""
+
+
+converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+"""The converter every config goes through (hooks registered below and by config modules)."""
+
+
+# --- scalars ------------------------------------------------------------------------------------
+
+
+def _int(value: Any, _: type) -> int:
+    if isinstance(value, bool):
+        raise InvalidValue(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InvalidValue(f"must be an integer, got {value!r}")
+
+
+def _float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidValue(f"must be a number, got {value!r}")
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidValue(f"must be a number, got {value!r}") from None
+
+
+def _bool(value: Any, _: type) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise InvalidValue(f"must be true or false, got {value!r}")
+
+
+def _str(value: Any, _: type) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # YAML reads `name: 7` as a number
+    raise InvalidValue(f"must be a string, got {value!r}")
+
+
+def _path(value: Any, _: type) -> Path:
+    if isinstance(value, (str, Path)):
+        return Path(value)
+    raise InvalidValue(f"must be a path, got {value!r}")
+
+
+def _enum_hook(cls: type[enum.Enum]) -> Callable[[Any, type], enum.Enum]:
+    def structure_enum(value: Any, _: type) -> enum.Enum:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            allowed = ", ".join(str(m.value) for m in cls)
+            raise InvalidValue(f"must be one of {allowed}, got {value!r}") from None
+
+    return structure_enum
+
+
+converter.register_structure_hook(int, _int)
+converter.register_structure_hook(float, _float)
+converter.register_structure_hook(bool, _bool)
+converter.register_structure_hook(str, _str)
+converter.register_structure_hook(Path, _path)
+converter.register_unstructure_hook(Path, str)
+converter.register_structure_hook_factory(
+    lambda t: isinstance(t, type) and issubclass(t, enum.Enum), _enum_hook
+)
+converter.register_structure_hook(
+    ShapeProfile, lambda v, _: v if isinstance(v, ShapeProfile) else ShapeProfile.from_dict(v)
+)
+converter.register_unstructure_hook(ShapeProfile, lambda p: p.to_dict())
+converter.register_unstructure_hook_factory(
+    lambda t: getattr(t, "__origin__", None) is tuple, lambda t: lambda v: [converter.unstructure(x) for x in v]
+)
+
+
+# --- dataclasses --------------------------------------------------------------------------------
+
+# Display names used in "unknown ... keys" messages (kept from the hand-written readers).
+_NAMES: dict[type, str] = {}
+
+
+def register_class(
+    cls: type[T],
+    *,
+    name: str = "",
+    ignore: tuple[str, ...] = (),
+    before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> None:
+    """Structure ``cls`` from a mapping: drop the ``ignore``d keys, apply ``before``, refuse the rest.
+
+    ``name`` appears in the unknown-keys message (``unknown build config keys [...]``).
+    """
+    generated = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+    if name:
+        _NAMES[cls] = name
+
+    def structure_class(value: Any, _: type) -> T:
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidValue(f"must be a mapping, got {type(value).__name__}")
+        data = {k: v for k, v in value.items() if k not in ignore}
+        if before is not None:
+            data = before(data)
+        return generated(data, cls)
+
+    converter.register_structure_hook(cls, structure_class)
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+
+def structure(data: Any, cls: type[T], where: str = "") -> T:
+    """``data`` (a mapping) as a ``cls``; any failure is one ConfigError line prefixed with ``where``."""
+    if not isinstance(data, Mapping) and not isinstance(data, cls):
+        raise ConfigError(_join(where, f"expected a mapping, got {type(data).__name__}"))
+    try:
+        return converter.structure(data, cls)
+    except Exception as exc:  # cattrs wraps everything raised below it in exception groups
+        raise _config_error(exc, cls, where) from None
+
+
+def unstructure(obj: Any) -> dict[str, Any]:
+    """Plain values (str, int, float, bool, list, dict) of a config dataclass: the inverse of :func:`structure`."""
+    out = converter.unstructure(obj)
+    assert isinstance(out, dict)
+    return out
+
+
+def _join(where: str, message: str) -> str:
+    return f"{where}: {message}" if where else message
+
+
+def _config_error(exc: BaseException, cls: type, where: str) -> ConfigError:
+    """The first leaf of cattrs' exception tree as one line: location, field and message."""
+    path: list[str] = []
+    owner: type = cls
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+        for note in getattr(exc, "__notes__", ()):
+            if isinstance(note, cattrs.AttributeValidationNote):
+                path.append(f".{note.name}" if path else note.name)
+                if dataclasses.is_dataclass(note.type):
+                    owner = note.type
+            elif isinstance(note, cattrs.IterableValidationNote):
+                path.append(f"[{note.index}]")
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        owner = exc.cl
+        known = sorted(f.name for f in dataclasses.fields(owner))
+        name = _NAMES.get(owner, "")
+        message = f"unknown {name + ' ' if name else ''}keys {sorted(exc.extra_fields)}; known: {known}"
+        return _error(where, "".join(path), message)
+    if isinstance(exc, ConfigError):
+        return _error(where, "".join(path), exc.message, exc.hint)
+    field, container = _split_last(path)
+    if isinstance(exc, InvalidValue):
+        return _error(where, container, f"{field or 'value'} {exc}")
+    if isinstance(exc, KeyError):
+        return _error(where, container, f"missing required key {exc}")
+    return _error(where, container, f"{field or 'value'}: {exc}")
+
+
+def _split_last(path: list[str]) -> tuple[str, str]:
+    """``['instance_group', '[0]', '.count']`` -> ``('count', 'instance_group[0]')``."""
+    if not path or path[-1].startswith("["):
+        return "", "".join(path)
+    return path[-1].lstrip("."), "".join(path[:-1])
+
+
+def _error(where: str, container: str, message: str, hint: str | None = None) -> ConfigError:
+    prefix = " ".join(p for p in (where, container) if p)
+    return ConfigError(_join(prefix, message), hint=hint)
