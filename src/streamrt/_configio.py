@@ -41,7 +41,7 @@ from streamrt.types import ShapeProfile
 if sys.version_info < (3, 11):  # pragma: no cover - the backport cattrs itself needs there
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["converter", "register_class", "structure", "unstructure"]
+__all__ = ["InvalidValue", "class_reader", "converter", "register_class", "structure", "unstructure"]
 
 T = TypeVar("T")
 
@@ -127,9 +127,13 @@ converter.register_structure_hook(
     ShapeProfile, lambda v, _: v if isinstance(v, ShapeProfile) else ShapeProfile.from_dict(v)
 )
 converter.register_unstructure_hook(ShapeProfile, lambda p: p.to_dict())
-converter.register_unstructure_hook_factory(
-    lambda t: getattr(t, "__origin__", None) is tuple, lambda t: lambda v: [converter.unstructure(x) for x in v]
-)
+
+
+def _tuple_as_list(_: Any, conv: cattrs.Converter) -> Callable[[Any], list[Any]]:
+    return lambda value: [conv.unstructure(x) for x in value]  # JSON and YAML have lists
+
+
+converter.register_unstructure_hook_factory(lambda t: getattr(t, "__origin__", None) is tuple, _tuple_as_list)
 
 
 # --- dataclasses --------------------------------------------------------------------------------
@@ -138,17 +142,17 @@ converter.register_unstructure_hook_factory(
 _NAMES: dict[type, str] = {}
 
 
-def register_class(
+def class_reader(
     cls: type[T],
     *,
     name: str = "",
     ignore: tuple[str, ...] = (),
     before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> None:
-    """Structure ``cls`` from a mapping: drop the ``ignore``d keys, apply ``before``, refuse the rest.
-
-    ``name`` appears in the unknown-keys message (``unknown build config keys [...]``).
-    """
+) -> Callable[[Any, type], T]:
+    """A cattrs hook reading ``cls`` from a mapping: drop the ``ignore``d keys, apply ``before``,
+    refuse the keys left over that are not fields. ``name`` appears in the unknown-keys message
+    (``unknown build config keys [...]``). The hooks of the fields' types are bound now: register
+    nested classes first."""
     generated = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
     if name:
         _NAMES[cls] = name
@@ -163,7 +167,18 @@ def register_class(
             data = before(data)
         return generated(data, cls)
 
-    converter.register_structure_hook(cls, structure_class)
+    return structure_class
+
+
+def register_class(
+    cls: type[T],
+    *,
+    name: str = "",
+    ignore: tuple[str, ...] = (),
+    before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> None:
+    """Read ``cls`` through :func:`class_reader` wherever the converter meets it."""
+    converter.register_structure_hook(cls, class_reader(cls, name=name, ignore=ignore, before=before))
 
 
 # --- entry points -------------------------------------------------------------------------------
@@ -176,7 +191,7 @@ def structure(data: Any, cls: type[T], where: str = "") -> T:
     try:
         return converter.structure(data, cls)
     except Exception as exc:  # cattrs wraps everything raised below it in exception groups
-        raise _config_error(exc, cls, where) from None
+        raise _config_error(exc, where) from None
 
 
 def unstructure(obj: Any) -> dict[str, Any]:
@@ -190,23 +205,19 @@ def _join(where: str, message: str) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _config_error(exc: BaseException, cls: type, where: str) -> ConfigError:
+def _config_error(exc: BaseException, where: str) -> ConfigError:
     """The first leaf of cattrs' exception tree as one line: location, field and message."""
     path: list[str] = []
-    owner: type = cls
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
         for note in getattr(exc, "__notes__", ()):
             if isinstance(note, cattrs.AttributeValidationNote):
                 path.append(f".{note.name}" if path else note.name)
-                if dataclasses.is_dataclass(note.type):
-                    owner = note.type
             elif isinstance(note, cattrs.IterableValidationNote):
                 path.append(f"[{note.index}]")
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
-        owner = exc.cl
-        known = sorted(f.name for f in dataclasses.fields(owner))
-        name = _NAMES.get(owner, "")
+        known = sorted(f.name for f in dataclasses.fields(exc.cl))
+        name = _NAMES.get(exc.cl, "")
         message = f"unknown {name + ' ' if name else ''}keys {sorted(exc.extra_fields)}; known: {known}"
         return _error(where, "".join(path), message)
     if isinstance(exc, ConfigError):
