@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from streamrt.cli.args import CacheArgs
 from streamrt.cli.common import add_build_arguments, config_from_args, stderr_progress
 
 __all__ = ["register", "run"]
@@ -32,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         config,
         args.output,
-        cache=not args.no_cache,
-        cache_dir=args.cache_dir,
+        cache=CacheArgs.use_cache(args),
+        cache_dir=CacheArgs.cache_dir(args),
         progress=stderr_progress,
     )
     if args.json:

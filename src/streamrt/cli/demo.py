@@ -13,7 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from streamrt.cli.args import PipelineArgs
+from streamrt.errors import ConfigError
+
 __all__ = ["register", "run"]
+
+_PIPELINE = PipelineArgs(skip=("cuda_graphs",))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,18 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="clip size (default 1920x1080 on CUDA, 1280x720 on the CPU)")
     parser.add_argument("--frames", type=int, default=None, help="clip length (default 300 on CUDA, 150 on CPU)")
     parser.add_argument("--backend", default=None, help="backend (default: the best available)")
-    parser.add_argument("--topology", choices=("streams", "single"), default="streams", help="pipeline topology")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="replicated lanes (default 1 on CUDA, one per core on the CPU)")
-    parser.add_argument("--ring", type=int, default=None, help="frames in flight per lane (default 4 CUDA, 2 CPU)")
-    parser.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
+    pipe = _PIPELINE.group.add_to(parser)  # defaults: 1 lane, ring 4 on CUDA; a lane per core, ring 2 on the CPU
+    pipe.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
     parser.set_defaults(func=run)
 
 
 def _size(text: str | None) -> tuple[int | None, int | None]:
-    from streamrt.errors import ConfigError
-
     if text is None:
         return None, None
     try:
@@ -54,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
     width, height = _size(args.size)
     cuda = cuda_available()
     base = default_pipeline(cuda)
-    pipeline = base.replace(topology=args.topology, workers=args.workers or base.workers,
-                            ring_size=args.ring or base.ring_size, cuda_graphs=cuda and not args.no_graphs)
+    pipeline = _PIPELINE.config(args, base.replace(cuda_graphs=cuda and not args.no_graphs))
+    if pipeline.topology.value == "sync":
+        raise ConfigError("demo compares the synchronous loop with a pipeline: --topology must be streams or single")
     config = DemoConfig(out_dir=args.out_dir, width=width, height=height, frames=args.frames, backend=args.backend,
                         pipeline=pipeline, cache_dir=args.cache_dir)
     result = run_demo(config, progress=lambda line: print(f"  · {line}", file=sys.stderr, flush=True))

@@ -16,12 +16,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamrt.cli.args import PipelineArgs
+
 if TYPE_CHECKING:
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
     from streamrt.video.workload import Detections, Frame
 
 __all__ = ["add_detect_arguments", "register", "run"]
+
+# detect's pipeline flags; defaults: a stream per stage, 4 frames in flight, traced for the report.
+_PIPELINE = PipelineArgs(defaults={"topology": "streams", "ring_size": 4, "trace": True})
 
 
 def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +39,7 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layout", default=None, help="output layout: yolov8, yolov5, yolov8t (default: detect)")
     model.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
     model.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
-    pipe = parser.add_argument_group("pipeline")
-    pipe.add_argument("--topology", choices=("sync", "streams", "single"), default="streams",
-                      help="sync: the synchronous loop; streams: a stream per stage (default); single: one stream")
-    pipe.add_argument("--workers", type=int, default=1, help="replicated lanes, each with its own engine context")
-    pipe.add_argument("--ring", type=int, default=4, help="frames in flight per lane (default 4)")
-    pipe.add_argument("--graphs", action="store_true", help="replay pre/engine/post as CUDA graphs (CUDA only)")
+    pipe = _PIPELINE.group.add_to(parser)
     pipe.add_argument("--batch", type=int, default=0, help="frames per engine call (default: one per source)")
     post = parser.add_argument_group("post-processing")
     post.add_argument("--conf", type=float, default=0.25, help="score threshold (default 0.25)")
@@ -96,11 +96,9 @@ class ProgressBar:
 def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectConfig:
     """A :class:`~streamrt.video.runner.DetectConfig` from the shared flags."""
     from streamrt.ops.postprocess import PostprocessConfig
-    from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.runner import DetectConfig
 
-    pipeline = PipelineConfig(topology=args.topology, workers=args.workers, ring_size=args.ring,
-                              cuda_graphs=args.graphs, trace=True)
+    pipeline = _PIPELINE.config(args)
     return DetectConfig(
         postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
         pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
