@@ -190,7 +190,8 @@ def _ops(text: str) -> tuple[str, ...]:
 _PRECISIONS = [p.value for p in Precision]
 
 BUILD_OPTIONS = (
-    Option("backend", ("--backend",), "backend (default onnxruntime)", per_side=True),
+    Option("backend", ("--backend",), "backend (default onnxruntime)", {"choices": backend_choices()},
+           per_side=True),
     Option("precision", ("--precision",), "numeric precision, applied to the ONNX graph (default fp32)",
            {"choices": _PRECISIONS}, per_side=True),
     Option("optimization_level", ("--opt-level",), "0 (fast build) .. 5 (best kernels); default 3", {"type": int}),

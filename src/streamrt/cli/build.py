@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from streamrt.cli.args import CacheArgs
-from streamrt.cli.common import add_build_arguments, config_from_args, stderr_progress
+from streamrt.cli.common import add_build_arguments, check_output, config_from_args, stderr_progress
 
 __all__ = ["register", "run"]
 
@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import streamrt
 
+    check_output(args.output, example=f"{args.model.stem}.plan")
     config = config_from_args(args)
     result = streamrt.build(
         args.model,

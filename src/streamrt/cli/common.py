@@ -14,10 +14,12 @@ from typing import Any
 
 from streamrt.cli.args import BuildArgs, CacheArgs, parse_options
 from streamrt.config import BuildConfig
+from streamrt.errors import ConfigError
 from streamrt.plan import is_plan_file
 
 __all__ = [
     "add_build_arguments",
+    "check_output",
     "config_from_args",
     "engine_from_path",
     "parse_options",
@@ -38,6 +40,25 @@ def add_build_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
 def config_from_args(args: argparse.Namespace, prefix: str = "") -> BuildConfig:
     """A BuildConfig from ``--config`` (if any) overridden by the flags given (and the side's, with a prefix)."""
     return BuildArgs(prefix).config(args)
+
+
+def check_output(path: Path, *, directory: bool = False, example: str = "") -> None:
+    """Refuse an output path that cannot be written before any work is done (one line, a hint).
+
+    ``directory``: the command writes several files into ``path``; else ``path`` is one file and
+    ``example`` names a file to suggest when ``path`` is a folder.
+    """
+    import os
+
+    if not directory and path.is_dir():
+        raise ConfigError(f"output {path} is a directory", hint=f"-o {path / example}" if example else "-o FILE")
+    if directory and path.exists() and not path.is_dir():
+        raise ConfigError(f"output {path} is a file, not a directory", hint="-o DIR with a new or existing folder")
+    nearest = path if path.exists() else next(p for p in path.parents if p.exists())
+    if nearest is not path and not nearest.is_dir():
+        raise ConfigError(f"cannot write {path}: {nearest} is a file, not a folder", hint="-o PATH in a folder")
+    if not os.access(nearest, os.W_OK):
+        raise ConfigError(f"cannot write {path}: permission denied", hint="-o PATH in a folder you can write to")
 
 
 def stderr_progress(line: str) -> None:

@@ -4,7 +4,7 @@ SOURCE is a video file, a folder of images, an image, or ``synthetic[:WxHxN@FPS]
 sources run as cameras batched into the engine. The model is a YOLO ONNX export (YOLOv5 or
 YOLOv8/YOLO11 layout; class names from its metadata, ``--labels`` or ``MODEL.txt``) or a plan;
 ONNX files are built through the cache with the best backend here unless ``--backend`` names one.
-Outputs: ``--out`` annotated video, ``--json`` detections as JSON Lines, ``--report DIR`` the run
+Outputs: ``-o/--output`` annotated video, ``--jsonl`` detections as JSON Lines, ``--report DIR`` the run
 report (JSON, markdown, PNG timeline, Chrome trace). See ``docs/detection.md``.
 """
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamrt.cli.args import PipelineArgs
+from streamrt.cli.args import PipelineArgs, add_alias, backend_choices, plain_text
 
 if TYPE_CHECKING:
     from streamrt.video.model import DetectorModel
@@ -32,7 +32,8 @@ _PIPELINE = PipelineArgs(defaults={"topology": "streams", "ring_size": 4, "trace
 def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, pipeline and post-processing flags (shared with ``streamrt demo``)."""
     model = parser.add_argument_group("model")
-    model.add_argument("--backend", default=None, help="backend for ONNX models (default: best available)")
+    model.add_argument("--backend", default=None, choices=backend_choices(),
+                       help="backend for ONNX models (default: the best available)")
     model.add_argument("--precision", default=None, choices=["fp32", "fp16", "bf16"],
                        help="default fp16 on GPU backends, fp32 on ONNX Runtime")
     model.add_argument("--max-batch", type=int, default=16, help="largest batch of the built plan (default 16)")
@@ -50,14 +51,18 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "detect", help="detect objects in videos, image folders or generated clips through the pipeline",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("sources", nargs="+", metavar="SOURCE",
                         help="video file, image folder, image, synthetic[:WxHxN@FPS]")
     parser.add_argument("--model", type=Path, default=None, help="ONNX file or plan (default: the bundled detector)")
     parser.add_argument("--labels", type=Path, default=None, help="class names, one per line")
-    parser.add_argument("--out", type=Path, default=None, help="annotated video (.mp4/.avi); several sources: name_<i>")
-    parser.add_argument("--json", type=Path, default=None, help="detections as JSON Lines")
+    output = parser.add_argument("-o", "--output", type=Path, default=None, metavar="VIDEO",
+                                 help="annotated video (.mp4/.avi); several sources: name_<i>")
+    add_alias(parser, "--out", output)
+    jsonl = parser.add_argument("--jsonl", type=Path, default=None, metavar="FILE",
+                                help="write the detections as JSON Lines")
+    add_alias(parser, "--json", jsonl)  # --json elsewhere prints the result as JSON on stdout
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="run report, timeline and trace")
     parser.add_argument("--paced", action="store_true", help="camera-paced: frames arrive at --fps, late ones drop")
     parser.add_argument("--fps", type=float, default=None, help="pacing rate per source (default: the source's)")
@@ -116,11 +121,17 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamrt.cli.common import check_output
     from streamrt.video.report import write_report_files
     from streamrt.video.runner import run_detection
     from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
     from streamrt.video.sources import Prefetch, open_source
 
+    for path in (args.output, args.jsonl):
+        if path is not None:
+            check_output(path, example="annotated.mp4" if path is args.output else "detections.jsonl")
+    if args.report is not None:
+        check_output(args.report, directory=True)
     detector = open_model(args, args.model, args.labels)
     config = detect_config(args, paced=args.paced)
     sources = [open_source(s) for s in args.sources]
@@ -128,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = detector.names
         first = sources[0].info
-        if args.json is not None:
-            sinks.append(ThreadedSink(JsonlSink(args.json, names)))
-        if args.out is not None:
-            sinks.append(ThreadedSink(VideoSink(args.out, fps=args.fps or first.fps, size=(first.width, first.height),
+        if args.jsonl is not None:
+            sinks.append(ThreadedSink(JsonlSink(args.jsonl, names)))
+        if args.output is not None:
+            size = (first.width, first.height)
+            sinks.append(ThreadedSink(VideoSink(args.output, fps=args.fps or first.fps, size=size,
                                                 sources=len(sources), names=names)))
         feeds = [Prefetch(s) for s in sources]
 
@@ -150,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         for sink in sinks:
             sink.close()
     print(report.format_text())
-    for label, path in (("annotated video", args.out), ("detections", args.json)):
+    for label, path in (("annotated video", args.output), ("detections", args.jsonl)):
         if path is not None:
             print(f"wrote {label}: {path}")
     if args.report is not None:

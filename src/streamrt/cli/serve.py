@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import re
 import signal
 import sys
 import time
 from pathlib import Path
 
 from streamrt.cli.args import ServerArgs
+from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.config import ServerConfig
 
 __all__ = ["JsonFormatter", "config_from_args", "register", "run"]
@@ -88,11 +91,27 @@ async def _serve(repository: Path, config: ServerConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.errors import ConfigError
 
     if not args.repository.is_dir():
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
-    asyncio.run(_serve(args.repository, config))
+    try:
+        asyncio.run(_serve(args.repository, config))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise _port_in_use(exc, config) from None
     return 0
+
+
+def _port_in_use(exc: OSError, config: ServerConfig) -> StreamRTError:
+    """One line naming the busy port and the flag that moves it."""
+
+    found = re.search(r"(\d+)\)?: address already in use", str(exc)) or re.search(r", (\d+)\)", str(exc))
+    port = int(found.group(1)) if found else None
+    flags = {config.http_port: "--http-port", config.grpc_port: "--grpc-port", config.metrics_port: "--metrics-port"}
+    flag = flags.get(port, "--http-port")
+    where = f"port {port}" if port is not None else "a port"
+    return ConfigError(f"{where} on {config.host} is already in use (another server running?)",
+                       hint=f"{flag} N with a free port, or {flag} 0 to pick any")
