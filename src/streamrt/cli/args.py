@@ -130,6 +130,8 @@ class OptionGroup:
         group = group if group is not None else parser.add_argument_group(f"{self.title}{side}")
         for option in self._active():
             kwargs = {"default": None, **option.kwargs}
+            if "action" not in kwargs and "choices" not in kwargs and "metavar" not in kwargs:
+                kwargs["metavar"] = option.flags[-1].lstrip("-").upper().replace("-", "_")  # not the field name
             help_text = option.help
             if self.prefix:
                 help_text += f"; for {self.prefix.rstrip('-').upper()} only (overrides the shared flag)"
@@ -282,8 +284,8 @@ class BuildArgs:
 class CacheArgs:
     """``--no-cache`` and ``--cache-dir``: whether and where builds are reused."""
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("build cache")
+    def add_to(self, parser: argparse.ArgumentParser, group: Any = None) -> None:
+        group = group if group is not None else parser.add_argument_group("build cache")
         group.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
         group.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
 

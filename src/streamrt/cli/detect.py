@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamrt.cli.args import PipelineArgs, add_alias, backend_choices, plain_text
+from streamrt.cli.args import CacheArgs, PipelineArgs, add_alias, backend_choices, plain_text
 
 if TYPE_CHECKING:
     from streamrt.video.model import DetectorModel
@@ -38,8 +38,7 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default fp16 on GPU backends, fp32 on ONNX Runtime")
     model.add_argument("--max-batch", type=int, default=16, help="largest batch of the built plan (default 16)")
     model.add_argument("--layout", default=None, help="output layout: yolov8, yolov5, yolov8t (default: detect)")
-    model.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
-    model.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
+    CacheArgs().add_to(parser, model)
     pipe = _PIPELINE.group.add_to(parser)
     pipe.add_argument("--batch", type=int, default=0, help="frames per engine call (default: one per source)")
     post = parser.add_argument_group("post-processing")
@@ -116,8 +115,8 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
     from streamrt.video.model import bundled_model, open_detector
 
     return open_detector(path or bundled_model(), backend=args.backend, labels=labels, layout=args.layout,
-                         max_batch=args.max_batch, precision=args.precision, cache=not args.no_cache,
-                         cache_dir=args.cache_dir, progress=stderr_progress)
+                         max_batch=args.max_batch, precision=args.precision, cache=CacheArgs.use_cache(args),
+                         cache_dir=CacheArgs.cache_dir(args), progress=stderr_progress)
 
 
 def run(args: argparse.Namespace) -> int:
