@@ -37,6 +37,9 @@ def test_enums_case_insensitive_and_paths() -> None:
          "calibration.preprocess: preprocess layout must be NCHW or NHWC, got 'CHW'"),
         ({"precision": "fp8"}, "precision must be one of fp32, tf32, fp16, bf16, int8, got 'fp8'"),
         ({"calibration": [1]}, "calibration must be a mapping, got list"),
+        ({"fp32_ops": "Softmax"}, "fp32_ops must be a list, got 'Softmax'"),  # not ('S', 'o', 'f', ...)
+        ({"calibration": {"data": "d", "preprocess": {"size": [1, 2, 3]}}},
+         "calibration.preprocess: size must be a list of 2 values, got [1, 2, 3]"),
     ],
 )
 def test_build_config_errors_are_one_located_line(data: dict, message: str) -> None:

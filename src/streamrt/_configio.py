@@ -7,6 +7,7 @@ type hints; the hooks here cover what the hints cannot say:
 * scalars are strict: ``True`` is not an integer, ``1.5`` is not one either, ``"8"`` is (protobuf's
   JSON writes 64-bit integers as strings);
 * enums are read by value, case-insensitively (``"FP16"`` -> ``Precision.FP16``);
+* tuples from lists (a string is refused, not split into characters);
 * paths from strings, shape profiles through :class:`~streamrt.types.ShapeProfile`'s own mapping;
 * unknown keys are refused, naming them and the allowed ones.
 
@@ -129,6 +130,34 @@ converter.register_structure_hook(
 converter.register_unstructure_hook(ShapeProfile, lambda p: p.to_dict())
 
 
+def _tuple_hook(t: Any, conv: cattrs.Converter) -> Callable[[Any, type], tuple[Any, ...]]:
+    """``tuple[X, ...]`` and ``tuple[X, Y]`` from a list: a string is not a list of characters."""
+    args = t.__args__
+    variadic = len(args) == 2 and args[1] is Ellipsis
+
+    def structure_tuple(value: Any, _: type) -> tuple[Any, ...]:
+        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+            raise InvalidValue(f"must be a list, got {value!r}")
+        items = list(value)
+        if not variadic and len(items) != len(args):
+            raise InvalidValue(f"must be a list of {len(args)} values, got {value!r}")
+        types = [args[0]] * len(items) if variadic else list(args)
+        out = []
+        for index, (item, kind) in enumerate(zip(items, types, strict=True)):
+            try:
+                out.append(conv.get_structure_hook(kind)(item, kind))
+            except Exception as exc:  # located like cattrs' own sequences: "field[3]"
+                exc.__notes__ = [*getattr(exc, "__notes__", []),
+                                 cattrs.IterableValidationNote(f"Structuring {t} @ index {index}", index, kind)]
+                raise cattrs.IterableValidationError(f"While structuring {t}", [exc], t) from None
+        return tuple(out)
+
+    return structure_tuple
+
+
+converter.register_structure_hook_factory(lambda t: getattr(t, "__origin__", None) is tuple, _tuple_hook)
+
+
 def _tuple_as_list(_: Any, conv: cattrs.Converter) -> Callable[[Any], list[Any]]:
     return lambda value: [conv.unstructure(x) for x in value]  # JSON and YAML have lists
 
@@ -190,8 +219,11 @@ def structure(data: Any, cls: type[T], where: str = "") -> T:
         raise ConfigError(_join(where, f"expected a mapping, got {type(data).__name__}"))
     try:
         return converter.structure(data, cls)
-    except Exception as exc:  # cattrs wraps everything raised below it in exception groups
-        raise _config_error(exc, where) from None
+    except Exception as exc:  # cattrs wraps what the hooks raise in exception groups
+        error = _config_error(exc, where)
+        if error is None:
+            raise  # not a bad value: a bug, with its traceback
+        raise error from None
 
 
 def unstructure(obj: Any) -> dict[str, Any]:
@@ -205,8 +237,11 @@ def _join(where: str, message: str) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _config_error(exc: BaseException, where: str) -> ConfigError:
-    """The first leaf of cattrs' exception tree as one line: location, field and message."""
+def _config_error(exc: BaseException, where: str) -> ConfigError | None:
+    """The first leaf of cattrs' exception tree as one line: location, field and message.
+
+    None when the leaf is not about a value (an AttributeError in a hook is a bug, not a config error).
+    """
     path: list[str] = []
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -227,7 +262,9 @@ def _config_error(exc: BaseException, where: str) -> ConfigError:
         return _error(where, container, f"{field or 'value'} {exc}")
     if isinstance(exc, KeyError):
         return _error(where, container, f"missing required key {exc}")
-    return _error(where, container, f"{field or 'value'}: {exc}")
+    if isinstance(exc, (TypeError, ValueError)):  # cattrs' own: a list where a mapping goes, ...
+        return _error(where, container, f"{field or 'value'}: {exc}")
+    return None
 
 
 def _split_last(path: list[str]) -> tuple[str, str]:
