@@ -147,8 +147,8 @@ def _tuple_hook(t: Any, conv: cattrs.Converter) -> Callable[[Any, type], tuple[A
             try:
                 out.append(conv.get_structure_hook(kind)(item, kind))
             except Exception as exc:  # located like cattrs' own sequences: "field[3]"
-                exc.__notes__ = [*getattr(exc, "__notes__", []),
-                                 cattrs.IterableValidationNote(f"Structuring {t} @ index {index}", index, kind)]
+                note = cattrs.IterableValidationNote(f"Structuring {t} @ index {index}", index, kind)
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
                 raise cattrs.IterableValidationError(f"While structuring {t}", [exc], t) from None
         return tuple(out)
 
