@@ -1,5 +1,9 @@
 """Frozen configuration dataclasses. The CLI flags and YAML/JSON config files map onto these.
 
+Files and mappings are read and written by :mod:`streamrt._configio` (cattrs); the CLI's flags
+for these fields are declared in :mod:`streamrt.cli.args`. Value checks live in ``__post_init__``
+so a config built in Python is checked the same way as one read from a file.
+
 Example:
     >>> cfg = BuildConfig.from_dict({"precision": "fp16", "profiles": [
     ...     {"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}]})
