@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.cli.args import DEVICE_OPTION, add_alias, plain_text
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -99,7 +99,7 @@ def _environment(kind: str) -> dict[str, Any]:
 def _engine(args: argparse.Namespace, spec: Any, device: Any) -> Any:
     import torch
 
-    from streamrt.pipeline.workloads import TorchModuleEngine, tiny_cnn
+    from streamrt.testing.workloads import TorchModuleEngine, tiny_cnn
 
     if args.plan is not None:
         import streamrt
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
-    from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, make_frames
-    from streamrt.profile.pipeline_summary import format_comparison, summarize
+    from streamrt.profiling.pipeline_summary import format_comparison, summarize
+    from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     if args.output is not None:
         from streamrt.cli.common import check_output
@@ -199,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
 def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results: Sequence[Any],
            summaries: Sequence[tuple[Any, Any]]) -> None:
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     plots = True
