@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.errors import ConfigError, ModelNotReadyError, StreamRTError, UnknownModelError
-from streamrt.serve.config import CONFIG_FILES, ModelConfig, read_config_file
+from streamrt.serve.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.model import EngineLoader, ServedModel
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
@@ -110,7 +110,7 @@ class ModelRepository:
             return ModelConfig.from_dict(override, name=name)
         for file in CONFIG_FILES:
             if (folder / file).is_file():
-                return ModelConfig.from_dict(read_config_file(folder / file), name=name)
+                return ModelConfig.from_file(folder / file, name=name)
         return ModelConfig(name=name)
 
     # --- lifecycle ----------------------------------------------------------------------------
