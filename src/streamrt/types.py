@@ -103,7 +103,8 @@ class DType(enum.Enum):
             text = text[len("torch.") :]
         key = text.lower()
         for dtype, info in _TABLE.items():
-            if key in (dtype.value, info.kserve.lower(), info.torch or dtype.value, info.tensorrt.lower() or dtype.value):
+            names = (dtype.value, info.kserve.lower(), info.torch, info.tensorrt.lower())
+            if key in (n for n in names if n):
                 return dtype
         try:
             np_name = np.dtype(value).name

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrt.errors import ConfigError, ModelNotReadyError, StreamRTError, UnknownModelError
+from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.model import EngineLoader, ServedModel
 
@@ -199,15 +199,18 @@ class ModelRepository:
         if entry is None:
             if (self.root / name).is_dir():
                 raise ModelNotReadyError(f"model '{name}' is not loaded")
-            raise UnknownModelError(f"unknown model '{name}'")
+            raise UnknownModelError(f"Request for unknown model: '{name}' is not found")
         if not entry.versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReadyError(f"model '{name}' is {entry.state.value}{why}")
         if not version:
             return entry.versions[max(entry.versions)]
-        if not version.isdigit() or int(version) not in entry.versions:
+        if not version.isdigit():
+            raise RequestError(f"failed to get model version from specified version string '{version}' "
+                               "(versions are positive integers)")
+        if int(version) not in entry.versions:
             raise UnknownModelError(
-                f"unknown version '{version}' of model '{name}'; served versions: "
+                f"Request for unknown model: '{name}' version {version} is not found; served versions: "
                 + ", ".join(map(str, entry.versions))
             )
         return entry.versions[int(version)]

@@ -3,7 +3,8 @@
 ``kserve_v2.proto`` is StreamRT's wire-compatible subset of the ``inference`` package and
 ``model_config.proto`` the whole of Triton's model-configuration schema; their compiled
 descriptors are embedded in ``_descriptor.py`` and ``_model_config_descriptor.py`` (see
-:mod:`.generate` for why not ``_pb2.py`` files). Needs ``protobuf >= 4.25`` (the ``serve`` extra); no grpcio-tools at run time.
+:mod:`.generate` for why not ``_pb2.py`` files). Needs ``protobuf >= 4.25`` (the ``serve``
+extra); no grpcio-tools at run time.
 
 Example:
     >>> from streamrt.serve.proto import messages
