@@ -189,7 +189,7 @@ def _version_policy(message: Any, where: str) -> VersionPolicy:
     if kind == "specific":
         return _located(f"{where} version_policy",
                         lambda: VersionPolicy("specific", versions=tuple(policy.specific.versions)))
-    return VersionPolicy("all")
+    return VersionPolicy("all") if kind == "all" else VersionPolicy()
 
 
 def _warmups(message: Any, where: str, given: bool) -> tuple[WarmupConfig, ...] | None:

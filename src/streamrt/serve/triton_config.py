@@ -133,10 +133,8 @@ def parse_mapping(data: Mapping[str, Any], name: str = "") -> Any:
 
 def _friendly(data: dict[str, Any]) -> dict[str, Any]:
     """StreamRT's short spellings as Triton's: ``FP32`` -> ``TYPE_FP32``, ``cpu`` -> ``KIND_CPU``,
-    ``{key: "v"}`` parameters -> ``{key: {string_value: "v"}}``; empty values as absent."""
-    out = {k: v for k, v in data.items() if v not in (None, [], {}) or k == "model_warmup"}
-    if out.get("model_warmup") is None:
-        out.pop("model_warmup", None)
+    ``{key: "v"}`` parameters -> ``{key: {string_value: "v"}}``; ``null`` values as absent."""
+    out = {k: v for k, v in data.items() if v is not None}
     for key in ("input", "output"):
         for tensor in out.get(key) or ():
             if isinstance(tensor, dict):
@@ -177,7 +175,7 @@ def _walk(message: Any, path: str, shown: str, found: list[tuple[str, str]]) -> 
         key = f"{path}.{field.name}" if path else field.name
         label = f"{shown}.{field.name}" if shown else field.name
         is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
-        repeated = field.label == field.LABEL_REPEATED and not is_map and field.message_type is not None
+        repeated = _is_repeated(field) and not is_map and field.message_type is not None
         pattern = f"{key}{{}}" if is_map else f"{key}[]" if repeated else key
         if field.message_type is None or (is_map and field.message_type.fields_by_name["value"].message_type is None):
             if pattern in HONOURED or pattern in HINTS or (pattern == "response_cache.enable" and not value):
@@ -201,6 +199,11 @@ def _walk(message: Any, path: str, shown: str, found: list[tuple[str, str]]) -> 
                     found.append((item_label, _why(field.name, key)))
                 continue
             _walk(item, pattern, item_label, found)
+
+
+def _is_repeated(field: Any) -> bool:
+    flag = getattr(field, "is_repeated", None)  # protobuf >= 6.31; `label` is deprecated there
+    return bool(flag) if flag is not None else bool(field.label == field.LABEL_REPEATED)
 
 
 def _why(name: str, key: str) -> str:
