@@ -60,15 +60,16 @@ def _param(value: Any) -> Any:
 def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
     """``ModelInferRequest`` -> :class:`InferRequest` (raw contents are zero-copy views)."""
     params = {k: _param(v) for k, v in message.parameters.items()}
+    for tensor in message.inputs:
+        if "shared_memory_region" in tensor.parameters:
+            raise UnsupportedRequestError(f"input '{tensor.name}': shared memory is not supported by this server "
+                                          "(parameter shared_memory_region)")
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise RequestError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
     inputs: dict[str, np.ndarray] = {}
     for index, tensor in enumerate(message.inputs):
         where = f"input '{tensor.name}'"
-        if "shared_memory_region" in tensor.parameters:
-            raise UnsupportedRequestError(f"{where}: shared memory is not supported by this server "
-                                          "(parameter shared_memory_region)")
         if raw and tensor.HasField("contents") and tensor.contents.ListFields():
             raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
                                "(the request mixes both)")

@@ -134,11 +134,11 @@ def build_app(server: ServerCore) -> web.Application:
         headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
         if json_length is not None:
             headers[HEADER_LENGTH] = str(json_length)
-        response = web.Response(body=payload, headers=headers)
+        reply = web.Response(body=payload, headers=headers)
         accepted = request.headers.get("Accept-Encoding", "")
         if "gzip" in accepted or "deflate" in accepted:
-            response.enable_compression()
-        return response
+            reply.enable_compression()
+        return reply
 
     async def json_body(request: web.Request) -> dict[str, Any]:
         text = await request.read()

@@ -66,7 +66,16 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
             hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
         )
     started = time.perf_counter()
-    engine = streamrt.open(path, config.build, max_batch=config.max_batch_size or None, cache=True)
+    build = config.build
+    source: Any = path
+    if path.suffix == ".onnx" and not build.profiles:
+        from streamrt.onnx.model import load_model
+        from streamrt.serve.derived_profiles import derive_profile
+
+        source = load_model(path)  # read once: its inputs decide the profile, then it is built
+        profile = derive_profile(config, source.inputs)
+        build = build.replace(profiles=(profile,)) if profile is not None else build
+    engine = streamrt.open(source, build, max_batch=config.max_batch_size or None, cache=True)
     log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
              time.perf_counter() - started)
     return engine

@@ -151,8 +151,8 @@ def json_values(array: np.ndarray) -> list[Any]:
         return [item.decode("utf-8", "replace") if isinstance(item, (bytes, np.bytes_)) else str(item)
                 for item in array.reshape(-1)]
     if array.dtype.kind == "V" or array.dtype.name in ("float16", "bfloat16"):
-        return array.astype(np.float32).ravel().tolist()  # type: ignore[no-any-return]
-    return array.ravel().tolist()  # type: ignore[no-any-return]
+        return array.astype(np.float32).ravel().tolist()
+    return array.ravel().tolist()
 
 
 def raw_bytes(array: np.ndarray) -> bytes | memoryview:

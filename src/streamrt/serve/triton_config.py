@@ -220,7 +220,7 @@ def message_json(message: Any) -> dict[str, Any]:
                                          always_print_fields_with_no_presence=True)
     except TypeError:  # protobuf < 5.26 spells the option differently
         data = json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                         including_default_value_fields=True)  # type: ignore[call-arg]
+                                         including_default_value_fields=True)
     return _numbers(data, message.DESCRIPTOR)
 
 
