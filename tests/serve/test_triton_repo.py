@@ -296,3 +296,69 @@ def test_refused_config_names_the_field(http: Any) -> None:
     http.load_model("sequence_refused", config=override)  # the same model without the unsupported field
     assert http.is_model_ready("sequence_refused")
     http.unload_model("sequence_refused")
+
+
+def _identity_bytes(elem: int) -> bytes:
+    model = _model([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+                   [helper.make_tensor_value_info("INPUT0", elem, [-1, 4])],
+                   [helper.make_tensor_value_info("OUTPUT0", elem, [-1, 4])])
+    return model.SerializeToString()
+
+
+_TYPES = {"UINT16": (TensorProto.UINT16, np.uint16), "UINT32": (TensorProto.UINT32, np.uint32),
+          "UINT64": (TensorProto.UINT64, np.uint64), "FP16": (TensorProto.FLOAT16, np.float16)}
+
+
+# BF16 is covered by the codec test below: ONNX Runtime's Python API takes no bfloat16 arrays.
+@pytest.mark.parametrize("kind", ["UINT16", "UINT32", "UINT64", "FP16"])
+def test_model_control_with_files_and_every_datatype(http: Any, grpc: Any, kind: str) -> None:
+    import json
+
+    elem, dtype = _TYPES[kind]
+    name = f"ident_{kind.lower()}"
+    config = json.dumps({"max_batch_size": 4, "input": [{"name": "INPUT0", "data_type": f"TYPE_{kind}", "dims": [4]}],
+                         "output": [{"name": "OUTPUT0", "data_type": f"TYPE_{kind}", "dims": [4]}]})
+    files = {"file:1/model.onnx": _identity_bytes(elem)}
+    (http if kind in ("UINT16", "FP16") else grpc).load_model(name, config=config, files=files)
+    try:
+        rng = np.random.default_rng()
+        if np.dtype(dtype).kind == "u":
+            x = rng.integers(0, np.iinfo(dtype).max, (2, 4), dtype=np.uint64, endpoint=True).astype(dtype)
+        else:
+            x = rng.standard_normal((2, 4)).astype(np.float32).astype(dtype)
+        for binary in (True, False):
+            item = thttp.InferInput("INPUT0", [2, 4], kind)
+            item.set_data_from_numpy(x, binary_data=binary)
+            out = http.infer(name, [item], outputs=[thttp.InferRequestedOutput("OUTPUT0", binary_data=binary)])
+            got = out.as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(got.astype(np.float64), x.astype(np.float64))
+        gitem = tgrpc.InferInput("INPUT0", [2, 4], kind)
+        gitem.set_data_from_numpy(x)
+        np.testing.assert_array_equal(grpc.infer(name, [gitem]).as_numpy("OUTPUT0").astype(np.float64),
+                                      x.astype(np.float64))
+        assert http.get_model_config(name)["input"][0]["data_type"] == f"TYPE_{kind}"
+    finally:
+        http.unload_model(name)
+
+
+def test_json_codec_for_bf16_and_uint64() -> None:
+    import json
+
+    from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
+
+    big = np.array([[2**64 - 1, 3]], np.uint64)
+    body = json.dumps({"inputs": [{"name": "a", "shape": [1, 2], "datatype": "UINT64", "data": big.tolist()},
+                                  {"name": "b", "shape": [2], "datatype": "BF16", "data": [1.5, -2.0]}]}).encode()
+    req = decode_http_request(body, None, model="m", version="", max_elements=10)
+    assert req.inputs["a"].dtype == np.uint64 and req.inputs["a"].tolist() == big.tolist()
+    assert req.inputs["b"].dtype.name == "bfloat16"
+    text, _ = encode_http_response(InferResponse("m", "1", "", dict(req.inputs)), InferRequest("m"))
+    outputs = json.loads(text)["outputs"]
+    assert outputs[0]["data"] == big.ravel().tolist() and outputs[1] == {
+        "name": "b", "datatype": "BF16", "shape": [2], "data": [1.5, -2.0]}
+
+
+def test_files_without_config_are_refused(http: Any) -> None:
+    with pytest.raises(InferenceServerException) as err:
+        http.load_model("ident_nothing", files={"file:1/model.onnx": b"x"})
+    assert err.value.status() == "400" and "config override" in str(err.value)

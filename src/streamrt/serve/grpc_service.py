@@ -215,15 +215,16 @@ class _Service:
         async def call() -> Any:
             self._check_control()
             params = {k: _param(v) for k, v in request.parameters.items()}
-            if any(k.startswith("file:") for k in params):
-                raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+            files = {k: bytes(v) for k, v in params.items() if k.startswith("file:") and isinstance(v, bytes)}
+            if any(k.startswith("file:") and k not in files for k in params):
+                raise RequestError("file: load parameters must be bytes_param")
             override = None
             if params.get("config"):
                 try:
                     override = json.loads(params["config"])
                 except ValueError as exc:
                     raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-            await self.repo.load(request.model_name, override)
+            await self.repo.load(request.model_name, override, files or None)
             return self.messages.RepositoryModelLoadResponse()
         return await self._guard(context, call)
 

@@ -17,6 +17,7 @@ asks for it, as tritonclient's ``request/response_compression_algorithm`` do.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from streamrt.errors import (
     StreamRTError,
     UnsupportedRequestError,
 )
+from streamrt.serve.model_files import FILE_PREFIX
 from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
 from streamrt.serve.triton_config import message_json
@@ -166,8 +168,13 @@ def build_app(server: ServerCore) -> web.Application:
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
             raise RequestError("'parameters' must be an object")
-        if any(k.startswith("file:") for k in params):
-            raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+        files = {}
+        for key, value in params.items():
+            if key.startswith(FILE_PREFIX):
+                try:
+                    files[key] = base64.b64decode(value, validate=True)
+                except (ValueError, TypeError):
+                    raise RequestError(f"load parameter '{key}' must be base64, as tritonclient sends it") from None
         config = params.get("config")
         override = None
         if config is not None:
@@ -175,7 +182,7 @@ def build_app(server: ServerCore) -> web.Application:
                 override = json.loads(config) if isinstance(config, str) else config
             except ValueError as exc:
                 raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-        await repo().load(request.match_info["model"], override)
+        await repo().load(request.match_info["model"], override, files or None)
         return web.Response(status=200)
 
     async def unload(request: web.Request) -> web.Response:
