@@ -10,7 +10,7 @@ from streamrt import _configio
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import ConfigError
 from streamrt.pipeline import PipelineConfig, Topology
-from streamrt.serve import ModelConfig
+from streamrt.serve.config_message import from_mapping
 
 
 def test_enums_case_insensitive_and_paths() -> None:
@@ -74,15 +74,15 @@ def test_pipeline_unknown_key_names_the_allowed_ones() -> None:
 )
 def test_model_config_errors_are_located(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_dict(data, name="m")
+        from_mapping(data, "m")
     assert str(err.value).startswith(message)
 
 
 def test_protobuf_json_integers_and_triton_round_trip() -> None:
     # json_format writes 64-bit integers as strings; the short instance kind is accepted.
-    cfg = ModelConfig.from_dict({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": "100"},
-                                 "instance_group": [{"count": "2", "kind": "cpu"}],
-                                 "parameters": {"a": {"string_value": "b"}}}, name="m")
+    cfg = from_mapping({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": "100"},
+                        "instance_group": [{"count": "2", "kind": "cpu"}],
+                        "parameters": {"a": {"string_value": "b"}}}, "m")
     assert cfg.dynamic_batching is not None and cfg.dynamic_batching.max_queue_delay_microseconds == 100
     assert cfg.instance_group[0].kind == "KIND_CPU" and cfg.parameters == {"a": "b"}
     from streamrt.serve.config_message import to_message
@@ -92,7 +92,7 @@ def test_protobuf_json_integers_and_triton_round_trip() -> None:
     assert triton["instance_group"][0]["name"] == "m_0"
     assert triton["dynamic_batching"]["default_queue_policy"]["timeout_action"] == "REJECT"
     # Triton prints no warm-up as an empty list, which reads back as "none" rather than "the default".
-    assert ModelConfig.from_dict(triton, name="m") == cfg.replace(model_warmup=(), platform="onnxruntime_onnx")
+    assert from_mapping(triton, "m") == cfg.replace(model_warmup=(), platform="onnxruntime_onnx")
 
 
 def test_structure_refuses_a_non_mapping() -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from streamrt.errors import ConfigError, QueueFullError, RequestError, ShapeError, UnknownModelError
-from streamrt.serve import BatchingConfig, ModelConfig, ServerConfig
-from streamrt.serve.config_message import to_message
+from streamrt.serve import BatchingConfig, ServerConfig
+from streamrt.serve.config_message import from_mapping, read_config_file, to_message
 from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
 from streamrt.serve.triton_config import message_json
@@ -28,15 +28,15 @@ def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
         "instance_group [{ count: 2 kind: KIND_CPU }]\nversion_policy { specific { versions: [1, 3] } }\n"
         "optimization { input_pinned_memory { enable: true } }\n"
     )
-    a = ModelConfig.from_file(tmp_path / "config.yaml", name="m")
-    b = ModelConfig.from_file(tmp_path / "config.pbtxt", name="m")
+    a = read_config_file(tmp_path / "config.yaml", "m")
+    b = read_config_file(tmp_path / "config.pbtxt", "m")
     assert a == b
     assert a.dynamic_batching == BatchingConfig(100, (4, 8))
     assert a.instance_count == 2 and a.version_policy.select([1, 2, 3, 4]) == [1, 3]
     # The reply is the message itself; Triton's JSON of it reads back to the same config.
     reply = message_json(to_message(a, "onnxruntime_onnx"))
     assert reply["input"][0]["dims"] == [3, 32, 32] and reply["dynamic_batching"]["max_queue_delay_microseconds"] == 100
-    c = ModelConfig.from_dict(json.loads(json.dumps(reply)), name="m")
+    c = from_mapping(json.loads(json.dumps(reply)), "m")
     assert c.input == a.input and c.dynamic_batching == a.dynamic_batching
 
 
@@ -61,7 +61,7 @@ def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
 )
 def test_model_config_errors_name_the_field(data: dict, words: str) -> None:
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_dict(data, name="m")
+        from_mapping(data, "m")
     assert words in str(err.value) and "model 'm'" in str(err.value)
 
 

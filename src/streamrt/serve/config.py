@@ -7,7 +7,8 @@ load. Every value is checked on load; messages name the model, the field, the ba
 what is allowed.
 
 Example:
-    >>> cfg = ModelConfig.from_dict({"max_batch_size": 8, "dynamic_batching": {
+    >>> from streamrt.serve.config_message import from_mapping
+    >>> cfg = from_mapping({"max_batch_size": 8, "dynamic_batching": {
     ...     "max_queue_delay_microseconds": 500}}, name="cnn")
     >>> cfg.dynamic_batching.max_queue_delay_microseconds
     500
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from streamrt.config import BuildConfig
@@ -228,8 +228,9 @@ class VersionPolicy:
 class ModelConfig:
     """One model of the repository: the part of Triton's ``ModelConfig`` StreamRT implements.
 
-    Read from any config format through Triton's own schema (:mod:`.triton_config`); fields
-    StreamRT does not implement refuse the load there, so what is here is what runs.
+    Read from any config format through Triton's own schema with
+    :func:`streamrt.serve.config_message.read_config_file` or ``from_mapping``; fields StreamRT
+    does not implement refuse the load there, so what is here is what runs.
 
     Attributes:
         name: model name (defaults to the directory name).
@@ -270,20 +271,6 @@ class ModelConfig:
     @property
     def instance_count(self) -> int:
         return sum(g.count for g in self.instance_group)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> ModelConfig:
-        """Validate a YAML/JSON mapping (or a load request's override) through Triton's schema."""
-        from streamrt.serve.config_message import from_mapping
-
-        return from_mapping(data, name)
-
-    @classmethod
-    def from_file(cls, path: str | Path, *, name: str | None = None) -> ModelConfig:
-        """Read ``config.yaml``/``.yml``/``.json`` or a Triton ``config.pbtxt``."""
-        from streamrt.serve.config_message import read_config_file
-
-        return read_config_file(Path(path), name)
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)

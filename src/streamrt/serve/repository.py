@@ -30,6 +30,7 @@ from typing import Any
 
 from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig
+from streamrt.serve.config_message import from_mapping, read_config_file
 from streamrt.serve.model import EngineLoader, ServedModel
 from streamrt.serve.model_files import remove_model_files, write_model_files
 
@@ -111,10 +112,10 @@ class ModelRepository:
         """The model's config from its directory, or ``override`` (a load request's config)."""
         folder = folder or self.root / name
         if override is not None:
-            return ModelConfig.from_dict(override, name=name)
+            return from_mapping(override, name)
         for file in CONFIG_FILES:
             if (folder / file).is_file():
-                return ModelConfig.from_file(folder / file, name=name)
+                return read_config_file(folder / file, name)
         return ModelConfig(name=name)
 
     # --- lifecycle ----------------------------------------------------------------------------
