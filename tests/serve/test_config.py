@@ -104,3 +104,55 @@ def test_public_surface() -> None:
 
     for name in serve.__all__:
         assert getattr(serve, name) is not None
+
+
+def test_pbtxt_list_syntax_hints_and_refusals() -> None:
+    from streamrt.serve.config_message import from_message
+    from streamrt.serve.triton_config import parse_text, unsupported_fields
+
+    text = ('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_UINT32 dims: [ -1 ] } ]\n'
+            "optimization { input_pinned_memory { enable: true } cuda { busy_wait_events: true } }\n"
+            "response_cache { enable: false }\n")
+    cfg = from_message(parse_text(text, "m"), "m")
+    assert cfg.input[0].data_type.kserve == "UINT32" and cfg.input[0].dims == (-1,) and cfg.max_batch_size == 4
+    refused = parse_text('name: "m" sequence_batching { control_input [ { name: "S" control [ { kind: '
+                         "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }\n"
+                         "instance_group [ { count: 1 rate_limiter { priority: 2 } } ]\n"
+                         "optimization { cuda { graphs: true } }\nresponse_cache { enable: true }", "m")
+    paths = [p for p, _ in unsupported_fields(refused)]
+    assert paths == ["instance_group[0].rate_limiter", "optimization.cuda.graphs", "sequence_batching",
+                     "response_cache.enable"]
+    with pytest.raises(ConfigError, match="config field 'instance_group\\[0\\].rate_limiter' is not supported"):
+        from_message(refused, "m")
+    with pytest.raises(ConfigError, match="does not follow Triton's schema"):
+        parse_text('name: "m" max_batch_size: 4 colour: "red"', "m")
+
+
+def test_profile_parameters_and_derived_profile() -> None:
+    from streamrt.serve.derived_profiles import DYNAMIC_DIM_MAX, derive_profile
+    from streamrt.types import DType, TensorSpec
+
+    cfg = from_mapping({"max_batch_size": 4, "parameters": {"min_shapes": "x:1x2", "opt_shapes": "x:2x8",
+                                                            "max_shapes": "x:4x64"}}, "m")
+    assert cfg.build.profiles[0].ranges["x"].max == (4, 64) and cfg.parameters["max_shapes"] == "x:4x64"
+    spec = TensorSpec("x", DType.BYTES, (-1, -1, 3))
+    derived = derive_profile(from_mapping({"max_batch_size": 8}, "m"), [spec])
+    assert derived is not None and derived.ranges["x"].min == (1, 1, 3)
+    assert derived.ranges["x"].max == (8, DYNAMIC_DIM_MAX, 3)
+    fixed = from_mapping({"max_batch_size": 8, "input": [{"name": "x", "data_type": "BYTES", "dims": [5, 3]}]}, "m")
+    assert derive_profile(fixed, [spec]).ranges["x"].max == (8, 5, 3)  # type: ignore[union-attr]
+
+
+def test_classification_strings_match_triton_format() -> None:
+    from streamrt.serve.classification import top_k_classes
+
+    rng = np.random.default_rng()
+    scores = rng.standard_normal((2, 5)).astype(np.float32)
+    out = top_k_classes(scores, 3, ["a", "b"], batched=True)
+    assert out.shape == (2, 3) and out.dtype == object
+    for row, strings in zip(scores, out, strict=True):
+        order = np.argsort(-row, kind="stable")[:3]
+        assert list(strings) == [f"{row[i]:f}:{i}".encode() + (b":" + b"ab"[i:i + 1] if i < 2 else b"")
+                                 for i in order]
+    with pytest.raises(RequestError, match="numeric"):
+        top_k_classes(np.array([b"x"], dtype=object), 1, [], batched=False)

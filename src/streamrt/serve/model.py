@@ -168,6 +168,7 @@ class ServedModel:
         self.batched = bool(config.max_batch_size)
         self._inputs = {t.name: t for t in config.input}
         self._outputs = [t.name for t in config.output]
+        self._all_outputs = tuple(RequestedOutput(n) for n in self._outputs)
         self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
         self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
         self.labels: dict[str, list[str]] = {}
@@ -321,10 +322,10 @@ class ServedModel:
         lead = shape[:1] if self.batched else ()
         return tuple(np.empty(shape, dtype=np.bool_).reshape(*lead, *reshape).shape)
 
-    def to_engine(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Inputs in the engine's shapes (Triton's ``reshape``); the arrays themselves when none is set."""
+    def to_engine(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
-            return dict(inputs)
+            return inputs
         return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
@@ -354,7 +355,7 @@ class ServedModel:
             priority=request.priority, timeout_us=request.timeout_us,
         )
         result = {}
-        for out in request.outputs or [RequestedOutput(n) for n in self._outputs]:
+        for out in request.outputs or self._all_outputs:
             array = self._from_engine(out.name, outputs[out.name])
             if out.class_count:
                 array = top_k_classes(array, out.class_count, self.labels.get(out.name, ()), batched=self.batched)

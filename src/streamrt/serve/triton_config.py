@@ -18,8 +18,8 @@ with dynamic dims).
 
 Example:
     >>> msg = parse_text('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]')
-    >>> to_model_config(msg, "m").input[0].dims
-    (3,)
+    >>> list(msg.input[0].dims), unsupported_fields(parse_text("sequence_batching { }"))[0][0]
+    ([3], 'sequence_batching')
 """
 
 from __future__ import annotations
