@@ -122,7 +122,7 @@ def test_pbtxt_list_syntax_hints_and_refusals() -> None:
     paths = [p for p, _ in unsupported_fields(refused)]
     assert paths == ["instance_group[0].rate_limiter", "optimization.cuda.graphs", "sequence_batching",
                      "response_cache.enable"]
-    with pytest.raises(ConfigError, match="config field 'instance_group\\[0\\].rate_limiter' is not supported"):
+    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.rate_limiter' is not supported"):
         from_message(refused, "m")
     with pytest.raises(ConfigError, match="does not follow Triton's schema"):
         parse_text('name: "m" max_batch_size: 4 colour: "red"', "m")
