@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from streamrt import __version__
+from streamrt._version import __version__
 from streamrt.errors import StreamRTError
 
 __all__ = ["SUBCOMMANDS", "main"]
