@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from streamrt.errors import ConfigError
+from streamrt.types import DType
 
 __all__ = [
     "HINTS",
@@ -156,11 +157,18 @@ def _friendly(data: dict[str, Any]) -> dict[str, Any]:
 
 def _prefix(d: dict[str, Any], key: str, prefix: str) -> None:
     value = d.get(key)
-    if isinstance(value, str):
-        upper = value.upper()
-        if upper in ("BYTES", "STRING") and prefix == "TYPE_":
-            upper = "STRING"
-        d[key] = upper if upper.startswith(prefix) else prefix + upper
+    if not isinstance(value, str):
+        return
+    upper = value.upper()
+    if upper.startswith(prefix):
+        return
+    if prefix == "TYPE_":
+        try:  # any name StreamRT knows for a type: FP32, float32, BYTES, ...
+            kserve = DType.from_any(value).kserve
+        except ConfigError:
+            kserve = upper
+        upper = "STRING" if kserve == "BYTES" else kserve
+    d[key] = prefix + upper
 
 
 def unsupported_fields(message: Any) -> list[tuple[str, str]]:
