@@ -39,7 +39,7 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "schedule_policy",
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
               "statistics", "parameters"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
