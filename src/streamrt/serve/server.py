@@ -80,6 +80,13 @@ class InferenceServer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._startup = list(cfg.startup_models) if cfg.startup_models is not None else self.repository.model_names()
+        if not self._startup:
+            log.warning(
+                "model repository %s has no models: expected %s/NAME/1/model.onnx (or model.plan), "
+                "e.g. mkdir -p %s/cnn/1 && python -m streamrt.testing.models small_cnn %s/cnn/1/model.onnx; "
+                "serving with no models until one is loaded",
+                self.repository_path, self.repository_path, self.repository_path, self.repository_path,
+            )
         if cfg.http_port is not None:
             from streamrt.serve.http import start_http
 
