@@ -6,6 +6,11 @@ YOLOv8/YOLO11 layout; class names from its metadata, ``--labels`` or ``MODEL.txt
 ONNX files are built through the cache with the best backend here unless ``--backend`` names one.
 Outputs: ``--out`` annotated video, ``--json`` detections as JSON Lines, ``--report DIR`` the run
 report (JSON, markdown, PNG timeline, Chrome trace). See ``docs/detection.md``.
+
+Without pipeline flags the run uses the demo's choice for this machine: on a GPU one lane with a
+stream per stage and CUDA graphs; on the CPU one lane per core, each with a one-thread session.
+Throughput is also measured over windows of frames: the median window with the spread, and a
+warning when the machine was noisy (the rule ``bench`` uses).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
     from streamrt.video.workload import Detections, Frame
@@ -35,10 +41,11 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
     model.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
     pipe = parser.add_argument_group("pipeline")
-    pipe.add_argument("--topology", choices=("sync", "streams", "single"), default="streams",
-                      help="sync: the synchronous loop; streams: a stream per stage (default); single: one stream")
-    pipe.add_argument("--workers", type=int, default=1, help="replicated lanes, each with its own engine context")
-    pipe.add_argument("--ring", type=int, default=4, help="frames in flight per lane (default 4)")
+    pipe.add_argument("--topology", choices=("sync", "streams", "single"), default=None,
+                      help="sync: the synchronous loop; streams: a stream per stage; single: one stream "
+                      "(default: the demo's choice for this machine, see below)")
+    pipe.add_argument("--workers", type=int, default=None, help="replicated lanes, each with its own engine context")
+    pipe.add_argument("--ring", type=int, default=None, help="frames in flight per lane")
     pipe.add_argument("--graphs", action="store_true", help="replay pre/engine/post as CUDA graphs (CUDA only)")
     pipe.add_argument("--batch", type=int, default=0, help="frames per engine call (default: one per source)")
     post = parser.add_argument_group("post-processing")
@@ -93,14 +100,24 @@ class ProgressBar:
             print(file=sys.stderr)
 
 
+def pipeline_config(args: argparse.Namespace, cuda: bool) -> PipelineConfig:
+    """The pipeline flags; with none of them, the demo's choice for this machine (:mod:`streamrt.video.tuning`)."""
+    from streamrt.pipeline.config import PipelineConfig, Topology
+    from streamrt.video.tuning import default_pipeline
+
+    if args.topology is None and args.workers is None and args.ring is None and not args.graphs:
+        return default_pipeline(cuda).replace(trace=True)
+    return PipelineConfig(topology=Topology(args.topology or "streams"), workers=args.workers or 1,
+                          ring_size=args.ring or 4, cuda_graphs=args.graphs, trace=True)
+
+
 def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectConfig:
     """A :class:`~streamrt.video.runner.DetectConfig` from the shared flags."""
+    from streamrt.device import cuda_available
     from streamrt.ops.postprocess import PostprocessConfig
-    from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.runner import DetectConfig
 
-    pipeline = PipelineConfig(topology=args.topology, workers=args.workers, ring_size=args.ring,
-                              cuda_graphs=args.graphs, trace=True)
+    pipeline = pipeline_config(args, cuda_available())
     return DetectConfig(
         postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
         pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
@@ -108,13 +125,19 @@ def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectCon
     )
 
 
-def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None = None) -> DetectorModel:
+def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None = None,
+               pipeline: PipelineConfig | None = None) -> DetectorModel:
+    """The detector; an ONNX file is built for ``pipeline``'s lanes (one thread each for several CPU lanes)."""
     from streamrt.cli.common import stderr_progress
-    from streamrt.video.model import bundled_model, open_detector
+    from streamrt.device import cuda_available
+    from streamrt.video.model import best_backend, bundled_model, open_detector
+    from streamrt.video.tuning import lane_options
 
-    return open_detector(path or bundled_model(), backend=args.backend, labels=labels, layout=args.layout,
+    backend = args.backend or best_backend()
+    options = lane_options(backend, pipeline, cuda_available()) if pipeline is not None else {}
+    return open_detector(path or bundled_model(), backend=backend, labels=labels, layout=args.layout,
                          max_batch=args.max_batch, precision=args.precision, cache=not args.no_cache,
-                         cache_dir=args.cache_dir, progress=stderr_progress)
+                         cache_dir=args.cache_dir, progress=stderr_progress, options=options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
     from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
     from streamrt.video.sources import Prefetch, open_source
 
-    detector = open_model(args, args.model, args.labels)
     config = detect_config(args, paced=args.paced)
+    detector = open_model(args, args.model, args.labels, config.pipeline)
     sources = [open_source(s) for s in args.sources]
     sinks: list[Sink] = []
     try:
