@@ -39,24 +39,15 @@ def stage(x: torch.Tensor, out: torch.Tensor) -> None:
 def run(streams: dict[str, object]) -> list[tuple[str, float, float, str]]:
     """Enqueue every item's A and B on the given streams; return the spans measured by events."""
     s_a, s_b = streams["A"], streams["B"]
-    t0 = s_a.new_event(timing=True)
-    s_a.record(t0)
-    s_b.wait(t0)
-    marks = []
+    timeline = _common.Timeline(s_a)
+    s_b.wait(timeline.origin)
     for k in range(items):
-        for name, s, x in (("A", s_a, a), ("B", s_b, outs[k])):
-            if name == "B":
-                s.wait(done_a)  # B of item k starts only after A of item k: one event, no host sync
-            start, end = s.new_event(timing=True), s.new_event(timing=True)
-            s.record(start)
-            s.launch(lambda x=x, k=k: stage(x, outs[k]))
-            s.record(end)
-            if name == "A":
-                done_a = end
-            marks.append((s.name, start, end, f"{name}{k}"))
+        done_a = timeline.launch(s_a, "A", lambda k=k: stage(a, outs[k]))
+        s_b.wait(done_a)  # B of item k starts only after A of item k: one event, no host sync
+        timeline.launch(s_b, "B", lambda k=k: stage(outs[k], outs[k]))
     s_a.synchronize()
     s_b.synchronize()
-    return [(track, t0.elapsed_ms(st), t0.elapsed_ms(en), label[0]) for track, st, en, label in marks]
+    return timeline.spans()
 
 
 one = device.stream("one stream")

@@ -41,8 +41,9 @@ for pinned in (False, True):
         tl.launch(stream, "copy", lambda src=src: dst.copy_(src, non_blocking=True))
         stream.synchronize()
     (_, start, end, _), = tl.spans()
-    bandwidth["pinned" if pinned else "pageable"] = mib / 1024 / ((end - start) / 1e3)
-    print(f"{'pinned' if pinned else 'pageable':<8} host -> {device.kind}: {bandwidth['pinned' if pinned else 'pageable']:6.1f} GB/s")
+    label = "pinned" if pinned else "pageable"
+    bandwidth[label] = mib / 1024 / ((end - start) / 1e3)
+    print(f"{label:<8} host -> {device.kind}: {bandwidth[label]:6.1f} GB/s")
 
 # Part 2: chunks copied in, then computed. Serially on one stream, or double-buffered.
 chunks = 4 if args.small else 8

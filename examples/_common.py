@@ -19,9 +19,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # write PNG files; no window
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from streamrt.device import cuda_available  # noqa: E402
+from streamrt.device import cuda_available
 
 
 def parse_args(number: str, doc: str | None, add: Callable[[argparse.ArgumentParser], None] | None = None,
