@@ -69,7 +69,7 @@ def _run_length(args: argparse.Namespace) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.profile.bench import benchmark
+    from streamrt.profiling.bench import benchmark
 
     duration, iterations = _run_length(args)
     engine = engine_from_path(args.engine, args)

@@ -49,7 +49,7 @@ def _size(text: str | None) -> tuple[int | None, int | None]:
 
 def run(args: argparse.Namespace) -> int:
     from streamrt.device import cuda_available
-    from streamrt.profile.rounds import format_ratio, noise_warning
+    from streamrt.profiling.rounds import format_ratio, noise_warning
     from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
     width, height = _size(args.size)

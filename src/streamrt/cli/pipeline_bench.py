@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -93,7 +93,7 @@ def _environment(kind: str) -> dict[str, Any]:
 def _engine(args: argparse.Namespace, spec: Any, device: Any) -> Any:
     import torch
 
-    from streamrt.pipeline.workloads import TorchModuleEngine, tiny_cnn
+    from streamrt.testing.workloads import TorchModuleEngine, tiny_cnn
 
     if args.plan is not None:
         import streamrt
@@ -110,7 +110,7 @@ def _slug(label: str) -> str:
 def _analysis(results: Sequence[Any], summaries: Sequence[tuple[Any, Any]], rounds: Sequence[Any],
               device: str) -> list[str]:
     """Plain-language lines under the table: noise, best case, its bound, what graphs changed."""
-    from streamrt.profile.rounds import format_ratio, noise_warning
+    from streamrt.profiling.rounds import format_ratio, noise_warning
 
     best = max(range(len(results)), key=lambda i: results[i].items_per_s)
     vs = format_ratio(rounds[best], rounds[0])
@@ -158,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
-    from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, make_frames
-    from streamrt.profile.pipeline_summary import format_comparison, summarize
-    from streamrt.profile.rounds import Rounds
+    from streamrt.profiling.pipeline_summary import format_comparison, summarize
+    from streamrt.profiling.rounds import Rounds
+    from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     device = get_device(args.device)
     defaults = _DEFAULTS[device.kind]
@@ -203,8 +203,8 @@ def run(args: argparse.Namespace) -> int:
 def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results: Sequence[Any],
            summaries: Sequence[tuple[Any, Any]]) -> None:
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     plots = True

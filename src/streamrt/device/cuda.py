@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from streamrt.device.base import Event, Stream, StreamWork
-from streamrt.device.buffers import BufferPool, import_torch, torch_dtype
+from streamrt.device.base import BufferPool, Event, Stream, StreamWork
+from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.device.host import HostStream, InlineStream
 from streamrt.errors import PipelineError
 

@@ -3,7 +3,7 @@
 Per-frame latency runs from the moment a frame became available (decoded, or for a paced camera
 the instant the camera produced it) to the moment its detections reached the caller, so queueing
 in front of the pipeline counts. Stage times and the busiest resource come from the pipeline's
-trace (:func:`streamrt.profile.pipeline_summary.summarize`); :func:`write_report_files` adds the
+trace (:func:`streamrt.profiling.pipeline_summary.summarize`); :func:`write_report_files` adds the
 PNG timeline and the Chrome trace.
 """
 
@@ -85,7 +85,7 @@ class RunReport:
             f"p99 {lat.get('p99', float('nan')):.1f} ms, max {lat.get('max', float('nan')):.1f} ms",
         ]
         if len(self.window_fps) > 1:
-            from streamrt.profile.rounds import Rounds, noise_warning
+            from streamrt.profiling.rounds import Rounds, noise_warning
 
             windows = Rounds.of(self.window_fps)
             lines.append(f"  throughput per window: {windows.describe('FPS', 'windows')}")
@@ -120,8 +120,8 @@ class RunReport:
 def write_report_files(report: RunReport, folder: str | Path, stem: str = "run") -> list[Path]:
     """Write ``<stem>.json``, ``<stem>.md``, and when traced ``<stem>_timeline.png`` and ``<stem>_trace.json``."""
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamrt.profile.stats import Stats
+from streamrt.profiling.stats import Stats
 
 __all__ = [
     "COV_THRESHOLD",
@@ -184,7 +184,7 @@ def is_unstable(stats: Stats) -> bool:
     """The noise rule every measurement shares: coefficient of variation above :data:`COV_THRESHOLD`.
 
     ``bench`` applies it to per-iteration compute times; ``demo``, ``pipeline-bench`` and ``detect``
-    to throughput across rounds (:mod:`streamrt.profile.rounds`).
+    to throughput across rounds (:mod:`streamrt.profiling.rounds`).
     """
     return stats.cov > COV_THRESHOLD
 

@@ -3,7 +3,7 @@
 ``demo`` and ``pipeline-bench`` run each case several times, interleaved (``a b a b ...``) so a
 drifting machine slows every case alike; ``detect`` splits its one run into windows of frames.
 :class:`Rounds` holds those throughputs and reports their median with the spread. A case is
-*noisy* by the rule ``bench`` applies to compute times (:func:`streamrt.profile.summary.is_unstable`:
+*noisy* by the rule ``bench`` applies to compute times (:func:`streamrt.profiling.summary.is_unstable`:
 coefficient of variation above ``COV_THRESHOLD``), and a ratio whose baseline is noisy is not
 printed as a number: a baseline that fell to a tenth of its speed in one round headlines a 10x
 speed-up that the code did not earn.
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from streamrt.profile.stats import Stats
-from streamrt.profile.summary import COV_THRESHOLD, is_unstable, unstable_advice
+from streamrt.profiling.stats import Stats
+from streamrt.profiling.summary import COV_THRESHOLD, is_unstable, unstable_advice
 
 __all__ = ["Rounds", "format_ratio", "noise_warning", "ratio"]
 
