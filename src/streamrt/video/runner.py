@@ -36,7 +36,7 @@ from streamrt.video.report import RunReport, latency_stats
 from streamrt.video.sources import FrameSource
 from streamrt.video.workload import Detections, DetectionWorkload, Frame
 
-__all__ = ["DetectConfig", "run_detection"]
+__all__ = ["WINDOWS", "DetectConfig", "run_detection", "window_rates"]
 
 log = logging.getLogger(__name__)
 
