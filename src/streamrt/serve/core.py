@@ -81,6 +81,11 @@ class ServerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._startup = list(cfg.startup_models) if cfg.startup_models is not None else self.repository.model_names()
+        await self._open_listeners()
+        self._accepting = True
+        self.started_at = time.time()
+        log.info("streamrt server %s%s; loading %d models", __version__, self._describe_listeners(),
+                 len(self._startup))
         if not self._startup:
             log.warning(
                 "model repository %s has no models: expected %s/NAME/1/model.onnx (or model.plan), "
@@ -88,11 +93,6 @@ class ServerCore:
                 "serving with no models until one is loaded",
                 self.repository_path, self.repository_path, self.repository_path, self.repository_path,
             )
-        await self._open_listeners()
-        self._accepting = True
-        self.started_at = time.time()
-        log.info("streamrt server %s%s; loading %d models", __version__, self._describe_listeners(),
-                 len(self._startup))
         self._loading = asyncio.get_running_loop().create_task(self._load_startup())
         if wait_ready:
             await self._loading
