@@ -75,5 +75,5 @@ def noise_warning(cases: Mapping[str, Rounds], device: str, more: str = "and run
     if not noisy:
         return None
     which = ", ".join(f"{name} CoV {r.stats.cov:.1f}%" for name, r in noisy.items())
-    return (f"warning: the machine was noisy ({which} > {COV_THRESHOLD}% across {what}): "
+    return (f"warning: the machine was noisy, {what} disagree: {which} (the limit is {COV_THRESHOLD}%); "
             f"{unstable_advice(device, more)}")
