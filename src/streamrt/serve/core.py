@@ -86,6 +86,13 @@ class ServerCore:
         self.started_at = time.time()
         log.info("streamrt server %s%s; loading %d models", __version__, self._describe_listeners(),
                  len(self._startup))
+        if not self._startup:
+            log.warning(
+                "model repository %s has no models: expected %s/NAME/1/model.onnx (or model.plan), "
+                "e.g. mkdir -p %s/cnn/1 && python -m streamrt.testing.models small_cnn %s/cnn/1/model.onnx; "
+                "serving with no models until one is loaded",
+                self.repository_path, self.repository_path, self.repository_path, self.repository_path,
+            )
         self._loading = asyncio.get_running_loop().create_task(self._load_startup())
         if wait_ready:
             await self._loading
