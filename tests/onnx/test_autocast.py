@@ -12,47 +12,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
+from precision_models import bn_model
 from streamrt.accuracy import measure_accuracy
 from streamrt.config import BuildConfig
 from streamrt.onnx.autocast import DATA_MAX, large_activations, name_nodes, overflowing_constants
 from streamrt.onnx.precision import lower_precision
 
 MIN_COSINE = 0.999  # the issue's bar for fp16 on a model with fp16-overflowing BN statistics
-
-
-def bn_model(rng: np.random.Generator, *, through_reshape: bool = False) -> onnx.ModelProto:
-    """Conv -> BatchNormalization (variances 1e3..1e8 from a Constant node) -> Relu."""
-    c = 8
-    w = (rng.standard_normal((c, 3, 3, 3)) * 800).astype(np.float32)
-    var = np.logspace(3, 8, c).astype(np.float32)
-    rng.shuffle(var)
-    mean = rng.normal(0, 50, c).astype(np.float32)
-    scale = rng.uniform(0.5, 1.5, c).astype(np.float32)
-    bias = rng.normal(0, 0.1, c).astype(np.float32)
-    var_name = "var_flat" if through_reshape else "var"
-    const_value = var.reshape(1, c) if through_reshape else var
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("Constant", [], [var_name], value=numpy_helper.from_array(const_value, "v")),
-    ]
-    if through_reshape:
-        nodes.append(helper.make_node("Reshape", [var_name, "shape"], ["var"]))
-    nodes += [
-        helper.make_node("BatchNormalization", ["conv", "scale", "bias", "mean", "var"], ["bn"], name="bn"),
-        helper.make_node("Relu", ["bn"], ["y"], name="relu"),
-    ]
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (scale, "scale"), (bias, "bias"), (mean, "mean"))]
-    inits.append(numpy_helper.from_array(np.array([c], np.int64), "shape"))
-    graph = helper.make_graph(
-        nodes,
-        "bn_overflow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 16, 16])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def feeds(rng: np.random.Generator, n: int = 4) -> list[dict[str, np.ndarray]]:

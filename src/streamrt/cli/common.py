@@ -94,8 +94,36 @@ def add_build_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
         metavar="KEY=VALUE",
         help='backend option (e.g. threads=4, providers=["cuda"]); repeatable',
     )
+    _add_accuracy_arguments(group)
     group.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
     group.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
+
+
+def _add_accuracy_arguments(group: argparse._ArgumentGroup) -> None:
+    """fp16/bf16/int8 accuracy: sample data, the build-time gate and int8's sensitivity target."""
+    group.add_argument(
+        "--sample-inputs",
+        type=Path,
+        metavar="FILE.npz",
+        help="real inputs (keyed by input name) for fp16 range checks and the accuracy gate "
+        "(default: calibration data, else random inputs)",
+    )
+    group.add_argument(
+        "--accuracy-threshold",
+        metavar="SPEC",
+        help="fail the fp16/bf16/int8 build when the plan misses it vs onnxruntime fp32: cosine=0.999, "
+        "top1=0.99, rel_l2=0.01, max_abs=..., rel_p99=... (comma-separated; a bare number is a min cosine)",
+    )
+    group.add_argument(
+        "--int8-target",
+        metavar="SPEC",
+        help="int8: keep the most sensitive quantized layers in fp32 until this is met (e.g. top1=0.99)",
+    )
+
+
+def _accuracy_changes(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("sample_inputs", "accuracy_threshold", "int8_target")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -173,6 +201,7 @@ def config_from_args(args: argparse.Namespace, prefix: str = "") -> BuildConfig:
         changes["keep_io_types"] = False
     if args.fp32_ops:
         changes["fp32_ops"] = tuple(op.strip() for op in args.fp32_ops.split(",") if op.strip())
+    changes.update(_accuracy_changes(args))
     calibration = _calibration(args, base.calibration)
     if calibration is not base.calibration:
         changes["calibration"] = calibration

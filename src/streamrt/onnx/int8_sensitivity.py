@@ -141,6 +141,4 @@ def restore_accuracy(
     kept = tuple((name, op, cos) for _, cos, name, op in damage[:best])
     if not met:
         logger.warning("int8: target %s not met even with all %d layers in fp32", threshold, len(order))
-    result = SensitivityResult(model, threshold, kept, len(layers), before, after, met)
-    progress(result.summary)
-    return result
+    return SensitivityResult(model, threshold, kept, len(layers), before, after, met)
