@@ -65,7 +65,7 @@ _METHOD_NAMES = {
 }
 _PROTOBUF_LIMIT = 2_000_000_000  # larger models must be saved with external data
 _QDQ_OPSET = 13  # per-channel DequantizeLinear (its axis attribute) needs opset 13
-_SENSITIVITY_SAMPLES = 8  # calibration samples the sensitivity pass measures on, without feeds
+_SENSITIVITY_SAMPLES = 16  # calibration samples the sensitivity pass measures on, without feeds
 
 
 def quantize_int8(

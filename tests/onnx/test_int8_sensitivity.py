@@ -1,0 +1,92 @@
+"""int8 that finds what it must not quantize: opset upgrade, reported pre-processing, sensitivity pass.
+
+The regression case of issue 11: a transformer-style per-step classifier (embedding, attention
+with Softmax, LayerNorm decomposed as opset-12 exports have it, B x T x C output) with outlier
+feature channels, as trained transformers have. Plain int8 agrees with fp32 on 92-96 % of steps
+(measured on fresh token sequences); the sensitivity pass keeps the attention projections in fp32
+and reaches >= 99 % (searching for 99.5 % on the 16 x 4 calibration sequences, for headroom on
+unseen ones). Runs in ~15 s on 2 loaded cores.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from precision_models import seq_model
+from streamrt.accuracy import measure_accuracy
+from streamrt.config import BuildConfig, CalibrationConfig
+from streamrt.onnx.precision import lower_precision
+
+TARGET_TOP1 = 0.99  # the issue's bar: per-step top-1 agreement with fp32, on fresh sequences
+SEARCH_TOP1 = 0.995  # the pass's target on the calibration samples: headroom for unseen data
+
+
+@pytest.fixture
+def calib(tmp_path: Path) -> Path:
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    rng = np.random.default_rng()
+    for i in range(16):
+        np.savez(folder / f"{i:03d}.npz", tokens=rng.integers(0, 64, (4, 16)))
+    return folder
+
+
+def fresh_tokens(n: int = 32) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng()
+    return [{"tokens": rng.integers(0, 64, (4, 16))} for _ in range(n)]
+
+
+def test_sensitivity_pass_restores_per_step_agreement(tmp_path: Path, calib: Path) -> None:
+    model = seq_model(np.random.default_rng(0))
+    calibration = CalibrationConfig(calib, method="minmax")
+    plain = lower_precision(model, BuildConfig(precision="int8", calibration=calibration), cache_dir=tmp_path)
+    config = BuildConfig(precision="int8", calibration=calibration, int8_target=f"top1={SEARCH_TOP1}")
+    lines: list[str] = []
+    guarded = lower_precision(model, config, cache_dir=tmp_path, progress=lines.append)
+    feeds = fresh_tokens()
+    before = measure_accuracy(model, plain.model, feeds).output("logits").top1
+    after = measure_accuracy(model, guarded.model, feeds).output("logits").top1
+    assert before is not None and after is not None
+    assert before < TARGET_TOP1, f"plain int8 should lose accuracy on this model, got top1 {before}"
+    assert after >= TARGET_TOP1, (before, after, guarded.summary)
+    record = guarded.record["sensitivity"]
+    assert record["met"] and 0 < len(record["kept_layers"]) < record["candidates"]
+    assert all(k["op_type"] == "MatMul" for k in record["kept_layers"])
+    assert guarded.summary.startswith(f"int8: target top1={SEARCH_TOP1:g} met: kept")
+    assert len(guarded.details) == len(record["kept_layers"])
+    assert any("measuring" in line for line in lines)
+    quantized = {n.name for n in guarded.model.graph.node if n.op_type == "DequantizeLinear"}
+    assert quantized, "the pass must keep most of the model in int8"
+
+
+def test_opset_is_upgraded_for_per_channel_qdq(tmp_path: Path, calib: Path) -> None:
+    model = seq_model(np.random.default_rng(0), opset=12)
+    config = BuildConfig(precision="int8", calibration=CalibrationConfig(calib, method="minmax"))
+    result = lower_precision(model, config, cache_dir=tmp_path)
+    assert result.record["opset"] == 13 and result.record["per_channel"]
+    onnx.checker.check_model(result.model, full_check=True)
+    axes = [a for n in result.model.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute if a.name == "axis"]
+    assert axes, "per-channel weights carry an axis (opset >= 13)"
+
+
+def test_preprocessing_failure_is_reported_with_its_reason(
+    tmp_path: Path, calib: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Symbolic shape inference asserting (as on the OCR models) is retried without it and reported."""
+    from onnxruntime.tools import symbolic_shape_infer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Concat: incompatible symbolic dims")
+
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "infer_shapes", staticmethod(broken))
+    config = BuildConfig(precision="int8", calibration=CalibrationConfig(calib, method="minmax"))
+    with caplog.at_level(logging.WARNING):
+        result = lower_precision(seq_model(np.random.default_rng(0)), config, cache_dir=tmp_path)
+    note = next(n for n in result.record["notes"] if "pre-processing" in n)
+    assert "AssertionError: Concat: incompatible symbolic dims" in note and "retried without it" in note
+    assert "as is" not in caplog.text and "Concat: incompatible" in caplog.text
