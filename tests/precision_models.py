@@ -76,18 +76,29 @@ def seq_model(
     rng: np.random.Generator, *, vocab: int = 64, d: int = 32, classes: int = 12, outlier: float = 40.0, opset: int = 12
 ) -> onnx.ModelProto:
     """Token ids (B x T) -> embedding -> 1 self-attention block with decomposed LayerNorm -> B x T x C."""
+
     def w(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape) * scale / np.sqrt(shape[0])).astype(np.float32)
+
     emb = rng.standard_normal((vocab, d)).astype(np.float32)
     emb[:, :2] *= outlier  # outlier feature channels, as trained transformers have
     inits = {
-        "emb": emb, "wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d),
-        "w1": w(d, 4 * d), "w2": w(4 * d, d), "wc": w(d, classes),
-        "g1": np.ones(d, np.float32), "b1": np.zeros(d, np.float32),
-        "eps": np.array(1e-5, np.float32), "two": np.array(2.0, np.float32),
+        "emb": emb,
+        "wq": w(d, d),
+        "wk": w(d, d),
+        "wv": w(d, d),
+        "wo": w(d, d),
+        "w1": w(d, 4 * d),
+        "w2": w(4 * d, d),
+        "wc": w(d, classes),
+        "g1": np.ones(d, np.float32),
+        "b1": np.zeros(d, np.float32),
+        "eps": np.array(1e-5, np.float32),
+        "two": np.array(2.0, np.float32),
         "scale": np.array(1 / np.sqrt(d), np.float32),
     }
     N = helper.make_node
+
     def ln(x: str, out: str) -> list[onnx.NodeProto]:
         return [
             N("ReduceMean", [x], [f"{out}_mu"], axes=[-1]),
@@ -100,21 +111,31 @@ def seq_model(
             N("Mul", [f"{out}_n", "g1"], [f"{out}_g"]),
             N("Add", [f"{out}_g", "b1"], [out]),
         ]
+
     nodes = [
         N("Gather", ["emb", "tokens"], ["x"]),
-        N("MatMul", ["x", "wq"], ["q"]), N("MatMul", ["x", "wk"], ["k"]), N("MatMul", ["x", "wv"], ["v"]),
+        N("MatMul", ["x", "wq"], ["q"]),
+        N("MatMul", ["x", "wk"], ["k"]),
+        N("MatMul", ["x", "wv"], ["v"]),
         N("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-        N("MatMul", ["q", "kt"], ["s0"]), N("Mul", ["s0", "scale"], ["s"]),
+        N("MatMul", ["q", "kt"], ["s0"]),
+        N("Mul", ["s0", "scale"], ["s"]),
         N("Softmax", ["s"], ["p"], axis=-1),
-        N("MatMul", ["p", "v"], ["a"]), N("MatMul", ["a", "wo"], ["o"]),
+        N("MatMul", ["p", "v"], ["a"]),
+        N("MatMul", ["a", "wo"], ["o"]),
         N("Add", ["x", "o"], ["r1"]),
         *ln("r1", "h1"),
-        N("MatMul", ["h1", "w1"], ["f1"]), N("Relu", ["f1"], ["f2"]), N("MatMul", ["f2", "w2"], ["f3"]),
+        N("MatMul", ["h1", "w1"], ["f1"]),
+        N("Relu", ["f1"], ["f2"]),
+        N("MatMul", ["f2", "w2"], ["f3"]),
         N("Add", ["h1", "f3"], ["r2"]),
         N("MatMul", ["r2", "wc"], ["logits"]),
     ]
-    graph = helper.make_graph(nodes, "seq",
+    graph = helper.make_graph(
+        nodes,
+        "seq",
         [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["B", 16])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 16, classes])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -135,7 +135,7 @@ class AccuracyThreshold:
         if isinstance(text, AccuracyThreshold):
             return text
         if isinstance(text, Mapping):
-            items = [(str(k), v) for k, v in text.items()]
+            items: list[tuple[str, Any]] = [(str(k), v) for k, v in text.items()]
         elif isinstance(text, int | float):
             items = [("cosine", text)]
         else:
@@ -179,7 +179,12 @@ class AccuracyThreshold:
                 if (value < bound) if higher else not (value <= bound):  # NaN fails both ways
                     badness = (bound - value) if higher else (value / bound if bound else math.inf)
                     sign = "<" if higher else ">"
-                    found.append((badness if math.isfinite(badness) else math.inf, f"{out.name}: {key} {value:.6g} {sign} {bound:g}"))
+                    found.append(
+                        (
+                            badness if math.isfinite(badness) else math.inf,
+                            f"{out.name}: {key} {value:.6g} {sign} {bound:g}",
+                        )
+                    )
         return [text for _, text in sorted(found, key=lambda item: -item[0])]
 
     def score(self, report: AccuracyReport) -> float:
@@ -367,7 +372,7 @@ def _runner(target: Any) -> Runner:
         engine = target
         return lambda feeds: run_numpy(engine, cast_inputs(dict(feeds), engine.inputs))
     if callable(target):
-        return target  # type: ignore[no-any-return]
+        return target
     return onnx_runner(target)
 
 

@@ -52,9 +52,7 @@ _TIMING_SECONDS = 0.5  # per plan; at least _TIMING_RUNS runs after 2 warm-up ru
 _TIMING_RUNS = 5
 
 
-def sample_feeds(
-    model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...]
-) -> tuple[Feeds, str, bool]:
+def sample_feeds(model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...]) -> tuple[Feeds, str, bool]:
     """Feeds the build measures on: ``(feeds, where they came from, whether they are real data)``.
 
     ``--sample-inputs FILE.npz`` first, then the first calibration samples, else fresh random
@@ -151,7 +149,9 @@ class PrecisionStep:
             return measure_accuracy(self.source.proto, engine, feeds, inputs=label)
         except ShapeError as exc:  # sample shapes outside the plan's profiles: measure at opt shapes
             log.warning("accuracy gate: %s; measuring on random inputs at the opt shapes instead", exc)
-            self._feeds = sample_feeds(self.source, dataclasses.replace(self.config, sample_inputs=None, calibration=None), self.profiles)
+            self._feeds = sample_feeds(
+                self.source, dataclasses.replace(self.config, sample_inputs=None, calibration=None), self.profiles
+            )
             feeds, label, _ = self._feeds
             return measure_accuracy(self.source.proto, engine, feeds, inputs=label)
 
@@ -170,9 +170,7 @@ class PrecisionStep:
             return
         misses = report.violations(WARN_BELOW)
         if misses:
-            log.warning(
-                "the %s plan is far from fp32: %s; %s", precision, "; ".join(misses[:3]), _hint(self.config)
-            )
+            log.warning("the %s plan is far from fp32: %s; %s", precision, "; ".join(misses[:3]), _hint(self.config))
 
     def _speed(self, engine: Engine, manifest: PlanManifest) -> dict[str, Any]:
         """Time the plan and an fp32 plan of the same backend on this machine."""
@@ -182,7 +180,9 @@ class PrecisionStep:
         fp32_config = self.config.replace(precision=Precision.FP32, accuracy_threshold=None, int8_target=None)
         self.progress(f"timing {self.config.precision.value} against fp32 ({self.backend.name}, this machine)")
         try:
-            built = self.backend.build(BuildJob(self.source, fp32_config, self.profiles, lambda line: None, self.cache_dir))
+            built = self.backend.build(
+                BuildJob(self.source, fp32_config, self.profiles, lambda line: None, self.cache_dir)
+            )
             fp32_manifest = dataclasses.replace(
                 manifest,
                 precision="fp32",
@@ -224,7 +224,7 @@ def _median_ms(engine: Engine, feeds: Mapping[str, np.ndarray]) -> float:
 
     values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device)
     sync = _synchronize if engine.device == "cuda" else (lambda: None)
-    times = []
+    times: list[float] = []
     with engine.create_context() as ctx:
         for _ in range(2):
             ctx.infer(values)

@@ -70,7 +70,9 @@ def test_opset_is_upgraded_for_per_channel_qdq(tmp_path: Path, calib: Path) -> N
     result = lower_precision(model, config, cache_dir=tmp_path)
     assert result.record["opset"] == 13 and result.record["per_channel"]
     onnx.checker.check_model(result.model, full_check=True)
-    axes = [a for n in result.model.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute if a.name == "axis"]
+    axes = [
+        a for n in result.model.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute if a.name == "axis"
+    ]
     assert axes, "per-channel weights carry an axis (opset >= 13)"
 
 

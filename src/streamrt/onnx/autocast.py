@@ -57,7 +57,7 @@ def init_max(elem_type: int) -> float:
     """The largest finite value of ``elem_type`` (float16: 65504; bfloat16: ~3.39e38)."""
     import ml_dtypes  # ships with onnx
 
-    numpy_type = {onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.BFLOAT16: ml_dtypes.bfloat16}[elem_type]
+    numpy_type: Any = ml_dtypes.bfloat16 if elem_type == onnx.TensorProto.BFLOAT16 else np.float16
     return float(ml_dtypes.finfo(numpy_type).max)
 
 
@@ -121,7 +121,7 @@ def large_activations(
     probe.CopyFrom(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe)
-    except Exception as exc:  # noqa: BLE001 - shape inference fails on some custom graphs
+    except Exception as exc:
         logger.warning("fp16 activation-range check skipped: ONNX shape inference failed: %s", exc)
         return []
     float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
@@ -144,7 +144,7 @@ def large_activations(
                 array = np.asarray(value)
                 if array.size and array.dtype.kind == "f":
                     peaks[name] = max(peaks.get(name, 0.0), float(np.nanmax(np.abs(array))))
-    except Exception as exc:  # noqa: BLE001 - ORT errors have no common base
+    except Exception as exc:
         logger.warning("fp16 activation-range check skipped: ONNX Runtime could not run the model: %s", exc)
         return []
     for feed in feeds:

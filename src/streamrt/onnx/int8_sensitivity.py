@@ -62,7 +62,9 @@ class SensitivityResult:
         )
 
     def lines(self) -> list[str]:
-        return [f"int8: kept {node} ({op}) in fp32: cosine {cos:.5f} with only it quantized" for node, op, cos in self.kept]
+        return [
+            f"int8: kept {node} ({op}) in fp32: cosine {cos:.5f} with only it quantized" for node, op, cos in self.kept
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {

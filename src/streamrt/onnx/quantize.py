@@ -36,6 +36,7 @@ import onnx
 
 from streamrt.config import CalibrationConfig, CalibrationMethod
 from streamrt.errors import BuildError, CalibrationError, StreamRTError
+from streamrt.onnx.autocast import name_nodes
 from streamrt.onnx.calibration import (
     CalibrationDataset,
     CalibrationKey,
@@ -43,7 +44,6 @@ from streamrt.onnx.calibration import (
     read_calibration_cache,
     write_calibration_cache,
 )
-from streamrt.onnx.autocast import name_nodes
 from streamrt.onnx.model import tensor_specs
 from streamrt.onnx.precision import PrecisionResult
 
@@ -222,7 +222,7 @@ def _upgrade_opset(model: onnx.ModelProto, per_channel: bool, notes: list[str]) 
     try:
         upgraded = onnx.version_converter.convert_version(model, _QDQ_OPSET)
         onnx.checker.check_model(upgraded)
-    except Exception as exc:  # noqa: BLE001 - the converter lacks adapters for some ops and patterns
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if per_channel:
             notes.append(
@@ -331,7 +331,7 @@ def _prepare(model: onnx.ModelProto, tmp: Path, progress: Progress, notes: list[
                 quant_pre_process(
                     str(source), str(prepared), skip_symbolic_shape=skip_symbolic, save_as_external_data=large
                 )
-        except Exception as exc:  # noqa: BLE001 - symbolic shape inference asserts on some graphs
+        except Exception as exc:
             text = str(exc).splitlines()[0] if str(exc) else ""
             failures.append(f"{'without' if skip_symbolic else 'with'} symbolic shape inference: "
                             f"{type(exc).__name__}{': ' + text if text else ''}")  # fmt: skip
