@@ -12,9 +12,9 @@ directly. Per output, over all sample feeds together (in float64):
   machine epsilon added) but reported as quantiles, as Polygraphy's ``--check-error-stat
   median|quantile`` does: the maximum of that ratio is dominated by near-zero references (1e16
   on a softmax) and says nothing; the median and the 99th percentile stay readable.
-- ``top1``: for float outputs of rank >= 2 whose last axis has >= 2 classes (N x C classifiers,
+- ``top1``: for float outputs of rank 2 or 3 whose last axis has >= 2 classes (N x C classifiers,
   B x T x C per-step classifiers), the fraction of positions whose arg-max over the last axis
-  agrees with the reference; ``None`` otherwise.
+  agrees with the reference; ``None`` otherwise (an N x C x H x W map's last axis is a width).
 
 A threshold is a small grammar: ``cosine=0.999``, ``top1=0.99,rel_l2=0.05``, or a bare number
 (a minimum cosine). ``cosine`` and ``top1`` are minimums; the error metrics are maximums.
@@ -286,7 +286,7 @@ class _Accumulator:
             rel = rel[:: math.ceil(rel.size / _QUANTILE_SAMPLE)]
         self.rel.append(rel)
         is_float = ref.dtype.kind == "f" or ref.dtype.name == "bfloat16"
-        if is_float and ref.ndim >= 2 and ref.shape[-1] >= 2:
+        if is_float and ref.ndim in (2, 3) and ref.shape[-1] >= 2:
             self.agree += int((np.argmax(ref, axis=-1) == np.argmax(test, axis=-1)).sum())
             self.rows += int(np.prod(ref.shape[:-1]))
         else:

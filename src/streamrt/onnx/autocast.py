@@ -10,7 +10,7 @@ not depend on (it pins onnx and onnxruntime-gpu versions and needs torch and cup
   whose consumers stay too. A BatchNormalization with running variances of 1e7 fed by a
   ``Constant`` is the case that broke a text detector (cosine 0.43).
 - **Activation range** (``data_max`` = 512, fp16 only): with sample data, every node whose input
-  or output reaches a magnitude above 512 on the samples stays in float32 (AutoCast's
+  or output reaches a magnitude above 512 on the samples (the first four) stays in float32 (AutoCast's
   ``data_max`` default: the headroom to 65504 is what products and sums downstream need).
 
 Each kept node comes with its reason, for the build's report and the plan's manifest.
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: AutoCast's ``data_max``: activations above this magnitude keep their nodes in float32.
 DATA_MAX = 512.0
+#: Feeds the activation-range rule runs (every intermediate tensor of a feed is held at once).
+_DATA_FEEDS = 4
 
 #: Ops that move values without computing on them: a kept value is followed through them.
 PASS_THROUGH = frozenset({
@@ -139,7 +141,7 @@ def large_activations(
         options.log_severity_level = 3
         session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        for feed in feeds:
+        for feed in feeds[:_DATA_FEEDS]:
             for name, value in zip(names, session.run(names, dict(feed)), strict=True):
                 array = np.asarray(value)
                 if array.size and array.dtype.kind == "f":
@@ -147,7 +149,7 @@ def large_activations(
     except Exception as exc:
         logger.warning("fp16 activation-range check skipped: ONNX Runtime could not run the model: %s", exc)
         return []
-    for feed in feeds:
+    for feed in feeds[:_DATA_FEEDS]:
         for name, value in feed.items():
             if np.asarray(value).dtype.kind == "f" and np.asarray(value).size:
                 peaks[name] = max(peaks.get(name, 0.0), float(np.nanmax(np.abs(value))))

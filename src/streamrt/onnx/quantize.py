@@ -146,7 +146,8 @@ def quantize_int8(
             ranges_path.write_text(json.dumps(ranges))
         else:
             assert dataset is not None
-            _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
+            with _collect_bias_warnings([]):
+                _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
             write_calibration_cache(cache_path, key, json.loads(ranges_path.read_text()))
             _write_trt_table(ranges_path, cache_path, tmp)
             logger.info("wrote calibration cache %s", cache_path)
@@ -236,14 +237,17 @@ def _upgrade_opset(model: onnx.ModelProto, per_channel: bool, notes: list[str]) 
 
 @contextlib.contextmanager
 def _collect_bias_warnings(lines: list[str]) -> Iterator[None]:
-    """ORT logs one root-logger warning per non-initializer bias: collect them instead."""
+    """ORT logs one root-logger warning per non-initializer bias: collect them into one note.
+
+    Its advice to pre-process is dropped too: a pre-processing failure is reported with its reason.
+    """
 
     def keep(record: logging.LogRecord) -> bool:
         message = str(record.msg)
         if message.startswith("Expected bias"):
             lines.append(message.split("'")[1] if "'" in message else message)
             return False
-        return True
+        return not message.startswith("Please consider")  # pre-processing: reported already
 
     root = logging.getLogger()
     root.addFilter(keep)
@@ -319,6 +323,7 @@ def _prepare(model: onnx.ModelProto, tmp: Path, progress: Progress, notes: list[
     named = onnx.ModelProto()
     named.CopyFrom(model)
     name_nodes(named.graph)
+    _constants_to_initializers(named.graph)
     source = tmp / "model.onnx"
     large = named.ByteSize() > _PROTOBUF_LIMIT
     onnx.save_model(named, str(source), save_as_external_data=large)
@@ -347,6 +352,27 @@ def _prepare(model: onnx.ModelProto, tmp: Path, progress: Progress, notes: list[
         "to the quantizer, and layers it cannot type stay float"
     )
     return source
+
+
+def _constants_to_initializers(graph: onnx.GraphProto) -> None:
+    """Top-level tensor Constants become initializers: ORT quantizes weights and biases only from those.
+
+    Pre-processing folds them too, but not when it fails; without this, every Conv bias held by a
+    Constant stays float with an "Expected bias ... to be an initializer" line.
+    """
+    keep = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 class _Feeds:
