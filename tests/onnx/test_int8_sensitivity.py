@@ -131,7 +131,9 @@ def test_failed_preprocessing_still_quantizes_constant_biases(
     config = BuildConfig(precision="int8", calibration=CalibrationConfig(folder))
     with caplog.at_level(logging.WARNING):
         result = lower_precision(_conv_with_constant_bias(rng), config, cache_dir=tmp_path)
-    assert any("pre-processing failed" in n and "Incomplete symbolic shape inference" in n for n in result.record["notes"])
+    assert any(
+        "pre-processing failed" in n and "Incomplete symbolic shape inference" in n for n in result.record["notes"]
+    )
     assert "Expected bias" not in caplog.text and not any("bias input" in n for n in result.record["notes"])
     biases = [n for n in result.model.graph.node if n.op_type == "DequantizeLinear" and "bias" in n.input[0]]
     assert biases, "the Constant bias is quantized (int32 + DequantizeLinear)"
