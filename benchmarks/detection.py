@@ -216,7 +216,7 @@ def _lane_config(model: Path, backend: str, max_batch: int, options: dict[str, A
     from streamrt.video.model import detector_build_config
 
     spec = load_model(model).inputs[0]
-    return detector_build_config(backend, spec.name, spec.shape, max_batch=max_batch).replace(backend_options=options)
+    return detector_build_config(backend, spec, max_batch=max_batch).replace(backend_options=options)
 
 
 def load_frames(width: int, height: int, count: int, seed: int) -> list[np.ndarray]:

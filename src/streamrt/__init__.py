@@ -5,7 +5,11 @@ Example:
     >>> config = streamrt.BuildConfig(precision="fp16")
     >>> result = streamrt.build("model.onnx", config, "model.plan")      # doctest: +SKIP
     >>> engine = streamrt.load(result.path)                              # doctest: +SKIP
+    >>> engine = streamrt.open("model.onnx", config, max_batch=32)      # doctest: +SKIP
     >>> outputs = engine.create_context().infer({"images": batch})       # doctest: +SKIP
+
+``streamrt.open`` is the short way: a plan is loaded, an ONNX model is built through the cache
+(with a batch profile 1..``max_batch``) and its plan loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "build",
     "build_module",
     "load",
+    "open",
 ]
 
 from streamrt.config import BuildConfig, Precision
@@ -39,12 +44,14 @@ if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
     from streamrt.backends.torch_inductor import build_module
     from streamrt.builder import BuildResult, build
+    from streamrt.opening import open
     from streamrt.runtime import load
 
 _LAZY = {
     "build": ("streamrt.builder", "build"),
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
+    "open": ("streamrt.opening", "open"),
     "build_module": ("streamrt.backends.torch_inductor", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),

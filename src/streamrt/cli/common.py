@@ -220,13 +220,11 @@ def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "") -> 
     """Load a plan, or build an ONNX file through the cache (with the flags in ``args``) and load it."""
     import streamrt
 
-    if is_plan_file(path):
-        return streamrt.load(path)
-    result = streamrt.build(
+    # A plan is loaded as it is: its build flags are not even read (a plan needs no --config).
+    return streamrt.open(
         path,
-        config_from_args(args, prefix),
+        None if is_plan_file(path) else config_from_args(args, prefix),
         cache=not getattr(args, "no_cache", False),
         cache_dir=getattr(args, "cache_dir", None),
         progress=stderr_progress,
     )
-    return streamrt.load(result.path)

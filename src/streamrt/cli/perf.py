@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.serve.loadgen import LoadConfig, format_results, run_load
+    from streamrt.client.loadgen import LoadConfig, format_results, run_load
 
     shapes = {}
     for item in args.shape:
