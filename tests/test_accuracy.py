@@ -102,6 +102,7 @@ def test_fp16_build_records_kept_nodes_and_accuracy(tmp_path: Path) -> None:
     record = read_plan(result.path).manifest.precision_report
     assert {k["op_type"] for k in record["kept_nodes"]} == {"Constant", "BatchNormalization"}
     assert record["accuracy"]["outputs"][0]["cosine"] >= 0.999
+    assert record["accuracy"]["passed"] and record["accuracy"]["threshold"].endswith("(warning)")
     assert any("kept in fp32 by value range" in line for line in lines)
     assert any(line.startswith("accuracy vs onnxruntime fp32") for line in lines)
 
@@ -149,8 +150,33 @@ def test_cli_build_threshold_and_inspect(tmp_path: Path) -> None:
     assert "sample inputs in.npz" in ok.stderr
     shown = subprocess.run([*cli, "inspect", str(tmp_path / "a.plan")], capture_output=True, text=True, timeout=60)
     assert "kept in fp32" in shown.stdout and "accuracy vs onnxruntime fp32" in shown.stdout
+    assert "gate cosine=0.999: pass" in shown.stdout
     bad = subprocess.run(
         [*cli, "build", str(path), "-o", str(tmp_path / "b.plan"), *common[:3], "--accuracy-threshold", "max_abs=1e-9"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "no plan was written" in bad.stderr and not (tmp_path / "b.plan").exists()
+
+
+def test_int8_build_records_speed_against_fp32(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from precision_models import seq_model
+    from streamrt.config import CalibrationConfig
+
+    path = tmp_path / "seq.onnx"
+    onnx.save(seq_model(np.random.default_rng(0)), path)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    rng = np.random.default_rng()
+    for i in range(4):
+        np.savez(calib / f"{i}.npz", tokens=rng.integers(0, 64, (2, 16)))
+    config = BuildConfig(precision="int8", calibration=CalibrationConfig(calib, method="minmax"))
+    lines: list[str] = []
+    with caplog.at_level("WARNING"):
+        result = streamrt.build(path, config, tmp_path / "a.plan", cache=False, progress=lines.append)
+    speed = result.manifest.precision_report["speed"]
+    assert speed["low_ms"] > 0 and speed["fp32_ms"] > 0
+    said = "\n".join(lines) + caplog.text
+    assert "vs fp32" in said and ("NOT faster" in said) == (speed["speedup"] < 1.0)
+    quiet = streamrt.build(path, config.replace(speed_check=False), tmp_path / "b.plan", cache=False)
+    assert "speed" not in quiet.manifest.precision_report
+    assert "--no-speed-check" in quiet.manifest.build_command

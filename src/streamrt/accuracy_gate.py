@@ -12,7 +12,8 @@
    ``--accuracy-threshold`` a miss raises :class:`~streamrt.errors.AccuracyError` before the plan
    is written; without one, a miss of :data:`WARN_BELOW` (cosine 0.99, relative L2 error 0.5:
    the scale is lost) is a warning. int8 builds also
-   time the plan against an fp32 plan of the same backend and say when int8 is not faster.
+   time the plan against an fp32 plan of the same backend and say when int8 is not faster
+   (``--no-speed-check`` skips that second build).
 """
 
 from __future__ import annotations
@@ -133,11 +134,11 @@ class PrecisionStep:
         engine = self.backend.load(Plan(manifest, payload))
         try:
             report = self._measure(engine)
-            self.record["accuracy"] = report.to_dict()
             for line in report.lines():
                 self.progress(line)
-            self._judge(report)
-            if self.config.precision is Precision.INT8:
+            self.record["accuracy"] = report.to_dict()
+            self._judge(report)  # raises on a --accuracy-threshold miss; fills passed/threshold
+            if self.config.precision is Precision.INT8 and self.config.speed_check:
                 self.record["speed"] = self._speed(engine, manifest)
         finally:
             engine.close()
@@ -160,7 +161,7 @@ class PrecisionStep:
         if self.config.accuracy_threshold is not None:
             threshold = AccuracyThreshold.parse(self.config.accuracy_threshold)
             misses = report.violations(threshold)
-            self.record["threshold"] = str(threshold)
+            self.record["accuracy"].update(threshold=str(threshold), passed=not misses, violations=misses)
             if misses:
                 raise AccuracyError(
                     f"the {precision} plan misses --accuracy-threshold {threshold} against onnxruntime fp32: "
@@ -169,6 +170,7 @@ class PrecisionStep:
                 )
             return
         misses = report.violations(WARN_BELOW)
+        self.record["accuracy"].update(threshold=f"{WARN_BELOW} (warning)", passed=not misses, violations=misses)
         if misses:
             log.warning("the %s plan is far from fp32: %s; %s", precision, "; ".join(misses[:3]), _hint(self.config))
 

@@ -98,6 +98,8 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         ("--int8-target", config.int8_target),
     ):
         args += [flag, str(value)] if value is not None else []
+    if not config.speed_check:
+        args.append("--no-speed-check")
     for key, value in config.backend_options.items():
         args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return shlex.join(args)

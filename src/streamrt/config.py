@@ -126,6 +126,8 @@ class BuildConfig:
             the build. Without it the metrics are still measured, recorded and warned about.
         int8_target: the accuracy int8's sensitivity pass restores by keeping the most
             sensitive quantized layers in fp32, e.g. ``"top1=0.99"`` or ``"cosine=0.99"``.
+        speed_check: int8 builds also build an fp32 plan with the same backend (in memory) and
+            time both here, warning when int8 is not faster; off saves that second build.
     """
 
     backend: str = "onnxruntime"
@@ -140,6 +142,7 @@ class BuildConfig:
     sample_inputs: Path | None = None
     accuracy_threshold: str | None = None
     int8_target: str | None = None
+    speed_check: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
@@ -194,6 +197,7 @@ class BuildConfig:
             "sample_inputs": str(self.sample_inputs) if self.sample_inputs else None,
             "accuracy_threshold": self.accuracy_threshold,
             "int8_target": self.int8_target,
+            "speed_check": self.speed_check,
         }
 
     @classmethod

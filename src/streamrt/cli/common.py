@@ -119,11 +119,19 @@ def _add_accuracy_arguments(group: argparse._ArgumentGroup) -> None:
         metavar="SPEC",
         help="int8: keep the most sensitive quantized layers in fp32 until this is met (e.g. top1=0.99)",
     )
+    group.add_argument(
+        "--no-speed-check",
+        action="store_true",
+        help="int8: skip timing the plan against an fp32 plan of the same backend (a second build)",
+    )
 
 
 def _accuracy_changes(args: argparse.Namespace) -> dict[str, Any]:
     names = ("sample_inputs", "accuracy_threshold", "int8_target")
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    changes = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if getattr(args, "no_speed_check", False):
+        changes["speed_check"] = False
+    return changes
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:

@@ -111,8 +111,12 @@ def _precision_lines(record: dict[str, Any]) -> list[str]:
         lines.append(f"int8 target {sensitivity.get('target')} {met}: {len(layers)} layer(s) kept in fp32")
         lines += [f"  {k['name']:<24} {k['op_type']:<18} cosine {k['cosine_alone']:.5f} alone" for k in layers]
     lines += [f"int8 note: {note}" for note in record.get("notes", [])]
-    if record.get("accuracy"):
-        lines += AccuracyReport.from_dict(record["accuracy"]).lines()
+    accuracy = record.get("accuracy")
+    if accuracy:
+        lines += AccuracyReport.from_dict(accuracy).lines()
+        if "passed" in accuracy:
+            verdict = "pass" if accuracy["passed"] else "MISS: " + "; ".join(accuracy.get("violations", [])[:3])
+            lines.append(f"  gate {accuracy.get('threshold')}: {verdict}")
     speed = record.get("speed") or {}
     if "speedup" in speed:
         lines.append(f"speed: {speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms ({speed['speedup']:.2f}x)")
