@@ -8,6 +8,9 @@ for every backend, so :func:`apply_precision` returns the ONNX model that all bu
 - ``fp16``: ONNX Runtime's ``convert_float_to_float16`` (shipped in the onnxruntime wheel) casts
   weights and activations to float16, keeping the op types of :func:`fp32_op_types` in float32
   behind Cast pairs, and keeping float32 graph inputs/outputs when ``keep_io_types`` is set.
+  Before converting, AutoCast's range rules (:mod:`streamrt.onnx.autocast`) add the nodes whose
+  initializers or Constant values overflow float16, or whose activations on real sample data
+  exceed 512, to the float32 set; :func:`lower_precision` reports them with their reasons.
 - ``bf16``: the same conversion, retyped to bfloat16, with weights rounded from the original
   float32 values, after an upgrade to opset 22 (where Conv and pooling first accept bfloat16).
   No tool in our dependencies converts to bfloat16; see :func:`_to_bf16`. ONNX Runtime's CPU
@@ -292,7 +295,7 @@ def _guarded(
         for k in large_activations(work, feeds, DATA_MAX):
             kept.setdefault(k.name, k)
     ops = fp32_op_types(config)
-    return [k for k in kept.values() if k.op_type not in ops or k.op_type == "Constant"], ops
+    return [k for k in kept.values() if k.op_type not in ops], ops
 
 
 def _result(what: str, converted: onnx.ModelProto, kept: list[KeptNode], ops: list[str]) -> PrecisionResult:
