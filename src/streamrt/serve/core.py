@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamrt import __version__
+from streamrt._version import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.model import EngineLoader
