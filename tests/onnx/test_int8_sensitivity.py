@@ -2,10 +2,12 @@
 
 The regression case of issue 11: a transformer-style per-step classifier (embedding, attention
 with Softmax, LayerNorm decomposed as opset-12 exports have it, B x T x C output) with outlier
-feature channels, as trained transformers have. Plain int8 agrees with fp32 on 92-96 % of steps
-(measured on fresh token sequences); the sensitivity pass keeps the attention projections in fp32
-and reaches >= 99 % (searching for 99.5 % on the 16 x 4 calibration sequences, for headroom on
-unseen ones). Runs in ~15 s on 2 loaded cores.
+feature channels, as trained transformers have. Plain int8 agrees with fp32 on 92-95 % of steps
+(measured on fresh token sequences); the sensitivity pass, searching for 99.5 % on the 16 x 4
+calibration sequences (headroom for unseen ones), keeps 6 of the 9 MatMuls in fp32 with this
+calibration data and reaches 99.3-99.7 % on fresh sequences (bound: 99 %). The outlier channels
+reach every layer through the residual stream, so most layers matter here; the count is reported,
+not assumed. Runs in ~15 s on 2 loaded cores.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ SEARCH_TOP1 = 0.995  # the pass's target on the calibration samples: headroom fo
 def calib(tmp_path: Path) -> Path:
     folder = tmp_path / "calib"
     folder.mkdir()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(2)  # fixed, like the model: the pass's choice is then deterministic
     for i in range(16):
         np.savez(folder / f"{i:03d}.npz", tokens=rng.integers(0, 64, (4, 16)))
     return folder
