@@ -13,7 +13,8 @@ import pytest
 
 import streamrt
 from precision_models import bn_model, overflow_chain, tiny_scale
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of, measure_accuracy
+from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
+from streamrt.accuracy_gate import measure_accuracy
 from streamrt.config import BuildConfig
 from streamrt.errors import AccuracyError, ConfigError
 from streamrt.plan import read_plan

@@ -1,8 +1,9 @@
 """How close a low-precision engine is to its fp32 reference: metrics, thresholds, reports.
 
-Every build in fp16, bf16 or int8 is measured against ONNX Runtime fp32 on the original model
-(:mod:`streamrt.accuracy_gate`), and the lead's zoo benchmark calls :func:`measure_accuracy`
-directly. Per output, over all sample feeds together (in float64):
+This module is the arithmetic only (NumPy): :func:`streamrt.accuracy_gate.measure_accuracy` runs
+engines and ONNX models and hands their outputs here; every fp16, bf16 and int8 build is measured
+that way against ONNX Runtime fp32 on the original model, and so is int8's sensitivity pass.
+Per output, over all sample feeds together (in float64):
 
 - ``cosine``: cosine similarity of the flattened outputs (1.0 when both are all-zero).
 - ``max_abs`` / ``mean_abs``: largest and mean ``|ref - test|``.
@@ -20,7 +21,7 @@ A threshold is a small grammar: ``cosine=0.999``, ``top1=0.99,rel_l2=0.05``, or 
 (a minimum cosine). ``cosine`` and ``top1`` are minimums; the error metrics are maximums.
 
 Example:
-    >>> report = measure_accuracy("model.onnx", engine, feeds)           # doctest: +SKIP
+    >>> report = accuracy_of([(reference_outputs, plan_outputs)])       # doctest: +SKIP
     >>> report.violations(AccuracyThreshold.parse("cosine=0.999"))      # doctest: +SKIP
     []
 """
@@ -28,34 +29,15 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from streamrt.errors import ConfigError
 
-if TYPE_CHECKING:
-    import onnx
-
-    from streamrt.backends.base import Engine
-    from streamrt.onnx.model import OnnxModel
-
-__all__ = [
-    "AccuracyReport",
-    "AccuracyThreshold",
-    "OutputAccuracy",
-    "Runner",
-    "accuracy_of",
-    "measure_accuracy",
-    "onnx_runner",
-]
-
-Feeds = Mapping[str, np.ndarray]
-Runner = Callable[[Feeds], Mapping[str, Any]]
-"""Runs one feed and returns host (or torch) arrays by output name."""
+__all__ = ["AccuracyReport", "AccuracyThreshold", "OutputAccuracy", "accuracy_of"]
 
 _EPSILON = float(np.finfo(np.float64).eps)  # Polygraphy's epsilon for zero references
 _QUANTILE_SAMPLE = 1 << 22  # element-wise quantiles over at most ~4M elements per output
@@ -257,9 +239,7 @@ class _Accumulator:
         self.problem: str | None = None
 
     def add(self, ref_raw: Any, test_raw: Any) -> None:
-        from streamrt.inputs import to_numpy
-
-        ref, test = to_numpy(ref_raw), to_numpy(test_raw)
+        ref, test = _host(ref_raw), _host(test_raw)
         if ref.shape != test.shape:
             self.problem = f"shape {list(test.shape)} differs from the reference's {list(ref.shape)}"
             return
@@ -315,10 +295,17 @@ class _Accumulator:
         )
 
 
+def _host(value: Any) -> np.ndarray:
+    """A NumPy array from an output (NumPy, or a torch tensor on any device)."""
+    if hasattr(value, "detach"):
+        return np.asarray(value.detach().cpu().numpy())
+    return np.asarray(value)
+
+
 def accuracy_of(
     pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]], *, inputs: str = "", reference: str = ""
 ) -> AccuracyReport:
-    """The report for ``(reference outputs, test outputs)`` pairs, one pair per feed."""
+    """The report for ``(reference outputs, test outputs)`` pairs, one pair per feed (NumPy or torch)."""
     acc: dict[str, _Accumulator] = {}
     samples = 0
     for ref, test in pairs:
@@ -330,75 +317,3 @@ def accuracy_of(
                 continue
             slot.add(value, test[name])
     return AccuracyReport(tuple(a.result() for a in acc.values()), samples, inputs, reference)
-
-
-def onnx_runner(model: str | Path | onnx.ModelProto | OnnxModel, *, threads: int = 0) -> Runner:
-    """Run an ONNX model with ONNX Runtime on the CPU (float inputs are cast to what it expects)."""
-    import onnxruntime as ort
-
-    from streamrt.onnx.model import OnnxModel, tensor_specs
-
-    if isinstance(model, OnnxModel):
-        model = model.proto
-    source: Any = str(model) if isinstance(model, str | Path) else model.SerializeToString()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    if isinstance(model, str | Path):
-        import onnx as _onnx
-
-        specs = tensor_specs(_onnx.load(str(model), load_external_data=False), "input")
-    else:
-        specs = tensor_specs(model, "input")
-    names = [o.name for o in session.get_outputs()]
-
-    def run(feeds: Feeds) -> dict[str, np.ndarray]:
-        from streamrt.inputs import cast_inputs
-
-        values = session.run(names, cast_inputs(dict(feeds), specs))
-        return dict(zip(names, values, strict=True))
-
-    return run
-
-
-def _runner(target: Any) -> Runner:
-    from streamrt.backends.base import Engine
-
-    if isinstance(target, Engine):
-        from streamrt.compare import run_numpy
-        from streamrt.inputs import cast_inputs
-
-        engine = target
-        return lambda feeds: run_numpy(engine, cast_inputs(dict(feeds), engine.inputs))
-    if callable(target):
-        return target
-    return onnx_runner(target)
-
-
-def measure_accuracy(
-    reference: Engine | str | Path | onnx.ModelProto | OnnxModel | Runner,
-    engine: Engine | str | Path | onnx.ModelProto | OnnxModel | Runner,
-    feeds: Feeds | Sequence[Feeds],
-    *,
-    inputs: str = "",
-) -> AccuracyReport:
-    """Run ``reference`` and ``engine`` on ``feeds`` and compare every reference output.
-
-    Args:
-        reference: an engine, an ONNX model (file, proto or :class:`OnnxModel`, run with ONNX
-            Runtime fp32 on the CPU) or a callable ``feeds -> outputs``.
-        engine: the engine (or ONNX model, or callable) under test.
-        feeds: one feed ``{input: array}`` or a sequence of them; float arrays are cast to each
-            side's input dtypes, so an fp16-IO engine and an fp32 reference share feeds.
-        inputs: where the feeds came from, for the report.
-    """
-    from streamrt.backends.base import Engine
-
-    run_ref, run_test = _runner(reference), _runner(engine)
-    batches = [feeds] if isinstance(feeds, Mapping) else list(feeds)
-    if isinstance(reference, Engine):
-        label = f"{reference.manifest.backend} {reference.manifest.precision}"
-    else:
-        label = "reference" if callable(reference) else "onnxruntime fp32"
-    return accuracy_of(((run_ref(f), run_test(f)) for f in batches), inputs=inputs, reference=label)

@@ -1,5 +1,8 @@
 """The precision step of a build: transform the graph, then refuse plans that lost the model.
 
+:func:`measure_accuracy` is the entry point for any caller (the zoo benchmark): an engine or
+ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.AccuracyReport`.
+
 :func:`streamrt.build` uses one :class:`PrecisionStep` for every fp16, bf16 and int8 build:
 
 1. :meth:`PrecisionStep.transform` lowers the ONNX graph (:func:`~streamrt.onnx.precision.lower_precision`)
@@ -22,27 +25,31 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, measure_accuracy
+from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
+from streamrt.backends.base import Engine
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import AccuracyError, ShapeError, StreamRTError
 from streamrt.plan import Plan, PlanManifest
 from streamrt.types import ShapeProfile
 
 if TYPE_CHECKING:
-    from streamrt.backends.base import Backend, Engine, Progress
+    import onnx
+
+    from streamrt.backends.base import Backend, Progress
     from streamrt.onnx.model import OnnxModel
 
-__all__ = ["WARN_BELOW", "PrecisionStep", "sample_feeds"]
+__all__ = ["WARN_BELOW", "PrecisionStep", "measure_accuracy", "sample_feeds"]
 
 log = logging.getLogger(__name__)
 
 Feeds = list[dict[str, np.ndarray]]
+Runner = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 
 #: Without --accuracy-threshold, an output that misses these bounds gets a warning (never silent):
 #: a direction lost (cosine) or a scale lost (relative L2 error; cosine cannot see a 50x scale).
@@ -51,6 +58,58 @@ _MAX_SAMPLES = 8  # calibration samples the gate and the fp16 range check run on
 _RANDOM_FEEDS = 2
 _TIMING_SECONDS = 0.5  # per plan; at least _TIMING_RUNS runs after 2 warm-up runs
 _TIMING_RUNS = 5
+
+
+def measure_accuracy(
+    reference: Engine | str | Path | onnx.ModelProto | OnnxModel | Runner,
+    engine: Engine | str | Path | onnx.ModelProto | OnnxModel | Runner,
+    feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+    *,
+    inputs: str = "",
+) -> AccuracyReport:
+    """Run ``reference`` and ``engine`` on ``feeds`` and compare every reference output.
+
+    Args:
+        reference: an engine, an ONNX model (file, proto or :class:`OnnxModel`, run with ONNX
+            Runtime fp32 on the CPU) or a callable ``feeds -> outputs``.
+        engine: the engine (or ONNX model, or callable) under test.
+        feeds: one feed ``{input: array}`` or a sequence of them (host arrays); float arrays are
+            cast to each side's input dtypes, so an fp16-IO engine and an fp32 reference share feeds.
+        inputs: where the feeds came from, for the report.
+
+    Example:
+        >>> with streamrt.load("model.fp16.plan") as engine:                         # doctest: +SKIP
+        ...     report = measure_accuracy("model.onnx", engine, feeds)
+        >>> report.output("logits").cosine, report.lines()                           # doctest: +SKIP
+    """
+    run_ref, run_test = _runner(reference), _runner(engine)
+    batches = [feeds] if isinstance(feeds, Mapping) else list(feeds)
+    if isinstance(reference, Engine):
+        label = f"{reference.manifest.backend} {reference.manifest.precision}"
+    else:
+        label = "reference" if callable(reference) else "onnxruntime fp32"
+    return accuracy_of(((run_ref(f), run_test(f)) for f in batches), inputs=inputs, reference=label)
+
+
+def _runner(target: Any) -> Runner:
+    if isinstance(target, Engine):
+        return lambda feeds: _run_engine(target, feeds)
+    if callable(target):
+        return target
+    from streamrt.onnx.runner import onnx_runner
+
+    return onnx_runner(target)
+
+
+def _run_engine(engine: Engine, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from streamrt.inputs import cast_inputs, to_device, to_numpy
+
+    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device)
+    with engine.create_context() as ctx:
+        outputs = ctx.infer(values)
+        if engine.device == "cuda":
+            _synchronize()  # the outputs are valid once the engine's stream gets there
+        return {name: to_numpy(value) for name, value in outputs.items()}
 
 
 def sample_feeds(model: OnnxModel, config: BuildConfig, profiles: tuple[ShapeProfile, ...]) -> tuple[Feeds, str, bool]:

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of, onnx_runner
+from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
+from streamrt.onnx.runner import onnx_runner
 
 __all__ = ["SensitivityResult", "restore_accuracy"]
 

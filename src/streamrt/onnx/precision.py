@@ -29,9 +29,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -47,6 +45,7 @@ from streamrt.onnx.autocast import (
     overflowing_constants,
     summary,
 )
+from streamrt.onnx.lowering import PrecisionResult
 
 __all__ = [
     "FP32_OPS",
@@ -86,23 +85,6 @@ FP32_OPS: tuple[str, ...] = (
 INT8_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 _CHECKER_LIMIT = 2_000_000_000  # protobuf cannot serialise a model above 2 GB for the checker
-
-
-@dataclass(frozen=True)
-class PrecisionResult:
-    """The transformed model and what the transform decided (for the build's report and manifest).
-
-    Attributes:
-        model: the model every backend builds from.
-        summary: one line for the build's output ("fp16: 3 nodes kept in fp32 ...").
-        details: lines for ``--verbose`` (one per kept node or layer, with its reason).
-        record: JSON-ready facts stored in the plan's manifest under ``precision_report``.
-    """
-
-    model: onnx.ModelProto
-    summary: str = ""
-    details: tuple[str, ...] = ()
-    record: Mapping[str, Any] = field(default_factory=dict)
 
 
 def apply_precision(

@@ -44,8 +44,8 @@ from streamrt.onnx.calibration import (
     read_calibration_cache,
     write_calibration_cache,
 )
+from streamrt.onnx.lowering import PrecisionResult
 from streamrt.onnx.model import tensor_specs
-from streamrt.onnx.precision import PrecisionResult
 
 __all__ = ["quantize_int8"]
 
