@@ -16,6 +16,7 @@ Hierarchy::
     │   └── UnsupportedOperatorError  a node the backend cannot run (node, op type, opset)
     ├── CalibrationError            int8 calibration data missing or mismatched
     ├── BuildError                  a backend failed to build an engine
+    │   └── AccuracyError           the low-precision plan misses --accuracy-threshold
     ├── PlanError                   a plan file cannot be used
     │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
     │   └── PlanMismatchError       built for another backend version, device or library
@@ -47,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccuracyError",
     "BuildError",
     "CalibrationError",
     "ConfigError",
@@ -156,6 +158,10 @@ class CalibrationError(StreamRTError):
 
 class BuildError(StreamRTError):
     """A backend failed to build an engine."""
+
+
+class AccuracyError(BuildError):
+    """A fp16/bf16/int8 plan misses the accuracy threshold against the fp32 reference; no plan is written."""
 
 
 class PlanError(StreamRTError):
