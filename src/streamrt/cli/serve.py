@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from streamrt.serve.config import ServerConfig
@@ -55,10 +56,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="require 'Authorization: Bearer TOKEN' (default: $STREAMRT_SERVE_TOKEN when set)")
     limits.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
                         help=f"largest request body / gRPC message (default {d.max_request_bytes})")
+    limits.add_argument("--grpc-max-message-mb", type=float, default=d.grpc_max_message_bytes / 2**20, metavar="MB",
+                        help=f"largest gRPC message in MiB (default {d.grpc_max_message_bytes // 2**20}; "
+                        "gRPC answers RESOURCE_EXHAUSTED above it)")
     limits.add_argument("--max-tensor-elements", type=int, default=d.max_tensor_elements,
                         help=f"largest element count of one input (default {d.max_tensor_elements})")
     limits.add_argument("--exit-timeout", type=float, default=d.exit_timeout_s, metavar="S",
                         help="shutdown waits this long for in-flight requests (default 30)")
+    net.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                     help="auto: uvloop when it is installed (faster sockets and callbacks), else asyncio's")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logs.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -75,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_port=args.metrics_port,
         auth_token=args.auth_token or os.environ.get("STREAMRT_SERVE_TOKEN") or None,
         max_request_bytes=args.max_request_bytes,
+        grpc_max_message_bytes=int(args.grpc_max_message_mb * 2**20),
         max_tensor_elements=args.max_tensor_elements,
         exit_timeout_s=args.exit_timeout,
         strict_readiness=not args.no_strict_readiness,
@@ -134,5 +141,21 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
-    asyncio.run(_serve(args.repository, config))
+    with asyncio.Runner(loop_factory=loop_factory(getattr(args, "event_loop", "auto"))) as runner:
+        runner.run(_serve(args.repository, config))
     return 0
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event-loop factory for ``--event-loop`` (None: asyncio's default loop)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            from streamrt.errors import MissingDependencyError
+
+            raise MissingDependencyError("uvloop", "serve", purpose="--event-loop uvloop") from None
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
+from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
 __all__ = [
@@ -43,10 +44,12 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """An output the client asked for; ``binary`` None means "as the request says"."""
+    """An output the client asked for; ``binary`` None means "as the request says"; ``region``: write it
+    to this shared-memory region instead of sending it."""
 
     name: str
     binary: bool | None = None
+    region: RegionRef | None = None
 
 
 @dataclass(eq=False)
@@ -62,6 +65,7 @@ class InferRequest:
         priority: 0 = the model's default level, 1 = highest.
         timeout_us: queue timeout asked by the client (0: the model's default).
         received_ns: ``time.perf_counter_ns()`` when the front end received it.
+        leases: shared-memory regions this request reads or writes (released once it is answered).
     """
 
     model: str
@@ -73,16 +77,19 @@ class InferRequest:
     priority: int = 0
     timeout_us: int = 0
     received_ns: int = field(default_factory=time.perf_counter_ns)
+    leases: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class InferResponse:
-    """Outputs of one request, in the order they go on the wire."""
+    """Outputs of one request, in the order they go on the wire; ``in_shared_memory``: the outputs
+    already written to shared memory (only their description goes on the wire)."""
 
     model: str
     version: str
     id: str
     outputs: dict[str, np.ndarray]
+    in_shared_memory: dict[str, RegionRef] = field(default_factory=dict)
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
@@ -159,15 +166,33 @@ def _int_param(params: dict[str, Any], key: str, where: str) -> int:
 
 
 def decode_http_request(
-    body: bytes, header_length: int | None, *, model: str, version: str, max_elements: int
+    body: bytes | bytearray, header_length: int | None, *, model: str, version: str, max_elements: int,
+    memory: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Parse an HTTP infer body (JSON, or JSON + binary tensors) into an :class:`InferRequest`.
+
+    Inputs and outputs may name regions of ``memory`` (the shared-memory extensions); the regions
+    are leased by the request (``request.leases``) and released by the server once it is answered.
 
     Raises:
         RequestError: malformed JSON, missing fields, binary sizes that disagree with the body.
         PayloadTooLargeError: a tensor over ``max_elements``.
-        UnsupportedRequestError: BYTES tensors, shared memory, classification, raw binary bodies.
+        SharedMemoryError: unknown regions, ranges out of bounds, sizes that disagree.
+        UnsupportedRequestError: BYTES tensors, shared memory without a registry, classification,
+            raw binary bodies.
     """
+    leases: list[Any] = []
+    try:
+        return _decode_http(body, header_length, model, version, max_elements, memory, leases)
+    except BaseException:
+        SharedMemoryRegistry.release(leases)
+        raise
+
+
+def _decode_http(
+    body: bytes | bytearray, header_length: int | None, model: str, version: str, max_elements: int,
+    memory: SharedMemoryRegistry | None, leases: list[Any],
+) -> InferRequest:
     if header_length is not None and (header_length < 0 or header_length > len(body)):
         raise RequestError(
             f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
@@ -203,8 +228,12 @@ def decode_http_request(
         shape = _shape(item.get("shape"), where)
         iparams = _params(item.get("parameters"), where)
         if "shared_memory_region" in iparams:
-            raise UnsupportedRequestError(f"{where}: shared memory is not supported")
-        if "binary_data_size" in iparams:
+            if memory is None:
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server")
+            ref = region_ref(iparams, where)
+            _elements(shape, where, max_elements)
+            inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)
+        elif "binary_data_size" in iparams:
             size = _int_param(iparams, "binary_data_size", where)
             if header_length is None:
                 raise RequestError(f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header")
@@ -235,10 +264,14 @@ def decode_http_request(
         oparams = _params(item.get("parameters"), f"output '{item['name']}'")
         if oparams.get("classification"):
             raise UnsupportedRequestError("the classification extension is not supported")
+        region = None
         if "shared_memory_region" in oparams:
-            raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not supported")
+            if memory is None:
+                raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not enabled on this server")
+            region = region_ref(oparams, f"output '{item['name']}'")
+            memory.lease_output(region, f"output '{item['name']}'", leases)
         binary = oparams.get("binary_data")
-        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), region))
     request_id = header.get("id", "")
     return InferRequest(
         model=model,
@@ -249,6 +282,7 @@ def decode_http_request(
         binary_output=bool(params.get("binary_data_output", False)),
         priority=_int_param(params, "priority", "request"),
         timeout_us=_int_param(params, "timeout", "request"),
+        leases=leases,
     )
 
 
@@ -260,7 +294,12 @@ def encode_http_response(response: InferResponse, request: InferRequest) -> tupl
     for name, array in response.outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": kserve_dtype(array), "shape": list(array.shape)}
         flag = binary_of.get(name)
-        if flag if flag is not None else request.binary_output:
+        target = response.in_shared_memory.get(name)
+        if target is not None:
+            entry["parameters"] = {"shared_memory_region": target.name, "shared_memory_byte_size": target.byte_size}
+            if target.offset:
+                entry["parameters"]["shared_memory_offset"] = target.offset
+        elif flag if flag is not None else request.binary_output:
             contiguous = np.ascontiguousarray(array)
             entry["parameters"] = {"binary_data_size": contiguous.nbytes}
             blobs.append(contiguous.reshape(-1).view(np.uint8).data)
