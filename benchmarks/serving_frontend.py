@@ -93,7 +93,7 @@ def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int,
     """One ``streamrt perf`` run (its JSON report, first level) plus the command."""
     cmd = [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", model, "-i", protocol,
            "-u", f"127.0.0.1:{port}", "--concurrency-range", str(concurrency), "-b", str(batch),
-           *(["--processes", str(processes)] if processes > 1 else []), "--measurement-interval", str(int(seconds * 1000)),
+           "--processes", str(processes), "--measurement-interval", str(int(seconds * 1000)),
            "--warmup", "1500", "--json", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds * 4 + 120)
     if out.returncode not in (0, 1) or not out.stdout.strip():

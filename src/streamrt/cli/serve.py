@@ -141,8 +141,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
-    with asyncio.Runner(loop_factory=loop_factory(getattr(args, "event_loop", "auto"))) as runner:
-        runner.run(_serve(args.repository, config))
+    factory = loop_factory(getattr(args, "event_loop", "auto"))
+    if factory is None:
+        asyncio.run(_serve(args.repository, config))
+        return 0
+    loop = factory()
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(_serve(args.repository, config))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
     return 0
 
 
@@ -158,4 +168,4 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
             raise MissingDependencyError("uvloop", "serve", purpose="--event-loop uvloop") from None
         return None
-    return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return uvloop.new_event_loop

@@ -77,7 +77,7 @@ async def read_body(request: web.Request) -> bytes | bytearray:
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     value = body.get(key, default)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise SharedMemoryError(f"'{key}' must be {kind.__name__}, got {value!r}")
     return value
 

@@ -227,8 +227,9 @@ class _CudaRegion(_Region):
 
         torch_dtype = DType.from_any(dtype).torch
         raw = self.tensor[ref.offset : ref.offset + ref.byte_size]
-        return DeviceTensor(raw.view(torch_dtype).view(shape) if ref.byte_size else torch.empty(shape, dtype=torch_dtype,
-                            device=self.tensor.device), dtype, shape)
+        if not ref.byte_size:
+            return DeviceTensor(torch.empty(shape, dtype=torch_dtype, device=self.tensor.device), dtype, shape)
+        return DeviceTensor(raw.view(torch_dtype).view(shape), dtype, shape)
 
     def write(self, ref: RegionRef, array: np.ndarray) -> None:
         self.tensor[ref.offset : ref.offset + array.nbytes].copy_(_torch_view(np.ascontiguousarray(array)))
