@@ -145,8 +145,9 @@ class _SystemRegion(_Region):
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as exc:
-            raise SharedMemoryError(f"cannot open system shared memory key {key!r} for region '{name}': "
-                                    f"{exc.strerror}", hint="create it first (tritonclient.utils.shared_memory)") from None
+            raise SharedMemoryError(
+                f"cannot open system shared memory key {key!r} for region '{name}': {exc.strerror}",
+                hint="create it first (tritonclient.utils.shared_memory)") from None
         try:
             size = os.fstat(fd).st_size
             if offset + byte_size > size:
