@@ -213,7 +213,10 @@ class _CudaRegion(_Region):
         cudart = _cudart()
         self.device_id = device_id
         handle = cudart.cudaIpcMemHandle_t()
-        ctypes.memmove(handle.getPtr(), raw_handle, _IPC_HANDLE_SIZE)
+        if hasattr(handle, "getPtr"):  # cuda-bindings >= 13 dropped the settable 'reserved' field
+            ctypes.memmove(handle.getPtr(), raw_handle, _IPC_HANDLE_SIZE)
+        else:
+            handle.reserved = raw_handle
         with torch.cuda.device(device_id):
             pointer = _check_cuda(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
                                   f"opening the CUDA IPC handle of region '{name}'")
