@@ -134,6 +134,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--server-args", default="", help="extra `streamrt serve` arguments")
+    parser.add_argument("--server-src", type=Path, default=None,
+                        help="run the server from this source tree (e.g. an older commit's src/), same client")
     parser.add_argument("--perf-args", default="", help="extra `streamrt perf` arguments")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the server during the first case")
     parser.add_argument("--out", type=Path, default=None, help="write a markdown table here")
@@ -146,7 +148,9 @@ def main() -> int:
     server = subprocess.Popen(
         [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http), "--grpc-port",
          str(grpc), "--metrics-port", "-1", "--log-level", "WARNING", *shlex.split(args.server_args)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1",
+             **({"PYTHONPATH": str(args.server_src.resolve())} if args.server_src else {})})
     rows = []
     try:
         wait_ready(http, 300, server)
@@ -154,7 +158,7 @@ def main() -> int:
             spy = None
             if args.profile is not None and index == 0:
                 raw = args.profile.with_suffix(".raw")
-                spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--format", "raw", "--rate",
+                spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--gil", "--format", "raw", "--rate",
                                         "200", "--output", str(raw), "--duration", str(int(args.seconds + 1.5))],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             result = run_perf(protocol, http if protocol == "http" else grpc, f"null_{kind}", batch,

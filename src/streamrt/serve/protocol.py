@@ -166,7 +166,7 @@ def _int_param(params: dict[str, Any], key: str, where: str) -> int:
 
 
 def decode_http_request(
-    body: bytes | bytearray, header_length: int | None, *, model: str, version: str, max_elements: int,
+    body: bytes | bytearray | memoryview, header_length: int | None, *, model: str, version: str, max_elements: int,
     memory: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Parse an HTTP infer body (JSON, or JSON + binary tensors) into an :class:`InferRequest`.
@@ -190,7 +190,7 @@ def decode_http_request(
 
 
 def _decode_http(
-    body: bytes | bytearray, header_length: int | None, model: str, version: str, max_elements: int,
+    body: bytes | bytearray | memoryview, header_length: int | None, model: str, version: str, max_elements: int,
     memory: SharedMemoryRegistry | None, leases: list[Any],
 ) -> InferRequest:
     if header_length is not None and (header_length < 0 or header_length > len(body)):
@@ -203,7 +203,7 @@ def _decode_http(
         )
     json_end = len(body) if header_length is None else header_length
     try:
-        header = json.loads(body[:json_end])
+        header = json.loads(body[:json_end] if isinstance(body, bytes) else bytes(body[:json_end]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"malformed JSON in the request: {exc}") from None
     if not isinstance(header, dict):
