@@ -104,6 +104,19 @@ def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int,
     return dict(result)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` and its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def served(http_port: int, model: str) -> int:
+    """Requests the server answered successfully for ``model`` so far (statistics extension)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.loads(r.read())["model_stats"][0]["inference_stats"]
+    return int(stats["success"]["count"])
+
+
 def top_frames(raw: Path, limit: int = 25) -> list[tuple[str, float]]:
     """Self-time share of the leaf frames of a py-spy ``--format raw`` (collapsed stacks) profile."""
     counts: collections.Counter[str] = collections.Counter()
@@ -158,11 +171,16 @@ def main() -> int:
             spy = None
             if args.profile is not None and index == 0:
                 raw = args.profile.with_suffix(".raw")
-                spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--gil", "--format", "raw", "--rate",
-                                        "200", "--output", str(raw), "--duration", str(int(args.seconds + 1.5))],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spy = subprocess.Popen(
+                    ["py-spy", "record", "--pid", str(server.pid), "--gil", "--format", "raw", "--rate", "200",
+                     "--output", str(raw), "--duration", str(int(args.seconds + 1.5))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cpu0, count0 = cpu_seconds(server.pid), served(http, f"null_{kind}")
             result = run_perf(protocol, http if protocol == "http" else grpc, f"null_{kind}", batch,
                               args.concurrency, args.processes, args.seconds, shlex.split(args.perf_args))
+            cpu = cpu_seconds(server.pid) - cpu0
+            count = served(http, f"null_{kind}") - count0
+            server_cores = cpu / (args.seconds + 1.5)  # busy cores over warm-up + window (it idles otherwise)
             if spy is not None:
                 spy.wait(60)
                 lines = [f"{share:6.1%}  {frame}" for frame, share in top_frames(raw)]
@@ -173,10 +191,11 @@ def main() -> int:
             reqs = result["throughput"] / batch
             rows.append((protocol, kind, batch, nbytes, reqs, reqs * nbytes / 1e9, lat.get("median", float("nan")),
                          lat.get("p99", float("nan")), result["errors"], result["server_us"].get("success", 0.0),
-                         result.get("client_cpu_us", float("nan"))))
+                         result.get("client_cpu_us", float("nan")), server_cores, cpu / max(count, 1) * 1e6))
             print(f"{protocol:5} {kind:6} b{batch:<3} {nbytes / 1e3:9.1f} KB  {reqs:9.1f} req/s  "
                   f"{rows[-1][5]:6.3f} GB/s  p50 {rows[-1][6]:7.2f} ms  p99 {rows[-1][7]:7.2f} ms  "
-                  f"server {rows[-1][9]:8.0f} us  client cpu {rows[-1][10]:7.0f} us/req  errors {result['errors']}",
+                  f"server {rows[-1][9]:8.0f} us  client cpu {rows[-1][10]:7.0f} us/req  "
+                  f"server cores {server_cores:4.2f} ({rows[-1][12]:6.0f} us CPU/req)  errors {result['errors']}",
                   flush=True)
             if result.get("stderr"):
                 print("   ", result["stderr"].replace("\n", "\n    "), flush=True)
@@ -184,11 +203,12 @@ def main() -> int:
         server.terminate()
         server.wait(60)
         log.close()
-    table = ["| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | "
-             "client CPU us/req | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for p, k, b, n, r, g, p50, p99, e, s, c in rows:
+    table = ["| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req (stats) | "
+             "server CPU us/req | server cores busy | client CPU us/req | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p, k, b, n, r, g, p50, p99, e, s, c, cores, cpu_req in rows:
         table.append(f"| {p} | null_{k} x{b} | {n:,} | {r:,.0f} | {g:.3f} | {p50:.2f} | {p99:.2f} | {s:.0f} | "
-                     f"{c:.0f} | {e} |")
+                     f"{cpu_req:.0f} | {cores:.2f} | {c:.0f} | {e} |")
     text = "\n".join(table)
     print(text)
     if args.out:
