@@ -99,7 +99,7 @@ def _module(kind: str) -> Any:
             import tritonclient.utils.cuda_shared_memory as shm
     except (ImportError, RuntimeError) as exc:  # cuda_shared_memory raises RuntimeError without cuda-python
         raise MissingDependencyError(
-            "tritonclient" if kind == "system" else "tritonclient[cuda]", "serve",
+            "tritonclient" if kind == "system" else "cuda-python", "serve" if kind == "system" else "cuda-shm",
             purpose=f"--shared-memory {kind} ({exc})",
         ) from None
     return shm

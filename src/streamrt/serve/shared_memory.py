@@ -186,7 +186,7 @@ def _cudart() -> Any:
             from cuda import cudart  # cuda-python < 12.6
         except ImportError:
             raise MissingDependencyError(
-                "cuda-python", "serve", purpose="CUDA shared memory (opening CUDA IPC handles)",
+                "cuda-python", "cuda-shm", purpose="CUDA shared memory (opening CUDA IPC handles)",
             ) from None
     return cudart
 
