@@ -233,6 +233,8 @@ class _CudaRegion(_Region):
         raw = self.tensor[ref.offset : ref.offset + ref.byte_size]
         if not ref.byte_size:
             return DeviceTensor(torch.empty(shape, dtype=torch_dtype, device=self.tensor.device), dtype, shape)
+        if ref.offset % dtype.itemsize:  # torch views need element alignment: one device copy instead
+            raw = raw.clone()
         return DeviceTensor(raw.view(torch_dtype).view(shape), dtype, shape)
 
     def write(self, ref: RegionRef, array: np.ndarray) -> None:
