@@ -53,6 +53,11 @@ def _frontend() -> Any:
 sf = _frontend()
 
 
+def _cell(text: str) -> str:
+    """Text fit for one markdown table cell."""
+    return " ".join(text.split()).replace("|", "/")
+
+
 def elapsed() -> float:
     return time.monotonic() - START
 
@@ -136,7 +141,12 @@ def frontend_rows(args: argparse.Namespace, work: Path) -> list[str]:
     try:
         for protocol in ("grpc", "http"):
             for kind, batch in (("small", 1), ("image", 1), ("image", 8)):
-                r = perf(server, protocol, f"null_{kind}", batch, args.concurrency, args.processes, args.seconds)
+                try:
+                    r = perf(server, protocol, f"null_{kind}", batch, args.concurrency, args.processes, args.seconds)
+                except (SystemExit, Exception) as exc:
+                    say(f"null_{kind} {protocol}: FAILED {exc}")
+                    rows.append(f"| {protocol} | null_{kind} x{batch} | failed: {_cell(str(exc)[-200:])} | | | | | | | |")
+                    continue
                 nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
                 reqs = r["throughput"] / batch
                 lat = r.get("latency_ms") or {}
@@ -163,7 +173,7 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> 
     (repo / name / "config.yaml").write_text(json.dumps({
         "max_batch_size": args.max_batch,
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
-        "instance_group": [{"count": args.instances, "kind": "KIND_GPU"}],
+        "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
     server = Server(repo, args.out / f"server-{name}.log")
     rows = [f"| {name} fp16 | engine offline, batch {args.max_batch} | {reference:,.0f} | 100% | | | reference |"]
@@ -171,7 +181,13 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> 
     try:
         for label, extra in (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
                              ("gRPC + CUDA shm", ["--shared-memory", "cuda"])):
-            r = perf(server, "grpc", name, args.request_batch, args.concurrency, args.processes, args.seconds, extra)
+            try:
+                r = perf(server, "grpc", name, args.request_batch, args.concurrency, args.processes, args.seconds,
+                         extra)
+            except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
+                say(f"{name} {label}: FAILED {exc}")
+                rows.append(f"| {name} fp16 | server, {label} | failed | | | | {_cell(str(exc)[-300:])} |")
+                continue
             lat = r.get("latency_ms") or {}
             ratios[label] = r["throughput"] / reference
             rows.append(f"| {name} fp16 | server, {label}, concurrency {args.concurrency} x {args.request_batch} img | "
@@ -189,7 +205,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--plans", type=Path, default=None, help="folder with prebuilt resnet50.plan / resnet18.plan")
     parser.add_argument("--models", default="resnet50,resnet18", help="in order; later ones skipped past the budget")
-    parser.add_argument("--budget-s", type=float, default=330.0,
+    parser.add_argument("--budget-s", type=float, default=300.0,
                         help="start no further model after this many seconds (keeps the call under 9 minutes)")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--request-batch", type=int, default=8)
