@@ -145,7 +145,8 @@ def frontend_rows(args: argparse.Namespace, work: Path) -> list[str]:
                     r = perf(server, protocol, f"null_{kind}", batch, args.concurrency, args.processes, args.seconds)
                 except (SystemExit, Exception) as exc:
                     say(f"null_{kind} {protocol}: FAILED {exc}")
-                    rows.append(f"| {protocol} | null_{kind} x{batch} | failed: {_cell(str(exc)[-200:])} | | | | | | | |")
+                    note = _cell(str(exc)[-200:])
+                    rows.append(f"| {protocol} | null_{kind} x{batch} | failed: {note} | | | | | | | |")
                     continue
                 nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
                 reqs = r["throughput"] / batch
