@@ -38,7 +38,7 @@ import numpy as np
 
 from streamrt.device import cuda_available
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 from streamrt.video import ArraySource, DetectConfig, Detections, Frame, SyntheticClip, open_detector, run_detection
 from streamrt.video.model import LANE_OPTIONS, DetectorModel, bundled_labels, bundled_model
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport, write_report_files

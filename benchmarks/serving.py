@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "vgg"
@@ -264,7 +264,7 @@ def measure(server: Server, concurrency: int, seconds: float) -> Any:
 def offline(plan: Path) -> dict[int, float]:
     """The engine alone (streamrt bench's loop): samples/s at batch 1 and 64."""
     import streamrt
-    from streamrt.profile.bench import benchmark
+    from streamrt.profiling.bench import benchmark
 
     engine = streamrt.load(plan)
     rng = np.random.default_rng(0)

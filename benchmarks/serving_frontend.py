@@ -94,7 +94,7 @@ def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int,
     cmd = [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", model, "-i", protocol,
            "-u", f"127.0.0.1:{port}", "--concurrency-range", str(concurrency), "-b", str(batch),
            "--processes", str(processes), "--measurement-interval", str(int(seconds * 1000)),
-           "--warmup", "1500", "--json", *extra]
+           "--warmup-ms", "1500", "--json", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds * 4 + 120)
     if out.returncode not in (0, 1) or not out.stdout.strip():
         raise SystemExit(f"perf failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -212,7 +212,7 @@ def main() -> int:
     text = "\n".join(table)
     print(text)
     if args.out:
-        from streamrt.profile.provenance import git_commit
+        from streamrt.profiling.provenance import git_commit
 
         args.out.write_text("\n".join([
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",

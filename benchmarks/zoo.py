@@ -368,10 +368,8 @@ def write_report(out: Path, results: dict[str, Any], args: argparse.Namespace, a
 
 
 def _commit() -> str:
-    try:
-        from streamrt.profiling.provenance import git_commit
-    except ImportError:
-        from streamrt.profile.provenance import git_commit  # type: ignore[no-redef]
+    from streamrt.profiling.provenance import git_commit
+
     return git_commit()
 
 

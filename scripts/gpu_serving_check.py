@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
@@ -72,7 +72,7 @@ def build_plan(name: str, out: Path, max_batch: int) -> Path:
     import torchvision
 
     import streamrt
-    from streamrt.backends.torch_inductor import build_module
+    from streamrt import build_module
     from streamrt.types import ShapeProfile, ShapeRange
 
     net = getattr(torchvision.models, name)().eval().cuda()
@@ -93,7 +93,7 @@ def offline(plan: Path, batch: int, seconds: float) -> float:
     """Images/s of the engine alone at ``batch`` (streamrt bench's loop), in a child process."""
     code = (
         "import json, numpy as np, streamrt\n"
-        "from streamrt.profile.bench import benchmark\n"
+        "from streamrt.profiling.bench import benchmark\n"
         f"e = streamrt.load({str(plan)!r})\n"
         f"x = np.random.default_rng(0).standard_normal(({batch}, 3, 224, 224)).astype(np.float32)\n"
         f"r = benchmark(e, {{'images': x}}, warmup_ms=1000, duration_s={seconds}, iterations=20)\n"

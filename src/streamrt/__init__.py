@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 __all__ = [
     "BuildConfig",
     "BuildResult",
@@ -36,14 +34,15 @@ __all__ = [
     "open",
 ]
 
+from streamrt._version import __version__
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import StreamRTError
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
-    from streamrt.backends.torch_inductor import build_module
     from streamrt.builder import BuildResult, build
+    from streamrt.module_builder import build_module
     from streamrt.opening import open
     from streamrt.runtime import load
 
@@ -52,7 +51,7 @@ _LAZY = {
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
     "open": ("streamrt.opening", "open"),
-    "build_module": ("streamrt.backends.torch_inductor", "build_module"),
+    "build_module": ("streamrt.module_builder", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
 }

@@ -97,6 +97,13 @@ class StreamRTError(Exception):
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
+# torch's default wheel on PyPI bundles CUDA (several GB): CPU-only machines want the CPU wheel.
+_INSTALL_HINTS = {
+    "torch": "CPU-only machine: pip install torch --index-url https://download.pytorch.org/whl/cpu; "
+    "with an NVIDIA GPU: pip install 'streamrt[torch]'",
+}
+
+
 class MissingDependencyError(StreamRTError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
@@ -104,7 +111,7 @@ class MissingDependencyError(StreamRTError, ImportError):
         what = f" for {purpose}" if purpose else ""
         super().__init__(
             f"the optional package '{package}' is required{what} but is not installed",
-            hint=f"pip install 'streamrt[{extra}]'",
+            hint=_INSTALL_HINTS.get(extra, f"pip install 'streamrt[{extra}]'"),
         )
         self.package = package
         self.extra = extra

@@ -68,12 +68,13 @@ class BuildOutput:
     Attributes:
         payload: bytes the backend's ``load`` understands.
         settings: backend settings that shaped the payload, recorded in the manifest.
-        extra: backend facts recorded in the manifest (compatibility flags, package names...).
+        manifest_facts: backend facts recorded in the manifest's ``extra`` section
+            (compatibility flags, package names...).
     """
 
     payload: bytes
     settings: Mapping[str, Any] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    manifest_facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,12 @@ class LayerTiming:
 class Backend(abc.ABC):
     """A backend: builds payloads on this machine and loads plans into engines.
 
-    Subclasses set ``name`` (the registry key), ``extra`` (the pip extra that brings its
+    Subclasses set ``name`` (the registry key), ``pip_extra`` (the pip extra that brings its
     library) and ``device_fields`` (the manifest ``device`` keys that must match at load).
     """
 
     name: ClassVar[str]
-    extra: ClassVar[str]
+    pip_extra: ClassVar[str]
     device_fields: ClassVar[tuple[str, ...]] = ()
     precisions: ClassVar[frozenset[str]] = frozenset({"fp32"})
     # Q/DQ layout this backend fuses into integer kernels (see streamrt.onnx.quantize).
@@ -113,7 +114,7 @@ class Backend(abc.ABC):
         """Versions of every library a payload depends on (recorded in the plan)."""
 
     @abc.abstractmethod
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         """The device this machine builds for, as recorded in the manifest's ``device``."""
 
     @abc.abstractmethod
@@ -137,7 +138,7 @@ class Backend(abc.ABC):
         check_field(manifest, f"{self.name} version", manifest.backend_version, self.version())
         from streamrt.config import BuildConfig
 
-        local = self.target(BuildConfig(backend=self.name))
+        local = self.target_device(BuildConfig(backend=self.name))
         for key in self.device_fields:
             check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
 

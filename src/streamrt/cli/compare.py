@@ -7,7 +7,8 @@ override them per side, e.g. what int8 costs::
     streamrt compare model.onnx model.onnx --b-precision int8 --calib data/
 
 Exit status 0 when every output is within ``|a - b| <= atol + rtol * |a|`` (A is the
-reference), 1 when one is not, 2 on errors.
+reference), or with ``--min-cosine C`` when every output's cosine similarity to A is >= C (int8),
+1 when one is not, 2 on errors.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.cli._inputs import add_input_arguments, describe_inputs, inputs_from_args
+from streamrt.cli.args import BuildArgs
 from streamrt.cli.common import add_build_arguments, engine_from_path
 from streamrt.plan import is_plan_file
 
@@ -36,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("b", type=Path, metavar="B", help="tested: plan file or ONNX model")
     parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        metavar="C",
+        help="pass an output when its cosine similarity to A is >= C instead of the tolerances (int8: 0.99)",
+    )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     add_input_arguments(parser)
     add_build_arguments(parser)
@@ -45,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
-    if is_plan_file(path) and (getattr(args, f"{side}_backend") or getattr(args, f"{side}_precision")):
+    if is_plan_file(path) and BuildArgs(prefix=f"{side}-").build.given(args):
         print(
             f"streamrt compare: note: {path} is a plan; --{side}-backend/--{side}-precision are ignored",
             file=sys.stderr,
@@ -72,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             out_a = run_numpy(engine_a, arrays)
             out_b = run_numpy(engine_b, feeds_b)
             label_a, label_b = _label(args.a, engine_a), _label(args.b, engine_b)
-    diffs = compare_outputs(out_a, out_b, atol=args.atol, rtol=args.rtol)
+    diffs = compare_outputs(out_a, out_b, atol=args.atol, rtol=args.rtol, min_cosine=args.min_cosine)
     passed = all(d.passed for d in diffs)
     if args.json:
         print(
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                     "shapes": {n: list(v.shape) for n, v in arrays.items()},
                     "atol": args.atol,
                     "rtol": args.rtol,
+                    "min_cosine": args.min_cosine,
                     "passed": passed,
                     "outputs": [d.to_json() for d in diffs],
                 },

@@ -2,11 +2,13 @@
 
 Served through a generic handler over the messages of :mod:`streamrt.serve.proto`, so no
 generated ``_pb2_grpc`` code is needed. Inputs come as ``raw_input_contents`` (what tritonclient
-sends), typed ``contents`` or shared-memory regions; outputs go back as ``raw_output_contents``
-(the only form tritonclient's ``InferResult.as_numpy`` reads) or into shared-memory regions.
-``ModelInfer`` takes and returns serialized bytes: :mod:`streamrt.serve.grpc_wire` keeps the
-tensors out of protobuf (zero-copy views in, one copy out). Errors use the status table's gRPC
-codes; trace and log RPCs are not registered, so they answer ``UNIMPLEMENTED``.
+sends), typed ``contents`` (``bytes_contents`` for BYTES) or shared-memory regions, never raw and
+typed contents in one request (the KServe spec forbids mixing them); outputs go back as
+``raw_output_contents`` (the form tritonclient's ``InferResult.as_numpy`` reads; BYTES
+length-prefixed) or into shared-memory regions. An output's ``class_count`` asks for the
+classification extension. ``ModelInfer`` takes and returns serialized bytes:
+:mod:`streamrt.serve.grpc_wire` keeps the tensors out of protobuf (zero-copy views in, one copy
+out). Errors use the status table's gRPC codes; RPCs not registered here answer ``UNIMPLEMENTED``.
 
 Messages larger than ``ServerConfig.grpc_max_message_bytes`` (``--grpc-max-message-mb``) are
 refused by gRPC itself with ``RESOURCE_EXHAUSTED`` ("Received message larger than max").
@@ -26,7 +28,15 @@ from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
 from streamrt.serve.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
 from streamrt.serve.proto import SERVICE
-from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype, numpy_dtype
+from streamrt.serve.protocol import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    deserialize_bytes,
+    kserve_dtype,
+    numpy_dtype,
+    raw_bytes,
+)
 from streamrt.serve.shared_memory import SharedMemoryRegistry, region_ref
 from streamrt.serve.status import status_for
 
@@ -42,7 +52,7 @@ log = logging.getLogger(__name__)
 _CONTENTS = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
 
 
@@ -103,6 +113,9 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
     index = -1
     for tensor in message.inputs:
         where = f"input '{tensor.name}'"
+        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
+            raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
+                               "(the request mixes both)")
         shape = tuple(int(d) for d in tensor.shape)
         if any(d < 0 for d in shape):
             raise RequestError(f"{where}: shape dimensions must be >= 0, got {list(shape)}")
@@ -116,10 +129,16 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
         if "shared_memory_region" in tparams:
             target = region_ref(tparams, where)
             if memory is None:
-                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server")
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                              "(parameter shared_memory_region)")
+            if tensor.datatype == "BYTES":
+                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
             inputs[tensor.name] = memory.read_input(target, dtype, shape, where, leases)
             continue
         index += 1
+        if raw and tensor.datatype == "BYTES":
+            inputs[tensor.name] = deserialize_bytes(raw[index], count, where).reshape(shape)
+            continue
         if raw:
             data = raw[index]
             if len(data) != count * dtype.itemsize:
@@ -133,6 +152,11 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
         values = getattr(tensor.contents, field)
         if len(values) != count:
             raise RequestError(f"{where}: contents has {len(values)} values but shape {list(shape)} needs {count}")
+        if tensor.datatype == "BYTES":
+            array = np.empty(count, dtype=object)
+            array[:] = list(values)
+            inputs[tensor.name] = array.reshape(shape)
+            continue
         inputs[tensor.name] = np.asarray(values, dtype=dtype).reshape(shape)
     priority, timeout = params.get("priority", 0) or 0, params.get("timeout", 0) or 0
     if not isinstance(priority, int) or not isinstance(timeout, int) or priority < 0 or timeout < 0:
@@ -151,14 +175,18 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
 
 def _requested_output(output: Any, memory: SharedMemoryRegistry | None, leases: list[Any]) -> RequestedOutput:
     oparams = {k: _param(v) for k, v in output.parameters.items()}
-    if "shared_memory_region" not in oparams:
-        return RequestedOutput(output.name)
     where = f"output '{output.name}'"
+    classes = oparams.get("classification", 0) or 0
+    if not isinstance(classes, int) or classes < 0:
+        raise RequestError(f"{where}: class_count must be an integer >= 0, got {classes!r}")
+    if "shared_memory_region" not in oparams:
+        return RequestedOutput(output.name, class_count=classes)
     if memory is None:
-        raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server")
+        raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                      "(parameter shared_memory_region)")
     region = region_ref(oparams, where)
     memory.lease_output(region, where, leases)
-    return RequestedOutput(output.name, region=region)
+    return RequestedOutput(output.name, class_count=classes, region=region)
 
 
 def encode_grpc_response(response: InferResponse) -> Any:
@@ -188,7 +216,7 @@ def serialize_grpc_response(response: InferResponse) -> bytes:
                 out.parameters["shared_memory_offset"].int64_param = target.offset
             blobs.append(b"")
             continue
-        blobs.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+        blobs.append(raw_bytes(array))
     return encode_infer_response(message.SerializeToString(), blobs)
 
 
@@ -243,8 +271,7 @@ class _Service:
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             config = self.repo.get(request.name, request.version).triton_config()
-            message = self.json_format.ParseDict(config, self.messages.ModelConfig(), ignore_unknown_fields=True)
-            return self.messages.ModelConfigResponse(config=message)
+            return self.messages.ModelConfigResponse(config=config)
         return await self._guard(context, call)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
@@ -268,15 +295,16 @@ class _Service:
         async def call() -> Any:
             self._check_control()
             params = {k: _param(v) for k, v in request.parameters.items()}
-            if any(k.startswith("file:") for k in params):
-                raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+            files = {k: bytes(v) for k, v in params.items() if k.startswith("file:") and isinstance(v, bytes)}
+            if any(k.startswith("file:") and k not in files for k in params):
+                raise RequestError("file: load parameters must be bytes_param")
             override = None
             if params.get("config"):
                 try:
                     override = json.loads(params["config"])
                 except ValueError as exc:
                     raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-            await self.repo.load(request.model_name, override)
+            await self.repo.load(request.model_name, override, files or None)
             return self.messages.RepositoryModelLoadResponse()
         return await self._guard(context, call)
 

@@ -33,9 +33,13 @@ __all__ = [
     "InferResponse",
     "RequestedOutput",
     "decode_http_request",
+    "deserialize_bytes",
     "encode_http_response",
+    "json_values",
     "kserve_dtype",
     "numpy_dtype",
+    "raw_bytes",
+    "serialize_bytes",
     "tensor_from_bytes",
 ]
 
@@ -44,11 +48,13 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """An output the client asked for; ``binary`` None means "as the request says"; ``region``: write it
-    to this shared-memory region instead of sending it."""
+    """An output the client asked for; ``binary`` None means "as the request says";
+    ``class_count`` > 0 asks for the classification extension's top-k strings instead of the tensor;
+    ``region``: write it to this shared-memory region instead of sending it."""
 
     name: str
     binary: bool | None = None
+    class_count: int = 0
     region: RegionRef | None = None
 
 
@@ -95,14 +101,16 @@ class InferResponse:
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
     """KServe datatype name (``"FP32"``) -> little-endian NumPy dtype (looked up once per name).
 
+    BYTES maps to NumPy ``object`` (arrays of ``bytes``), as tritonclient's ``np.object_``.
+
     Raises:
-        UnsupportedRequestError: BYTES (string tensors) and unknown names.
+        RequestError: unknown names.
     """
     known = _NUMPY_OF.get(datatype)
     if known is not None:
         return known
     if datatype == "BYTES":
-        raise UnsupportedRequestError("BYTES (string) tensors are not supported by StreamRT engines")
+        return np.dtype(object)
     try:
         dtype = DType.from_any(datatype).numpy.newbyteorder("<")
     except ConfigError:
@@ -113,16 +121,69 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
 
 
 def kserve_dtype(array: Any) -> str:
-    """NumPy array (or anything with a NumPy ``dtype``) -> KServe datatype name."""
+    """NumPy array (or anything with a NumPy ``dtype``) -> KServe datatype name (object and string
+    arrays are BYTES)."""
     name = _KSERVE_OF.get(array.dtype)
     if name is None:
-        name = _KSERVE_OF[array.dtype] = DType.from_any(array.dtype).kserve
+        name = DType.from_any(array.dtype).kserve
+        if len(_KSERVE_OF) < 64:
+            _KSERVE_OF[array.dtype] = name
     return name
 
 
 # Per-request lookups of the dtype tables (DType.from_any walks them) cost ~5% of a small request.
 _NUMPY_OF: dict[str, np.dtype[Any]] = {}
 _KSERVE_OF: dict[np.dtype[Any], str] = {}
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """A BYTES tensor in the protocol's binary form: each element as a 4-byte little-endian
+    length and its bytes, in row-major order (``str`` elements are written as UTF-8)."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [len(data).to_bytes(4, "little"), data]
+    return b"".join(parts)
+
+
+def deserialize_bytes(data: bytes | memoryview, count: int, where: str) -> np.ndarray:
+    """``count`` length-prefixed elements of ``data`` as a 1-D object array of ``bytes``.
+
+    Raises:
+        RequestError: the lengths do not add up to the data (names the element).
+    """
+    view = memoryview(data)
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > len(view):
+            raise RequestError(f"{where}: BYTES data ends inside the length of element {index} (of {count})")
+        size = int.from_bytes(view[offset : offset + 4], "little")
+        offset += 4
+        if offset + size > len(view):
+            raise RequestError(f"{where}: BYTES element {index} needs {size} bytes, {len(view) - offset} are left")
+        out[index] = bytes(view[offset : offset + size])
+        offset += size
+    if offset != len(view):
+        raise RequestError(f"{where}: {len(view) - offset} bytes left after the {count} BYTES elements of the shape")
+    return out
+
+
+def json_values(array: np.ndarray) -> list[Any]:
+    """A tensor's values for JSON ``data``: BYTES elements as strings (UTF-8), numbers as numbers."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return [item.decode("utf-8", "replace") if isinstance(item, (bytes, np.bytes_)) else str(item)
+                for item in array.reshape(-1)]
+    if array.dtype.kind == "V" or array.dtype.name in ("float16", "bfloat16"):
+        return array.astype(np.float32).ravel().tolist()
+    return array.ravel().tolist()
+
+
+def raw_bytes(array: np.ndarray) -> bytes | memoryview:
+    """A tensor's binary wire form: BYTES length-prefixed, everything else its little-endian memory."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:
@@ -146,15 +207,28 @@ def _elements(shape: tuple[int, ...], where: str, max_elements: int) -> int:
 def tensor_from_bytes(
     data: bytes | memoryview, offset: int, datatype: str, shape: tuple[int, ...], where: str, max_elements: int
 ) -> np.ndarray:
-    """A zero-copy array over ``data[offset:]`` of exactly ``shape`` (size already checked by the caller)."""
+    """A zero-copy array over ``data[offset:]`` of exactly ``shape`` (size already checked by the caller).
+
+    BYTES is the exception: its elements are copied out of ``data[offset:]`` (all of it)."""
     dtype = numpy_dtype(datatype)
     count = _elements(shape, where, max_elements)
+    if datatype == "BYTES":
+        return deserialize_bytes(memoryview(data)[offset:], count, where).reshape(shape)
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def _tensor_from_json(value: Any, datatype: str, shape: tuple[int, ...], where: str, max_elements: int) -> np.ndarray:
     dtype = numpy_dtype(datatype)
     count = _elements(shape, where, max_elements)
+    if datatype == "BYTES":
+        flat = _flatten(value)
+        if not all(isinstance(v, str) for v in flat):
+            raise RequestError(f"{where}: BYTES 'data' must hold strings")
+        array = np.empty(len(flat), dtype=object)
+        array[:] = [v.encode() for v in flat]
+        if array.size != count:
+            raise RequestError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {count}")
+        return array.reshape(shape)
     try:
         array = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -162,6 +236,12 @@ def _tensor_from_json(value: Any, datatype: str, shape: tuple[int, ...], where: 
     if array.size != count:
         raise RequestError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {count}")
     return array.reshape(shape)
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [x for item in value for x in _flatten(item)]
+    return [value]
 
 
 def _params(value: Any, where: str) -> dict[str, Any]:
@@ -192,8 +272,7 @@ def decode_http_request(
         RequestError: malformed JSON, missing fields, binary sizes that disagree with the body.
         PayloadTooLargeError: a tensor over ``max_elements``.
         SharedMemoryError: unknown regions, ranges out of bounds, sizes that disagree.
-        UnsupportedRequestError: BYTES tensors, shared memory without a registry, classification,
-            raw binary bodies.
+        UnsupportedRequestError: shared memory without a registry, raw binary bodies.
     """
     leases: list[Any] = []
     try:
@@ -243,7 +322,10 @@ def _decode_http(
         iparams = _params(item.get("parameters"), where)
         if "shared_memory_region" in iparams:
             if memory is None:
-                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server")
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                              "(parameter shared_memory_region)")
+            if datatype == "BYTES":
+                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
             ref = region_ref(iparams, where)
             _elements(shape, where, max_elements)
             inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)
@@ -252,7 +334,7 @@ def _decode_http(
             if header_length is None:
                 raise RequestError(f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header")
             expected = _elements(shape, where, max_elements) * numpy_dtype(datatype).itemsize
-            if size != expected:
+            if size != expected and datatype != "BYTES":
                 raise RequestError(
                     f"{where}: binary_data_size is {size} bytes but shape {list(shape)} of {datatype} needs {expected}"
                 )
@@ -260,7 +342,7 @@ def _decode_http(
                 raise RequestError(
                     f"{where}: binary data ends at byte {offset + size} but the body has {len(body)} bytes"
                 )
-            inputs[name] = tensor_from_bytes(view, offset, datatype, shape, where, max_elements)
+            inputs[name] = tensor_from_bytes(view[: offset + size], offset, datatype, shape, where, max_elements)
             offset += size
         elif "data" in item:
             inputs[name] = _tensor_from_json(item["data"], datatype, shape, where, max_elements)
@@ -276,16 +358,16 @@ def _decode_http(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"output {index}: needs a 'name' string")
         oparams = _params(item.get("parameters"), f"output '{item['name']}'")
-        if oparams.get("classification"):
-            raise UnsupportedRequestError("the classification extension is not supported")
         region = None
         if "shared_memory_region" in oparams:
             if memory is None:
-                raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not enabled on this server")
+                raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not enabled on this "
+                                              "server (parameter shared_memory_region)")
             region = region_ref(oparams, f"output '{item['name']}'")
             memory.lease_output(region, f"output '{item['name']}'", leases)
         binary = oparams.get("binary_data")
-        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), region))
+        classes = _int_param(oparams, "classification", f"output '{item['name']}'")
+        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes, region))
     request_id = header.get("id", "")
     return InferRequest(
         model=model,
@@ -314,11 +396,11 @@ def encode_http_response(response: InferResponse, request: InferRequest) -> tupl
             if target.offset:
                 entry["parameters"]["shared_memory_offset"] = target.offset
         elif flag if flag is not None else request.binary_output:
-            contiguous = np.ascontiguousarray(array)
-            entry["parameters"] = {"binary_data_size": contiguous.nbytes}
-            blobs.append(contiguous.reshape(-1).view(np.uint8).data)
+            blob = raw_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(blob) if isinstance(blob, bytes) else blob.nbytes}
+            blobs.append(memoryview(blob))
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = json_values(array)
         entries.append(entry)
     header: dict[str, Any] = {"model_name": response.model, "model_version": response.version, "outputs": entries}
     if response.id:

@@ -3,7 +3,7 @@
 Per-frame latency runs from the moment a frame became available (decoded, or for a paced camera
 the instant the camera produced it) to the moment its detections reached the caller, so queueing
 in front of the pipeline counts. Stage times and the busiest resource come from the pipeline's
-trace (:func:`streamrt.profile.pipeline_summary.summarize`); :func:`write_report_files` adds the
+trace (:func:`streamrt.profiling.pipeline_summary.summarize`); :func:`write_report_files` adds the
 PNG timeline and the Chrome trace.
 """
 
@@ -56,6 +56,7 @@ class RunReport:
     bottleneck: tuple[str, float] | None = None
     detections: int = 0
     trace: PipelineTrace | None = field(default=None, repr=False)
+    window_fps: list[float] = field(default_factory=list)
 
     @property
     def fps(self) -> float:
@@ -83,6 +84,15 @@ class RunReport:
             f"  latency per frame: p50 {lat.get('p50', float('nan')):.1f} ms, "
             f"p99 {lat.get('p99', float('nan')):.1f} ms, max {lat.get('max', float('nan')):.1f} ms",
         ]
+        if len(self.window_fps) > 1:
+            from streamrt.profiling.rounds import Rounds, noise_warning
+
+            windows = Rounds.of(self.window_fps)
+            lines.append(f"  throughput per window: {windows.describe('FPS', 'windows')}")
+            kind = "cuda" if self.device.startswith("cuda") else "cpu"
+            warning = noise_warning({"throughput": windows}, kind, "and rerun", what="windows")
+            if warning and not self.paced:  # a paced run's rate is the camera's, not the machine's
+                lines.append(f"  {warning}")
         if self.paced:
             verdict = "sustained" if self.sustained else "NOT sustained"
             lines.append(f"  camera-paced at {self.target_fps:g} FPS per source: {self.dropped} dropped frames, "
@@ -110,8 +120,8 @@ class RunReport:
 def write_report_files(report: RunReport, folder: str | Path, stem: str = "run") -> list[Path]:
     """Write ``<stem>.json``, ``<stem>.md``, and when traced ``<stem>_timeline.png`` and ``<stem>_trace.json``."""
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
