@@ -4,8 +4,11 @@ regions released on unregister and shutdown, and a soak over shared memory."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -250,3 +253,30 @@ def test_soak_over_shared_memory_every_request_answered_once(server: Any, refere
     sent = sum(r[0] for r in results)
     assert sent > 0 and all(r is not None and r[0] == r[1] for r in results), results
     assert after - before == sent
+
+
+def test_classification_into_shared_memory_is_refused(server: Any, region: Any) -> None:
+    """Classification answers are BYTES strings: a region cannot take them, and nothing is written."""
+    handle, key = region
+    client = _client(server, "http")
+    x = np.random.default_rng().standard_normal((2, 3, 32, 32)).astype(np.float32)
+    poison = np.arange(16, dtype=np.float32)
+    try:
+        client.register_system_shared_memory("cls", key, 65536)
+        shm.set_shared_memory_region(handle, [x])
+        shm.set_shared_memory_region(handle, [poison], offset=40000)
+        # tritonclient refuses this itself; a hand-written request reaches the server.
+        body = {"inputs": [{"name": "x", "shape": [2, 3, 32, 32], "datatype": "FP32", "parameters": {
+                    "shared_memory_region": "cls", "shared_memory_byte_size": X_BYTES}}],
+                "outputs": [{"name": "logits", "parameters": {
+                    "classification": 3, "shared_memory_region": "cls", "shared_memory_byte_size": Y_BYTES,
+                    "shared_memory_offset": 40000}}]}
+        request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/cnn/infer",
+                                         data=json.dumps(body).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=30)
+        assert err.value.code == 400 and "nothing was written" in err.value.read().decode()
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [16], offset=40000), poison)
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()

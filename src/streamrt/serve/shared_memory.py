@@ -367,6 +367,9 @@ class SharedMemoryRegistry:
         regions = []
         for ref, array, where in targets:
             regions.append(self._get(ref, where))
+            if array.dtype == object or array.dtype.kind in "SU":
+                raise SharedMemoryError(f"{where}: BYTES outputs (and classification results) cannot be written to "
+                                        "shared memory; nothing was written", hint="ask for this output inline")
             if array.nbytes > ref.byte_size:
                 raise SharedMemoryError(
                     f"{where}: the output has {array.nbytes} bytes (shape {list(array.shape)}) but its shared memory "
