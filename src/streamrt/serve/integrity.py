@@ -83,10 +83,10 @@ class OutputCheck:
                     f"({dtype}); the batch failed")
             rest = shape[1:] if self.batched else shape
             if len(rest) != len(dims) or any(d not in (-1, s) for s, d in zip(rest, dims, strict=False)):
-                lead = f"[{rows}] + " if self.batched else ""
+                want = [rows, *dims] if self.batched else list(dims)
                 raise OutputMismatchError(
-                    f"model '{self.model}': output '{name}' has shape {_dims(shape)} but the config says "
-                    f"{lead}dims {list(dims)} (-1: any size); the batch failed")
+                    f"model '{self.model}': output '{name}' has shape {_dims(shape)} but the config says {want} "
+                    "(-1: any size); the batch failed")
 
 
 def probe_sizes(max_batch_size: int) -> tuple[int, ...]:
