@@ -54,6 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, reducing_plan: Path) -> Ite
     repo = tmp_path_factory.mktemp("repo")
     _add(repo, "reduce", reducing_plan, REFUSED)        # batching asked for: refused at load
     _add(repo, "reduce_auto", reducing_plan, None)      # max_batch_size left out: batching turned off
+    _add(repo, "reduce_dims", reducing_plan, {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3, 4, 4]}]})
     cfg = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0, strict_readiness=False)
     with ServerThread(repo, cfg, start_timeout=120) as running:
         yield running
@@ -114,6 +115,13 @@ def test_reducing_model_with_batching_is_refused_at_load_naming_output_and_shape
     reason = row["reason"]
     for words in ("output 'y'", "[1, 1, 1, 1]", "batch of 1", "batch of 8", "max_batch_size: 0"):
         assert words in reason, reason
+
+
+def test_reducing_model_is_refused_when_batching_off_does_not_fit_its_config(server: ServerThread) -> None:
+    row = {r["name"]: r for r in server.repository.index()}["reduce_dims"]
+    assert row["state"] == "UNAVAILABLE", row
+    assert "output 'y' has shape [1, 1, 1, 1]" in row["reason"], row["reason"]
+    assert "refused because batching off does not fit the config either" in row["reason"], row["reason"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

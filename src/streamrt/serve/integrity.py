@@ -120,8 +120,10 @@ def probe_batch_outputs(
             if any(not shape or shape[0] != size for size, shape in shapes.items())}
 
 
-def batch_refusal(model: str, offenders: Mapping[str, Shapes], *, max_batch_size: int, fallback: bool) -> str:
-    """The load-time message for outputs that do not follow the batch: refused, or batching turned off."""
+def batch_refusal(model: str, offenders: Mapping[str, Shapes], *, max_batch_size: int, fallback: bool,
+                  why: str | None = None) -> str:
+    """The load-time message for outputs that do not follow the batch: refused (``why``, by default
+    because the config asks for batching), or batching turned off."""
     described = "; ".join(
         f"output '{name}' has shape " + ", ".join(f"{_dims(s)} for a batch of {b}" for b, s in shapes.items())
         for name, shapes in offenders.items())
@@ -130,4 +132,4 @@ def batch_refusal(model: str, offenders: Mapping[str, Shapes], *, max_batch_size
     if fallback:
         return f"{head}; loaded with batching off (max_batch_size: 0, whole tensors in and out) because the " \
                "config leaves max_batch_size out"
-    return f"{head}; refused because the config asks for batching (max_batch_size {max_batch_size})"
+    return f"{head}; refused because {why or f'the config asks for batching (max_batch_size {max_batch_size})'}"

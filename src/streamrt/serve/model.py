@@ -230,16 +230,21 @@ class ServedModel:
         offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
         if not offenders:
             return self
-        fallback = given.max_batch_size is None and given.dynamic_batching is None
-        message = batch_refusal(self.name, offenders, max_batch_size=mbs, fallback=fallback)
-        if not fallback:
-            hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
-                   "or export the model so that its outputs keep the batch dimension"
+        hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
+               "or export the model so that its outputs keep the batch dimension"
+        unbatched, why = None, None
+        if given.max_batch_size is None and given.dynamic_batching is None:
+            try:
+                unbatched = resolve_config(given.replace(max_batch_size=0), self.engine)
+            except ConfigError as exc:  # e.g. input dims written for a batched model
+                why = f"batching off does not fit the config either ({exc.message})"
+        message = batch_refusal(self.name, offenders, max_batch_size=mbs, fallback=unbatched is not None, why=why)
+        if unbatched is None:
             raise ConfigError(message, hint=hint)
         log.warning("%s", message)
         self.instances.close(timeout=5.0)
         self.instances = InstanceGroup([])  # a failure below releases the engine, not these twice
-        return self._create(self.version, resolve_config(given.replace(max_batch_size=0), self.engine), self.engine)
+        return self._create(self.version, unbatched, self.engine)
 
     def release(self) -> None:
         """Close instances and engine (after the scheduler stopped, or when loading failed)."""
