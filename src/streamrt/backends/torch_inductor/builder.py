@@ -1,0 +1,204 @@
+"""GPU engine backend without TensorRT: torch.export + AOTInductor packages.
+
+Build: ONNX -> StreamRT's importer (an ``nn.Module``) -> ``torch.export`` with dynamic dims
+from each shape profile -> ``aoti_compile_and_package`` (fused, optionally autotuned kernels
+for this GPU, or C++ kernels on CPU) -> one ``.pt2`` package per profile, stored together in
+the plan's payload. The opt shape of a profile is the example input the kernels are tuned for.
+
+Load: packages are extracted to a private directory and loaded with
+``torch._inductor.package.load_package``; each execution context gets its own runner (so
+contexts on different streams never contend for one model container's lock), which
+duplicates the weights per context: keep contexts few for large models.
+
+A plan records torch, CUDA and GPU architecture; loading it elsewhere fails with the standard
+mismatch message. See ``docs/gpu-backend.md``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamrt._features import cuda_available
+from streamrt._optional import available, require
+from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
+from streamrt.backends.torch_inductor.cache import inductor_cache
+from streamrt.backends.torch_inductor.payload import pack_payload
+from streamrt.backends.torch_inductor.target import device_kind, device_target
+from streamrt.backends.torch_inductor.tf32 import set_tf32
+from streamrt.config import BuildConfig
+from streamrt.errors import BuildError, ConfigError
+from streamrt.plan import Plan, PlanManifest, check_field
+from streamrt.types import ShapeProfile
+
+__all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
+
+log = logging.getLogger(__name__)
+
+_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning"}
+
+
+def _example_size(lo: int, opt: int, hi: int) -> int:
+    # torch.export specialises a dynamic dim whose example size is 0 or 1 (pytorch#133653):
+    # use 2 where the range allows it; kernels are then tuned for 2 instead of 1.
+    return 2 if opt <= 1 and hi >= 2 else opt
+
+
+def export_profiles(
+    module: torch.nn.Module,
+    names: Sequence[str],
+    dtypes: Sequence[torch.dtype],
+    profile: ShapeProfile,
+    device: str,
+) -> torch.export.ExportedProgram:
+    """``torch.export`` the module for one profile: ranges become ``Dim.DYNAMIC(min, max)``."""
+    from torch.export import Dim
+
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    examples = []
+    dynamic: list[dict[int, Any] | None] = []
+    for name, dtype in zip(names, dtypes, strict=True):
+        rng = profile.ranges[name]
+        shape = [_example_size(lo, o, hi) for lo, o, hi in zip(rng.min, rng.opt, rng.max, strict=True)]
+        if dtype.is_floating_point:
+            example = torch.randn(shape, generator=generator).to(dtype)
+        else:
+            example = torch.randint(0, 2, shape, generator=generator).to(dtype)
+        examples.append(example.to(device))
+        dims = {
+            axis: Dim.DYNAMIC(min=lo, max=hi)
+            for axis, (lo, hi) in enumerate(zip(rng.min, rng.max, strict=True))
+            if lo != hi
+        }
+        dynamic.append(dims or None)
+    shapes: Any = tuple(dynamic) if any(d is not None for d in dynamic) else None
+    params = inspect.signature(module.forward).parameters.values()
+    if shapes is not None and any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        shapes = (shapes,)  # torch.export matches `forward(*args)` against one nested entry
+    try:
+        return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
+    except Exception as exc:
+        raise BuildError(
+            f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
+            hint="narrow the shape profile, or report the model's failing operator",
+        ) from exc
+
+
+def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[str, Any]:
+    opts = config.backend_options
+    autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
+    return {
+        "max_autotune": autotune,
+        "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
+        "freezing": bool(opts.get("freezing", False)),
+        "aot_inductor.metadata": dict(metadata),
+    }
+
+
+
+def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
+    """AOTInductor-compile one exported program and return the ``.pt2`` bytes."""
+    from torch._inductor import aoti_compile_and_package
+
+    with tempfile.TemporaryDirectory(prefix="streamrt-aoti-") as tmp:
+        path = Path(tmp) / "model.pt2"
+        try:
+            aoti_compile_and_package(ep, package_path=str(path), inductor_configs=dict(inductor_configs))
+        except Exception as exc:
+            raise BuildError(
+                f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
+                hint="try --opt-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
+            ) from exc
+        return path.read_bytes()
+
+
+
+class TorchInductorBackend(Backend):
+    """Builds AOTInductor packages (GPU or CPU) and loads them into engines."""
+
+    name = "torch_inductor"
+    pip_extra = "torch"
+    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
+    _CUDA_FIELDS = ("kind", "name", "compute_capability", "cuda")
+    _CPU_FIELDS = ("kind", "arch", "isa")
+
+    def version(self) -> str:
+        return str(torch.__version__)
+
+    def runtime_versions(self) -> dict[str, str]:
+        versions = {"torch": self.version(), "cuda": str(torch.version.cuda)}
+        if available("triton"):
+            versions["triton"] = str(require("triton", extra="torch").__version__)
+        return versions
+
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
+        return device_target(device_kind(config))
+
+    def check_compatible(self, manifest: PlanManifest) -> None:
+        check_field(manifest, "torch version", manifest.backend_version, self.version())
+        kind = str(manifest.device.get("kind"))
+        if kind == "cuda" and not cuda_available():
+            check_field(manifest, "device.kind", "cuda", "cpu (no CUDA GPU visible to torch)")
+        local = device_target(kind)
+        for key in self._CUDA_FIELDS if kind == "cuda" else self._CPU_FIELDS:
+            check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
+
+    def build(self, job: BuildJob) -> BuildOutput:
+        from streamrt.onnx.importer import import_onnx
+
+        model, config = job.model, job.config
+        unknown = sorted(set(config.backend_options) - _OPTIONS)
+        if unknown:
+            raise ConfigError(f"unknown torch_inductor options {unknown}; known: {sorted(_OPTIONS)}")
+        kind = device_kind(config)
+        job.progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
+        module = import_onnx(model.proto).eval().to(kind)
+        names = [s.name for s in model.inputs]
+        dtypes = [s.dtype.torch for s in model.inputs]
+        with inductor_cache(job.cache_dir):
+            return self.build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+
+    def build_from_module(
+        self,
+        module: torch.nn.Module,
+        names: Sequence[str],
+        dtypes: Sequence[torch.dtype],
+        config: BuildConfig,
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        kind: str,
+    ) -> BuildOutput:
+        """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
+
+        The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
+        Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
+        """
+        set_tf32(config.precision.value == "tf32")
+        meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
+        inductor_configs = _inductor_configs(config, meta)
+        packages = []
+        with torch.inference_mode(False), torch.no_grad():
+            for i, profile in enumerate(profiles):
+                progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
+                ep = export_profiles(module, names, dtypes, profile, kind)
+                tuned = "autotuning kernels" if inductor_configs["max_autotune"] else "compiling kernels"
+                progress(f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}")
+                packages.append(compile_package(ep, inductor_configs))
+        settings = {
+            "device": kind,
+            "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
+            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", False)),
+            "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
+        }
+        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
+
+    def load(self, plan: Plan) -> Engine:
+        from streamrt.backends.torch_inductor.engine import TorchInductorEngine
+
+        return TorchInductorEngine(plan.manifest, plan.payload)
