@@ -1,9 +1,10 @@
 """The harness of the batch-integrity property test (issue 18), shared by the CPU and GPU variants.
 
 :func:`send_burst` fires a burst of requests at once from several client threads (tritonclient
-HTTP sync and async, gRPC sync and streaming, one client per thread), so the dynamic batcher
-merges them across instances; :func:`check_answers` then holds every answer to the model run on
-that request alone, and checks that every request got exactly one answer.
+HTTP sync and async, gRPC sync and streaming, one client per thread; or, where tritonclient is not
+installed, straight into the server's ``infer`` on its event loop), so the dynamic batcher merges
+them across instances; :func:`check_answers` then holds every answer to the model run on that
+request alone, and checks that every request got exactly one answer.
 """
 
 from __future__ import annotations
@@ -16,16 +17,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc as tgrpc
-import tritonclient.http as thttp
 from hypothesis import strategies as st
 
+try:
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+except ImportError:  # the GPU machine's image has no tritonclient: in-process requests only
+    tgrpc = thttp = None
+
+from streamrt.serve.protocol import InferRequest
 from streamrt.testing.batch_models import MIXED_MAX_BATCH, mixed_dtype_inputs
 
 Arrays = dict[str, np.ndarray]
 DTYPES = {"a": "FP32", "b": "INT32", "c": "FP16"}
 OUTPUTS = ("scaled", "rowsum", "half", "flag")
 PROTOCOLS = ("http", "http_async", "grpc", "grpc_stream")
+IN_PROCESS = ("in_process",)  # InferenceServer.infer on the server's loop: batcher and instances, no wire
+AVAILABLE = PROTOCOLS if thttp is not None else IN_PROCESS
 WORKERS = 6
 
 
@@ -47,7 +55,8 @@ _SPECIALS = {
 
 
 @st.composite
-def requests(draw: st.DrawFn, index: int = 0, max_rows: int = MIXED_MAX_BATCH // 2) -> Request:
+def requests(draw: st.DrawFn, index: int = 0, max_rows: int = MIXED_MAX_BATCH // 2,
+             protocols: tuple[str, ...] = PROTOCOLS) -> Request:
     """One request of 1..max_rows rows: distinct random values from a drawn seed (so that any row
     handed to the wrong request shows), with up to three drawn edge values per input written over them."""
     rows = draw(st.integers(1, max_rows))
@@ -57,13 +66,14 @@ def requests(draw: st.DrawFn, index: int = 0, max_rows: int = MIXED_MAX_BATCH //
         flat = inputs[name].reshape(-1).view(bits)
         for value in draw(st.lists(values, max_size=3)):
             flat[draw(st.integers(0, rows * _WIDTHS[name] - 1))] = value
-    return Request(f"r{index}", draw(st.sampled_from(PROTOCOLS)), inputs)
+    return Request(f"r{index}", draw(st.sampled_from(protocols)), inputs)
 
 
 @st.composite
-def bursts(draw: st.DrawFn, min_size: int = 4, max_size: int = 24) -> list[Request]:
+def bursts(draw: st.DrawFn, min_size: int = 4, max_size: int = 24,
+           protocols: tuple[str, ...] = PROTOCOLS) -> list[Request]:
     n = draw(st.integers(min_size, max_size))
-    return [draw(requests(i)) for i in range(n)]
+    return [draw(requests(i, protocols=protocols)) for i in range(n)]
 
 
 def _inputs(module: Any, x: Arrays) -> list[Any]:
@@ -83,13 +93,29 @@ def _outputs(result: Any) -> Arrays:
 
 
 class Clients(threading.local):
-    """One HTTP and one gRPC client per worker thread (tritonclient's HTTP client is not thread-safe);
-    :meth:`close` closes those of every thread."""
+    """One HTTP and one gRPC client per worker thread (tritonclient's HTTP client is not thread-safe),
+    made on first use; ``server`` answers the in-process requests."""
 
-    def __init__(self, http_port: int, grpc_port: int, opened: list[Any]) -> None:
-        self.http = thttp.InferenceServerClient(f"127.0.0.1:{http_port}", concurrency=4, network_timeout=60)
-        self.grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-        opened += [self.http, self.grpc]
+    def __init__(self, server: Any, opened: list[Any]) -> None:
+        self.server = server
+        self._opened = opened
+        self._http: Any = None
+        self._grpc: Any = None
+
+    @property
+    def http(self) -> Any:
+        if self._http is None:
+            self._http = thttp.InferenceServerClient(f"127.0.0.1:{self.server.http_port}", concurrency=4,
+                                                     network_timeout=60)
+            self._opened.append(self._http)
+        return self._http
+
+    @property
+    def grpc(self) -> Any:
+        if self._grpc is None:
+            self._grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{self.server.grpc_port}")
+            self._opened.append(self._grpc)
+        return self._grpc
 
 
 def _send_group(clients: Clients, model: str, group: list[Request]) -> list[tuple[str, Any]]:
@@ -99,7 +125,11 @@ def _send_group(clients: Clients, model: str, group: list[Request]) -> list[tupl
     stream: list[Request] = []
     for r in group:
         try:
-            if r.protocol == "http":
+            if r.protocol == "in_process":
+                response = clients.server.call(clients.server.server.infer(
+                    InferRequest(model, id=r.id, inputs=dict(r.inputs))), timeout=60)
+                answers.append((response.id, {n: np.asarray(response.outputs[n]) for n in OUTPUTS}))
+            elif r.protocol == "http":
                 result = clients.http.infer(model, _inputs(thttp, r.inputs), request_id=r.id)
                 answers.append((result.get_response()["id"], _outputs(result)))
             elif r.protocol == "http_async":
@@ -145,7 +175,8 @@ def send_burst(pool: ThreadPoolExecutor, clients: Clients, model: str, burst: li
     barrier = threading.Barrier(sum(1 for g in groups if g))
 
     def work(group: list[Request]) -> list[tuple[str, Any]]:
-        clients.http  # noqa: B018 - opens this thread's clients before the start line
+        if any(r.protocol != "in_process" for r in group):
+            clients.http  # noqa: B018 - opens this thread's clients before the start line
         barrier.wait(timeout=30)
         return _send_group(clients, model, group)
 

@@ -15,9 +15,11 @@ either side shows up here.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -90,8 +92,11 @@ def triton() -> Iterator[Ports]:
         pytest.skip("no nvidia-pytriton venv: run scripts/setup_triton_reference.sh "
                     "(or set STREAMRT_PYTRITON_PYTHON to its python)")
     http_port, grpc_port, metrics_port = _free_ports(3)
+    # A session of its own: tritonserver starts python-backend stubs that can outlive it if it dies;
+    # teardown ends whatever is left of that group.
     process = subprocess.Popen([str(python), str(REFERENCE_SCRIPT), str(http_port), str(grpc_port), str(metrics_port)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -117,6 +122,8 @@ def triton() -> Iterator[Ports]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
         reader.join(10)
 
 
