@@ -161,7 +161,7 @@ def build_job(job: Job) -> dict[str, Any]:
     manifest = result.manifest
     facts = getattr(manifest, "to_dict", lambda: {})()
     return {"ok": True, "seconds": time.perf_counter() - started, "log": lines,
-            "accuracy": facts.get("accuracy") if isinstance(facts, dict) else None}
+            "accuracy": (facts.get("precision_report") or {}).get("accuracy") if isinstance(facts, dict) else None}
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

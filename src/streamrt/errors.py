@@ -16,6 +16,7 @@ Hierarchy::
     │   └── UnsupportedOperatorError  a node the backend cannot run (node, op type, opset)
     ├── CalibrationError            int8 calibration data missing or mismatched
     ├── BuildError                  a backend failed to build an engine
+    │   └── AccuracyError           the low-precision plan misses --accuracy-threshold
     ├── PlanError                   a plan file cannot be used
     │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
     │   └── PlanMismatchError       built for another backend version, device or library
@@ -48,6 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccuracyError",
     "BuildError",
     "CalibrationError",
     "ConfigError",
@@ -97,6 +99,13 @@ class StreamRTError(Exception):
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
+# torch's default wheel on PyPI bundles CUDA (several GB): CPU-only machines want the CPU wheel.
+_INSTALL_HINTS = {
+    "torch": "CPU-only machine: pip install torch --index-url https://download.pytorch.org/whl/cpu; "
+    "with an NVIDIA GPU: pip install 'streamrt[torch]'",
+}
+
+
 class MissingDependencyError(StreamRTError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
@@ -104,7 +113,7 @@ class MissingDependencyError(StreamRTError, ImportError):
         what = f" for {purpose}" if purpose else ""
         super().__init__(
             f"the optional package '{package}' is required{what} but is not installed",
-            hint=f"pip install 'streamrt[{extra}]'",
+            hint=_INSTALL_HINTS.get(extra, f"pip install 'streamrt[{extra}]'"),
         )
         self.package = package
         self.extra = extra
@@ -151,6 +160,10 @@ class CalibrationError(StreamRTError):
 
 class BuildError(StreamRTError):
     """A backend failed to build an engine."""
+
+
+class AccuracyError(BuildError):
+    """A fp16/bf16/int8 plan misses the accuracy threshold against the fp32 reference; no plan is written."""
 
 
 class PlanError(StreamRTError):

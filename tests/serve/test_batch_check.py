@@ -244,6 +244,18 @@ def test_output_check_names_output_and_shapes(outputs: dict[str, np.ndarray], wo
         _check()(outputs, 5)
 
 
+def test_output_check_holds_the_engine_side_shape_of_a_reshaped_output_and_any_strings_for_bytes() -> None:
+    check = OutputCheck("m", (TensorConfig("y", DType.FLOAT32, (1000,), reshape=(1000, 1, 1)),
+                              TensorConfig("s", DType.BYTES, (2,))), batched=True)
+    check({"y": np.zeros((3, 1000, 1, 1), np.float32), "s": np.array([[b"a", b"b"]] * 3, dtype=object)}, 3)
+    check({"y": np.zeros((3, 1000, 1, 1), np.float32), "s": np.array([["a", "b"]] * 3)}, 3)
+    words = "'y' has shape [3, 1000] but the config says [3, 1000, 1, 1]"
+    with pytest.raises(OutputMismatchError, match=re.escape(words)):
+        check({"y": np.zeros((3, 1000), np.float32), "s": np.array([[b"a", b"b"]] * 3, dtype=object)}, 3)
+    with pytest.raises(OutputMismatchError, match="'s' is int64 but the config says TYPE_BYTES"):
+        check({"y": np.zeros((3, 1000, 1, 1), np.float32), "s": np.zeros((3, 2), np.int64)}, 3)
+
+
 def test_probe_reports_only_outputs_that_do_not_follow_with_every_shape_seen() -> None:
     def run(size: int) -> dict[str, np.ndarray]:
         return {"good": np.zeros((size, 2)), "fixed": np.zeros((1, 2)), "scalar": np.zeros(())}

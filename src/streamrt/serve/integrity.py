@@ -51,7 +51,8 @@ class OutputCheck:
 
     Args:
         model: the model's name, for messages.
-        outputs: the config's outputs (dims without the batch dimension when ``batched``).
+        outputs: the config's outputs (dims, or ``reshape`` where given, without the batch dimension
+            when ``batched``).
         batched: the model has a batch dimension (``max_batch_size > 0``).
     """
 
@@ -60,7 +61,9 @@ class OutputCheck:
     def __init__(self, model: str, outputs: Sequence[TensorConfig], *, batched: bool) -> None:
         self.model = model
         self.batched = batched
-        self._expected = tuple((t.name, np.dtype(t.data_type.numpy), t.dims, t.data_type.kserve) for t in outputs)
+        # The engine's side of each output: Triton's ``reshape`` when the config gives one.
+        self._expected = tuple((t.name, np.dtype(t.data_type.numpy), t.model_dims, t.data_type.kserve)
+                               for t in outputs)
 
     def __call__(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
         """Raise :class:`OutputMismatchError` unless every configured output fits a batch of ``rows``."""
@@ -77,7 +80,7 @@ class OutputCheck:
                     f"its first dimension must be {rows}, so the batch failed rather than hand one request "
                     "another request's rows",
                     hint="the model's outputs must keep the batch dimension; serve it with max_batch_size: 0 if not")
-            if value.dtype != dtype:
+            if value.dtype != dtype and not (dtype.kind == "O" and value.dtype.kind in "OSU"):  # BYTES: any strings
                 raise OutputMismatchError(
                     f"model '{self.model}': output '{name}' is {value.dtype} but the config says TYPE_{kserve} "
                     f"({dtype}); the batch failed")
