@@ -27,6 +27,7 @@ Hierarchy::
     │   ├── ShapeError              shape outside every profile, or wrong rank
     │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
+    │   └── OutputMismatchError     an output's batch rows, dtype or shape disagree with the model's config
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)
     │   ├── StageTimeoutError       a stage did not finish in time
@@ -61,6 +62,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "ModelNotReadyError",
+    "OutputMismatchError",
     "PayloadTooLargeError",
     "PipelineClosedError",
     "PipelineError",
@@ -208,6 +210,15 @@ class ShapeError(InputError):
 
 class InferenceError(StreamRTError):
     """The backend failed while running an engine."""
+
+
+class OutputMismatchError(InferenceError):
+    """An engine output does not fit what the batch or the config says it must be.
+
+    Raised by the server before a batch's outputs are split among its requests: an output whose
+    first dimension is not the batch's total rows (it would hand one request another's data), or
+    whose dtype or trailing shape differs from the model config.
+    """
 
 
 class PipelineError(StreamRTError):
