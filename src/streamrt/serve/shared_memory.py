@@ -192,9 +192,11 @@ def _cudart() -> Any:
 
 
 def _check_cuda(result: Any, what: str) -> Any:
+    """The value of a cuda-python call's ``(error, value)`` result; SharedMemoryError unless it succeeded."""
     err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise SharedMemoryError(f"{what} failed: CUDA error {int(err)} ({getattr(err, 'name', err)})")
+    code = getattr(err, "value", err)  # cudaError_t is an enum in cuda-bindings 12 and 13
+    if code != 0:
+        raise SharedMemoryError(f"{what} failed: CUDA error {code} ({getattr(err, 'name', err)})")
     return rest[0] if len(rest) == 1 else rest
 
 
