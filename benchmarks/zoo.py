@@ -89,7 +89,8 @@ def architectures() -> list[Arch]:
     except ImportError:
         return archs
     for i, (name, spec) in enumerate(sorted(zoo.MODELS.items())):
-        archs.append(Arch(f"zoo:{name}", _zoo(name), tuple(spec.shape), 11 + (i % 7), "streamrt.testing.zoo"))
+        archs.append(Arch(f"zoo:{name}", _zoo(name), tuple(spec.example_shape[1:]), 11 + (i % 7),
+                           "streamrt.testing.zoo"))
     return archs
 
 

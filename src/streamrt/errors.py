@@ -30,6 +30,7 @@ Hierarchy::
     │   ├── ShapeError              shape outside every profile, or wrong rank
     │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
+    │   └── OutputMismatchError     an output's batch rows, dtype or shape disagree with the model's config
     ├── OutOfMemoryError            host or device memory ran out (build, load or inference)
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)
@@ -37,7 +38,8 @@ Hierarchy::
     │   └── PipelineClosedError     work submitted after close()
     └── ServeError                  the model server refused or failed one request
         ├── RequestError            malformed request: bad JSON, sizes that disagree, bad parameters
-        │   └── PayloadTooLargeError  body or tensor larger than the server's limits
+        │   ├── PayloadTooLargeError  body or tensor larger than the server's limits
+        │   └── SharedMemoryError   unknown region, offset/size out of range, region in use or too small
         ├── UnknownModelError       no such model or version in the repository
         ├── ModelNotReadyError      the model exists but is loading, unloading or failed to load
         ├── QueueFullError          the model's queue is at max_queue_size: rejected at once
@@ -66,6 +68,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelNotReadyError",
     "OutOfMemoryError",
+    "OutputMismatchError",
     "PayloadTooLargeError",
     "PipelineClosedError",
     "PipelineError",
@@ -80,6 +83,7 @@ __all__ = [
     "ServeError",
     "ServerShuttingDownError",
     "ShapeError",
+    "SharedMemoryError",
     "StageError",
     "StageTimeoutError",
     "StreamRTError",
@@ -254,6 +258,15 @@ class InferenceError(StreamRTError):
     """The backend failed while running an engine."""
 
 
+class OutputMismatchError(InferenceError):
+    """An engine output does not fit what the batch or the config says it must be.
+
+    Raised by the server before a batch's outputs are split among its requests: an output whose
+    first dimension is not the batch's total rows (it would hand one request another's data), or
+    whose dtype or trailing shape differs from the model config.
+    """
+
+
 class OutOfMemoryError(StreamRTError):
     """Host or device memory ran out while building, loading or running.
 
@@ -301,6 +314,10 @@ class RequestError(ServeError):
 
 class PayloadTooLargeError(RequestError):
     """A request body or tensor exceeds the server's size or element-count limits."""
+
+
+class SharedMemoryError(RequestError):
+    """A shared-memory region cannot be used as asked (never written when this is raised)."""
 
 
 class UnknownModelError(ServeError):

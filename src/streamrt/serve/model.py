@@ -4,7 +4,9 @@ Loading (:meth:`ServedModel.load`, run in a worker thread) finds the version's f
 ONNX model through the build cache when there is no plan, loads the engine, resolves the config
 against the engine (inputs, outputs and ``max_batch_size`` come from the engine's specs and shape
 profiles when the config leaves them out, and must agree with them when it does not), creates
-the instances and warms every one of them up. Only then can :meth:`ServedModel.start` put a
+the instances, probes that every output follows the batch (:mod:`streamrt.serve.integrity`: a
+model whose outputs do not is refused, or loaded with batching off when the config leaves
+``max_batch_size`` out) and warms every instance up. Only then can :meth:`ServedModel.start` put a
 scheduler in front of it on the event loop and the model report READY.
 
 Example:
@@ -38,6 +40,7 @@ from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
 from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
@@ -189,23 +192,60 @@ class ServedModel:
         started = time.perf_counter()
         engine = (loader or load_engine)(model_dir, version, config)
         try:
-            resolved = resolve_config(config, engine)
-            instances = InstanceGroup.create(
-                f"{config.name}_{version}", engine, resolved.instance_group,
-                batched=bool(resolved.max_batch_size), max_batch_size=resolved.max_batch_size or 1,
-            )
+            served = cls._create(version, resolve_config(config, engine), engine)
         except BaseException:
             engine.close()
             raise
-        served = cls(version, resolved, engine, instances)
         try:
-            served.labels = read_labels(model_dir, resolved)
+            served = served._probe_batch_outputs(config)
+            served.labels = read_labels(model_dir, served.config)
             served.warm_up()
         except BaseException:
             served.release()
             raise
         served.load_seconds = time.perf_counter() - started
         return served
+
+    @classmethod
+    def _create(cls, version: int, resolved: ModelConfig, engine: Engine) -> ServedModel:
+        batched = bool(resolved.max_batch_size)
+        instances = InstanceGroup.create(
+            f"{resolved.name}_{version}", engine, resolved.instance_group,
+            batched=batched, max_batch_size=resolved.max_batch_size or 1,
+            check=OutputCheck(resolved.name, resolved.output, batched=batched),
+        )
+        return cls(version, resolved, engine, instances)
+
+    def _probe_batch_outputs(self, given: ModelConfig) -> ServedModel:
+        """Run batches of 1 and max_batch_size rows; refuse the model (ConfigError) if an output's first
+        dimension does not follow, or return it re-created with batching off when the config allows."""
+        if not self.batched:
+            return self
+        rng = np.random.default_rng(0)
+
+        def run(size: int) -> dict[str, np.ndarray] | None:
+            inputs = self._warmup_inputs(WarmupConfig(name=f"batch_probe_{size}", batch_size=size), rng)
+            return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
+
+        mbs = self.config.max_batch_size or 1
+        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        if not offenders:
+            return self
+        hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
+               "or export the model so that its outputs keep the batch dimension"
+        unbatched, why = None, None
+        if given.max_batch_size is None and given.dynamic_batching is None:
+            try:
+                unbatched = resolve_config(given.replace(max_batch_size=0), self.engine)
+            except ConfigError as exc:  # e.g. input dims written for a batched model
+                why = f"batching off does not fit the config either ({exc.message})"
+        message = batch_refusal(self.name, offenders, max_batch_size=mbs, fallback=unbatched is not None, why=why)
+        if unbatched is None:
+            raise ConfigError(message, hint=hint)
+        log.warning("%s", message)
+        self.instances.close(timeout=5.0)
+        self.instances = InstanceGroup([])  # a failure below releases the engine, not these twice
+        return self._create(self.version, unbatched, self.engine)
 
     def release(self) -> None:
         """Close instances and engine (after the scheduler stopped, or when loading failed)."""
