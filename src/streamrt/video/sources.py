@@ -9,7 +9,8 @@ pipeline was too busy to take). :func:`open_source` turns a command-line string 
 ``synthetic:1920x1080x150@30``  a generated clip of that size, length and frame rate
 a folder                        its images (``.jpg .jpeg .png .bmp .webp``), sorted by name
 an image file                   that one image
-any other file                  a video file decoded by OpenCV (FFmpeg)
+any other file                  a video file decoded by PyAV (FFmpeg), else OpenCV
+``rtsp://`` ``http(s)://`` ...  a live camera stream (:mod:`streamrt.video.cameras`)
 ==============================  =========================================================
 
 Failures name the file and what was wrong: missing, not decodable (corrupt or an unsupported
@@ -348,7 +349,11 @@ def _folder(spec: str, fps: float | None) -> FrameSource | None:
 
 
 def _video(spec: str, fps: float | None) -> FrameSource | None:
-    return VideoFileSource(spec)
+    # Stream URLs become cameras; files decode with PyAV (video/decode_av.py) where it is
+    # installed, else OpenCV. video/decoding.py holds the choice (and the GPU decoder).
+    from streamrt.video.decoding import open_decoded
+
+    return open_decoded(spec, fps)
 
 
 # Tried in order; the first opener that recognises the string opens it.
