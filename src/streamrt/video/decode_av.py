@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Generator
 from fractions import Fraction
 from pathlib import Path
@@ -63,13 +64,14 @@ class AvSource:
         threads: FFmpeg decoder threads for this stream (0: FFmpeg picks, one per core).
         timeout_s: network open and read timeout for URLs.
         options: extra FFmpeg demuxer options (``{"rtsp_transport": "udp"}``).
+        size: (width, height) to deliver, scaling frames of any other size (default: the first frame's).
 
     Raises:
         SourceError: missing file, nothing decodable, no video stream, an unreachable URL.
     """
 
     def __init__(self, spec: str | Path, *, threads: int = 2, timeout_s: float = 10.0,
-                 options: dict[str, str] | None = None) -> None:
+                 options: dict[str, str] | None = None, size: tuple[int, int] | None = None) -> None:
         av = import_av()
         self.spec = str(spec)
         self.url = is_stream_url(self.spec)
@@ -79,6 +81,7 @@ class AvSource:
         opts = dict(_URL_OPTIONS.get(self.spec.split("://", 1)[0].lower(), {})) if self.url else {}
         opts.update(options or {})
         self.bad_frames = 0
+        self.stream_error: str | None = None  # why demuxing stopped early (a dropped connection), if it did
         self.last_time = 0.0
         self._read = 0
         try:
@@ -106,7 +109,8 @@ class AvSource:
                               "(corrupt or truncated)",
                               hint=f"check it with: ffprobe -v error -count_frames {self.spec}")
         self._first: Any = first
-        self._info = SourceInfo(self.name, first.width, first.height, fps, self._expected)
+        width, height = size or (first.width, first.height)
+        self._info = SourceInfo(self.name, width, height, fps, self._expected)
 
     @property
     def info(self) -> SourceInfo:
@@ -119,7 +123,15 @@ class AvSource:
 
     def _decode(self) -> Generator[Any, None, None]:
         av = import_av()
-        for packet in self._container.demux(self._stream):
+        packets = self._container.demux(self._stream)
+        while True:
+            try:
+                packet = next(packets)
+            except StopIteration:
+                break
+            except (av.FFmpegError, OSError) as exc:  # the connection dropped, or the file is cut short
+                self.stream_error = f"{type(exc).__name__}: {exc}"
+                break
             try:
                 yield from packet.decode()
             except av.FFmpegError as exc:  # a damaged packet: skip it, the next keyframe recovers
@@ -138,8 +150,12 @@ class AvSource:
 
     def _time(self, frame: Any) -> None:
         t = frame.time
-        if t is None:
-            t = self._read / (self._info.fps if hasattr(self, "_info") else 30.0)
+        if t is None or not math.isfinite(t):
+            # No timestamp (a flushed frame of a cut stream): one frame period after the last one.
+            fps = self._info.fps if hasattr(self, "_info") else 30.0
+            self.last_time = self.last_time + 1 / fps if self._t0 is not None else 0.0
+            self._t0 = 0.0 if self._t0 is None else self._t0
+            return
         if self._t0 is None:
             self._t0 = float(t)
         self.last_time = float(t) - self._t0

@@ -56,6 +56,7 @@ class RunReport:
     bottleneck: tuple[str, float] | None = None
     detections: int = 0
     trace: PipelineTrace | None = field(default=None, repr=False)
+    per_source: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def fps(self) -> float:
@@ -87,6 +88,11 @@ class RunReport:
             verdict = "sustained" if self.sustained else "NOT sustained"
             lines.append(f"  camera-paced at {self.target_fps:g} FPS per source: {self.dropped} dropped frames, "
                          f"{verdict} (no drops and p99 < {LATENCY_BUDGET_MS:g} ms)")
+        cameras = [p for p in self.per_source if "reconnects" in p]
+        for cam in cameras:
+            lines.append(f"  camera {cam['source']}: {cam['frames']} frames, latency p50 {cam['p50_ms'] or 0:.1f} / "
+                         f"p99 {cam['p99_ms'] or 0:.1f} ms, {cam['dropped']} dropped (queue full), "
+                         f"{cam['reconnects']} reconnects")
         if self.stage_ms:
             lines.append("  stage ms/item: " + ", ".join(f"{k} {v:.2f}" for k, v in self.stage_ms.items()))
         if self.bottleneck:

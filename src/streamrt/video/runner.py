@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamrt.device.base import Device
 from streamrt.errors import ConfigError
@@ -98,7 +99,8 @@ class _Mux:
             if image is None:
                 self.live[s] = False
                 continue
-            frames.append(Frame(s, self.read[s], image, time.perf_counter() if captured is None else captured))
+            stamp = getattr(source, "last_captured", 0.0) or (time.perf_counter() if captured is None else captured)
+            frames.append(Frame(s, self.read[s], image, stamp))  # a live camera stamps its own capture instant
             self.read[s] += 1
         if not frames:
             return None
@@ -121,6 +123,7 @@ class _Tally:
     total: int | None
     pending: dict[tuple[int, int], Frame] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)
+    by_source: dict[int, list[float]] = field(default_factory=dict)
     frames: int = 0
     detections: int = 0
     measuring: bool = True
@@ -134,6 +137,7 @@ class _Tally:
                 self.on_result(frame, det)
             if self.measuring:
                 self.latencies_ms.append((now - frame.captured) * 1e3)
+                self.by_source.setdefault(frame.source, []).append(self.latencies_ms[-1])
                 self.frames += 1
                 self.detections += len(det)
         self.last = now
@@ -245,6 +249,8 @@ def run_detection(
         _drain(pipe, tally)
         trace = pipe.trace()
     wall = max(tally.last - started, 1e-9)
+    per_source = _per_source(sources, tally)
+    dropped += sum(int(p.get("dropped", 0)) for p in per_source)
     from streamrt.profiling.pipeline_summary import summarize
 
     summary = summarize(trace)
@@ -254,5 +260,19 @@ def run_detection(
         device=model.device, sources=len(sources), frame_size=f"{w}x{h}", batch=batch, frames=tally.frames,
         wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
-        detections=tally.detections, trace=trace if trace.spans else None,
+        detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source,
     )
+
+
+def _per_source(sources: Sequence[FrameSource], tally: _Tally) -> list[dict[str, Any]]:
+    """Per-source latency (capture -> result) and, for live cameras, their drop/reconnect counters."""
+    out: list[dict[str, Any]] = []
+    for s, source in enumerate(sources):
+        lat = latency_stats(tally.by_source.get(s, []))
+        row: dict[str, Any] = {"source": source.info.name, "frames": len(tally.by_source.get(s, [])),
+                               "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99")}
+        stats = getattr(source, "stats", None)
+        if callable(stats):  # a camera (streamrt.video.cameras): drops in its bounded queue, reconnects
+            row.update({k: v for k, v in stats().to_dict().items() if k != "name"})
+        out.append(row)
+    return out
