@@ -65,14 +65,21 @@ class AvSource:
         timeout_s: network open and read timeout for URLs.
         options: extra FFmpeg demuxer options (``{"rtsp_transport": "udp"}``).
         size: (width, height) to deliver, scaling frames of any other size (default: the first frame's).
+        output: ``bgr`` (uint8 (H, W, 3), every source's format) or ``nv12`` (uint8 (H * 3 / 2, W):
+            no colour conversion on the CPU, half the bytes to copy to the GPU, where the fused
+            NV12 letterbox converts; what the decoder-agnostic GPU path takes, see ``frame_format``).
 
     Raises:
         SourceError: missing file, nothing decodable, no video stream, an unreachable URL.
     """
 
     def __init__(self, spec: str | Path, *, threads: int = 2, timeout_s: float = 10.0,
-                 options: dict[str, str] | None = None, size: tuple[int, int] | None = None) -> None:
+                 options: dict[str, str] | None = None, size: tuple[int, int] | None = None,
+                 output: str = "bgr") -> None:
         av = import_av()
+        if output not in ("bgr", "nv12"):
+            raise SourceError(f"decoder output must be bgr or nv12, got {output!r}")
+        self.frame_format = output
         self.spec = str(spec)
         self.url = is_stream_url(self.spec)
         self.name = self.spec if self.url else Path(self.spec).name
@@ -164,7 +171,7 @@ class AvSource:
         info = getattr(self, "_info", None)
         if info is not None and (frame.width, frame.height) != (info.width, info.height):
             frame = frame.reformat(width=info.width, height=info.height)  # a camera changed resolution
-        return np.asarray(frame.to_ndarray(format="bgr24"))
+        return np.asarray(frame.to_ndarray(format="bgr24" if self.frame_format == "bgr" else "nv12"))
 
     def read(self) -> np.ndarray | None:
         """The next frame (uint8 BGR), or None at the end of the file / stream."""

@@ -222,8 +222,13 @@ def run_detection(
         raise ConfigError(f"batch {batch} exceeds the engine's largest batch {model.max_batch}",
                           hint="rebuild with a larger dynamic batch profile (--max-batch)")
     (frame_hw,) = sizes
+    formats = {getattr(s, "frame_format", "bgr") for s in sources}  # NV12 from NVDEC or decoders asked for it
+    if len(formats) != 1:
+        raise ConfigError(f"sources must deliver one frame format to be batched, got {sorted(formats)}",
+                          hint="open every source with the same decoder output (bgr or nv12)")
     workload = DetectionWorkload(model, frame_hw, batch=batch, postprocess=config.postprocess,
-                                 normalize=config.normalize, use_triton=config.use_triton)
+                                 normalize=config.normalize, use_triton=config.use_triton,
+                                 frame_format=formats.pop())
     pcfg = config.pipeline.replace(device=model.device)
     fps = config.fps or sources[0].info.fps or 30.0
     counts = [s.info.frames for s in sources]
