@@ -87,3 +87,26 @@ def detector_cuda(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if model.device != "cuda":
         pytest.skip("no CUDA backend for the detector")
     return dataclasses.replace(model)
+
+
+def test_hybrid_moves_a_stream_between_nvdec_and_cpu_at_the_frame_it_reached(clips: list[Path]) -> None:
+    from streamrt.video.decode_av import AvSource
+    from streamrt.video.hybrid import HybridDecode
+    from streamrt.video.hybrid_policy import HybridPolicy
+
+    ref = [f for f in iter(AvSource(clips[0], output="nv12").read, None)]
+    policy = HybridPolicy({"nvdec": 1000.0, "cpu": 1000.0}, hold_s=0.0)
+    with HybridDecode(clips[:1], policy=policy, interval_s=0) as hybrid:
+        (source,) = hybrid.sources()
+        assert source.decoder == "nvdec"
+        first = [source.read() for _ in range(5)]
+        assert all(p.is_cuda for p in first)
+        source.switch("cpu")
+        on_cpu = source.read()
+        assert isinstance(on_cpu, np.ndarray) and source.decoder == "cpu"
+        source.switch("nvdec")
+        back = source.read()
+        assert back.is_cuda and source.moves == 2
+    for got, want in zip([*first, on_cpu, back], ref[:7], strict=True):
+        got = got.cpu().numpy() if hasattr(got, "cpu") else got
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1

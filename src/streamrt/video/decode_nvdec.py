@@ -179,30 +179,52 @@ class NvdecPool:
         _nvc()
         self._cond = threading.Condition()
         self._stop = threading.Event()
+        self._gpu, self._depth, self._loop, self._workers = gpu, depth, loop, workers
         self._streams = [torch.cuda.Stream(device=gpu) for _ in range(workers)]
         self._lanes: list[_Lane] = []
         self._infos: list[SourceInfo] = []
-        for i, path in enumerate(Path(p) for p in paths):
-            if not path.is_file():
-                raise SourceError(f"video file not found: {path}")
-            try:
-                session = _Session(path, gpu, self._streams[i % workers], loop)
-                first = session.next()
-            except Exception as exc:
-                raise SourceError(f"NVDEC cannot decode {path}: {type(exc).__name__}: {exc}",
-                                  hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)") from None
-            if first is None:
-                raise SourceError(f"video {path} has no decodable frames (corrupt or truncated)")
-            session.stream.synchronize()
-            lane = _Lane(session, depth)
-            lane.queue.append((first, time.perf_counter()))
-            self._lanes.append(lane)
-            rows, width = first.shape
-            self._infos.append(SourceInfo(path.name, int(width), int(rows) * 2 // 3, float(session.fps), None))
-        self._threads = [threading.Thread(target=self._work, args=(w, workers), name=f"nvdec:{w}", daemon=True)
-                         for w in range(min(workers, len(self._lanes)))]
+        for path in paths:
+            self.add(path)
+        self._threads = [threading.Thread(target=self._work, args=(w,), name=f"nvdec:{w}", daemon=True)
+                         for w in range(workers)]
         for t in self._threads:
             t.start()
+
+    def add(self, path: str | Path, *, skip: int = 0) -> NvdecSource:
+        """Open one more stream (a new session), its first ``skip`` frames decoded and dropped."""
+        path = Path(path)
+        if not path.is_file():
+            raise SourceError(f"video file not found: {path}")
+        index = len(self._lanes)
+        stream = self._streams[index % self._workers]
+        try:
+            session = _Session(path, self._gpu, stream, self._loop)
+            for _ in range(skip):
+                session.next()
+            first = session.next()
+        except Exception as exc:
+            raise SourceError(f"NVDEC cannot decode {path}: {type(exc).__name__}: {exc}",
+                              hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)") from None
+        if first is None:
+            raise SourceError(f"video {path} has no decodable frames (corrupt or truncated)")
+        stream.synchronize()
+        lane = _Lane(session, self._depth)
+        lane.queue.append((first, time.perf_counter()))
+        rows, width = first.shape
+        info = SourceInfo(path.name, int(width), int(rows) * 2 // 3, float(session.fps), None)
+        with self._cond:
+            self._lanes.append(lane)
+            self._infos.append(info)
+            self._cond.notify_all()
+        return NvdecSource(self, index, info)
+
+    def remove(self, index: int) -> None:
+        """Stop decoding stream ``index`` and free its session (its source then ends)."""
+        with self._cond:
+            lane = self._lanes[index]
+            lane.finished = True
+            lane.queue.clear()
+            self._cond.notify_all()
 
     def sources(self) -> list[NvdecSource]:
         """One frame source per path, in order."""
@@ -213,19 +235,18 @@ class NvdecPool:
         """Pictures decoded so far, all streams."""
         return sum(lane.session.decoded for lane in self._lanes)
 
-    def _work(self, worker: int, workers: int) -> None:
-        mine = self._lanes[worker::workers]
+    def _work(self, worker: int) -> None:
         stream = self._streams[worker]
+
+        def todo() -> list[_Lane]:
+            mine = self._lanes[worker::self._workers]
+            return [lane for lane in mine if not lane.finished and len(lane.queue) < lane.depth]
+
         while not self._stop.is_set():
             with self._cond:
-                self._cond.wait_for(lambda: self._stop.is_set() or any(
-                    not lane.finished and len(lane.queue) < lane.depth for lane in mine))
-                todo = [lane for lane in mine if not lane.finished and len(lane.queue) < lane.depth]
-            if not todo:
-                if all(lane.finished for lane in mine):
-                    return
-                continue
-            for lane in todo:
+                self._cond.wait_for(lambda: self._stop.is_set() or bool(todo()))
+                lanes = todo()
+            for lane in lanes:
                 try:
                     picture = lane.session.next()
                     if picture is not None:
@@ -233,6 +254,8 @@ class NvdecPool:
                 except BaseException as exc:  # handed to the reader
                     picture, lane.error = None, exc
                 with self._cond:
+                    if lane.finished:  # removed meanwhile
+                        continue
                     if picture is None:
                         lane.finished = True
                     else:
