@@ -179,7 +179,7 @@ class HybridDecode:
             source = self._nvdec.add(path, skip=skip)
             self._nvdec_index[index] = source._index
             return source
-        cpu = AvSource(path, threads=self._threads, output="nv12")
+        cpu: AvSource | _Looped = AvSource(path, threads=self._threads, output="nv12")
         if self._loop:
             cpu = _Looped(path, self._threads, cpu)
         cpu.skip(skip)
