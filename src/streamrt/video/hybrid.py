@@ -179,9 +179,8 @@ class HybridDecode:
             source = self._nvdec.add(path, skip=skip)
             self._nvdec_index[index] = source._index
             return source
-        cpu: AvSource | _Looped = AvSource(path, threads=self._threads, output="nv12")
-        if self._loop:
-            cpu = _Looped(path, self._threads, cpu)
+        plain = AvSource(path, threads=self._threads, output="nv12")
+        cpu: AvSource | _Looped = _Looped(path, self._threads, plain) if self._loop else plain
         cpu.skip(skip)
         return Prefetch(cpu, depth=self._depth)
 
