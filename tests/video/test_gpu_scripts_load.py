@@ -47,3 +47,19 @@ def test_load_script_unregisters_a_module_that_fails(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         check.load_script(broken, "_broken_bench")
     assert "_broken_bench" not in sys.modules
+
+
+def test_benchmark_measures_the_sync_loop_with_graphs_too() -> None:
+    bench = _script("gpu_detection_check")._load_benchmark()
+    table = bench.cases(True, [2])
+    names = [c.name for c in table]
+    assert "(a) sync graphs" in names and "(b) streams graphs" in names
+    assert all(c.pipeline.cuda_graphs == c.name.endswith("graphs") for c in table)
+    median = {i: 100.0 for i in range(len(table))}
+    median[names.index("(a) sync graphs")] = 200.0
+    median[names.index("(b) streams")] = 250.0
+    median[names.index("(b) streams graphs")] = 500.0
+    (line,) = bench.fair_baselines(table, median)
+    assert "streams alone (no graphs on either side, best (b) streams) **2.50x**" in line
+    assert "(b) streams graphs vs (a) sync graphs) **2.50x**" in line
+    assert "graphs alone (sync graphs vs sync) 2.00x" in line
