@@ -63,3 +63,11 @@ def test_benchmark_measures_the_sync_loop_with_graphs_too() -> None:
     assert "streams alone (no graphs on either side, best (b) streams) **2.50x**" in line
     assert "(b) streams graphs vs (a) sync graphs) **2.50x**" in line
     assert "graphs alone (sync graphs vs sync) 2.00x" in line
+
+
+def test_video_check_loads_and_refuses_to_run_without_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = _script("gpu_video_check")
+    monkeypatch.setattr(sys, "argv", ["gpu_video_check.py", str(tmp_path / "out")])
+    if not check.torch.cuda.is_available():
+        assert check.main() == 2
+    assert check._binding.__name__ == "_binding"
