@@ -33,6 +33,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def test_nvdec_pictures_equal_ffmpegs(clips: list[Path]) -> None:
     from streamrt.video.decode_av import AvSource
     from streamrt.video.decode_nvdec import NvdecPool
+    from streamrt.video.sources import iter_frames
 
     for path in clips:
         with NvdecPool([path], workers=1) as pool:
@@ -43,7 +44,7 @@ def test_nvdec_pictures_equal_ffmpegs(clips: list[Path]) -> None:
                 assert picture.is_cuda and picture.dtype == torch.uint8 and tuple(picture.shape) == (540, 640)
                 ours.append(picture.cpu().numpy())
         theirs = AvSource(path, output="nv12")
-        ref = [f for f in iter(theirs.read, None)]
+        ref = list(iter_frames(theirs))
         assert len(ours) == len(ref) == 30
         for a, b in zip(ours, ref, strict=True):
             assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # H.264/H.265 decoding is exact
@@ -93,8 +94,9 @@ def test_hybrid_moves_a_stream_between_nvdec_and_cpu_at_the_frame_it_reached(cli
     from streamrt.video.decode_av import AvSource
     from streamrt.video.hybrid import HybridDecode
     from streamrt.video.hybrid_policy import HybridPolicy
+    from streamrt.video.sources import iter_frames
 
-    ref = [f for f in iter(AvSource(clips[0], output="nv12").read, None)]
+    ref = list(iter_frames(AvSource(clips[0], output="nv12")))
     policy = HybridPolicy({"nvdec": 1000.0, "cpu": 1000.0}, hold_s=0.0)
     with HybridDecode(clips[:1], policy=policy, interval_s=0) as hybrid:
         (source,) = hybrid.sources()

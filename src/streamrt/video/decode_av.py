@@ -171,7 +171,9 @@ class AvSource:
         info = getattr(self, "_info", None)
         if info is not None and (frame.width, frame.height) != (info.width, info.height):
             frame = frame.reformat(width=info.width, height=info.height)  # a camera changed resolution
-        return np.asarray(frame.to_ndarray(format="bgr24" if self.frame_format == "bgr" else "nv12"))
+        if self.frame_format == "bgr":
+            return np.asarray(frame.to_ndarray(format="bgr24"))
+        return _nv12(frame)
 
     def read(self) -> np.ndarray | None:
         """The next frame (uint8 BGR), or None at the end of the file / stream."""
@@ -213,3 +215,20 @@ class AvSource:
     def close(self) -> None:
         self._frames.close()
         self._container.close()
+
+
+def _nv12(frame: Any) -> np.ndarray:
+    """NV12 of a decoded frame. From planar 4:2:0 (what H.264/H.265 decode to) the chroma planes are
+    interleaved with NumPy: ~8x faster than FFmpeg's conversion through PyAV."""
+    if frame.format.name != "yuv420p":
+        return np.asarray(frame.to_ndarray(format="nv12"))
+    h, w = frame.height, frame.width
+    planar = frame.to_ndarray()  # (h * 3 / 2, w): Y, then U and V planes, each (h / 2) x (w / 2)
+    out = np.empty((h * 3 // 2, w), np.uint8)
+    out[:h] = planar[:h]
+    chroma = out[h:].reshape(h // 2, w // 2, 2)
+    quarter = h * w // 4
+    flat = planar[h:].reshape(-1)
+    chroma[..., 0] = flat[:quarter].reshape(h // 2, w // 2)
+    chroma[..., 1] = flat[quarter:].reshape(h // 2, w // 2)
+    return out
