@@ -65,14 +65,26 @@ class _Session:
     """One bitstream on one NVDEC decoder: packets in, NV12 pictures (device tensors) out."""
 
     def __init__(self, path: Path, gpu: int, stream: Any, loop: bool) -> None:
-        nvc = _nvc()
         self.path, self.gpu, self.stream, self.loop = path, gpu, stream, loop
-        self._demuxer = nvc.CreateDemuxer(filename=str(path))
-        self._decoder = nvc.CreateDecoder(gpuid=gpu, codec=self._demuxer.GetNvCodecId(), cudacontext=0,
-                                          cudastream=stream.cuda_stream, usedevicememory=True)
+        self._open()
         self.fps = _call(self._demuxer, "FrameRate") or 30.0
         self.decoded = 0
         self._frames = self._decode()
+
+    def _open(self) -> None:
+        nvc = _nvc()
+        self._demuxer = nvc.CreateDemuxer(filename=str(self.path))
+        codec = self._demuxer.GetNvCodecId()
+        try:  # decode on our stream, so the copy out of the surface pool is ordered after it
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0,
+                                              cudastream=self.stream.cuda_stream, usedevicememory=True)
+        except Exception as exc:  # a build that refuses foreign streams: the legacy default stream
+            import torch
+
+            log.warning("NVDEC on a torch stream failed (%s); using the default stream", exc)
+            self.stream = torch.cuda.default_stream(self.gpu)
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=0,
+                                              usedevicememory=True)
 
     def _decode(self) -> Iterator[Any]:
         while True:
@@ -83,7 +95,7 @@ class _Session:
                     yield frame
             if not (self.loop and produced):
                 return
-            self._demuxer = _nvc().CreateDemuxer(filename=str(self.path))  # from the start again
+            self._open()  # from the start again, on a fresh session (the old one has seen its end)
 
     def next(self) -> Any:
         """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end."""
@@ -207,7 +219,7 @@ class NvdecPool:
                               hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)") from None
         if first is None:
             raise SourceError(f"video {path} has no decodable frames (corrupt or truncated)")
-        stream.synchronize()
+        session.stream.synchronize()
         lane = _Lane(session, self._depth)
         lane.queue.append((first, time.perf_counter()))
         rows, width = first.shape
@@ -236,8 +248,6 @@ class NvdecPool:
         return sum(lane.session.decoded for lane in self._lanes)
 
     def _work(self, worker: int) -> None:
-        stream = self._streams[worker]
-
         def todo() -> list[_Lane]:
             mine = self._lanes[worker::self._workers]
             return [lane for lane in mine if not lane.finished and len(lane.queue) < lane.depth]
@@ -250,7 +260,7 @@ class NvdecPool:
                 try:
                     picture = lane.session.next()
                     if picture is not None:
-                        stream.synchronize()  # complete before any other stream reads it
+                        lane.session.stream.synchronize()  # complete before any other stream reads it
                 except BaseException as exc:  # handed to the reader
                     picture, lane.error = None, exc
                 with self._cond:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from streamrt._optional import available
 from streamrt.errors import ConfigError
-from streamrt.video.sources import FrameSource, VideoFileSource
+from streamrt.video.sources import FrameSource, VideoFileSource, register_video_opener
 
 __all__ = ["DECODERS", "DecodeConfig", "open_decoded"]
 
@@ -64,3 +64,6 @@ def open_decoded(spec: str, fps: float | None = None, config: DecodeConfig | Non
     if cfg.resolved == "pyav":
         return AvSource(spec, threads=cfg.threads)
     return VideoFileSource(spec)
+
+
+register_video_opener(open_decoded)

@@ -348,12 +348,18 @@ def _folder(spec: str, fps: float | None) -> FrameSource | None:
     return None
 
 
-def _video(spec: str, fps: float | None) -> FrameSource | None:
-    # Stream URLs become cameras; files decode with PyAV (video/decode_av.py) where it is
-    # installed, else OpenCV. video/decoding.py holds the choice (and the GPU decoder).
-    from streamrt.video.decoding import open_decoded
+# The decoder choice for video files and stream URLs; video/decoding.py registers it (PyAV for
+# files where installed, cameras for URLs) so this module imports no decoder.
+_VIDEO_OPENERS: list[Callable[[str, float | None], FrameSource]] = []
 
-    return open_decoded(spec, fps)
+
+def register_video_opener(opener: Callable[[str, float | None], FrameSource]) -> None:
+    """Make ``opener`` open every video file and stream URL :func:`open_source` is given."""
+    _VIDEO_OPENERS[:] = [opener]
+
+
+def _video(spec: str, fps: float | None) -> FrameSource | None:
+    return _VIDEO_OPENERS[0](spec, fps) if _VIDEO_OPENERS else VideoFileSource(spec)
 
 
 # Tried in order; the first opener that recognises the string opens it.

@@ -204,11 +204,11 @@ class DetectionWorkload:
         import torch
 
         (h, w), (ih, iw), b, m = self.frame_hw, self.model.input_hw, self.batch, self.model
-        frames = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=dev)
         images = torch.empty((b, 3, ih, iw), dtype=getattr(torch, str(m.input_dtype)), device=dev)
-        lane.state["letterbox"](frames, images)
         if "letterbox_nv12" in lane.state:
             lane.state["letterbox_nv12"](torch.zeros((b, h * 3 // 2, w), dtype=torch.uint8, device=dev), images)
+        else:
+            lane.state["letterbox"](torch.zeros((b, h, w, 3), dtype=torch.uint8, device=dev), images)
         channels = m.layout.channels(m.num_classes)
         shape = (b, channels, m.anchors) if m.layout.anchors_last else (b, m.anchors, channels)
         dets = torch.empty((b, self.postprocess.max_det, 6), dtype=torch.float32, device=dev)
@@ -221,13 +221,14 @@ class DetectionWorkload:
             import torch
 
             dev, pinned = slot.device, slot.pinned
-            slot["frames"] = dev.host_buffer((b, h, w, 3), torch.uint8, pinned=pinned)
-            slot["direct"] = [None] * b
-            slot["frames_dev"] = dev.empty((b, h, w, 3), torch.uint8)
-            slot["frames_dev"].zero_()
-            if self.frame_format == "nv12":
+            if self.frame_format == "nv12":  # no BGR staging: pictures are gathered straight into place
                 slot["nv12_dev"] = dev.empty((b, h * 3 // 2, w), torch.uint8)
                 slot["nv12_dev"].zero_()
+            else:
+                slot["frames"] = dev.host_buffer((b, h, w, 3), torch.uint8, pinned=pinned)
+                slot["direct"] = [None] * b
+                slot["frames_dev"] = dev.empty((b, h, w, 3), torch.uint8)
+                slot["frames_dev"].zero_()
             slot["images"] = dev.empty((b, 3, ih, iw), getattr(torch, str(self.model.input_dtype)))
             slot["dets"] = dev.empty((b, m, 6), torch.float32)
             slot["counts"] = dev.empty((b,), torch.int32)
