@@ -123,7 +123,7 @@ def main() -> int:
         procs = [subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", MODEL, "-i", "grpc", "-u", f"127.0.0.1:{grpc}",
              "--concurrency-range", str(c), "-b", str(args.request_batch), "--measurement-interval",
-             str(int(args.seconds * 1000)), "--warmup", "3000", "--json"],
+             str(int(args.seconds * 1000)), "--warmup-ms", "3000", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in per if c > 0]
         results = []
         for p in procs:

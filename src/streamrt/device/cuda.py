@@ -161,7 +161,7 @@ class CudaDevice:
         torch = import_torch()
         if not torch.cuda.is_available():
             raise PipelineError("CUDA device requested but torch.cuda.is_available() is False",
-                                hint="use get_device('cpu') or get_device('auto')")
+                                hint="run on the CPU with --device cpu (in Python: get_device('cpu'))")
         self._index = index
         self._torch_device = torch.device("cuda", index)
 

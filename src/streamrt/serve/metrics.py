@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from streamrt._optional import require
+from streamrt._optional import available, require
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -61,10 +61,9 @@ _GPU = (
 
 def _gpu_readings() -> list[tuple[str, list[float]]]:
     """Per-GPU (uuid, values in _GPU order) through NVML; empty without pynvml or a GPU."""
-    try:
-        import pynvml
-    except ImportError:
+    if not available("pynvml"):
         return []
+    pynvml = require("pynvml", extra="serve", purpose="GPU metrics")
     try:
         pynvml.nvmlInit()
         readings = []
