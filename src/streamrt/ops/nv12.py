@@ -29,7 +29,8 @@ import numpy as np
 from streamrt.errors import ConfigError, ShapeError
 from streamrt.ops.letterbox import LetterboxGeometry, Normalize, linear_taps
 
-__all__ = ["COLOR_MATRICES", "ColorMatrix", "CpuNv12Letterbox", "color_matrix", "nv12_shape", "nv12_to_rgb"]
+__all__ = ["COLOR_MATRICES", "ColorMatrix", "CpuNv12Letterbox", "color_matrix", "nv12_shape", "nv12_to_rgb",
+           "rgb_to_nv12"]
 
 
 @dataclass(frozen=True)

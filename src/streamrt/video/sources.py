@@ -51,6 +51,7 @@ __all__ = [
     "VideoFileSource",
     "iter_frames",
     "open_source",
+    "register_video_opener",
 ]
 
 log = logging.getLogger(__name__)
