@@ -13,7 +13,8 @@ with date, commit (``$STREAMRT_COMMIT``), device and command.
    else the pipeline trace's busiest resource.
 3. GPU decode vs CPU decode vs raw frames: same detector, same clips, same stream count, free-running.
 4. Fair baselines: benchmarks/detection.py part 1 (sync and pipelines, with and without graphs on both sides).
-5. The gpu-marked tests of decoding and the NV12 kernel.
+5. Hybrid decode at the first stream count NVDEC alone did not sustain: streams spill to CPU decoders.
+6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, NV12 kernel in test_gpu_ops.py).
 
 Usage::
 
@@ -97,8 +98,23 @@ def _lat(report: RunReport, key: str) -> str:
     return f"{report.latency_ms.get(key, float('nan')):.1f}"
 
 
+def _check_pictures(clip: Path, count: int = 30) -> str:
+    """NVDEC's first pictures against the CPU decoder's (PyAV exact, or OpenCV back to NV12)."""
+    from streamrt.video.decoding import open_nv12
+
+    ref = open_nv12(clip)
+    with NvdecPool([clip], workers=1) as pool:
+        (source,) = pool.sources()
+        diffs = [float(np.abs(source.read().cpu().numpy().astype(int) - ref.read().astype(int)).mean())
+                 for _ in range(count)]
+    ref.close()
+    return (f"- NVDEC pictures vs the CPU decoder's ({type(ref).__name__}), first {count} frames of {clip.name}: "
+            f"mean |difference| {max(diffs):.3f} levels at worst (0: bit-exact; ~1: OpenCV's BGR round trip).")
+
+
 def part_nvdec(clips: list[Path], decoders: list[int], state: dict[str, Any]) -> list[str]:
-    lines = ["| sessions | frames/s (aggregate) | frames/s per session | 1080p30 streams |", "|---:|---:|---:|---:|"]
+    lines = [_check_pictures(clips[0]), "",
+             "| sessions | frames/s (aggregate) | frames/s per session | 1080p30 streams |", "|---:|---:|---:|---:|"]
     best = 0.0
     for n in decoders:
         r = measure_nvdec(clips, n, seconds=3.0)
@@ -254,11 +270,41 @@ def part_fair(state: dict[str, Any], out: Path) -> list[str]:
     return lines
 
 
-def part_tests(budget: Budget) -> list[str]:
+def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any]) -> list[str]:
+    from streamrt.video.hybrid import HybridDecode, measure_cpu_decode
+
+    detector = _detector(state)
+    sweep = state.get("sweep", [])
+    failed = [r["sources"] for r in sweep if not r["sustained"]]
+    n = min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50)
+    cpu_rate = measure_cpu_decode(clips[0], seconds=2.0)
+    cores = len(os.sched_getaffinity(0))
+    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": cpu_rate * cores}
+    with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True, nvdec_workers=8,
+                      interval_s=1.0) as hybrid:
+        planned = dict(hybrid.summary()["assignment"])
+        report, util = _paced(detector, list(hybrid.sources()), seconds)
+        report.decode = hybrid.summary()
+    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned}
+    pools = report.decode["pools"]
+    return [f"{n} camera-paced streams at 30 FPS (the first NVDEC-only point not sustained, or beyond the sweep), "
+            f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s (part 1), CPU "
+            f"{cpu_rate:.0f} frames/s per decoder x {cores} cores.", "",
+            "| streams | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | dropped | p99 ms | "
+            "sustained | binding |", "|---:|---|---|---:|---:|---:|---:|---|---|",
+            f"| {n} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
+            f"{report.decode['assignment']['cpu']} | {report.decode['moves']} | {report.fps:.1f} | {report.dropped} | "
+            f"{_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
+            f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
+            f"trace: {report.bottleneck[0] if report.bottleneck else '-'} |"]
+
+
+def part_tests(budget: Budget, clips_folder: Path) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/video/test_nvdec.py",
            "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
     try:
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30, budget.left - 10))
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30, budget.left - 10),
+                              env={**os.environ, "STREAMRT_VIDEO_CLIPS": str(clips_folder)})
         tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
         return [f"`{' '.join(cmd[2:])}` exit {done.returncode}", "", "```", *tail, "```"]
     except subprocess.TimeoutExpired:
@@ -275,7 +321,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
     parser.add_argument("--budget", type=float, default=500.0, help="seconds for the whole check")
-    parser.add_argument("--parts", default="1,2,3,4,5")
+    parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args()
     budget = Budget(args.budget)
     if not torch.cuda.is_available() or not nvdec_available():
@@ -304,7 +350,9 @@ def main() -> int:
               lambda: part_paths(clips, args.path_streams, 150, state)),
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
               lambda: part_fair(state, args.out)),
-        "5": ("5. GPU tests of decoding and the NV12 kernel", 60, lambda: part_tests(budget)),
+        "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
+              lambda: part_hybrid(clips, args.duration, state)),
+        "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips)),
     }
     sections = []
     for key in ints(args.parts):

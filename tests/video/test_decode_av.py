@@ -97,3 +97,17 @@ def test_damaged_files_are_clear_errors(tmp_path: Path, damage: str) -> None:
 def test_stream_urls_are_recognised() -> None:
     assert is_stream_url("rtsp://cam/1") and is_stream_url("HTTP://host/x.ts")
     assert not is_stream_url("clip.mp4") and not is_stream_url("/data/http.mp4")
+
+
+def test_opencv_nv12_fallback_matches_the_decoders_planes(tmp_path: Path) -> None:
+    from streamrt.video.decoding import OpenCvNv12Source
+
+    clip = SyntheticClip(width=320, height=180, frames=5, fps=30.0, seed=int(np.random.default_rng().integers(99)))
+    path = encode_clip(clip, tmp_path / "c.mp4", crf=18)
+    ours = list(iter_frames(OpenCvNv12Source(path)))
+    exact = list(iter_frames(AvSource(path, output="nv12")))
+    assert len(ours) == len(exact) == 5
+    for a, b in zip(ours, exact, strict=True):
+        assert a.shape == b.shape == (270, 320)
+        # Decoded planes -> BGR (FFmpeg) -> I420 (OpenCV): the round trip costs about one level.
+        assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5

@@ -16,12 +16,16 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from streamrt._optional import available
 from streamrt.errors import ConfigError
 from streamrt.video.sources import FrameSource, VideoFileSource, register_video_opener
 
-__all__ = ["DECODERS", "DecodeConfig", "open_decoded"]
+__all__ = ["DECODERS", "DecodeConfig", "OpenCvNv12Source", "open_decoded", "open_nv12"]
 
 DECODERS = ("auto", "pyav", "opencv")
 
@@ -64,6 +68,59 @@ def open_decoded(spec: str, fps: float | None = None, config: DecodeConfig | Non
     if cfg.resolved == "pyav":
         return AvSource(spec, threads=cfg.threads)
     return VideoFileSource(spec)
+
+
+class OpenCvNv12Source:
+    """A video file decoded by OpenCV, delivered as NV12 (BGR -> I420, BT.601 limited, -> NV12): the
+    CPU side of NVDEC + CPU pipelines where PyAV is not installed. PyAV hands over the decoder's
+    own 4:2:0 planes instead (:class:`~streamrt.video.decode_av.AvSource` ``output="nv12"``)."""
+
+    frame_format = "nv12"
+
+    def __init__(self, path: str | Path) -> None:
+        from streamrt.video._cv2 import import_cv2
+
+        self._cv2 = import_cv2()
+        self._src = VideoFileSource(path)
+        if self._src.info.width % 2 or self._src.info.height % 2:
+            self._src.close()
+            from streamrt.video.sources import SourceError
+
+            raise SourceError(f"{path}: NV12 needs even frame sizes, got {self._src.info.width}x"
+                              f"{self._src.info.height}")
+
+    @property
+    def info(self) -> Any:
+        return self._src.info
+
+    def read(self) -> np.ndarray | None:
+        bgr = self._src.read()
+        if bgr is None:
+            return None
+        h, w = bgr.shape[:2]
+        i420 = self._cv2.cvtColor(bgr, self._cv2.COLOR_BGR2YUV_I420)
+        out = np.empty((h * 3 // 2, w), np.uint8)
+        out[:h] = i420[:h]
+        chroma = out[h:].reshape(h // 2, w // 2, 2)
+        flat, quarter = i420[h:].reshape(-1), h * w // 4
+        chroma[..., 0] = flat[:quarter].reshape(h // 2, w // 2)
+        chroma[..., 1] = flat[quarter:].reshape(h // 2, w // 2)
+        return out
+
+    def skip(self, count: int) -> int:
+        return self._src.skip(count)
+
+    def close(self) -> None:
+        self._src.close()
+
+
+def open_nv12(path: str | Path, threads: int = 1) -> Any:
+    """A CPU decoder delivering NV12 host frames: PyAV where installed, else OpenCV."""
+    if available("av"):
+        from streamrt.video.decode_av import AvSource
+
+        return AvSource(path, threads=threads, output="nv12")
+    return OpenCvNv12Source(path)
 
 
 register_video_opener(open_decoded)

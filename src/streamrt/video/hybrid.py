@@ -2,7 +2,8 @@
 
 :class:`HybridDecode` opens one :class:`HybridSource` per video, each decoded either by an NVDEC
 session (:class:`~streamrt.video.decode_nvdec.NvdecPool`) or by PyAV on a CPU thread
-(:class:`~streamrt.video.decode_av.AvSource` behind a :class:`~streamrt.video.sources.Prefetch`).
+(:func:`~streamrt.video.decoding.open_nv12`: PyAV, else OpenCV, behind a
+:class:`~streamrt.video.sources.Prefetch`).
 Both deliver NV12 (a device tensor from NVDEC, a host array from the CPU), so streams of both
 kinds share one detection pipeline and one batch: the workload's ``gather`` stage copies each
 picture into place and the fused kernel converts them all.
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from streamrt.video.decode_av import AvSource
+from streamrt.video.decoding import open_nv12
 from streamrt.video.hybrid_policy import HybridPolicy
 from streamrt.video.sources import Prefetch, SourceInfo
 
@@ -46,7 +47,7 @@ def measure_cpu_decode(path: str | Path, seconds: float = 2.0, threads: int = 1)
     """Frames/s one PyAV decoder with ``threads`` threads gets from ``path`` (NV12 out, looped)."""
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        source = AvSource(path, threads=threads, output="nv12")
+        source = open_nv12(path, threads)
         while time.perf_counter() - started < seconds and source.read() is not None:
             done += 1
         source.close()
@@ -150,7 +151,7 @@ class HybridDecode:
         self._nvdec_workers = nvdec_workers
         self._nvdec: Any = None
         self._nvdec_index: dict[int, int] = {}
-        probe = AvSource(self.paths[0])
+        probe = open_nv12(self.paths[0])
         self.demands = [float(fps or probe.info.fps)] * len(self.paths)
         probe.close()
         self.assignment = self.policy.assign(self.demands)
@@ -179,8 +180,8 @@ class HybridDecode:
             source = self._nvdec.add(path, skip=skip)
             self._nvdec_index[index] = source._index
             return source
-        plain = AvSource(path, threads=self._threads, output="nv12")
-        cpu: AvSource | _Looped = _Looped(path, self._threads, plain) if self._loop else plain
+        plain = open_nv12(path, self._threads)
+        cpu = _Looped(path, self._threads, plain) if self._loop else plain
         cpu.skip(skip)
         return Prefetch(cpu, depth=self._depth)
 
@@ -239,7 +240,7 @@ class HybridDecode:
 class _Looped:
     """A PyAV source that starts its file over at the end."""
 
-    def __init__(self, path: Path, threads: int, first: AvSource) -> None:
+    def __init__(self, path: Path, threads: int, first: Any) -> None:
         self.path, self.threads, self._src = path, threads, first
         self.frame_format = "nv12"
 
@@ -251,7 +252,7 @@ class _Looped:
         picture = self._src.read()
         if picture is None:
             self._src.close()
-            self._src = AvSource(self.path, threads=self.threads, output="nv12")
+            self._src = open_nv12(self.path, self.threads)
             picture = self._src.read()
         return picture
 
