@@ -1,7 +1,7 @@
 """GPU video check: decode included. NVDEC alone, camera-paced streams decoded by NVDEC, GPU vs CPU
 decode vs raw frames on one detector, and streams vs the synchronous loop with fair baselines.
 
-One call on the GPU machine, under ``--budget`` seconds (default 500: parts that would not fit are
+One call on the GPU machine, under ``--budget`` seconds (default 450: parts that would not fit are
 skipped and say so). Clips come from ``scripts/make_video_clips.py`` (run on the CPU machine,
 carried over); PyNvVideoCodec from its wheel. Writes ``OUT/gpu_video_check.md`` and ``.json``
 with date, commit (``$STREAMRT_COMMIT``), device and command.
@@ -320,7 +320,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per sweep point")
     parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
-    parser.add_argument("--budget", type=float, default=500.0, help="seconds for the whole check")
+    parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args()
     budget = Budget(args.budget)
