@@ -373,9 +373,9 @@ def main() -> int:
         (args.out / "gpu_video_check.md").write_text(
             "\n".join(["# GPU video check (decode included)", "", *(f"- {k}: {v}" for k, v in env.items()), "",
                        *sections]) + "\n")
-    state.pop("detector", None)
-    (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **state}, indent=2,
-                                                              default=str) + "\n")
+        saved = {k: v for k, v in state.items() if k != "detector"}  # after every part: a kill keeps what was done
+        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
+                                                                  default=str) + "\n")
     print(f"\nwrote {args.out}/gpu_video_check.md")
     return 1 if state.get("failed") else 0
 
