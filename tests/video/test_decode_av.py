@@ -111,3 +111,23 @@ def test_opencv_nv12_fallback_matches_the_decoders_planes(tmp_path: Path) -> Non
         assert a.shape == b.shape == (270, 320)
         # Decoded planes -> BGR (FFmpeg) -> I420 (OpenCV): the round trip costs about one level.
         assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5
+
+
+def test_damaged_stretches_are_skipped_counted_and_quiet(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import struct
+
+    clip = SyntheticClip(width=160, height=96, frames=60, fps=30.0, seed=4)
+    data = bytearray(encode_clip(clip, tmp_path / "c.mp4", crf=30).read_bytes())
+    at = data.find(b"mdat")
+    (size,) = struct.unpack(">I", bytes(data[at - 4:at]))
+    start, end = at + 4, at - 4 + size
+    for offset in np.random.default_rng(0).integers(start + 1000, end - 400, 30):
+        data[offset:offset + 300] = bytes(300)  # zeroed stretches: NAL units that do not decode
+    damaged = tmp_path / "damaged.mp4"
+    damaged.write_bytes(bytes(data))
+    source = AvSource(damaged)
+    decoded = len(list(iter_frames(source)))
+    assert 0 < decoded < 60 and source.bad_frames == 60 - decoded
+    assert f"damaged.mp4: {60 - decoded} of 60 frames could not be decoded" in caplog.text
+    assert "[h264 @" not in capfd.readouterr().err  # FFmpeg's own log stays off
