@@ -1,62 +1,92 @@
-"""H200 check: server throughput over binary gRPC at concurrency 64 vs the engine offline.
+"""H200 check (issue 12): the server's front-end ceiling and ResNet fp16 plans served vs offline.
 
-Builds a ResNet-18-shaped model into a torch_inductor fp16 plan (batch 1..64), measures the engine
-offline with ``streamrt bench``'s loop at batch 64 (the server's max batch), then serves the same
-plan with ``streamrt serve`` (dynamic batching, max batch 64, 2 GPU instances) and drives it with
-``streamrt perf`` over gRPC (binary ``raw_input_contents``) from several client processes whose
-concurrencies add up to 64. Target (issue 7): server images/s >= 70% of offline images/s.
+One call, under 9 minutes, writes ``OUT/serving-h200.md``:
 
-Requests carry ``--request-batch`` images each (default 8): a Python client cannot push tens of
-thousands of 600 KB single-image requests per second through loopback gRPC, so batching on the
-client side keeps the measurement about the server. The report states it.
+(a) **Front-end ceiling**: a null model (ReduceMean of each item on ONNX Runtime CPU, max batch 64,
+    2 instances; see ``benchmarks/serving_frontend.py``) driven by ``streamrt perf`` from
+    ``--processes`` client processes at concurrency ``--concurrency``, for 64 B, 600 KB and 4.8 MB
+    requests over HTTP (binary tensors) and gRPC: requests/s, GB/s, p50/p99, server CPU per request.
+(b) **ResNet-50 fp16** (and ResNet-18 fp16 when the time budget allows) torch_inductor plans,
+    batch profile 1..64, served with dynamic batching (max 64) on 2 GPU instances, at concurrency
+    64 with ``--request-batch`` images per request over binary gRPC, system shared memory and
+    CUDA shared memory, each against the engine offline at batch 64 (``streamrt bench``'s loop).
+
+Targets (issue 12): CUDA shm >= 85% of offline, system shm >= 70% (ResNet-50); gRPC ceiling
+>= 3 GB/s at 4.8 MB and >= 10,000 requests/s at 64 B.
+
+Plans take 60-100 s each to build here; pass ``--plans DIR`` with ``resnet50.plan`` /
+``resnet18.plan`` from an earlier run (this script leaves them in ``OUT/plans``) to skip that.
 
 Usage (on the GPU machine, from the repository root)::
 
-    python scripts/gpu_serving_check.py OUT_DIR [--request-batch 8] [--clients 4] [--seconds 15]
-
-Prints a table and writes OUT_DIR/serving-h200.md (plus the server log).
+    python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
+import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-
-import numpy as np
-import onnx
+from typing import Any
 
 from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "resnet18"
+START = time.monotonic()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _frontend() -> Any:
+    spec = importlib.util.spec_from_file_location("serving_frontend", ROOT / "benchmarks" / "serving_frontend.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def build_plan(out: Path, max_batch: int) -> Path:
+sf = _frontend()
+
+
+def _cell(text: str) -> str:
+    """Text fit for one markdown table cell."""
+    return " ".join(text.split()).replace("|", "/")
+
+
+def elapsed() -> float:
+    return time.monotonic() - START
+
+
+def say(text: str) -> None:
+    print(f"[{elapsed():5.0f} s] {text}", flush=True)
+
+
+def build_plan(name: str, out: Path, max_batch: int) -> Path:
+    """torchvision ResNet (random weights) -> torch_inductor fp16 plan, batch 1..max_batch, fp32 I/O."""
+    import torch
+    import torchvision
+
     import streamrt
-    from streamrt.testing.models import resnet_like
+    from streamrt import build_module
     from streamrt.types import ShapeProfile, ShapeRange
 
-    onnx.save(resnet_like(18), str(out / "resnet18.onnx"))
+    net = getattr(torchvision.models, name)().eval().cuda()
     profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (max_batch, 3, 224, 224),
                                                  (max_batch, 3, 224, 224))})
-    config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,))
-    result = streamrt.build(out / "resnet18.onnx", config, out / "resnet18.plan")
-    print(f"plan: {result.path} ({'cached' if result.cached else f'built in {result.seconds:.0f} s'})", flush=True)
-    return result.path
+    config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,),
+                                  backend_options={"device": "cuda", "freezing": True})
+    started = time.perf_counter()
+    path = build_module(net, [torch.randn(max_batch, 3, 224, 224, device="cuda")], out / f"{name}.plan", config,
+                        input_names=["images"], output_names=["logits"])
+    say(f"{name}: plan built in {time.perf_counter() - started:.0f} s")
+    del net
+    torch.cuda.empty_cache()
+    return Path(path)
 
 
 def offline(plan: Path, batch: int, seconds: float) -> float:
@@ -73,102 +103,165 @@ def offline(plan: Path, batch: int, seconds: float) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["qps"]) * batch
 
 
-def wait_ready(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"server not ready after {timeout} s")
+class Server:
+    """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
+
+    def __init__(self, repo: Path, log: Path) -> None:
+        self.http, self.grpc = sf.free_port(), sf.free_port()
+        self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
+             "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING"],
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        sf.wait_ready(self.http, 300, self.process)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(120)
+        self.log.close()
+
+
+def perf(server: Server, protocol: str, model: str, batch: int, concurrency: int, processes: int, seconds: float,
+         extra: list[str] | None = None) -> dict[str, Any]:
+    port = server.http if protocol == "http" else server.grpc
+    result = sf.run_perf(protocol, port, model, batch, concurrency, processes, seconds, extra or [])
+    lat = result.get("latency_ms") or {}
+    say(f"{model} {protocol} b{batch} {' '.join(extra or [])}: {result['throughput']:.0f} items/s, "
+        f"p99 {lat.get('p99', float('nan')):.1f} ms, errors {result['errors']}"
+        + (f" ({result['first_error'][:200]})" if result.get("first_error") else "")
+        + (f"; {result['warning']}" if result.get("warning") else ""))
+    return result
+
+
+def frontend_rows(args: argparse.Namespace, work: Path) -> list[str]:
+    repo = sf.write_repository(work / "null-repo", instances=2)
+    server = Server(repo, args.out / "server-null.log")
+    rows = ["| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | client busy | "
+            "errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    try:
+        for protocol in ("grpc", "http"):
+            for kind, batch in (("small", 1), ("image", 1), ("image", 8)):
+                try:
+                    r = perf(server, protocol, f"null_{kind}", batch, args.concurrency, args.processes, args.seconds)
+                except (SystemExit, Exception) as exc:
+                    say(f"null_{kind} {protocol}: FAILED {exc}")
+                    note = _cell(str(exc)[-200:])
+                    rows.append(f"| {protocol} | null_{kind} x{batch} | failed: {note} | | | | | | | |")
+                    continue
+                nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
+                reqs = r["throughput"] / batch
+                lat = r.get("latency_ms") or {}
+                rows.append(f"| {protocol} | null_{kind} x{batch} | {nbytes:,} | {reqs:,.0f} | "
+                            f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
+                            f"{lat.get('p99', float('nan')):.2f} | "
+                            f"{r['server_us'].get('success', 0):.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
+    finally:
+        server.stop()
+    return rows
+
+
+def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> tuple[list[str], dict[str, float]]:
+    plan = plans / f"{name}.plan"
+    if not plan.is_file():
+        plan = build_plan(name, args.out / "plans", args.max_batch)
+    reference = offline(plan, args.max_batch, args.seconds)
+    say(f"{name}: offline batch {args.max_batch}: {reference:.0f} img/s")
+    repo = work / f"{name}-repo"
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    target = repo / name / "1" / "model.plan"
+    if not target.exists():
+        target.symlink_to(plan.resolve())
+    (repo / name / "config.yaml").write_text(json.dumps({
+        "max_batch_size": args.max_batch,
+        "dynamic_batching": {"max_queue_delay_microseconds": 500},
+        "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
+    }))
+    server = Server(repo, args.out / f"server-{name}.log")
+    rows = [f"| {name} fp16 | engine offline, batch {args.max_batch} | {reference:,.0f} | 100% | | | reference |"]
+    ratios: dict[str, float] = {}
+    try:
+        for label, extra in (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
+                             ("gRPC + CUDA shm", ["--shared-memory", "cuda"])):
+            try:
+                r = perf(server, "grpc", name, args.request_batch, args.concurrency, args.processes, args.seconds,
+                         extra)
+            except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
+                say(f"{name} {label}: FAILED {exc}")
+                rows.append(f"| {name} fp16 | server, {label} | failed | | | | {_cell(str(exc)[-300:])} |")
+                continue
+            lat = r.get("latency_ms") or {}
+            ratios[label] = r["throughput"] / reference
+            rows.append(f"| {name} fp16 | server, {label}, concurrency {args.concurrency} x {args.request_batch} img | "
+                        f"{r['throughput']:,.0f} | {ratios[label]:.0%} | {lat.get('median', float('nan')):.1f} / "
+                        f"{lat.get('p99', float('nan')):.1f} | {r['server_us'].get('avg_batch', 0):.1f} | "
+                        f"{r['errors']} errors" + (f"; {r['first_error'][:120]}" if r.get("first_error") else "")
+                        + (f"; {r['warning']}" if r.get("warning") else "") + " |")
+    finally:
+        server.stop()
+    return rows, ratios
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--plans", type=Path, default=None, help="folder with prebuilt resnet50.plan / resnet18.plan")
+    parser.add_argument("--models", default="resnet50,resnet18", help="in order; later ones skipped past the budget")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="start no further model after this many seconds (keeps the call under 9 minutes)")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--request-batch", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=4, help="client processes sharing the concurrency")
+    parser.add_argument("--processes", type=int, default=8, help="client processes sharing the concurrency")
     parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--skip-frontend", action="store_true", help="skip the null-model ceiling (a)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    plan = build_plan(args.out, args.max_batch)
-    offline_max = offline(plan, args.max_batch, args.seconds)
-    offline_req = offline(plan, args.request_batch, args.seconds)
-    print(f"offline: batch {args.max_batch} {offline_max:.0f} img/s, batch {args.request_batch} "
-          f"{offline_req:.0f} img/s", flush=True)
-
-    repo = args.out / "repo"
-    (repo / MODEL / "1").mkdir(parents=True, exist_ok=True)
-    target = repo / MODEL / "1" / "model.plan"
-    target.write_bytes(plan.read_bytes())
-    (repo / MODEL / "config.yaml").write_text(json.dumps({
-        "max_batch_size": args.max_batch,
-        "dynamic_batching": {"max_queue_delay_microseconds": 500},
-        "instance_group": [{"count": args.instances, "kind": "KIND_GPU"}],
-    }))
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    log = open(args.out / "server.log", "wb")  # noqa: SIM115 - closed after the server stops
-    server = subprocess.Popen([sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http),
-                               "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--log-level", "WARNING"],
-                              stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        wait_ready(http, 600)
-        per = [args.concurrency // args.clients + (i < args.concurrency % args.clients) for i in range(args.clients)]
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", MODEL, "-i", "grpc", "-u", f"127.0.0.1:{grpc}",
-             "--concurrency-range", str(c), "-b", str(args.request_batch), "--measurement-interval",
-             str(int(args.seconds * 1000)), "--warmup-ms", "3000", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in per if c > 0]
-        results = []
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=args.seconds + 300)
-            if p.returncode != 0:
-                print(stderr, file=sys.stderr)
-            results.append(json.loads(stdout)[0])
-        gpu = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
-    finally:
-        server.terminate()
-        server.wait(120)
-        log.close()
-    served = sum(r["throughput"] for r in results)
-    p99 = max(r["latency_ms"]["p99"] for r in results if r["latency_ms"])
-    p50 = float(np.median([r["latency_ms"]["median"] for r in results if r["latency_ms"]]))
-    batch = float(np.mean([r["server_us"].get("avg_batch", 0) for r in results]))
-    errors = sum(r["errors"] for r in results)
-    ratio = served / offline_max
-    util = [line for line in gpu.splitlines() if line.startswith(("nv_gpu_utilization{", "nv_gpu_memory_used"))]
-    commit = git_commit(ROOT)
+    (args.out / "plans").mkdir(exist_ok=True)
+    work = args.out / "work"
+    work.mkdir(exist_ok=True)
+    plans = args.plans or args.out / "plans"
+    front = [] if args.skip_frontend else frontend_rows(args, work)
+    model_table = ["| model | measurement | images/s | of offline | p50 / p99 ms | avg engine batch | note |",
+                   "|---|---|---:|---:|---:|---:|---|"]
+    ratios: dict[str, dict[str, float]] = {}
+    for index, name in enumerate(m for m in args.models.split(",") if m):
+        if index and elapsed() > args.budget_s:
+            say(f"{name}: skipped (time budget of {args.budget_s:.0f} s spent)")
+            model_table.append(f"| {name} fp16 | skipped: time budget | | | | | |")
+            continue
+        rows, ratios[name] = model_rows(name, args, work, plans)
+        model_table += rows
     import torch
 
-    gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    table = [
-        "| measurement | images/s | note |", "|---|---:|---|",
-        f"| engine offline, batch {args.max_batch} (`streamrt bench` loop) | {offline_max:.0f} | the reference |",
-        f"| engine offline, batch {args.request_batch} | {offline_req:.0f} | one request's batch alone |",
-        f"| server, gRPC binary, concurrency {args.concurrency} x {args.request_batch} img/request | {served:.0f} | "
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, avg engine batch {batch:.1f} rows, {errors} errors |",
-        f"| **server / offline** | **{ratio:.0%}** | target >= 70%: **{'PASS' if ratio >= 0.7 else 'FAIL'}** |",
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    r50 = ratios.get("resnet50", {})
+    verdicts = [
+        f"- CUDA shm >= 85% of offline (ResNet-50): {r50.get('gRPC + CUDA shm', 0):.0%} "
+        f"**{'PASS' if r50.get('gRPC + CUDA shm', 0) >= 0.85 else 'FAIL'}**",
+        f"- system shm >= 70% of offline (ResNet-50): {r50.get('gRPC + system shm', 0):.0%} "
+        f"**{'PASS' if r50.get('gRPC + system shm', 0) >= 0.70 else 'FAIL'}**",
     ]
     report = "\n".join([
-        "# Serving on the H200: binary gRPC vs the engine offline", "",
+        "# Serving on the H200: front-end ceiling and ResNet fp16 through the server", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- commit: {commit}",
-        f"- machine: {gpu_name}, torch {torch.__version__}",
-        f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *sys.argv[1:]])}`",
-        f"- model: resnet_like(18), torch_inductor fp16 plan (fp32 I/O), batch profile 1..{args.max_batch}; server: "
-        f"dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances; "
-        f"{len(procs)} `streamrt perf` client processes over gRPC", "",
-        *table, "", "GPU metrics at the end of the run:", "", "```", *util, "```", "",
+        f"- commit: {git_commit(ROOT)}",
+        f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs",
+        f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *sys.argv[1:]])}` "
+        f"({elapsed():.0f} s in all)",
+        f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
+        f"{args.seconds:.0f} s windows", "",
+        "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64)", "",
+        *(front or ["skipped"]), "",
+        "Targets: gRPC >= 3 GB/s at 4.8 MB (null_image x8) and >= 10,000 requests/s at 64 B (null_small x1).", "",
+        "## (b) ResNet fp16 torch_inductor plans: server vs offline", "",
+        f"Server: dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances; "
+        f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request.", "",
+        *model_table, "", *verdicts, "",
     ])
     print(report)
     (args.out / "serving-h200.md").write_text(report)
-    return 0 if ratio >= 0.7 else 1
+    return 0
 
 
 if __name__ == "__main__":

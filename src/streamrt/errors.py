@@ -34,7 +34,8 @@ Hierarchy::
     │   └── PipelineClosedError     work submitted after close()
     └── ServeError                  the model server refused or failed one request
         ├── RequestError            malformed request: bad JSON, sizes that disagree, bad parameters
-        │   └── PayloadTooLargeError  body or tensor larger than the server's limits
+        │   ├── PayloadTooLargeError  body or tensor larger than the server's limits
+        │   └── SharedMemoryError   unknown region, offset/size out of range, region in use or too small
         ├── UnknownModelError       no such model or version in the repository
         ├── ModelNotReadyError      the model exists but is loading, unloading or failed to load
         ├── QueueFullError          the model's queue is at max_queue_size: rejected at once
@@ -76,6 +77,7 @@ __all__ = [
     "ServeError",
     "ServerShuttingDownError",
     "ShapeError",
+    "SharedMemoryError",
     "StageError",
     "StageTimeoutError",
     "StreamRTError",
@@ -253,6 +255,10 @@ class RequestError(ServeError):
 
 class PayloadTooLargeError(RequestError):
     """A request body or tensor exceeds the server's size or element-count limits."""
+
+
+class SharedMemoryError(RequestError):
+    """A shared-memory region cannot be used as asked (never written when this is raised)."""
 
 
 class UnknownModelError(ServeError):

@@ -1,7 +1,9 @@
 """``streamrt perf``: perf_analyzer-style load against any KServe v2 server (HTTP or gRPC).
 
 Sweeps concurrency levels and prints throughput, client latency p50/p90/p95/p99 and the server's
-own time split (queue, compute input/infer/output, from the statistics extension).
+own time split (queue, compute input/infer/output, from the statistics extension). Load can come
+from several processes (``--processes``) and through shared memory (``--shared-memory``); the
+report says when the client itself was busy enough to be the limit.
 See ``docs/serving.md``.
 """
 
@@ -63,6 +65,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     warmup = parser.add_argument("--warmup-ms", type=float, default=1000.0, metavar="MS",
                                  help="warm-up per level in milliseconds (default 1000)")
     add_alias(parser, "--warmup", warmup, note=True)
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="client processes sharing each concurrency level, one merged report (default 1); "
+                        "one Python process tops out near a few thousand small requests/s")
+    parser.add_argument("--shared-memory", choices=["none", "system", "cuda"], default="none",
+                        help="put inputs and outputs in registered shared-memory regions, like perf_analyzer "
+                        "(local servers only; default none)")
+    parser.add_argument("--output-shared-memory-size", type=int, default=102400, metavar="BYTES",
+                        help="bytes per output region when the output size is not static (default 102400)")
     parser.add_argument("--token", default=None,
                         help="bearer token (default: $STREAMRT_SERVE_TOKEN when set)")
     output = parser.add_argument("-o", "--output", "-f", type=Path, default=None, metavar="FILE.csv",
@@ -95,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.measurement_interval / 1e3,
         warmup_s=args.warmup_ms / 1e3,
         headers={"authorization": f"Bearer {token}"} if token else {},
+        processes=args.processes,
+        shared_memory=args.shared_memory,
+        output_shared_memory_size=args.output_shared_memory_size,
     )
     results = run_load(cfg)
     if args.output:

@@ -17,7 +17,9 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from streamrt.cli.args import ServerArgs
 from streamrt.errors import ConfigError, StreamRTError
@@ -35,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("repository", type=Path, metavar="REPO", help="model repository directory")
     ServerArgs().add_to(parser)
+    parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="auto: uvloop when it is installed (faster sockets and callbacks), else asyncio's")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logs.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -90,19 +94,58 @@ async def _serve(repository: Path, config: ServerConfig) -> None:
         await server.stop()
 
 
+SWITCH_INTERVAL_S = 0.0005
+"""GIL switch interval of a ``streamrt serve`` process (Python's default: 5 ms).
+
+The event loop thread parses request bodies in Python while instance threads need the GIL for the
+few steps of each batch; at 5 ms a waiting instance thread lost up to 5 ms per step (HTTP 4.8 MB
+requests: batch gather 47 ms -> 1.1 ms, gRPC p99 419 -> 192 ms on the 2-core CI machine, see
+docs/benchmarks/serving-frontend-cpu.md)."""
+
+
 def run(args: argparse.Namespace) -> int:
 
     if not args.repository.is_dir():
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        asyncio.run(_serve(args.repository, config))
+        _run_loop(_serve(args.repository, config), loop_factory(getattr(args, "event_loop", "auto")))
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
         raise _port_in_use(exc, config) from None
     return 0
+
+
+def _run_loop(main: Coroutine[Any, Any, None], factory: Callable[[], asyncio.AbstractEventLoop] | None) -> None:
+    if factory is None:
+        asyncio.run(main)
+        return
+    loop = factory()
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event-loop factory for ``--event-loop`` (None: asyncio's default loop)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            from streamrt.errors import MissingDependencyError
+
+            raise MissingDependencyError("uvloop", "serve", purpose="--event-loop uvloop") from None
+        return None
+    return uvloop.new_event_loop
 
 
 def _port_in_use(exc: OSError, config: ServerConfig) -> StreamRTError:

@@ -8,7 +8,14 @@ into queue, compute input, compute infer and compute output (as perf_analyzer's 
 block), and the rest of the client latency is network, protocol and client time.
 
 The request body is built once per level and reused (perf_analyzer does the same), so the client
-spends its time on the protocol, not on making data.
+spends its time on the protocol, not on making data. ``shared_memory`` ("system" / "cuda") puts the
+inputs once into a registered region and asks for the outputs in another, as perf_analyzer's
+``--shared-memory``: requests then carry only their description.
+
+One Python process tops out at a few thousand small requests/s (or ~1 GB/s of payload), so
+``processes`` > 1 spreads the concurrency over that many processes (spawned, started together,
+one merged result). Each process measures its CPU time in the window: a process busy for more
+than 80% of it is likely the limit, and the result says so (``client_busy``, ``warning``).
 
 Example:
     >>> cfg = LoadConfig(url="127.0.0.1:8000", model="cnn", concurrency=(1, 8), duration_s=2)   # doctest: +SKIP
@@ -18,8 +25,10 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -28,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from streamrt._optional import require
+from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.inputs import random_inputs
 from streamrt.profiling.stats import Stats
@@ -35,6 +45,9 @@ from streamrt.serve.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 
 __all__ = ["LevelResult", "LoadConfig", "format_results", "run_load", "run_load_async"]
+
+CLIENT_BUSY_WARNING = 0.8
+"""A client process busy (CPU time / window) above this share of the window may be the limit."""
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +68,9 @@ class LoadConfig:
         duration_s / warmup_s: measurement window and warm-up per level.
         timeout_s: per-request timeout.
         headers: extra HTTP headers / gRPC metadata (e.g. ``authorization``).
+        processes: client processes sharing each concurrency level (>= 1).
+        shared_memory: ``"none"``, ``"system"`` or ``"cuda"`` (inputs and outputs in registered regions).
+        output_shared_memory_size: bytes per output region when an output's size is not static.
     """
 
     url: str
@@ -70,6 +86,9 @@ class LoadConfig:
     warmup_s: float = 1.0
     timeout_s: float = 30.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    processes: int = 1
+    shared_memory: str = "none"
+    output_shared_memory_size: int = 102400
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -82,6 +101,12 @@ class LoadConfig:
             raise ConfigError(f"data must be random or zero, got {self.data!r}")
         if self.duration_s <= 0:
             raise ConfigError(f"duration_s must be > 0, got {self.duration_s}")
+        if self.processes < 1:
+            raise ConfigError(f"processes must be an integer >= 1, got {self.processes}")
+        if self.shared_memory not in ("none", "system", "cuda"):
+            raise ConfigError(f"shared_memory must be none, system or cuda, got {self.shared_memory!r}")
+        if self.output_shared_memory_size < 1:
+            raise ConfigError(f"output_shared_memory_size must be >= 1, got {self.output_shared_memory_size}")
 
 
 @dataclass
@@ -95,6 +120,10 @@ class LevelResult:
     latency_ms: Stats | None
     server_us: dict[str, float] = field(default_factory=dict)
     first_error: str = ""
+    processes: int = 1
+    client_cpu_us: float = 0.0
+    client_busy: float = 0.0
+    warning: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -125,19 +154,44 @@ class _HttpClient:
     async def metadata(self) -> dict[str, Any]:
         return dict(await self._get(""))
 
-    def prepare(self, inputs: dict[str, np.ndarray]) -> None:
+    def prepare(self, inputs: dict[str, np.ndarray], regions: ClientRegions | None = None) -> None:
         entries, blobs = [], []
         for name, a in inputs.items():
             entry: dict[str, Any] = {"name": name, "shape": list(a.shape), "datatype": kserve_dtype(a)}
-            if self.cfg.binary:
+            if regions is not None:
+                entry["parameters"] = _shm_params(regions.inputs[name])
+            elif self.cfg.binary:
                 entry["parameters"] = {"binary_data_size": a.nbytes}
                 blobs.append(a.tobytes())
             else:
                 entry["data"] = a.ravel().tolist()
             entries.append(entry)
-        header = json.dumps({"inputs": entries, "parameters": {"binary_data_output": self.cfg.binary}}).encode()
+        request: dict[str, Any] = {"inputs": entries, "parameters": {"binary_data_output": self.cfg.binary}}
+        if regions is not None:
+            request["outputs"] = [{"name": n, "parameters": _shm_params(r)} for n, r in regions.outputs.items()]
+        header = json.dumps(request).encode()
         self.body = header + b"".join(blobs)
-        self.headers = {HEADER_LENGTH: str(len(header))} if self.cfg.binary else {}
+        self.headers = {HEADER_LENGTH: str(len(header))} if blobs else {}
+
+    async def _post(self, path: str, body: dict[str, Any]) -> None:
+        async with self.session.post(f"http://{self.cfg.url}{path}", json=body) as r:
+            if r.status != 200:
+                raise StreamRTError(f"POST {path}: {r.status} {(await r.read())[:300]!r}")
+
+    async def register(self, regions: ClientRegions) -> None:
+        for reg in regions.registrations:
+            if reg.kind == "system":
+                await self._post(f"/v2/systemsharedmemory/region/{reg.name}/register",
+                                 {"key": reg.key, "offset": 0, "byte_size": reg.byte_size})
+            else:
+                await self._post(f"/v2/cudasharedmemory/region/{reg.name}/register",
+                                 {"raw_handle": {"b64": base64.b64encode(reg.raw_handle).decode()}, "device_id": 0,
+                                  "byte_size": reg.byte_size})
+
+    async def unregister(self, regions: ClientRegions) -> None:
+        for reg in regions.registrations:
+            kind = "systemsharedmemory" if reg.kind == "system" else "cudasharedmemory"
+            await self._post(f"/v2/{kind}/region/{reg.name}/unregister", {})
 
     async def infer(self) -> None:
         async with self.session.post(self.base + "/infer", data=self.body, headers=self.headers) as r:
@@ -185,15 +239,48 @@ class _GrpcClient:
             t["shape"] = [int(d) for d in t.get("shape", [])]
         return meta
 
-    def prepare(self, inputs: dict[str, np.ndarray]) -> None:
+    def prepare(self, inputs: dict[str, np.ndarray], regions: ClientRegions | None = None) -> None:
         request = self.messages.ModelInferRequest(model_name=self.cfg.model, model_version=self.cfg.version)
         for name, a in inputs.items():
-            request.inputs.add(name=name, datatype=kserve_dtype(a), shape=list(a.shape))
-            request.raw_input_contents.append(a.tobytes())
+            tensor = request.inputs.add(name=name, datatype=kserve_dtype(a), shape=list(a.shape))
+            if regions is not None:
+                _grpc_shm_params(tensor.parameters, regions.inputs[name])
+            else:
+                request.raw_input_contents.append(a.tobytes())
+        for name, region in (regions.outputs if regions is not None else {}).items():
+            _grpc_shm_params(request.outputs.add(name=name).parameters, region)
         self.body = request.SerializeToString()
 
+    async def register(self, regions: ClientRegions) -> None:
+        for reg in regions.registrations:
+            if reg.kind == "system":
+                await self._rpc("SystemSharedMemoryRegister", self.messages.SystemSharedMemoryRegisterRequest(
+                    name=reg.name, key=reg.key, offset=0, byte_size=reg.byte_size))
+            else:
+                await self._rpc("CudaSharedMemoryRegister", self.messages.CudaSharedMemoryRegisterRequest(
+                    name=reg.name, raw_handle=reg.raw_handle, device_id=0, byte_size=reg.byte_size))
+
+    async def unregister(self, regions: ClientRegions) -> None:
+        for reg in regions.registrations:
+            method = "SystemSharedMemoryUnregister" if reg.kind == "system" else "CudaSharedMemoryUnregister"
+            await self._rpc(method, getattr(self.messages, f"{method}Request")(name=reg.name))
+
+    async def _rpc(self, method: str, message: Any) -> Any:
+        from streamrt.serve.proto import SERVICE
+
+        call = self.channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
+                                        response_deserializer=getattr(self.messages, f"{method}Response").FromString)
+        return await call(message, metadata=self.metadata_, timeout=self.cfg.timeout_s)
+
     async def infer(self) -> None:
-        await self._infer(self.body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
+        try:
+            await self._infer(self.body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
+        except Exception as exc:
+            code = getattr(exc, "code", lambda: None)()
+            if code is not None and code.name == "RESOURCE_EXHAUSTED" and len(self.body) > 4 * 2**20:
+                raise StreamRTError(f"{exc.details()} (request of {len(self.body)} bytes)",  # type: ignore[attr-defined]
+                                    hint="start the server with a larger --grpc-max-message-mb") from None
+            raise
 
     async def stats(self) -> dict[str, Any]:
         from google.protobuf import json_format
@@ -205,6 +292,31 @@ class _GrpcClient:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+def _shm_params(region: tuple[str, int, int]) -> dict[str, Any]:
+    name, offset, size = region
+    return {"shared_memory_region": name, "shared_memory_offset": offset, "shared_memory_byte_size": size}
+
+
+def _grpc_shm_params(parameters: Any, region: tuple[str, int, int]) -> None:
+    name, offset, size = region
+    parameters["shared_memory_region"].string_param = name
+    parameters["shared_memory_offset"].int64_param = offset
+    parameters["shared_memory_byte_size"].int64_param = size
+
+
+def output_bytes(meta: Mapping[str, Any], cfg: LoadConfig, batched: bool) -> dict[str, int]:
+    """Bytes of each output for one request (``cfg.output_shared_memory_size`` when not static)."""
+    sizes = {}
+    for tensor in meta.get("outputs", []):
+        dims = [int(d) for d in tensor["shape"]][1 if batched else 0 :]
+        itemsize = numpy_dtype(tensor["datatype"]).itemsize
+        static = all(d >= 0 for d in dims)
+        count = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        sizes[tensor["name"]] = (count * itemsize * (cfg.batch_size if batched else 1) if static
+                                 else cfg.output_shared_memory_size)
+    return sizes
 
 
 def make_inputs(meta: Mapping[str, Any], cfg: LoadConfig, batched: bool) -> dict[str, np.ndarray]:
@@ -243,66 +355,192 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-async def _level(cfg: LoadConfig, concurrency: int) -> LevelResult:
+@dataclass
+class _Part:
+    """What one client process measured in the window (merged across processes by :func:`_merge`)."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    rows: int = 1
+
+
+async def _open(cfg: LoadConfig, concurrency: int) -> tuple[Any, ClientRegions | None, int]:
+    """A client with its request prepared (and its shared-memory regions registered)."""
     client: Any = (_HttpClient if cfg.protocol == "http" else _GrpcClient)(cfg, concurrency)
     try:
+        meta = await client.metadata()
+    except StreamRTError:
+        await client.close()
+        raise
+    except Exception as exc:
+        await client.close()
+        raise StreamRTError(f"cannot get the metadata of model '{cfg.model}' from {cfg.protocol}://{cfg.url}: "
+                            f"{type(exc).__name__}: {str(exc)[:200]}", hint="is the server running there?") from exc
+    batched = bool(meta["inputs"]) and int(meta["inputs"][0]["shape"][0]) == -1
+    inputs = make_inputs(meta, cfg, batched)
+    regions = None
+    if cfg.shared_memory != "none":
+        regions = ClientRegions.create(cfg.shared_memory, inputs, output_bytes(meta, cfg, batched))
         try:
-            meta = await client.metadata()
-        except StreamRTError:
+            await client.register(regions)
+        except BaseException:
+            regions.close()
+            await client.close()
             raise
-        except Exception as exc:
-            raise StreamRTError(f"cannot get the metadata of model '{cfg.model}' from {cfg.protocol}://{cfg.url}: "
-                                f"{type(exc).__name__}: {str(exc)[:200]}", hint="is the server running there?") from exc
-        batched = bool(meta["inputs"]) and int(meta["inputs"][0]["shape"][0]) == -1
-        client.prepare(make_inputs(meta, cfg, batched))
-        latencies: list[float] = []
-        errors: list[str] = []
-        start = time.perf_counter() + cfg.warmup_s
-        end = start + cfg.duration_s
-        snapshots: dict[str, dict[str, Any]] = {}
+    client.prepare(inputs, regions)
+    return client, regions, cfg.batch_size if batched else 1
 
-        async def worker() -> None:
-            while (now := time.perf_counter()) < end:
-                try:
-                    await client.infer()
-                except Exception as exc:
-                    if now >= start:
-                        errors.append(str(exc)[:300])
-                    await asyncio.sleep(0.001)
-                    continue
-                done = time.perf_counter()
-                if now >= start and done <= end:
-                    latencies.append((done - now) * 1e3)
 
-        async def snapshot() -> None:
-            await asyncio.sleep(max(0.0, start - time.perf_counter()))
-            snapshots["before"] = await client.stats()
-            await asyncio.sleep(max(0.0, end - time.perf_counter()))
-            snapshots["after"] = await client.stats()
-
-        await asyncio.gather(snapshot(), *(worker() for _ in range(concurrency)))
-        server = _delta(snapshots.get("before", {}), snapshots.get("after", {}))
-        rows = cfg.batch_size if batched else 1
-        return LevelResult(
-            concurrency=concurrency,
-            requests=len(latencies),
-            errors=len(errors),
-            throughput=len(latencies) * rows / cfg.duration_s,
-            latency_ms=Stats.from_samples(latencies) if latencies else None,
-            server_us=server,
-            first_error=errors[0] if errors else "",
-        )
+async def _close(client: Any, regions: ClientRegions | None) -> None:
+    try:
+        if regions is not None:
+            try:
+                await client.unregister(regions)
+            finally:
+                regions.close()
     finally:
         await client.close()
 
 
+async def _drive(client: Any, cfg: LoadConfig, concurrency: int, start: float, snapshots: bool) -> _Part:
+    """``concurrency`` back-to-back workers until the window ``[start, start + duration)`` ends."""
+    part = _Part()
+    end = start + cfg.duration_s
+    cpu: dict[str, float] = {}
+
+    async def worker() -> None:
+        while (now := time.perf_counter()) < end:
+            try:
+                await client.infer()
+            except Exception as exc:
+                if now >= start:
+                    part.errors.append(str(exc)[:300])
+                await asyncio.sleep(0.001)
+                continue
+            done = time.perf_counter()
+            if now >= start and done <= end:
+                part.latencies.append((done - now) * 1e3)
+
+    async def window() -> None:
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        cpu["start"] = time.process_time()
+        if snapshots:
+            part.snapshots["before"] = await client.stats()
+        await asyncio.sleep(max(0.0, end - time.perf_counter()))
+        cpu["end"] = time.process_time()
+        if snapshots:
+            part.snapshots["after"] = await client.stats()
+
+    await asyncio.gather(window(), *(worker() for _ in range(concurrency)))
+    part.cpu_s = cpu.get("end", 0.0) - cpu.get("start", 0.0)
+    return part
+
+
+async def _level(cfg: LoadConfig, concurrency: int) -> LevelResult:
+    client, regions, rows = await _open(cfg, concurrency)
+    try:
+        part = await _drive(client, cfg, concurrency, time.perf_counter() + cfg.warmup_s, snapshots=True)
+    finally:
+        await _close(client, regions)
+    part.rows = rows
+    return _merge(cfg, concurrency, [part])
+
+
+def _process_main(cfg: LoadConfig, concurrency: int, index: int, ready: Any, go: Any, start_at: Any,
+                  results: Any) -> None:
+    """One client process: prepare, say ready, wait for the common start, drive, send its part back."""
+
+    async def main() -> _Part:
+        client, regions, rows = await _open(cfg, concurrency)
+        try:
+            ready.put((index, ""))
+            await asyncio.get_running_loop().run_in_executor(None, go.wait, 300)
+            start = time.perf_counter() + (start_at.value - time.time())
+            part = await _drive(client, cfg, concurrency, start, snapshots=index == 0)
+        finally:
+            await _close(client, regions)
+        part.rows = rows
+        return part
+
+    try:
+        results.put((index, asyncio.run(main()), ""))
+    except BaseException as exc:
+        ready.put((index, f"{type(exc).__name__}: {exc}"))
+        results.put((index, None, f"{type(exc).__name__}: {exc}"))
+
+
+def _level_processes(cfg: LoadConfig, concurrency: int) -> LevelResult:
+    """The level from ``cfg.processes`` spawned processes sharing ``concurrency``, started together."""
+    n = min(cfg.processes, concurrency)
+    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+    ctx = multiprocessing.get_context("spawn")  # no fork: gRPC and event loops do not survive it
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    start_at = ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=_process_main, args=(cfg, c, i, ready, go, start_at, results), daemon=True)
+             for i, c in enumerate(shares)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            index, error = ready.get(timeout=cfg.timeout_s + 120)
+            if error:
+                raise StreamRTError(f"client process {index} failed to start: {error}")
+        start_at.value = time.time() + 0.2 + cfg.warmup_s
+        go.set()
+        parts: list[_Part | None] = [None] * n
+        for _ in procs:
+            index, part, error = results.get(timeout=cfg.warmup_s + cfg.duration_s + cfg.timeout_s + 120)
+            if error:
+                raise StreamRTError(f"client process {index} failed: {error}")
+            parts[index] = part
+    finally:
+        go.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.terminate()
+    return _merge(cfg, concurrency, [p for p in parts if p is not None], processes=n)
+
+
+def _merge(cfg: LoadConfig, concurrency: int, parts: list[_Part], processes: int = 1) -> LevelResult:
+    latencies = [x for p in parts for x in p.latencies]
+    errors = [e for p in parts for e in p.errors]
+    snaps = next((p.snapshots for p in parts if p.snapshots), {})
+    rows = parts[0].rows if parts else 1
+    cpu = sum(p.cpu_s for p in parts)
+    busy = max((p.cpu_s / cfg.duration_s for p in parts), default=0.0)
+    warning = ""
+    if busy > CLIENT_BUSY_WARNING:
+        warning = (f"a client process was busy {busy:.0%} of the window: the client may be the limit "
+                   f"(use more --processes)")
+        log.warning(warning)
+    return LevelResult(
+        concurrency=concurrency,
+        requests=len(latencies),
+        errors=len(errors),
+        throughput=len(latencies) * rows / cfg.duration_s,
+        latency_ms=Stats.from_samples(latencies) if latencies else None,
+        server_us=_delta(snaps.get("before", {}), snaps.get("after", {})),
+        first_error=errors[0] if errors else "",
+        processes=processes,
+        client_cpu_us=cpu / max(len(latencies), 1) * 1e6,
+        client_busy=busy,
+        warning=warning,
+    )
+
+
 async def run_load_async(cfg: LoadConfig) -> list[LevelResult]:
-    """Sweep ``cfg.concurrency`` (on the running event loop)."""
+    """Sweep ``cfg.concurrency`` (on the running event loop; ``processes`` > 1 runs in worker threads)."""
     results = []
     for level in cfg.concurrency:
-        result = await _level(cfg, level)
+        if cfg.processes > 1:
+            result = await asyncio.get_running_loop().run_in_executor(None, _level_processes, cfg, level)
+        else:
+            result = await _level(cfg, level)
         log.debug("concurrency %d: %.1f infer/s, p99 %.2f ms, %d errors", level, result.throughput,
-                 result.latency_ms.p99 if result.latency_ms else float("nan"), result.errors)
+                  result.latency_ms.p99 if result.latency_ms else float("nan"), result.errors)
         results.append(result)
     return results
 
@@ -329,4 +567,7 @@ def format_results(results: list[LevelResult]) -> str:
     errors = [r.first_error for r in results if r.first_error]
     if errors:
         lines.append(f"first error: {errors[0]}")
+    for r in results:
+        lines.append(f"client: {r.processes} process(es), {r.client_cpu_us:.0f} us CPU per request, busiest process "
+                     f"{r.client_busy:.0%} of the window" + (f"; WARNING: {r.warning}" if r.warning else ""))
     return "\n".join(lines)

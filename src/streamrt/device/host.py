@@ -247,6 +247,9 @@ class HostStream(_HostStreamBase):
                 except Exception as exc:
                     logger.debug("work on host stream '%s' raised", self._name, exc_info=True)
                     self._errors.append(exc)
+            # Drop the finished work now, not when the next item arrives: it may hold request data
+            # (the server's shared-memory regions cannot be unmapped while anything views them).
+            op = kind = arg = None
 
 
 class InlineStream(_HostStreamBase):

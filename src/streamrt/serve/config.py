@@ -285,7 +285,9 @@ class ServerConfig:
         http_port / grpc_port / metrics_port: ports (0 picks a free one); None disables that front end.
         auth_token: when set, every request except health checks and metrics needs
             ``Authorization: Bearer <token>`` (HTTP header or gRPC metadata).
-        max_request_bytes: largest accepted request body / gRPC message (Triton's default 64 MiB).
+        max_request_bytes: largest accepted HTTP request body (Triton's default 64 MiB).
+        grpc_max_message_bytes: largest accepted gRPC message (default 512 MiB: 64 fp32 224x224
+            images are 38.5 MB; gRPC answers RESOURCE_EXHAUSTED above it).
         max_tensor_elements: largest element count of one input tensor.
         exit_timeout_s: how long shutdown waits for in-flight requests (Triton's default 30 s).
         strict_readiness: /v2/health/ready needs every model READY (else: the server is up).
@@ -300,6 +302,7 @@ class ServerConfig:
     metrics_port: int | None = 8002
     auth_token: str | None = None
     max_request_bytes: int = 64 * 2**20
+    grpc_max_message_bytes: int = 512 * 2**20
     max_tensor_elements: int = 2**24
     exit_timeout_s: float = 30.0
     strict_readiness: bool = True
@@ -314,6 +317,9 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be in 0..65535 (0: any free port), got {port}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes must be an integer >= 1024, got {self.max_request_bytes}")
+        if not 1024 <= self.grpc_max_message_bytes <= 2**31 - 1:
+            raise ConfigError(f"grpc_max_message_bytes must be in 1024..{2**31 - 1} (gRPC's limit), "
+                              f"got {self.grpc_max_message_bytes}")
         if self.max_tensor_elements < 1:
             raise ConfigError(f"max_tensor_elements must be an integer >= 1, got {self.max_tensor_elements}")
         if self.exit_timeout_s < 0:

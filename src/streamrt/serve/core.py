@@ -33,6 +33,7 @@ from streamrt.serve.config import ServerConfig
 from streamrt.serve.model import EngineLoader
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
+from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
 from streamrt.serve.status import status_for
 
 __all__ = ["EXTENSIONS", "ServerCore"]
@@ -40,7 +41,7 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
-              "statistics", "parameters"]
+              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
 
@@ -67,6 +68,7 @@ class ServerCore:
         self._startup: list[str] = []
         self._loading: asyncio.Task[Any] | None = None
         self._open = False  # from start until stop finished: what stop has to undo
+        self.shared_memory = SharedMemoryRegistry()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -132,6 +134,7 @@ class ServerCore:
             self.repository.drain_timeout_s = min(self.repository.drain_timeout_s, max(limit, 0.1))
             await self.repository.close()
         await self._close_listeners()
+        self.shared_memory.close()
         self._open = False
         _release_gpu_memory()
         log.info("server stopped")
@@ -168,7 +171,17 @@ class ServerCore:
     # --- inference ----------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one request through its model's scheduler; count success or failure by reason."""
+        """Run one request through its model's scheduler; count success or failure by reason.
+
+        Outputs the request asked for in shared memory are written there (and the request's
+        shared-memory leases end) before this returns.
+        """
+        try:
+            return await self._infer(request)
+        finally:
+            self.shared_memory.release(request.leases)
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
         if not self._accepting or self.repository is None:
             raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
         assert self._idle is not None
@@ -177,6 +190,13 @@ class ServerCore:
         self._idle.clear()
         try:
             response = await model.infer(request)
+            targets = [(o.region, response.outputs[o.name], f"output '{o.name}'")
+                       for o in request.outputs if o.region is not None and o.name in response.outputs]
+            if targets:
+                self.shared_memory.write_outputs(targets)
+                response.in_shared_memory.update(
+                    (o.name, RegionRef(o.region.name, o.region.offset, response.outputs[o.name].nbytes))
+                    for o in request.outputs if o.region is not None and o.name in response.outputs)
         except BaseException as exc:
             model.stats.record_failure(status_for(exc).reason, time.perf_counter_ns() - request.received_ns)
             if not isinstance(exc, (StreamRTError, asyncio.CancelledError)):

@@ -2,19 +2,23 @@
 
 Served through a generic handler over the messages of :mod:`streamrt.serve.proto`, so no
 generated ``_pb2_grpc`` code is needed. Inputs come as ``raw_input_contents`` (what tritonclient
-sends) or typed ``contents`` (``bytes_contents`` for BYTES), never both in one request (the
-KServe spec forbids mixing them); outputs always go back as ``raw_output_contents``, the form
-tritonclient's ``InferResult.as_numpy`` reads (BYTES length-prefixed). An output's
-``class_count`` asks for the classification extension; a ``shared_memory_region`` parameter is
-refused with ``UNIMPLEMENTED`` rather than answered inline. Errors use the status table's gRPC
-codes; RPCs not registered here answer ``UNIMPLEMENTED``.
+sends), typed ``contents`` (``bytes_contents`` for BYTES) or shared-memory regions, never raw and
+typed contents in one request (the KServe spec forbids mixing them); outputs go back as
+``raw_output_contents`` (the form tritonclient's ``InferResult.as_numpy`` reads; BYTES
+length-prefixed) or into shared-memory regions. An output's ``class_count`` asks for the
+classification extension. ``ModelInfer`` takes and returns serialized bytes:
+:mod:`streamrt.serve.grpc_wire` keeps the tensors out of protobuf (zero-copy views in, one copy
+out). Errors use the status table's gRPC codes; RPCs not registered here answer ``UNIMPLEMENTED``.
+
+Messages larger than ``ServerConfig.grpc_max_message_bytes`` (``--grpc-max-message-mb``) are
+refused by gRPC itself with ``RESOURCE_EXHAUSTED`` ("Received message larger than max").
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +26,7 @@ import numpy as np
 from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
+from streamrt.serve.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
 from streamrt.serve.proto import SERVICE
 from streamrt.serve.protocol import (
     InferRequest,
@@ -32,9 +37,14 @@ from streamrt.serve.protocol import (
     numpy_dtype,
     raw_bytes,
 )
+from streamrt.serve.shared_memory import SharedMemoryRegistry, region_ref
 from streamrt.serve.status import status_for
 
-__all__ = ["decode_grpc_request", "encode_grpc_response", "start_grpc"]
+__all__ = ["decode_grpc_request", "encode_grpc_response", "parse_infer_request", "serialize_grpc_response",
+           "start_grpc"]
+
+# Requests at least this large are split by hand (grpc_wire) instead of parsed whole by protobuf.
+_SPLIT_ABOVE = 16 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +67,51 @@ def _param(value: Any) -> Any:
     return getattr(value, choice) if choice else None
 
 
-def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
-    """``ModelInferRequest`` -> :class:`InferRequest` (raw contents are zero-copy views)."""
+def parse_infer_request(data: bytes, max_elements: int, memory: SharedMemoryRegistry | None = None) -> InferRequest:
+    """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``."""
+    from streamrt.serve.proto import messages
+
+    if len(data) < _SPLIT_ABOVE:  # small: protobuf's C parser is quicker than walking the fields here
+        return decode_grpc_request(messages.ModelInferRequest.FromString(data), max_elements, memory=memory)
+    rest, raw = split_infer_request(data)
+    try:
+        message = messages.ModelInferRequest.FromString(rest)
+    except Exception as exc:  # google.protobuf.message.DecodeError
+        raise RequestError(f"malformed ModelInferRequest: {exc}") from None
+    return decode_grpc_request(message, max_elements, raw=raw, memory=memory)
+
+
+def decode_grpc_request(
+    message: Any, max_elements: int, *, raw: Sequence[bytes | memoryview] | None = None,
+    memory: SharedMemoryRegistry | None = None,
+) -> InferRequest:
+    """``ModelInferRequest`` -> :class:`InferRequest`.
+
+    ``raw`` replaces the message's ``raw_input_contents`` (views from :func:`split_infer_request`);
+    inputs and outputs may name shared-memory regions of ``memory`` (their ``shared_memory_*``
+    parameters; they are leased by the request until the server answers it).
+    """
+    leases: list[Any] = []
+    try:
+        return _decode(message, max_elements, raw, memory, leases)
+    except BaseException:
+        SharedMemoryRegistry.release(leases)
+        raise
+
+
+def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] | None,
+            memory: SharedMemoryRegistry | None, leases: list[Any]) -> InferRequest:
     params = {k: _param(v) for k, v in message.parameters.items()}
+    if raw is None:
+        raw = list(message.raw_input_contents)
+    # tritonclient sends raw contents only for the inputs that are not in shared memory, in order.
+    in_tensors = [t for t in message.inputs if "shared_memory_region" not in t.parameters]
+    if raw and len(raw) != len(in_tensors):
+        raise RequestError(f"{len(raw)} raw_input_contents for {len(in_tensors)} inputs not in shared memory; "
+                           "send one per input")
+    inputs: dict[str, Any] = {}
+    index = -1
     for tensor in message.inputs:
-        if "shared_memory_region" in tensor.parameters:
-            raise UnsupportedRequestError(f"input '{tensor.name}': shared memory is not supported by this server "
-                                          "(parameter shared_memory_region)")
-    raw = list(message.raw_input_contents)
-    if raw and len(raw) != len(message.inputs):
-        raise RequestError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
-    inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(message.inputs):
         where = f"input '{tensor.name}'"
         if raw and tensor.HasField("contents") and tensor.contents.ListFields():
             raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
@@ -82,6 +125,17 @@ def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
             from streamrt.errors import PayloadTooLargeError
 
             raise PayloadTooLargeError(f"{where}: {count} elements exceed the server limit of {max_elements}")
+        tparams = {k: _param(v) for k, v in tensor.parameters.items()}
+        if "shared_memory_region" in tparams:
+            target = region_ref(tparams, where)
+            if memory is None:
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                              "(parameter shared_memory_region)")
+            if tensor.datatype == "BYTES":
+                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
+            inputs[tensor.name] = memory.read_input(target, dtype, shape, where, leases)
+            continue
+        index += 1
         if raw and tensor.datatype == "BYTES":
             inputs[tensor.name] = deserialize_bytes(raw[index], count, where).reshape(shape)
             continue
@@ -112,32 +166,58 @@ def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
         version=message.model_version,
         id=message.id,
         inputs=inputs,
-        outputs=tuple(_requested(o) for o in message.outputs),
+        outputs=tuple(_requested_output(o, memory, leases) for o in message.outputs),
         priority=priority,
         timeout_us=timeout,
+        leases=leases,
     )
 
 
-def _requested(output: Any) -> RequestedOutput:
-    params = {k: _param(v) for k, v in output.parameters.items()}
-    if "shared_memory_region" in params:
-        raise UnsupportedRequestError(f"output '{output.name}': shared memory is not supported by this server "
-                                      "(parameter shared_memory_region)")
-    classes = params.get("classification", 0) or 0
+def _requested_output(output: Any, memory: SharedMemoryRegistry | None, leases: list[Any]) -> RequestedOutput:
+    oparams = {k: _param(v) for k, v in output.parameters.items()}
+    where = f"output '{output.name}'"
+    classes = oparams.get("classification", 0) or 0
     if not isinstance(classes, int) or classes < 0:
-        raise RequestError(f"output '{output.name}': class_count must be an integer >= 0, got {classes!r}")
-    return RequestedOutput(output.name, class_count=classes)
+        raise RequestError(f"{where}: class_count must be an integer >= 0, got {classes!r}")
+    if "shared_memory_region" not in oparams:
+        return RequestedOutput(output.name, class_count=classes)
+    if memory is None:
+        raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                      "(parameter shared_memory_region)")
+    region = region_ref(oparams, where)
+    memory.lease_output(region, where, leases)
+    return RequestedOutput(output.name, class_count=classes, region=region)
 
 
 def encode_grpc_response(response: InferResponse) -> Any:
     """:class:`InferResponse` -> ``ModelInferResponse`` with ``raw_output_contents`` in output order."""
     from streamrt.serve.proto import messages
 
+    return messages.ModelInferResponse.FromString(serialize_grpc_response(response))
+
+
+def serialize_grpc_response(response: InferResponse) -> bytes:
+    """The serialized ``ModelInferResponse``: raw_output_contents in output order, one copy of each.
+
+    Outputs written to shared memory carry their region parameters and an empty raw entry (so the
+    entries of the other outputs keep their index, as tritonclient's ``as_numpy`` expects).
+    """
+    from streamrt.serve.proto import messages
+
     message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
+    blobs: list[memoryview | bytes] = []
     for name, array in response.outputs.items():
-        message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
-        message.raw_output_contents.append(bytes(raw_bytes(array)))
-    return message
+        out = message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
+        target = response.in_shared_memory.get(name)
+        if target is not None:
+            out.parameters["shared_memory_region"].string_param = target.name
+            out.parameters["shared_memory_byte_size"].int64_param = target.byte_size
+            if target.offset:
+                out.parameters["shared_memory_offset"].int64_param = target.offset
+            blobs.append(b"")
+            continue
+        blobs.append(raw_bytes(array))
+    return encode_infer_response(message.SerializeToString(), blobs)
 
 
 class _Service:
@@ -235,13 +315,14 @@ class _Service:
             return self.messages.RepositoryModelUnloadResponse()
         return await self._guard(context, call)
 
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
+    async def ModelInfer(self, request: bytes, context: Any) -> Any:
         async def call() -> Any:
-            infer_request = decode_grpc_request(request, self.server.config.max_tensor_elements)
-            return encode_grpc_response(await self.server.infer(infer_request))
+            infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
+                                                self.server.shared_memory)
+            return serialize_grpc_response(await self.server.infer(infer_request))
         return await self._guard(context, call)
 
-    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         try:
             metadata = dict(context.invocation_metadata() or ())
             self.server.check_auth(metadata.get("authorization"))
@@ -249,15 +330,61 @@ class _Service:
             await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
         async for request in requests:
             try:
-                infer_request = decode_grpc_request(request, self.server.config.max_tensor_elements)
-                response = encode_grpc_response(await self.server.infer(infer_request))
-                yield self.messages.ModelStreamInferResponse(infer_response=response)
+                infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
+                                                    self.server.shared_memory)
+                response = serialize_grpc_response(await self.server.infer(infer_request))
+                # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.
+                yield encode_length_delimited(2, response)
             except StreamRTError as exc:
-                yield self.messages.ModelStreamInferResponse(error_message=str(exc))
+                yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
+
+    # --- shared-memory extensions -------------------------------------------------------------
+
+    def _shm_status(self, kind: str, name: str, response: Any) -> Any:
+        for entry in self.server.shared_memory.status(kind, name):
+            response.regions[entry["name"]].CopyFrom(type(response.regions[entry["name"]])(**entry))
+        return response
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self._shm_status("system", request.name, self.messages.SystemSharedMemoryStatusResponse())
+        return await self._guard(context, call)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+            return self.messages.SystemSharedMemoryRegisterResponse()
+        return await self._guard(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.unregister("system", request.name)
+            return self.messages.SystemSharedMemoryUnregisterResponse()
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self._shm_status("CUDA", request.name, self.messages.CudaSharedMemoryStatusResponse())
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
+                                                    request.byte_size)
+            return self.messages.CudaSharedMemoryRegisterResponse()
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.unregister("CUDA", request.name)
+            return self.messages.CudaSharedMemoryUnregisterResponse()
+        return await self._guard(context, call)
 
 
-_UNARY = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-          "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload")
+_UNARY = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+          "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+          "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+          "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
 _REQUEST_TYPES = {"RepositoryIndex": "RepositoryIndexRequest", "RepositoryModelLoad": "RepositoryModelLoadRequest",
                   "RepositoryModelUnload": "RepositoryModelUnloadRequest"}
 
@@ -272,18 +399,16 @@ def _handler(service: _Service) -> Any:
             request_deserializer=request_type.FromString,
             response_serializer=lambda message: message.SerializeToString(),
         )
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        service.ModelStreamInfer,
-        request_deserializer=service.messages.ModelInferRequest.FromString,
-        response_serializer=lambda message: message.SerializeToString(),
-    )
+    # Inference takes and returns serialized bytes (no deserializer/serializer): see grpc_wire.
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(service.ModelInfer)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(service.ModelStreamInfer)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
     grpc = import_grpc()
-    limit = server.config.max_request_bytes
+    limit = server.config.grpc_max_message_bytes
     grpc_server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", 2**31 - 1),

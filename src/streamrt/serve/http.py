@@ -7,27 +7,35 @@ tritonclient's own ``http.aio`` client already depends on it.
 
 Routes follow Triton's (``/v2/health/{live,ready}``, ``/v2``, ``/v2/models/{m}[/versions/{v}]``
 with ``/ready``, ``/config``, ``/stats``, ``/infer``, ``/v2/models/stats``,
-``/v2/repository/index`` and ``/v2/repository/models/{m}/{load,unload}``). Errors are
-``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.status`. Extensions StreamRT
-does not implement (trace, logging, and shared memory unless a handler for it is registered
-first) answer 501 with a message naming them. Request bodies may be gzip or deflate compressed
-(``Content-Encoding``, decoded by aiohttp); responses are compressed when ``Accept-Encoding``
-asks for it, as tritonclient's ``request/response_compression_algorithm`` do.
+``/v2/repository/index``, ``/v2/repository/models/{m}/{load,unload}`` and the shared-memory
+extensions ``/v2/{system,cuda}sharedmemory/[region/{name}/]{status,register,unregister}``).
+Errors are ``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.status`.
+Extensions StreamRT does not implement (trace, logging) answer 501 with a message naming them.
+Request bodies may be gzip or deflate compressed (``Content-Encoding``, decoded by aiohttp);
+responses are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
+``request/response_compression_algorithm`` do.
+
+Uncompressed request bodies are read into one buffer of ``Content-Length`` bytes as they arrive
+(aiohttp's ``read()`` would copy them twice more); binary tensors are views of that buffer.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from streamrt._optional import require
 from streamrt.errors import (
     PayloadTooLargeError,
     RequestError,
     ServeError,
+    SharedMemoryError,
     StreamRTError,
     UnsupportedRequestError,
 )
@@ -41,7 +49,7 @@ if TYPE_CHECKING:
 
     from streamrt.serve.core import ServerCore
 
-__all__ = ["build_app", "start_http"]
+__all__ = ["build_app", "read_body", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,36 @@ def _error(status: int, message: str) -> web.Response:
     from aiohttp import web
 
     return web.json_response({"error": message}, status=status)
+
+
+async def read_body(request: web.Request) -> bytes | memoryview:
+    """The request body in one buffer, copied once from the chunks aiohttp's parser hands over.
+
+    The buffer is uninitialised NumPy memory (``bytearray(n)`` would zero it first: one more pass).
+    """
+    length = request.content_length
+    if length is None:
+        return await request.read()
+    view = np.empty(length, np.uint8).data.cast("B")
+    filled = 0
+    while filled < length:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        if filled + len(chunk) > length:
+            raise RequestError(f"the body is longer than its Content-Length of {length} bytes")
+        view[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    if filled != length:
+        raise RequestError(f"the body ended after {filled} of its {length} bytes (Content-Length)")
+    return view
+
+
+def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = body.get(key, default)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise SharedMemoryError(f"'{key}' must be {kind.__name__}, got {value!r}")
+    return value
 
 
 def build_app(server: ServerCore) -> web.Application:
@@ -122,14 +160,16 @@ def build_app(server: ServerCore) -> web.Application:
         if encoding not in ("identity", "", "gzip", "deflate"):
             raise UnsupportedRequestError(
                 f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
-        body = await request.read()  # aiohttp has already undone gzip/deflate
+        # aiohttp undoes gzip/deflate; Content-Length is then the compressed size, so read() it.
+        body = await read_body(request) if encoding in ("identity", "") else await request.read()
         raw_length = request.headers.get(HEADER_LENGTH)
         try:
             header_length = None if raw_length is None else int(raw_length)
         except ValueError:
             raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw_length!r}") from None
         infer_request = decode_http_request(
-            body, header_length, model=name, version=version, max_elements=server.config.max_tensor_elements
+            body, header_length, model=name, version=version, max_elements=server.config.max_tensor_elements,
+            memory=server.shared_memory,
         )
         response = await server.infer(infer_request)
         payload, json_length = encode_http_response(response, infer_request)
@@ -191,6 +231,30 @@ def build_app(server: ServerCore) -> web.Application:
         await repo().unload(request.match_info["model"])
         return web.Response(status=200)
 
+    async def shm_status(request: web.Request) -> web.Response:
+        kind = "system" if request.match_info["kind"] == "system" else "CUDA"
+        return web.json_response(server.shared_memory.status(kind, request.match_info.get("name", "")))
+
+    async def shm_register(request: web.Request) -> web.Response:
+        body = await json_body(request)
+        name = request.match_info["name"]
+        if request.match_info["kind"] == "system":
+            server.shared_memory.register_system(name, _field(body, "key", str), _field(body, "offset", int, 0),
+                                                 _field(body, "byte_size", int))
+            return web.Response(status=200)
+        handle = _field(body, "raw_handle", dict)
+        try:
+            raw = base64.b64decode(_field(handle, "b64", str), validate=True)
+        except (binascii.Error, ValueError):
+            raise SharedMemoryError("'raw_handle.b64' is not valid base64") from None
+        server.shared_memory.register_cuda(name, raw, _field(body, "device_id", int), _field(body, "byte_size", int))
+        return web.Response(status=200)
+
+    async def shm_unregister(request: web.Request) -> web.Response:
+        kind = "system" if request.match_info["kind"] == "system" else "CUDA"
+        server.shared_memory.unregister(kind, request.match_info.get("name", ""))
+        return web.Response(status=200)
+
     app = web.Application(client_max_size=limit, middlewares=[errors])
     add = app.router.add_route
     add("GET", "/v2/health/live", live)
@@ -206,15 +270,19 @@ def build_app(server: ServerCore) -> web.Application:
     add("POST", "/v2/repository/index", repository_index)
     add("POST", "/v2/repository/models/{model}/load", load)
     add("POST", "/v2/repository/models/{model}/unload", unload)
+    shm = "/v2/{kind:system|cuda}sharedmemory"
+    add("GET", f"{shm}/status", shm_status)
+    add("GET", f"{shm}/region/{{name}}/status", shm_status)
+    add("POST", f"{shm}/region/{{name}}/register", shm_register)
+    add("POST", f"{shm}/unregister", shm_unregister)
+    add("POST", f"{shm}/region/{{name}}/unregister", shm_unregister)
     add_unimplemented(app)
     return app
 
 
 # Triton endpoints of extensions StreamRT does not implement -> 501 naming the extension. Dynamic
-# routes added last: a real handler registered before them (shared memory) wins.
+# routes added last: a real handler registered before them wins.
 _UNIMPLEMENTED = (
-    ("/v2/{ext:systemsharedmemory}{rest:.*}", "system shared memory"),
-    ("/v2/{ext:cudasharedmemory}{rest:.*}", "CUDA shared memory"),
     ("/v2/{ext:trace}{rest:.*}", "trace"),
     ("/v2/models/{model}/{ext:trace}{rest:.*}", "trace"),
     ("/v2/models/{model}/versions/{version}/{ext:trace}{rest:.*}", "trace"),

@@ -37,6 +37,7 @@ from streamrt.device import Device, Stream, get_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
+from streamrt.serve.shared_memory import DeviceTensor
 
 __all__ = ["BatchResult", "Instance", "InstanceGroup"]
 
@@ -164,10 +165,13 @@ class Instance:
 
     def _gather(self, requests: Sequence[Inputs], rows: int) -> dict[str, Any]:
         if len(requests) == 1 and not self._cuda:
-            return dict(requests[0])
+            return {k: np.asarray(v) for k, v in requests[0].items()}  # a DeviceTensor (CUDA shm) comes to the host
         gathered: dict[str, Any] = {}
         for name in requests[0]:
             arrays = [r[name] for r in requests]
+            if self._cuda and any(isinstance(a, DeviceTensor) for a in arrays):
+                gathered[name] = self._gather_on_device(arrays)
+                continue
             if not self.batched or rows > self.max_batch_size:
                 host: Any = np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0])
                 gathered[name] = self._to_device(host, None)
@@ -176,6 +180,18 @@ class Instance:
             np.concatenate(arrays, axis=0, out=view[:rows])
             gathered[name] = self._to_device(view[:rows], owner[:rows] if self._cuda else None)
         return gathered
+
+    def _gather_on_device(self, arrays: Sequence[Any]) -> Any:
+        """CUDA shared-memory inputs: one device-to-device copy into the batch (no host round trip)."""
+        import torch
+
+        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
+            parts = [a.tensor if isinstance(a, DeviceTensor) else
+                     torch.from_numpy(np.ascontiguousarray(a)).to(self.device.torch_device, non_blocking=True)
+                     for a in arrays]
+            if len(parts) == 1 and parts[0].data_ptr() % 64 == 0:
+                return parts[0]  # the region itself: leased until the request is answered; compiled kernels
+            return torch.cat(parts)  # want aligned inputs, so an unaligned offset gets a copy
 
     def _to_device(self, host: np.ndarray, pinned: Any) -> Any:
         if not self._cuda:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
+from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
 __all__ = [
@@ -48,11 +49,13 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 @dataclass(frozen=True)
 class RequestedOutput:
     """An output the client asked for; ``binary`` None means "as the request says";
-    ``class_count`` > 0 asks for the classification extension's top-k strings instead of the tensor."""
+    ``class_count`` > 0 asks for the classification extension's top-k strings instead of the tensor;
+    ``region``: write it to this shared-memory region instead of sending it."""
 
     name: str
     binary: bool | None = None
     class_count: int = 0
+    region: RegionRef | None = None
 
 
 @dataclass(eq=False)
@@ -68,6 +71,7 @@ class InferRequest:
         priority: 0 = the model's default level, 1 = highest.
         timeout_us: queue timeout asked by the client (0: the model's default).
         received_ns: ``time.perf_counter_ns()`` when the front end received it.
+        leases: shared-memory regions this request reads or writes (released once it is answered).
     """
 
     model: str
@@ -79,37 +83,57 @@ class InferRequest:
     priority: int = 0
     timeout_us: int = 0
     received_ns: int = field(default_factory=time.perf_counter_ns)
+    leases: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class InferResponse:
-    """Outputs of one request, in the order they go on the wire."""
+    """Outputs of one request, in the order they go on the wire; ``in_shared_memory``: the outputs
+    already written to shared memory (only their description goes on the wire)."""
 
     model: str
     version: str
     id: str
     outputs: dict[str, np.ndarray]
+    in_shared_memory: dict[str, RegionRef] = field(default_factory=dict)
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
-    """KServe datatype name (``"FP32"``) -> little-endian NumPy dtype.
+    """KServe datatype name (``"FP32"``) -> little-endian NumPy dtype (looked up once per name).
 
     BYTES maps to NumPy ``object`` (arrays of ``bytes``), as tritonclient's ``np.object_``.
 
     Raises:
         RequestError: unknown names.
     """
+    known = _NUMPY_OF.get(datatype)
+    if known is not None:
+        return known
     if datatype == "BYTES":
         return np.dtype(object)
     try:
-        return DType.from_any(datatype).numpy.newbyteorder("<")
+        dtype = DType.from_any(datatype).numpy.newbyteorder("<")
     except ConfigError:
         raise RequestError(f"unknown datatype {datatype!r}; known: {', '.join(d.kserve for d in DType)}") from None
+    if isinstance(datatype, str) and len(_NUMPY_OF) < 64:
+        _NUMPY_OF[datatype] = dtype
+    return dtype
 
 
-def kserve_dtype(array: np.ndarray) -> str:
-    """NumPy array -> KServe datatype name (object and string arrays are BYTES)."""
-    return DType.from_any(array.dtype).kserve
+def kserve_dtype(array: Any) -> str:
+    """NumPy array (or anything with a NumPy ``dtype``) -> KServe datatype name (object and string
+    arrays are BYTES)."""
+    name = _KSERVE_OF.get(array.dtype)
+    if name is None:
+        name = DType.from_any(array.dtype).kserve
+        if len(_KSERVE_OF) < 64:
+            _KSERVE_OF[array.dtype] = name
+    return name
+
+
+# Per-request lookups of the dtype tables (DType.from_any walks them) cost ~5% of a small request.
+_NUMPY_OF: dict[str, np.dtype[Any]] = {}
+_KSERVE_OF: dict[np.dtype[Any], str] = {}
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
@@ -236,15 +260,32 @@ def _int_param(params: dict[str, Any], key: str, where: str) -> int:
 
 
 def decode_http_request(
-    body: bytes, header_length: int | None, *, model: str, version: str, max_elements: int
+    body: bytes | bytearray | memoryview, header_length: int | None, *, model: str, version: str, max_elements: int,
+    memory: SharedMemoryRegistry | None = None,
 ) -> InferRequest:
     """Parse an HTTP infer body (JSON, or JSON + binary tensors) into an :class:`InferRequest`.
+
+    Inputs and outputs may name regions of ``memory`` (the shared-memory extensions); the regions
+    are leased by the request (``request.leases``) and released by the server once it is answered.
 
     Raises:
         RequestError: malformed JSON, missing fields, binary sizes that disagree with the body.
         PayloadTooLargeError: a tensor over ``max_elements``.
-        UnsupportedRequestError: shared memory, raw binary bodies.
+        SharedMemoryError: unknown regions, ranges out of bounds, sizes that disagree.
+        UnsupportedRequestError: shared memory without a registry, raw binary bodies.
     """
+    leases: list[Any] = []
+    try:
+        return _decode_http(body, header_length, model, version, max_elements, memory, leases)
+    except BaseException:
+        SharedMemoryRegistry.release(leases)
+        raise
+
+
+def _decode_http(
+    body: bytes | bytearray | memoryview, header_length: int | None, model: str, version: str, max_elements: int,
+    memory: SharedMemoryRegistry | None, leases: list[Any],
+) -> InferRequest:
     if header_length is not None and (header_length < 0 or header_length > len(body)):
         raise RequestError(
             f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes"
@@ -255,7 +296,7 @@ def decode_http_request(
         )
     json_end = len(body) if header_length is None else header_length
     try:
-        header = json.loads(body[:json_end])
+        header = json.loads(body[:json_end] if isinstance(body, bytes) else bytes(body[:json_end]))
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"malformed JSON in the request: {exc}") from None
     if not isinstance(header, dict):
@@ -280,9 +321,15 @@ def decode_http_request(
         shape = _shape(item.get("shape"), where)
         iparams = _params(item.get("parameters"), where)
         if "shared_memory_region" in iparams:
-            raise UnsupportedRequestError(f"{where}: shared memory is not supported by this server "
-                                          "(parameter shared_memory_region)")
-        if "binary_data_size" in iparams:
+            if memory is None:
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                              "(parameter shared_memory_region)")
+            if datatype == "BYTES":
+                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
+            ref = region_ref(iparams, where)
+            _elements(shape, where, max_elements)
+            inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)
+        elif "binary_data_size" in iparams:
             size = _int_param(iparams, "binary_data_size", where)
             if header_length is None:
                 raise RequestError(f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header")
@@ -311,12 +358,16 @@ def decode_http_request(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"output {index}: needs a 'name' string")
         oparams = _params(item.get("parameters"), f"output '{item['name']}'")
+        region = None
         if "shared_memory_region" in oparams:
-            raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not supported by this server "
-                                          "(parameter shared_memory_region)")
+            if memory is None:
+                raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not enabled on this "
+                                              "server (parameter shared_memory_region)")
+            region = region_ref(oparams, f"output '{item['name']}'")
+            memory.lease_output(region, f"output '{item['name']}'", leases)
         binary = oparams.get("binary_data")
         classes = _int_param(oparams, "classification", f"output '{item['name']}'")
-        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes))
+        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes, region))
     request_id = header.get("id", "")
     return InferRequest(
         model=model,
@@ -327,6 +378,7 @@ def decode_http_request(
         binary_output=bool(params.get("binary_data_output", False)),
         priority=_int_param(params, "priority", "request"),
         timeout_us=_int_param(params, "timeout", "request"),
+        leases=leases,
     )
 
 
@@ -338,7 +390,12 @@ def encode_http_response(response: InferResponse, request: InferRequest) -> tupl
     for name, array in response.outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": kserve_dtype(array), "shape": list(array.shape)}
         flag = binary_of.get(name)
-        if flag if flag is not None else request.binary_output:
+        target = response.in_shared_memory.get(name)
+        if target is not None:
+            entry["parameters"] = {"shared_memory_region": target.name, "shared_memory_byte_size": target.byte_size}
+            if target.offset:
+                entry["parameters"]["shared_memory_offset"] = target.offset
+        elif flag if flag is not None else request.binary_output:
             blob = raw_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob) if isinstance(blob, bytes) else blob.nbytes}
             blobs.append(memoryview(blob))

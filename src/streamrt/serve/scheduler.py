@@ -121,6 +121,7 @@ class ModelScheduler:
                 if batch is None:
                     break
                 self._dispatch(self._idle.popleft(), batch)
+            batch = None  # this frame must not keep the last batch's inputs (request views) alive while it waits
             if self._closing and not len(self._queue) and self._running == 0:
                 self._drained.set()
             deadlines = [d for d in (wake, self._queue.next_deadline()) if d is not None]

@@ -29,6 +29,7 @@ from streamrt.errors import (
     RequestError,
     RequestTimeoutError,
     ServerShuttingDownError,
+    SharedMemoryError,
     StreamRTError,
     UnauthorizedError,
     UnknownModelError,
@@ -57,6 +58,7 @@ class Status:
 STATUS_TABLE: tuple[tuple[type[BaseException], Status], ...] = (
     (UnauthorizedError, Status(401, "UNAUTHENTICATED", "OTHER")),
     (PayloadTooLargeError, Status(413, "RESOURCE_EXHAUSTED", "OTHER")),
+    (SharedMemoryError, Status(400, "INVALID_ARGUMENT", "OTHER")),  # bad region, range, size; region in use
     (RequestError, Status(400, "INVALID_ARGUMENT", "OTHER")),
     (InputError, Status(400, "INVALID_ARGUMENT", "OTHER")),
     (UnknownModelError, Status(404, "NOT_FOUND", "OTHER")),

@@ -1,0 +1,122 @@
+"""The hand-rolled protobuf path of ModelInfer: split/encode agree with protobuf, malformed bytes are a
+clean 400, and the gRPC message limit: 64-image (38.5 MB) requests pass by default, larger than
+``grpc_max_message_bytes`` is RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from streamrt.errors import RequestError
+from streamrt.serve import ServerConfig, ServerThread
+from streamrt.serve.grpc_service import parse_infer_request, serialize_grpc_response
+from streamrt.serve.grpc_wire import encode_length_delimited, split_infer_request
+from streamrt.serve.proto import messages as m
+from streamrt.serve.protocol import InferResponse
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _request(rng: np.random.Generator, n: int = 3) -> tuple[Any, list[np.ndarray]]:
+    arrays = [rng.standard_normal((2, 5 + i)).astype(np.float32) for i in range(n)]
+    msg = m.ModelInferRequest(model_name="mod", model_version="2", id="r1")
+    msg.parameters["priority"].int64_param = 1
+    for i, a in enumerate(arrays):
+        msg.inputs.add(name=f"in{i}", datatype="FP32", shape=list(a.shape))
+        msg.raw_input_contents.append(a.tobytes())
+    msg.outputs.add(name="y")
+    return msg, arrays
+
+
+def test_split_agrees_with_protobuf_in_any_field_order() -> None:
+    rng = np.random.default_rng()
+    msg, arrays = _request(rng)
+    # Protobuf writes fields in number order; a valid message may interleave them (concatenation merges).
+    head = m.ModelInferRequest(model_name="mod", raw_input_contents=[arrays[0].tobytes()]).SerializeToString()
+    tail = m.ModelInferRequest(model_version="2", id="r1", inputs=msg.inputs, outputs=msg.outputs,
+                               parameters=msg.parameters,
+                               raw_input_contents=[a.tobytes() for a in arrays[1:]]).SerializeToString()
+    for data in (msg.SerializeToString(), head + tail):
+        rest, raw = split_infer_request(data)
+        parsed = m.ModelInferRequest.FromString(rest)
+        assert (parsed.model_name, parsed.model_version, parsed.id) == ("mod", "2", "r1")
+        assert not parsed.raw_input_contents and len(parsed.inputs) == 3
+        assert [bytes(r) for r in raw] == [a.tobytes() for a in arrays]
+        request = parse_infer_request(data, 10**6)
+        for i, a in enumerate(arrays):
+            np.testing.assert_array_equal(request.inputs[f"in{i}"], a)
+        assert request.priority == 1 and request.id == "r1"
+
+
+def test_large_requests_are_zero_copy_views() -> None:
+    rng = np.random.default_rng()
+    x = rng.standard_normal((8, 3, 64, 64)).astype(np.float32)
+    msg = m.ModelInferRequest(model_name="mod")
+    msg.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    msg.raw_input_contents.append(x.tobytes())
+    data = msg.SerializeToString()
+    request = parse_infer_request(data, 10**8)
+    np.testing.assert_array_equal(request.inputs["x"], x)
+    assert np.shares_memory(request.inputs["x"], np.frombuffer(data, np.uint8))
+
+
+@pytest.mark.parametrize("cut", [1, 7, -3])
+def test_malformed_bytes_are_request_errors(cut: int) -> None:
+    msg, _ = _request(np.random.default_rng(), 1)
+    data = msg.SerializeToString()
+    with pytest.raises(RequestError, match="malformed"):
+        split_infer_request(data[:cut] if cut > 0 else data[:cut] + b"\xff")
+
+
+def test_response_bytes_match_protobuf() -> None:
+    rng = np.random.default_rng()
+    outputs = {"a": rng.standard_normal((2, 3)).astype(np.float32), "b": np.arange(4, dtype=np.int64)}
+    data = serialize_grpc_response(InferResponse("mod", "1", "id7", outputs))
+    parsed = m.ModelInferResponse.FromString(data)
+    assert (parsed.model_name, parsed.id, [o.name for o in parsed.outputs]) == ("mod", "id7", ["a", "b"])
+    assert parsed.raw_output_contents[0] == outputs["a"].tobytes()
+    assert parsed.raw_output_contents[1] == outputs["b"].tobytes()
+    stream = m.ModelStreamInferResponse.FromString(encode_length_delimited(2, data))
+    assert stream.infer_response == parsed
+
+
+def _null_repo(root: Path) -> Path:
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1, 2, 3], keepdims=0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 224, 224])
+    graph = helper.make_graph([node], "null", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (root / "null" / "1").mkdir(parents=True)
+    onnx.save(model, str(root / "null" / "1" / "model.onnx"))
+    (root / "null" / "config.yaml").write_text("max_batch_size: 64\n")
+    return root
+
+
+def test_64_image_requests_pass_and_the_limit_is_resource_exhausted(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import tritonclient.grpc as tgrpc
+    from tritonclient.utils import InferenceServerException
+
+    monkeypatch.setenv("STREAMRT_CACHE", str(tmp_path / "cache"))
+    repo = _null_repo(tmp_path / "repo")
+    x = np.random.default_rng().standard_normal((64, 3, 224, 224)).astype(np.float32)
+    cfg = ServerConfig(http_port=None, grpc_port=0, metrics_port=None, exit_timeout_s=5)
+    with ServerThread(repo, cfg, start_timeout=120) as server:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        inp = tgrpc.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        y = client.infer("null", [inp]).as_numpy("y")
+        np.testing.assert_allclose(y, x.reshape(64, -1).mean(axis=1, dtype=np.float64), rtol=1e-4, atol=1e-6)
+        client.close()
+    with ServerThread(repo, cfg.replace(grpc_max_message_bytes=2**20), start_timeout=120) as server:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        small = tgrpc.InferInput("x", [4, 3, 224, 224], "FP32")
+        small.set_data_from_numpy(x[:4])
+        with pytest.raises(InferenceServerException, match="larger than max"):
+            client.infer("null", [small])
+        client.close()
