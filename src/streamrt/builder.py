@@ -86,6 +86,9 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         for label in ("min", "opt", "max"):
             spec = ",".join(f"{n}:{format_shape(getattr(r, label))}" for n, r in profile.ranges.items())
             args += [f"--{label}-shapes", spec]
+        steps = ",".join(f"{n}:{format_shape(r.multiple)}" for n, r in profile.ranges.items() if r.multiple)
+        if steps:
+            args += ["--shape-multiple", steps]
     if config.calibration is not None:
         args += ["--calib", str(config.calibration.data), "--calib-method", config.calibration.method.value]
     if config.optimization_level != 3:

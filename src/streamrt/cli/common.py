@@ -57,6 +57,14 @@ def add_build_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
     )
     group.add_argument("--max-shapes", action="append", default=[], metavar="SPECS", help="maximum shapes")
     group.add_argument(
+        "--shape-multiple",
+        action="append",
+        default=[],
+        metavar="SPECS",
+        help="name:1x1x32x32,... each dimension must be a multiple of this (checked at build and run; "
+        "once for all profiles or once per profile)",
+    )
+    group.add_argument(
         "--calib",
         type=Path,
         metavar="DIR",
@@ -161,8 +169,9 @@ def config_from_args(args: argparse.Namespace, prefix: str = "") -> BuildConfig:
         changes["backend"] = backend
     if precision:
         changes["precision"] = precision
-    if args.min_shapes or args.max_shapes or args.opt_shapes:
-        changes["profiles"] = parse_profiles(args.min_shapes, args.opt_shapes, args.max_shapes)
+    multiples = getattr(args, "shape_multiple", [])
+    if args.min_shapes or args.max_shapes or args.opt_shapes or multiples:
+        changes["profiles"] = parse_profiles(args.min_shapes, args.opt_shapes, args.max_shapes, multiples)
     if args.opt_level is not None:
         changes["optimization_level"] = args.opt_level
     if args.memory_limit is not None:
