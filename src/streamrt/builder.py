@@ -36,6 +36,7 @@ from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
 from streamrt.types import ShapeProfile, TensorSpec, format_shape
+from streamrt.verify import verify_build
 
 __all__ = ["BuildResult", "build", "build_command", "cache_key", "make_manifest"]
 
@@ -95,6 +96,8 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         args += ["--opt-level", str(config.optimization_level)]
     if config.memory_limit_mb is not None:
         args += ["--memory-limit", str(config.memory_limit_mb)]
+    if config.verify_shapes is not None:
+        args += ["--verify-shapes" if config.verify_shapes else "--no-verify-shapes"]
     for key, value in config.backend_options.items():
         args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return shlex.join(args)
@@ -208,6 +211,7 @@ def build(
         source_metadata=source.metadata(),
         build_command=build_command(str(source.path) if source.path else source.name, out_path, config),
     )
+    manifest = verify_build(source, manifest, built.payload, config, report)
     write_plan(out_path, manifest, built.payload)
     if cache and out_path.resolve() != cached_plan.resolve():
         with atomic_write(cached_plan) as dst, open(out_path, "rb") as src:

@@ -119,6 +119,8 @@ class BuildConfig:
         memory_limit_mb: workspace/arena limit for backends that take one.
         optimization_level: 0 (fast build) .. 5 (slowest, best kernels); backends map it.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
+        verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
+            writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
     """
 
     backend: str = "onnxruntime"
@@ -130,6 +132,7 @@ class BuildConfig:
     memory_limit_mb: int | None = None
     optimization_level: int = 3
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    verify_shapes: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
@@ -173,6 +176,7 @@ class BuildConfig:
             "memory_limit_mb": self.memory_limit_mb,
             "optimization_level": self.optimization_level,
             "backend_options": dict(self.backend_options),
+            "verify_shapes": self.verify_shapes,
         }
 
     @classmethod

@@ -102,6 +102,13 @@ def add_build_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> No
         metavar="KEY=VALUE",
         help='backend option (e.g. threads=4, providers=["cuda"]); repeatable',
     )
+    group.add_argument(
+        "--verify-shapes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the plan at each profile's min/opt/max and an odd size against ONNX Runtime fp32 and refuse "
+        "a mismatch (default: on for every backend but onnxruntime)",
+    )
     group.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
     group.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
 
@@ -178,6 +185,8 @@ def config_from_args(args: argparse.Namespace, prefix: str = "") -> BuildConfig:
         changes["memory_limit_mb"] = args.memory_limit
     if args.option:
         changes["backend_options"] = {**base.backend_options, **parse_options(args.option)}
+    if getattr(args, "verify_shapes", None) is not None:
+        changes["verify_shapes"] = args.verify_shapes
     if args.no_keep_io_types:
         changes["keep_io_types"] = False
     if args.fp32_ops:
