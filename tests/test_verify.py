@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import streamrt
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
+from streamrt.device.threads import usable_cores
 from streamrt.errors import BuildError
 from streamrt.onnx.model import load_model
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
@@ -177,6 +178,11 @@ def test_torch_inductor_plan_reading_out_of_bounds_is_caught(tmp_path: Path) -> 
         verify_shapes=False,
     )
     engine = streamrt.load(streamrt.build(model, config, tmp_path / "skip.plan", cache=False).path)
+    # Launch overhead and thread policy defaults (issue 11, items 6 and 7) recorded in the plan:
+    settings = engine.manifest.build_settings["backend"]
+    assert settings["threads"] == 0 and settings["cuda_graphs"] is True
+    assert engine.create_context(threads=1).threads == 1
+    assert 1 <= engine.create_context().threads <= max(1, usable_cores() - 1)
     checks = list(verify_engine(load_model(model), engine, engine.profiles))
     problem = str(checks[-1].problem)
     assert checks[-1].label == "odd", problem

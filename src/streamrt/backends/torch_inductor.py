@@ -43,7 +43,7 @@ __all__ = ["TorchInductorBackend", "build_module", "device_target", "export_prof
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning"}
+_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads"}
 
 
 def device_target(kind: str) -> dict[str, Any]:
@@ -70,6 +70,14 @@ def _device_kind(config: BuildConfig) -> str:
     if wanted == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return wanted
+
+
+def _threads_option(config: BuildConfig) -> int:
+    """CPU plans' intra-op threads; 0 means the load-aware default decided when a context is created."""
+    value = config.backend_options.get("threads", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"torch_inductor option threads must be an integer >= 0 (0 = automatic), got {value!r}")
+    return value
 
 
 def _example_size(lo: int, opt: int, hi: int) -> int:
@@ -118,15 +126,20 @@ def export_profiles(
         ) from exc
 
 
-def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[str, Any]:
+def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
     opts = config.backend_options
     autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
-    return {
+    configs = {
         "max_autotune": autotune,
         "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
         "freezing": bool(opts.get("freezing", False)),
         "aot_inductor.metadata": dict(metadata),
     }
+    if kind == "cpu":
+        # C++ kernels read the team size at run time (the engine's thread policy), instead of
+        # baking in the build machine's thread count.
+        configs["cpp.dynamic_threads"] = True
+    return configs
 
 
 @contextlib.contextmanager
@@ -243,9 +256,10 @@ class TorchInductorBackend(Backend):
         progress: Progress,
         kind: str,
     ) -> BuildOutput:
+        threads = _threads_option(config)  # checked before the long compile
         set_tf32(config.precision.value == "tf32")
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
-        inductor_configs = _inductor_configs(config, meta)
+        inductor_configs = _inductor_configs(config, meta, kind)
         packages = []
         with torch.inference_mode(False), torch.no_grad():
             for i, profile in enumerate(profiles):
@@ -257,7 +271,9 @@ class TorchInductorBackend(Backend):
         settings = {
             "device": kind,
             "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
-            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", False)),
+            # On unless asked otherwise: GPU plans are often launch-bound (see torch_inductor_engine).
+            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
+            "threads": threads,
             "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
         }
         return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
