@@ -205,15 +205,22 @@ def stderr_progress(line: str) -> None:
     print(f"  · {line}", file=sys.stderr, flush=True)
 
 
-def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "") -> Any:
-    """Load a plan, or build an ONNX file through the cache (with the flags in ``args``) and load it."""
+def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "", profiles: tuple[Any, ...] = ()) -> Any:
+    """Load a plan, or build an ONNX file through the cache (with the flags in ``args``) and load it.
+
+    ``profiles`` are used when neither the flags nor ``--config`` give any (e.g. the shapes of
+    ``--inputs`` data).
+    """
     import streamrt
 
     if is_plan_file(path):
         return streamrt.load(path)
+    config = config_from_args(args, prefix)
+    if profiles and not config.profiles:
+        config = config.replace(profiles=tuple(profiles))
     result = streamrt.build(
         path,
-        config_from_args(args, prefix),
+        config,
         cache=not getattr(args, "no_cache", False),
         cache_dir=getattr(args, "cache_dir", None),
         progress=stderr_progress,
