@@ -86,6 +86,13 @@ def _example_size(lo: int, opt: int, hi: int) -> int:
     return 2 if opt <= 1 and hi >= 2 else opt
 
 
+def _export_max(lo: int, hi: int) -> int:
+    # A range 1..2 traced at 2 is inferred static ("tracing inferred a static shape of 2"): torch
+    # reasons about sizes as >= 2, which leaves one value. Export 1..3; the profile still
+    # refuses 3 at run time.
+    return 3 if lo <= 1 and hi == 2 else hi
+
+
 def export_profiles(
     module: torch.nn.Module,
     names: Sequence[str],
@@ -108,7 +115,7 @@ def export_profiles(
             example = torch.randint(0, 2, shape, generator=generator).to(dtype)
         examples.append(example.to(device))
         dims = {
-            axis: Dim.DYNAMIC(min=lo, max=hi)
+            axis: Dim.DYNAMIC(min=lo, max=_export_max(lo, hi))
             for axis, (lo, hi) in enumerate(zip(rng.min, rng.max, strict=True))
             if lo != hi
         }
@@ -120,8 +127,9 @@ def export_profiles(
     try:
         return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
     except Exception as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         raise BuildError(
-            f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
+            f"torch.export failed: {type(exc).__name__}: {' '.join(lines[:3])[:400]}",
             hint="narrow the shape profile, or report the model's failing operator",
         ) from exc
 
