@@ -38,7 +38,7 @@ import numpy as np
 
 from streamrt.device import cuda_available
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 from streamrt.video import ArraySource, DetectConfig, Detections, Frame, SyntheticClip, open_detector, run_detection
 from streamrt.video.model import LANE_OPTIONS, DetectorModel, bundled_labels, bundled_model
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport, write_report_files
@@ -216,7 +216,7 @@ def _lane_config(model: Path, backend: str, max_batch: int, options: dict[str, A
     from streamrt.video.model import detector_build_config
 
     spec = load_model(model).inputs[0]
-    return detector_build_config(backend, spec.name, spec.shape, max_batch=max_batch).replace(backend_options=options)
+    return detector_build_config(backend, spec, max_batch=max_batch).replace(backend_options=options)
 
 
 def load_frames(width: int, height: int, count: int, seed: int) -> list[np.ndarray]:

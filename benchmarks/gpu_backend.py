@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 import streamrt
-from streamrt.backends.torch_inductor import build_module
 from streamrt.config import BuildConfig
-from streamrt.profile.provenance import git_commit
+from streamrt.module_builder import build_module
+from streamrt.profiling.provenance import git_commit
 from streamrt.types import ShapeProfile, ShapeRange
 
 

@@ -4,7 +4,7 @@ The baseline is what a user writes without StreamRT: ``onnxruntime.InferenceSess
 default settings, fed NumPy arrays. The contenders are StreamRT plans built from the same ONNX
 file (dynamic batch, opt shape = the benchmark batch): fp32, and int8 from calibration data (a
 folder of ``.npz`` samples drawn from a fixed-seed generator). All variants run in one process
-on the same inputs, timed the same way (:func:`streamrt.profile.bench.benchmark` /
+on the same inputs, timed the same way (:func:`streamrt.profiling.bench.benchmark` /
 ``benchmark_function``: warm-up, then timed queries), in many short interleaved rounds whose
 order rotates, so that load from other processes on a shared machine hits every variant alike.
 Each variant's throughput is the median over rounds; its ratio to the baseline is the median of
@@ -42,9 +42,9 @@ import streamrt
 from streamrt.backends.base import Engine
 from streamrt.compare import compare_outputs
 from streamrt.config import BuildConfig, CalibrationConfig, Precision
-from streamrt.profile.bench import BenchResult, benchmark, benchmark_function
-from streamrt.profile.layers import LayerProfile
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.bench import BenchResult, benchmark, benchmark_function
+from streamrt.profiling.layers import LayerProfile
+from streamrt.profiling.provenance import git_commit
 from streamrt.testing.models import resnet_like
 from streamrt.types import ShapeProfile, ShapeRange
 

@@ -3,7 +3,7 @@
 All servers serve the **same engine** (one StreamRT ONNX Runtime plan, 1 intra-op thread, loaded
 with ``streamrt.load``) behind the **same protocol** (KServe v2 HTTP with binary tensors, decoded
 and encoded by the same :mod:`streamrt.serve.protocol` codec), and are driven by the **same
-client** (:mod:`streamrt.serve.loadgen`, the engine of ``streamrt perf``) at the same concurrency,
+client** (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``) at the same concurrency,
 in the same run:
 
 * ``streamrt (batching)``: ``streamrt serve`` with ``dynamic_batching`` (max batch 64).
@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "vgg"
@@ -254,7 +254,7 @@ def start_servers(plan: Path, work: Path, names: list[str], log: Path) -> list[S
 
 
 def measure(server: Server, concurrency: int, seconds: float) -> Any:
-    from streamrt.serve.loadgen import LoadConfig, run_load
+    from streamrt.client.loadgen import LoadConfig, run_load
 
     cfg = LoadConfig(url=f"127.0.0.1:{server.port}", model=MODEL, concurrency=(concurrency,),
                      duration_s=seconds, warmup_s=1.5, timeout_s=60)
@@ -264,7 +264,7 @@ def measure(server: Server, concurrency: int, seconds: float) -> Any:
 def offline(plan: Path) -> dict[int, float]:
     """The engine alone (streamrt bench's loop): samples/s at batch 1 and 64."""
     import streamrt
-    from streamrt.profile.bench import benchmark
+    from streamrt.profiling.bench import benchmark
 
     engine = streamrt.load(plan)
     rng = np.random.default_rng(0)
@@ -359,7 +359,7 @@ def render(servers: list[Server], engine: dict[int, float], args: argparse.Names
         "- model: VGG-style CNN (`vgg_like` in the benchmark: 2 conv blocks + FC 4096-4096-1000, 38 M params), "
         "input 1x3x32x32 float32 per request, ONNX Runtime plan with 1 intra-op thread, loaded with "
         "`streamrt.load` by every server",
-        f"- load: `streamrt.serve.loadgen` (as `streamrt perf`), HTTP KServe v2 with binary tensors, concurrency "
+        f"- load: `streamrt.client.loadgen` (as `streamrt perf`), HTTP KServe v2 with binary tensors, concurrency "
         f"{args.concurrency}, {args.rounds} interleaved rounds of 1.5 s warm-up + {args.seconds:g} s measurement per "
         "server; the number is the median over rounds",
         f"- the engine alone (`streamrt bench` loop): batch 1 {engine.get(1, 0):.0f} samples/s, "

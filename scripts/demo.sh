@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[video,plot]'
-.venv/bin/streamrt demo --out-dir out/demo "$@"
+.venv/bin/streamrt demo -o out/demo "$@"

@@ -31,7 +31,7 @@ mode = sys.argv[2]
 if mode == "onnxruntime_first":
     import onnxruntime
 if mode == "ensure_cxx_runtime":
-    from streamrt.backends.torch_inductor_engine import ensure_cxx_runtime
+    from streamrt.backends.torch_inductor.engine import ensure_cxx_runtime
     ensure_cxx_runtime()
 import torch
 def maps():

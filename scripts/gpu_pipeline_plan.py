@@ -10,9 +10,9 @@ import argparse
 
 import torch
 
-from streamrt.backends.torch_inductor import build_module
 from streamrt.config import BuildConfig
-from streamrt.pipeline.workloads import FrameSpec, tiny_cnn
+from streamrt.module_builder import build_module
+from streamrt.testing.workloads import FrameSpec, tiny_cnn
 
 
 def main() -> None:

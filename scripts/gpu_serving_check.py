@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from streamrt.profile.provenance import git_commit
+from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "resnet18"
@@ -63,7 +63,7 @@ def offline(plan: Path, batch: int, seconds: float) -> float:
     """Images/s of the engine alone at ``batch`` (streamrt bench's loop), in a child process."""
     code = (
         "import json, numpy as np, streamrt\n"
-        "from streamrt.profile.bench import benchmark\n"
+        "from streamrt.profiling.bench import benchmark\n"
         f"e = streamrt.load({str(plan)!r})\n"
         f"x = np.random.default_rng(0).standard_normal(({batch}, 3, 224, 224)).astype(np.float32)\n"
         f"r = benchmark(e, {{'images': x}}, warmup_ms=1000, duration_s={seconds}, iterations=20)\n"
@@ -123,7 +123,7 @@ def main() -> int:
         procs = [subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", MODEL, "-i", "grpc", "-u", f"127.0.0.1:{grpc}",
              "--concurrency-range", str(c), "-b", str(args.request_batch), "--measurement-interval",
-             str(int(args.seconds * 1000)), "--warmup", "3000", "--json"],
+             str(int(args.seconds * 1000)), "--warmup-ms", "3000", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in per if c > 0]
         results = []
         for p in procs:

@@ -16,6 +16,7 @@ MODULES = [
     "streamrt.plan",
     "streamrt.builder",
     "streamrt.runtime",
+    "streamrt.opening",
     "streamrt.backends",
     "streamrt.backends.base",
     "streamrt.onnx.model",
@@ -46,6 +47,7 @@ def test_top_level_surface() -> None:
         "build",
         "build_module",
         "load",
+        "open",
     }
 
 

@@ -5,14 +5,16 @@ Example:
     >>> config = streamrt.BuildConfig(precision="fp16")
     >>> result = streamrt.build("model.onnx", config, "model.plan")      # doctest: +SKIP
     >>> engine = streamrt.load(result.path)                              # doctest: +SKIP
+    >>> engine = streamrt.open("model.onnx", config, max_batch=32)      # doctest: +SKIP
     >>> outputs = engine.create_context().infer({"images": batch})       # doctest: +SKIP
+
+``streamrt.open`` is the short way: a plan is loaded, an ONNX model is built through the cache
+(with a batch profile 1..``max_batch``) and its plan loaded.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BuildConfig",
@@ -29,23 +31,27 @@ __all__ = [
     "build",
     "build_module",
     "load",
+    "open",
 ]
 
+from streamrt._version import __version__
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import StreamRTError
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
-    from streamrt.backends.torch_inductor import build_module
     from streamrt.builder import BuildResult, build
+    from streamrt.module_builder import build_module
+    from streamrt.opening import open
     from streamrt.runtime import load
 
 _LAZY = {
     "build": ("streamrt.builder", "build"),
     "BuildResult": ("streamrt.builder", "BuildResult"),
     "load": ("streamrt.runtime", "load"),
-    "build_module": ("streamrt.backends.torch_inductor", "build_module"),
+    "open": ("streamrt.opening", "open"),
+    "build_module": ("streamrt.module_builder", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
 }

@@ -37,9 +37,13 @@ def _import(module: str) -> ModuleType:
 
 
 def require(module: str, *, extra: str, purpose: str = "") -> ModuleType:
-    """Import ``module`` (cached) or raise :class:`MissingDependencyError` naming ``extra``."""
+    """Import ``module`` or raise :class:`MissingDependencyError` naming ``extra``.
+
+    Not cached here: ``sys.modules`` already makes a repeated import cheap, and a module hidden
+    later (``sys.modules[name] = None``, as tests do) must fail the way a missing one does.
+    """
     try:
-        return _import(module)
+        return importlib.import_module(module)
     except ImportError as exc:
         package = _DISTRIBUTIONS.get(module.split(".")[0], module.split(".")[0])
         raise MissingDependencyError(package, extra, purpose=purpose) from exc

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrt import __version__
+from streamrt._version import __version__
 from streamrt.backends import get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
@@ -134,7 +134,7 @@ def make_manifest(
         build_command=build_command,
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         streamrt_version=__version__,
-        extra=dict(built.extra),
+        extra=dict(built.manifest_facts),
         source_metadata=dict(source_metadata or {}),
     )
 
@@ -170,7 +170,7 @@ def build(
             f"it supports {', '.join(sorted(backend.precisions))}",
         )
     profiles = resolve_profiles(source.inputs, config.profiles)
-    target = backend.target(config)
+    target = backend.target_device(config)
     key = cache_key(source, config, target, backend.version())
     cached_plan = cache_root / "plans" / f"{key}.plan"
     out_path = Path(output) if output is not None else cached_plan

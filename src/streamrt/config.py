@@ -1,5 +1,9 @@
 """Frozen configuration dataclasses. The CLI flags and YAML/JSON config files map onto these.
 
+Files and mappings are read and written by :mod:`streamrt._configio` (cattrs); the CLI's flags
+for these fields are declared in :mod:`streamrt.cli.args`. Value checks live in ``__post_init__``
+so a config built in Python is checked the same way as one read from a file.
+
 Example:
     >>> cfg = BuildConfig.from_dict({"precision": "fp16", "profiles": [
     ...     {"x": {"min": [1, 4], "opt": [8, 4], "max": [32, 4]}}]})
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrt import _configio
 from streamrt.errors import ConfigError
 from streamrt.types import ShapeProfile
 
@@ -154,54 +159,13 @@ class BuildConfig:
     # --- (de)serialisation -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        calib = None
-        if self.calibration is not None:
-            c = self.calibration
-            calib = {
-                "data": str(c.data),
-                "method": c.method.value,
-                "per_channel": c.per_channel,
-                "max_samples": c.max_samples,
-                "percentile": c.percentile,
-                "preprocess": dataclasses.asdict(c.preprocess) if c.preprocess else None,
-                "cache": str(c.cache) if c.cache else None,
-            }
-        return {
-            "backend": self.backend,
-            "precision": self.precision.value,
-            "profiles": [p.to_dict() for p in self.profiles],
-            "keep_io_types": self.keep_io_types,
-            "fp32_ops": list(self.fp32_ops),
-            "calibration": calib,
-            "memory_limit_mb": self.memory_limit_mb,
-            "optimization_level": self.optimization_level,
-            "backend_options": dict(self.backend_options),
-            "verify_shapes": self.verify_shapes,
-        }
+        """Plain values (the inverse of :meth:`from_dict`), as written to plans and the build cache key."""
+        return _configio.unstructure(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown build config keys {unknown}; known: {sorted(known)}")
-        kwargs: dict[str, Any] = dict(data)
-        if "profiles" in kwargs:
-            kwargs["profiles"] = tuple(
-                p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p)
-                for p in kwargs["profiles"] or ()
-            )
-        calib = kwargs.get("calibration")
-        if isinstance(calib, Mapping):
-            calib = dict(calib)
-            pre = calib.get("preprocess")
-            if isinstance(pre, Mapping):
-                fields = {k: tuple(v) if isinstance(v, list) else v for k, v in pre.items()}
-                calib["preprocess"] = ImagePreprocess(**fields)  # type: ignore[arg-type]
-            kwargs["calibration"] = CalibrationConfig(**calib)
-        if "fp32_ops" in kwargs:
-            kwargs["fp32_ops"] = tuple(kwargs["fp32_ops"] or ())
-        return cls(**kwargs)
+        """Build from a mapping (YAML/JSON); unknown keys and bad values are a ConfigError naming them."""
+        return _configio.structure(data, cls)
 
     @classmethod
     def from_file(cls, path: str | Path) -> BuildConfig:
@@ -226,3 +190,8 @@ class BuildConfig:
         if d["calibration"] is not None:
             d["calibration"].pop("cache")
         return d
+
+
+_configio.register_class(ImagePreprocess)
+_configio.register_class(CalibrationConfig)
+_configio.register_class(BuildConfig, name="build config")

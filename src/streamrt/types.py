@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrt._optional import require
 from streamrt.errors import ConfigError
 
 __all__ = ["DType", "Shape", "ShapeProfile", "ShapeRange", "TensorSpec", "format_shape", "parse_shape"]
@@ -60,12 +61,8 @@ class DType(enum.Enum):
     def numpy(self) -> np.dtype[Any]:
         """The NumPy dtype (bfloat16 maps to ml_dtypes' bfloat16 when that package is present)."""
         if self is DType.BFLOAT16:
-            try:
-                import ml_dtypes
-
-                return np.dtype(ml_dtypes.bfloat16)
-            except ImportError as exc:  # pragma: no cover - ml_dtypes ships with onnx
-                raise ConfigError("bfloat16 arrays need the ml_dtypes package") from exc
+            # ml_dtypes ships with onnx, a core dependency
+            return np.dtype(require("ml_dtypes", extra="core", purpose="bfloat16 arrays").bfloat16)
         return np.dtype(self.info.numpy)
 
     @property

@@ -13,6 +13,7 @@ from helpers import catalogue_file, save, unsupported_op_model
 from streamrt.config import BuildConfig
 from streamrt.errors import (
     DTypeMismatchError,
+    InferenceError,
     MissingInputError,
     PlanMismatchError,
     ShapeError,
@@ -68,6 +69,26 @@ def test_input_checks(tmp_path: Path) -> None:
         ctx.infer({"a": a, "b": a.astype(np.float64)})
     with pytest.raises(ShapeError, match="rank"):
         ctx.infer({"a": a, "b": a[0]})
+
+
+def test_input_checks_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    engine, _ = _build("two_io", tmp_path)
+    ctx = engine.create_context()
+    inputs = CATALOGUE["two_io"].inputs(np.random.default_rng(), 3)
+    wrong = {**inputs, "b": inputs["b"].astype(np.float64)}
+    with pytest.raises(DTypeMismatchError):
+        ctx.infer(wrong)
+    with pytest.raises(DTypeMismatchError):
+        ctx.infer(wrong, check_inputs=True)
+    with pytest.raises(InferenceError, match="onnxruntime failed"):  # skipped: ONNX Runtime itself refuses it
+        ctx.infer(wrong, check_inputs=False)
+    checked, unchecked = ctx.infer(inputs), ctx.infer(inputs, check_inputs=False)
+    for name, value in checked.items():
+        np.testing.assert_array_equal(unchecked[name], value)
+    matmul, _ = _build("matmul", tmp_path)
+    outside = np.random.default_rng().standard_normal((17, 32)).astype(np.float32)
+    with pytest.raises(ShapeError, match="outside every profile"):  # the profile is still chosen by shape
+        matmul.create_context().infer({"x": outside}, check_inputs=False)
 
 
 def test_unsupported_operator_names_node_op_and_opset(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from streamrt.backends import tensorrt_compat as compat
+from streamrt.backends.tensorrt import compat
 from streamrt.config import BuildConfig
 from streamrt.errors import (
     BuildError,

@@ -69,8 +69,8 @@ def test_call_inside_a_callers_capture_runs_plainly(plan: Path) -> None:
 
 
 def test_kernel_launches_are_counted_and_reported(plan: Path) -> None:
-    from streamrt.profile.bench import benchmark
-    from streamrt.profile.launches import count_kernel_launches
+    from streamrt.profiling.bench import benchmark
+    from streamrt.profiling.launches import count_kernel_launches
 
     engine = streamrt.load(plan)
     feeds = {"x": np.random.default_rng().standard_normal((4, 3, 32, 32)).astype(np.float32)}

@@ -11,7 +11,7 @@ import pytest
 from helpers import catalogue_file
 from streamrt.backends.base import LayerTiming
 from streamrt.cli.main import main
-from streamrt.profile.layers import LayerProfile
+from streamrt.profiling.layers import LayerProfile
 
 PROFILE = ["--min-shapes", "x:1x3x32x32", "--opt-shapes", "x:4x3x32x32", "--max-shapes", "x:8x3x32x32"]
 

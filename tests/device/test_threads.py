@@ -47,7 +47,7 @@ def test_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_threads_are_set_around_a_call_and_restored() -> None:
     import torch
 
-    from streamrt.backends.torch_inductor_engine import _cpu_threads
+    from streamrt.backends.torch_inductor.engine import _cpu_threads
 
     before = torch.get_num_threads()
     target = 1 if before != 1 else 2

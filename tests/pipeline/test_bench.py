@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from streamrt.cli.pipeline_bench import main  # noqa: E402
 from streamrt.device import get_device  # noqa: E402
 from streamrt.pipeline.bench import compare, standard_cases  # noqa: E402
-from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, TorchModuleEngine, make_frames, tiny_cnn  # noqa: E402
+from streamrt.testing.workloads import FrameSpec, FrameWorkload, TorchModuleEngine, make_frames, tiny_cnn  # noqa: E402
 
 SPEC = FrameSpec(height=36, width=64, size=32, classes=10, topk=3, channels=4)
 

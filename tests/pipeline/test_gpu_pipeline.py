@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 torch = pytest.importorskip("torch")
 
-from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, TorchModuleEngine, make_frames, tiny_cnn  # noqa: E402
+from streamrt.testing.workloads import FrameSpec, FrameWorkload, TorchModuleEngine, make_frames, tiny_cnn  # noqa: E402
 
 SPEC = FrameSpec()  # 1080p frames, 640x640 model input, 1000 classes
 N_FRAMES = 24

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 torch = pytest.importorskip("torch")
 
 from streamrt.pipeline import Pipeline, PipelineConfig  # noqa: E402
-from streamrt.pipeline.workloads import (  # noqa: E402
+from streamrt.testing.workloads import (  # noqa: E402
     FrameSpec,
     FrameWorkload,
     TorchModuleEngine,

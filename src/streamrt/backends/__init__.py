@@ -29,27 +29,27 @@ class BackendEntry:
     module: str
     cls: str
     package: str  # the import name of its heavy library
-    extra: str  # the pip extra that installs it
+    pip_extra: str  # the pip extra that installs it
     summary: str
 
 
 BACKENDS: dict[str, BackendEntry] = {
     "onnxruntime": BackendEntry(
-        "streamrt.backends.onnxruntime",
+        "streamrt.backends.onnxruntime.builder",
         "OnnxRuntimeBackend",
         "onnxruntime",
         "core",
         "ONNX Runtime (CPU by default; CUDA/TensorRT providers with onnxruntime-gpu)",
     ),
     "torch_inductor": BackendEntry(
-        "streamrt.backends.torch_inductor",
+        "streamrt.backends.torch_inductor.builder",
         "TorchInductorBackend",
         "torch",
         "torch",
         "PyTorch torch.export + AOTInductor packages (GPU, or CPU through Inductor's C++ path)",
     ),
     "tensorrt": BackendEntry(
-        "streamrt.backends.tensorrt",
+        "streamrt.backends.tensorrt.builder",
         "TensorRTBackend",
         "tensorrt",
         "tensorrt",
@@ -68,7 +68,7 @@ def get_backend(name: str) -> Backend:
         module = importlib.import_module(entry.module)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] == entry.package:
-            raise MissingDependencyError(entry.package, entry.extra, purpose=f"the {name} backend") from exc
+            raise MissingDependencyError(entry.package, entry.pip_extra, purpose=f"the {name} backend") from exc
         raise
     backend: Backend = getattr(module, entry.cls)()
     return backend

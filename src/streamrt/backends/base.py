@@ -7,6 +7,8 @@ into an :class:`Engine`. An engine only validates and runs; it never imports bui
 Lifecycle (after Polygraphy's runners): nothing heavy in ``__init__``; ``Engine.close()`` and
 the context-manager protocol release resources; :meth:`ExecutionContext.infer` checks names,
 dtypes and shapes against the profiles in one place, then calls the backend's ``_infer_impl``.
+A caller that validated its inputs already (the model server, once per request) passes
+``check_inputs=False``, as with Polygraphy's ``infer(feed, check_inputs=False)``.
 
 Example:
     >>> engine = streamrt.load("model.plan")                       # doctest: +SKIP
@@ -66,12 +68,13 @@ class BuildOutput:
     Attributes:
         payload: bytes the backend's ``load`` understands.
         settings: backend settings that shaped the payload, recorded in the manifest.
-        extra: backend facts recorded in the manifest (compatibility flags, package names...).
+        manifest_facts: backend facts recorded in the manifest's ``extra`` section
+            (compatibility flags, package names...).
     """
 
     payload: bytes
     settings: Mapping[str, Any] = field(default_factory=dict)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    manifest_facts: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,12 @@ class LayerTiming:
 class Backend(abc.ABC):
     """A backend: builds payloads on this machine and loads plans into engines.
 
-    Subclasses set ``name`` (the registry key), ``extra`` (the pip extra that brings its
+    Subclasses set ``name`` (the registry key), ``pip_extra`` (the pip extra that brings its
     library) and ``device_fields`` (the manifest ``device`` keys that must match at load).
     """
 
     name: ClassVar[str]
-    extra: ClassVar[str]
+    pip_extra: ClassVar[str]
     device_fields: ClassVar[tuple[str, ...]] = ()
     precisions: ClassVar[frozenset[str]] = frozenset({"fp32"})
     # Q/DQ layout this backend fuses into integer kernels (see streamrt.onnx.quantize).
@@ -111,7 +114,7 @@ class Backend(abc.ABC):
         """Versions of every library a payload depends on (recorded in the plan)."""
 
     @abc.abstractmethod
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         """The device this machine builds for, as recorded in the manifest's ``device``."""
 
     @abc.abstractmethod
@@ -135,7 +138,7 @@ class Backend(abc.ABC):
         check_field(manifest, f"{self.name} version", manifest.backend_version, self.version())
         from streamrt.config import BuildConfig
 
-        local = self.target(BuildConfig(backend=self.name))
+        local = self.target_device(BuildConfig(backend=self.name))
         for key in self.device_fields:
             check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
 
@@ -213,6 +216,16 @@ class Engine(abc.ABC):
             shapes[name] = shape
         return check_shapes(self.profiles, shapes)
 
+    def select_profile(self, inputs: Mapping[str, Any]) -> int:
+        """The index of the first profile that accepts the inputs' shapes, without the other checks.
+
+        Raises:
+            ShapeError: no profile accepts them (an engine cannot run outside its profiles).
+        """
+        if not self.profiles:
+            return 0
+        return check_shapes(self.profiles, {name: _shape_of(value) for name, value in inputs.items()})
+
     def close(self) -> None:
         self._closed = True
 
@@ -237,9 +250,17 @@ class ExecutionContext(abc.ABC):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def infer(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
-        """Validate inputs against the engine, then run. Returns outputs by name."""
-        profile = self.engine.validate(inputs)
+    def infer(self, inputs: Mapping[str, Any], stream: Any = None, *, check_inputs: bool = True) -> dict[str, Any]:
+        """Validate inputs against the engine, then run. Returns outputs by name.
+
+        Args:
+            inputs: one array or tensor per engine input.
+            stream: where to enqueue the work (``None``: the engine's default, synchronous use).
+            check_inputs: check names, dtypes and ranks (:meth:`Engine.validate`). Turn it off only
+                when the caller has checked them already: a wrong input then fails inside the backend
+                or, worse, runs. The profile is picked by shape either way (:meth:`Engine.select_profile`).
+        """
+        profile = self.engine.validate(inputs) if check_inputs else self.engine.select_profile(inputs)
         return self._infer_impl(inputs, profile, stream)
 
     @abc.abstractmethod

@@ -1,6 +1,6 @@
 """``streamrt bench PLAN|MODEL``: trtexec-style throughput and latency of one engine.
 
-Warm-up, then timed queries until both ``--duration`` and ``--iterations`` are reached (with
+Warm-up (``--warmup-ms``), then timed queries until both ``--duration`` and ``--iterations`` are reached (with
 only one of them given, the other does not constrain the run). An ONNX model is built on the
 fly through the build cache with the build flags of ``streamrt build``. See ``docs/bench.md``.
 """
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from streamrt.cli._inputs import add_input_arguments, inputs_from_args
+from streamrt.cli.args import add_alias
 from streamrt.cli.common import add_build_arguments, engine_from_path
 
 __all__ = ["register", "run"]
@@ -33,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("engine", type=Path, metavar="PLAN|MODEL", help="plan file or ONNX model")
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--warmup", type=float, default=200.0, metavar="MS", help="warm-up time (default 200 ms)")
+    warmup = timing.add_argument("--warmup-ms", type=float, default=200.0, metavar="MS",
+                                 help="warm-up time in milliseconds (default 200)")
+    add_alias(timing, "--warmup", warmup, note=True)
     timing.add_argument(
         "--duration",
         type=float,
@@ -69,7 +72,7 @@ def _run_length(args: argparse.Namespace) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.profile.bench import benchmark
+    from streamrt.profiling.bench import benchmark
 
     duration, iterations = _run_length(args)
     engine = engine_from_path(args.engine, args)
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         result = benchmark(
             engine,
             inputs,
-            warmup_ms=args.warmup,
+            warmup_ms=args.warmup_ms,
             duration_s=duration,
             iterations=iterations,
             label=f"{args.engine} ({m.backend} {m.backend_version}, {m.precision})",

@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from streamrt.cli.common import add_build_arguments, config_from_args, stderr_progress
+from streamrt.cli.args import CacheArgs
+from streamrt.cli.common import add_build_arguments, check_output, config_from_args, stderr_progress
 
 __all__ = ["register", "run"]
 
@@ -27,13 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import streamrt
 
+    check_output(args.output, example=f"{args.model.stem}.plan")
     config = config_from_args(args)
     result = streamrt.build(
         args.model,
         config,
         args.output,
-        cache=not args.no_cache,
-        cache_dir=args.cache_dir,
+        cache=CacheArgs.use_cache(args),
+        cache_dir=CacheArgs.cache_dir(args),
         progress=stderr_progress,
     )
     if args.json:

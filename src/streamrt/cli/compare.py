@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.cli._inputs import add_input_arguments, describe_inputs, inputs_from_args
+from streamrt.cli.args import BuildArgs
 from streamrt.cli.common import add_build_arguments, engine_from_path
 from streamrt.plan import is_plan_file
 
@@ -67,7 +68,7 @@ def _profiles_from_inputs(args: argparse.Namespace) -> tuple[Any, ...]:
 
 
 def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
-    if is_plan_file(path) and (getattr(args, f"{side}_backend") or getattr(args, f"{side}_precision")):
+    if is_plan_file(path) and BuildArgs(prefix=f"{side}-").build.given(args):
         print(
             f"streamrt compare: note: {path} is a plan; --{side}-backend/--{side}-precision are ignored",
             file=sys.stderr,

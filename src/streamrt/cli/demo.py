@@ -4,7 +4,7 @@ Builds (or reuses) a plan of the bundled detector with the best backend availabl
 the GPU backend, else ONNX Runtime on the CPU), writes a generated sample video (1080p on a GPU,
 720p on the CPU) and runs it through the synchronous loop and through the multi-stream pipeline.
 Prints both throughputs and the speed-up; writes the annotated video, the detections (JSON Lines),
-both run reports and their PNG timelines to ``--out-dir``.
+both run reports and their PNG timelines to ``-o DIR`` (default out/demo).
 """
 
 from __future__ import annotations
@@ -13,50 +13,57 @@ import argparse
 import sys
 from pathlib import Path
 
+from streamrt.cli.args import PipelineArgs, add_alias, backend_choices, plain_text
+from streamrt.errors import ConfigError
+
 __all__ = ["register", "run"]
+
+_PIPELINE = PipelineArgs(skip=("cuda_graphs",))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo", help="the main demo: detection on a generated clip, synchronous loop vs pipeline",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out-dir", type=Path, default=Path("out/demo"), help="where outputs go (default out/demo)")
-    parser.add_argument("--size", default=None, metavar="WxH",
-                        help="clip size (default 1920x1080 on CUDA, 1280x720 on the CPU)")
+    output = parser.add_argument("-o", "--output", type=Path, default=Path("out/demo"), metavar="DIR",
+                                 help="where outputs go (default out/demo)")
+    add_alias(parser, "--out-dir", output)
+    size = parser.add_argument("--frame-size", default=None, metavar="WxH",
+                               help="clip size (default 1920x1080 on CUDA, 1280x720 on the CPU)")
+    add_alias(parser, "--size", size)  # --size is the model input size in pipeline-bench
     parser.add_argument("--frames", type=int, default=None, help="clip length (default 300 on CUDA, 150 on CPU)")
-    parser.add_argument("--backend", default=None, help="backend (default: the best available)")
-    parser.add_argument("--topology", choices=("streams", "single"), default="streams", help="pipeline topology")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="replicated lanes (default 1 on CUDA, one per core on the CPU)")
-    parser.add_argument("--ring", type=int, default=None, help="frames in flight per lane (default 4 CUDA, 2 CPU)")
-    parser.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
+    parser.add_argument("--backend", default=None, choices=backend_choices(),
+                        help="backend (default: the best available)")
+    pipe = _PIPELINE.group.add_to(parser)  # defaults: 1 lane, ring 4 on CUDA; a lane per core, ring 2 on the CPU
+    pipe.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
     parser.set_defaults(func=run)
 
 
 def _size(text: str | None) -> tuple[int | None, int | None]:
-    from streamrt.errors import ConfigError
-
     if text is None:
         return None, None
     try:
         w, h = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise ConfigError(f"--size must be WxH, e.g. 1280x720, got {text!r}") from None
+        raise ConfigError(f"--frame-size must be WxH, e.g. 1280x720, got {text!r}") from None
     return w, h
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamrt.cli.common import check_output
     from streamrt.device import cuda_available
     from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
-    width, height = _size(args.size)
+    check_output(args.output, directory=True)
+    width, height = _size(args.frame_size)
     cuda = cuda_available()
     base = default_pipeline(cuda)
-    pipeline = base.replace(topology=args.topology, workers=args.workers or base.workers,
-                            ring_size=args.ring or base.ring_size, cuda_graphs=cuda and not args.no_graphs)
-    config = DemoConfig(out_dir=args.out_dir, width=width, height=height, frames=args.frames, backend=args.backend,
+    pipeline = _PIPELINE.config(args, base.replace(cuda_graphs=cuda and not args.no_graphs))
+    if pipeline.topology.value == "sync":
+        raise ConfigError("demo compares the synchronous loop with a pipeline: --topology must be streams or single")
+    config = DemoConfig(out_dir=args.output, width=width, height=height, frames=args.frames, backend=args.backend,
                         pipeline=pipeline, cache_dir=args.cache_dir)
     result = run_demo(config, progress=lambda line: print(f"  · {line}", file=sys.stderr, flush=True))
     sync, piped = result.sync, result.pipeline

@@ -4,7 +4,7 @@ SOURCE is a video file, a folder of images, an image, or ``synthetic[:WxHxN@FPS]
 sources run as cameras batched into the engine. The model is a YOLO ONNX export (YOLOv5 or
 YOLOv8/YOLO11 layout; class names from its metadata, ``--labels`` or ``MODEL.txt``) or a plan;
 ONNX files are built through the cache with the best backend here unless ``--backend`` names one.
-Outputs: ``--out`` annotated video, ``--json`` detections as JSON Lines, ``--report DIR`` the run
+Outputs: ``-o/--output`` annotated video, ``--jsonl`` detections as JSON Lines, ``--report DIR`` the run
 report (JSON, markdown, PNG timeline, Chrome trace). See ``docs/detection.md``.
 """
 
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamrt.cli.args import CacheArgs, PipelineArgs, add_alias, backend_choices, plain_text
+
 if TYPE_CHECKING:
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
@@ -23,23 +25,21 @@ if TYPE_CHECKING:
 
 __all__ = ["add_detect_arguments", "register", "run"]
 
+# detect's pipeline flags; defaults: a stream per stage, 4 frames in flight, traced for the report.
+_PIPELINE = PipelineArgs(defaults={"topology": "streams", "ring_size": 4, "trace": True})
+
 
 def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
     """Model, pipeline and post-processing flags (shared with ``streamrt demo``)."""
     model = parser.add_argument_group("model")
-    model.add_argument("--backend", default=None, help="backend for ONNX models (default: best available)")
+    model.add_argument("--backend", default=None, choices=backend_choices(),
+                       help="backend for ONNX models (default: the best available)")
     model.add_argument("--precision", default=None, choices=["fp32", "fp16", "bf16"],
                        help="default fp16 on GPU backends, fp32 on ONNX Runtime")
     model.add_argument("--max-batch", type=int, default=16, help="largest batch of the built plan (default 16)")
     model.add_argument("--layout", default=None, help="output layout: yolov8, yolov5, yolov8t (default: detect)")
-    model.add_argument("--no-cache", action="store_true", help="always build; do not reuse or store plans")
-    model.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
-    pipe = parser.add_argument_group("pipeline")
-    pipe.add_argument("--topology", choices=("sync", "streams", "single"), default="streams",
-                      help="sync: the synchronous loop; streams: a stream per stage (default); single: one stream")
-    pipe.add_argument("--workers", type=int, default=1, help="replicated lanes, each with its own engine context")
-    pipe.add_argument("--ring", type=int, default=4, help="frames in flight per lane (default 4)")
-    pipe.add_argument("--graphs", action="store_true", help="replay pre/engine/post as CUDA graphs (CUDA only)")
+    CacheArgs().add_to(parser, model)
+    pipe = _PIPELINE.group.add_to(parser)
     pipe.add_argument("--batch", type=int, default=0, help="frames per engine call (default: one per source)")
     post = parser.add_argument_group("post-processing")
     post.add_argument("--conf", type=float, default=0.25, help="score threshold (default 0.25)")
@@ -50,14 +50,18 @@ def add_detect_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "detect", help="detect objects in videos, image folders or generated clips through the pipeline",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=plain_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("sources", nargs="+", metavar="SOURCE",
                         help="video file, image folder, image, synthetic[:WxHxN@FPS]")
     parser.add_argument("--model", type=Path, default=None, help="ONNX file or plan (default: the bundled detector)")
     parser.add_argument("--labels", type=Path, default=None, help="class names, one per line")
-    parser.add_argument("--out", type=Path, default=None, help="annotated video (.mp4/.avi); several sources: name_<i>")
-    parser.add_argument("--json", type=Path, default=None, help="detections as JSON Lines")
+    output = parser.add_argument("-o", "--output", type=Path, default=None, metavar="VIDEO",
+                                 help="annotated video (.mp4/.avi); several sources: name_<i>")
+    add_alias(parser, "--out", output)
+    jsonl = parser.add_argument("--jsonl", type=Path, default=None, metavar="FILE",
+                                help="write the detections as JSON Lines")
+    add_alias(parser, "--json", jsonl)  # --json elsewhere prints the result as JSON on stdout
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="run report, timeline and trace")
     parser.add_argument("--paced", action="store_true", help="camera-paced: frames arrive at --fps, late ones drop")
     parser.add_argument("--fps", type=float, default=None, help="pacing rate per source (default: the source's)")
@@ -96,11 +100,9 @@ class ProgressBar:
 def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectConfig:
     """A :class:`~streamrt.video.runner.DetectConfig` from the shared flags."""
     from streamrt.ops.postprocess import PostprocessConfig
-    from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.runner import DetectConfig
 
-    pipeline = PipelineConfig(topology=args.topology, workers=args.workers, ring_size=args.ring,
-                              cuda_graphs=args.graphs, trace=True)
+    pipeline = _PIPELINE.config(args)
     return DetectConfig(
         postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
         pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
@@ -113,16 +115,22 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
     from streamrt.video.model import bundled_model, open_detector
 
     return open_detector(path or bundled_model(), backend=args.backend, labels=labels, layout=args.layout,
-                         max_batch=args.max_batch, precision=args.precision, cache=not args.no_cache,
-                         cache_dir=args.cache_dir, progress=stderr_progress)
+                         max_batch=args.max_batch, precision=args.precision, cache=CacheArgs.use_cache(args),
+                         cache_dir=CacheArgs.cache_dir(args), progress=stderr_progress)
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamrt.cli.common import check_output
     from streamrt.video.report import write_report_files
     from streamrt.video.runner import run_detection
     from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
     from streamrt.video.sources import Prefetch, open_source
 
+    for path in (args.output, args.jsonl):
+        if path is not None:
+            check_output(path, example="annotated.mp4" if path is args.output else "detections.jsonl")
+    if args.report is not None:
+        check_output(args.report, directory=True)
     detector = open_model(args, args.model, args.labels)
     config = detect_config(args, paced=args.paced)
     sources = [open_source(s) for s in args.sources]
@@ -130,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         names = detector.names
         first = sources[0].info
-        if args.json is not None:
-            sinks.append(ThreadedSink(JsonlSink(args.json, names)))
-        if args.out is not None:
-            sinks.append(ThreadedSink(VideoSink(args.out, fps=args.fps or first.fps, size=(first.width, first.height),
+        if args.jsonl is not None:
+            sinks.append(ThreadedSink(JsonlSink(args.jsonl, names)))
+        if args.output is not None:
+            size = (first.width, first.height)
+            sinks.append(ThreadedSink(VideoSink(args.output, fps=args.fps or first.fps, size=size,
                                                 sources=len(sources), names=names)))
         feeds = [Prefetch(s) for s in sources]
 
@@ -152,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         for sink in sinks:
             sink.close()
     print(report.format_text())
-    for label, path in (("annotated video", args.out), ("detections", args.json)):
+    for label, path in (("annotated video", args.output), ("detections", args.jsonl)):
         if path is not None:
             print(f"wrote {label}: {path}")
     if args.report is not None:

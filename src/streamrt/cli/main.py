@@ -1,19 +1,24 @@
 """``streamrt`` command line: one module per subcommand, thin over the Python API.
 
 Every subcommand module exposes ``register(subparsers)`` (adds its parser with a one-line help
-and ``func=run``). Errors derived from :class:`StreamRTError` become one line on stderr and exit
-status 2; ``--verbose`` shows the traceback.
+and ``func=run``). The global flags (``-v``) are accepted before and after the subcommand.
+Errors derived from :class:`StreamRTError`, and files that cannot be written or read, become one
+line on stderr and exit status 2; ``--verbose`` shows the traceback. A closed stdout
+(``streamrt inspect x | head``) ends the command quietly, as it does other Unix tools.
+The flags shared by several subcommands are listed in docs/cli.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from streamrt import __version__
+from streamrt._version import __version__
 from streamrt.errors import StreamRTError
 
 __all__ = ["SUBCOMMANDS", "main"]
@@ -41,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Build fast inference engines and keep the GPU busy while they run.",
     )
     parser.add_argument("--version", action="version", version=f"streamrt {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and tracebacks on errors")
+    _add_global_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name in SUBCOMMANDS:
         try:
@@ -51,7 +56,32 @@ def _parser() -> argparse.ArgumentParser:
                 continue  # subcommand not part of this build
             raise
         module.register(sub)
+    for subparser in sub.choices.values():
+        # After the subcommand too; SUPPRESS keeps a flag given before it from being reset.
+        _add_global_flags(subparser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="debug logging and tracebacks on errors")
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is silent."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _os_error(exc: OSError) -> str:
+    """``cannot write out/x.plan: Permission denied`` (with a hint for the usual causes)."""
+    what = exc.strerror or str(exc)
+    line = f"{exc.filename}: {what}" if exc.filename else what
+    if exc.errno == errno.EISDIR:
+        line += " (hint: give a file path, e.g. -o DIR/model.plan)"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        line += " (hint: choose a writable path with -o/--output)"
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return status
     except StreamRTError as exc:
         if args.verbose:
             log.exception("streamrt %s failed", args.command)
@@ -80,6 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"streamrt {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
+    except OSError as exc:
+        if args.verbose:
+            log.exception("streamrt %s failed", args.command)
+        print(f"streamrt {args.command}: error: {_os_error(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from streamrt.cli.args import add_alias
 from streamrt.errors import ConfigError
 from streamrt.types import parse_shape
 
@@ -59,16 +60,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="HTTP tensor encoding (default binary)")
     parser.add_argument("--measurement-interval", type=float, default=5000.0, metavar="MS",
                         help="measurement window per level (default 5000 ms)")
-    parser.add_argument("--warmup", type=float, default=1000.0, metavar="MS", help="warm-up per level (default 1000)")
+    warmup = parser.add_argument("--warmup-ms", type=float, default=1000.0, metavar="MS",
+                                 help="warm-up per level in milliseconds (default 1000)")
+    add_alias(parser, "--warmup", warmup, note=True)
     parser.add_argument("--token", default=None,
                         help="bearer token (default: $STREAMRT_SERVE_TOKEN when set)")
-    parser.add_argument("-f", "--csv", type=Path, default=None, help="write perf_analyzer-style CSV here")
+    output = parser.add_argument("-o", "--output", "-f", type=Path, default=None, metavar="FILE.csv",
+                                 help="write perf_analyzer-style CSV here (-f: perf_analyzer's spelling)")
+    add_alias(parser, "--csv", output)
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.serve.loadgen import LoadConfig, format_results, run_load
+    from streamrt.client.loadgen import LoadConfig, format_results, run_load
 
     shapes = {}
     for item in args.shape:
@@ -88,12 +93,12 @@ def run(args: argparse.Namespace) -> int:
         data=args.input_data,
         binary=args.input_tensor_format == "binary",
         duration_s=args.measurement_interval / 1e3,
-        warmup_s=args.warmup / 1e3,
+        warmup_s=args.warmup_ms / 1e3,
         headers={"authorization": f"Bearer {token}"} if token else {},
     )
     results = run_load(cfg)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
+    if args.output:
+        with open(args.output, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["Concurrency", "Inferences/Second", "Server Queue", "Server Compute Input",
                              "Server Compute Infer", "Server Compute Output", "p50 latency", "p90 latency",

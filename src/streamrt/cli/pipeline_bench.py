@@ -3,7 +3,7 @@
 Cases: (a) the synchronous loop, (b) one stream per stage, (c) replicated single-stream workers,
 (b+c) replicated stage-per-stream workers; on CUDA each also with CUDA graphs. Frames are uint8
 HWC from pageable host memory; pre-processing, the engine (the bundled CNN, or ``--plan``) and
-top-k post-processing run on the device. Prints a table; ``--out DIR`` also writes a markdown
+top-k post-processing run on the device. Prints a table; ``-o DIR`` also writes a markdown
 report, JSON, Chrome traces (open in https://ui.perfetto.dev) and PNG timelines. See
 ``docs/streams.md`` for how to read them.
 """
@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamrt.profile.provenance import git_commit
+from streamrt.cli.args import DEVICE_OPTION, add_alias, plain_text
+from streamrt.profiling.provenance import git_commit
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -38,9 +39,11 @@ _DEFAULTS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the benchmark (shared by the subcommand and the standalone scripts)."""
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
+    parser.add_argument(*DEVICE_OPTION.flags, default="auto", help=DEVICE_OPTION.help, **DEVICE_OPTION.kwargs)
     parser.add_argument("--items", type=int, help="timed items per run (default 600 on CUDA, 40 on CPU)")
-    parser.add_argument("--warmup", type=int, help="warm-up items per run (default 50 on CUDA, 4 on CPU)")
+    warmup = parser.add_argument("--warmup-items", type=int, metavar="N",
+                                 help="warm-up items per run (default 50 on CUDA, 4 on CPU)")
+    add_alias(parser, "--warmup", warmup, note=True)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs per case; the median is reported")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="rounds of all cases run first, discarded")
     parser.add_argument("--trace-items", type=int, help="items in the extra traced run per case (0: none)")
@@ -50,20 +53,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, help="model input size (default 640 on CUDA, 320 on CPU)")
     parser.add_argument("--classes", type=int, default=1000, help="outputs of the bundled CNN (default 1000)")
     parser.add_argument("--ring", type=int, default=4, help="slots per worker (default 4)")
-    parser.add_argument("--workers", default="2,4", help="replicated worker counts, comma separated (default 2,4)")
+    parser.add_argument("--workers", default="2,4", metavar="N[,M...]",
+                        help="replicated lanes; the worker counts to compare, comma separated (default 2,4)")
     parser.add_argument("--graphs", choices=("off", "on", "both"), default="both", help="CUDA graphs (CUDA only)")
     parser.add_argument("--plan", type=Path, help="run this plan (streamrt.load) instead of the bundled CNN")
     parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (CPU runs)")
     parser.add_argument("--verify", type=int, default=16, help="compare the first N outputs of every case (0: off)")
     parser.add_argument("--seed", type=int, default=0, help="seed of frames and weights")
-    parser.add_argument("--out", type=Path, help="write pipeline_bench.md/.json, traces/ and timelines/ here")
+    output = parser.add_argument("-o", "--output", type=Path, metavar="DIR",
+                                 help="write pipeline_bench.md/.json, traces/ and timelines/ here")
+    add_alias(parser, "--out", output)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "pipeline-bench",
         help="compare pipeline topologies (sync, stage-per-stream, replicated workers) on a frame workload",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
@@ -93,7 +99,7 @@ def _environment(kind: str) -> dict[str, Any]:
 def _engine(args: argparse.Namespace, spec: Any, device: Any) -> Any:
     import torch
 
-    from streamrt.pipeline.workloads import TorchModuleEngine, tiny_cnn
+    from streamrt.testing.workloads import TorchModuleEngine, tiny_cnn
 
     if args.plan is not None:
         import streamrt
@@ -146,9 +152,13 @@ def run(args: argparse.Namespace) -> int:
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
-    from streamrt.pipeline.workloads import FrameSpec, FrameWorkload, make_frames
-    from streamrt.profile.pipeline_summary import format_comparison, summarize
+    from streamrt.profiling.pipeline_summary import format_comparison, summarize
+    from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
+    if args.output is not None:
+        from streamrt.cli.common import check_output
+
+        check_output(args.output, directory=True)
     device = get_device(args.device)
     defaults = _DEFAULTS[device.kind]
     if args.torch_threads:
@@ -164,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
              spec.height, spec.width, spec.size)
     results = compare(
         cases, lambda: FrameWorkload(engine, spec), device, frames,
-        items=args.items or defaults["items"], warmup=args.warmup or defaults["warmup"], rounds=args.rounds,
+        items=args.items or defaults["items"], warmup=args.warmup_items or defaults["warmup"], rounds=args.rounds,
         warmup_rounds=args.warmup_rounds,
         trace_items=trace_items or None, keep_outputs=args.verify,
     )
@@ -180,17 +190,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"\npipeline-bench: {env['device']}, {spec.height}x{spec.width} uint8 frames -> {spec.size}x{spec.size}, "
           f"{args.items or defaults['items']} items x {args.rounds} rounds, commit {env['commit']}\n")
     print("\n".join(lines))
-    if args.out is not None:
-        _write(args.out, env, spec, lines, results, summaries)
-        print(f"\nwrote {args.out}/pipeline_bench.md, .json, traces/ and timelines/")
+    if args.output is not None:
+        _write(args.output, env, spec, lines, results, summaries)
+        print(f"\nwrote {args.output}/pipeline_bench.md, .json, traces/ and timelines/")
     return 0
 
 
 def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results: Sequence[Any],
            summaries: Sequence[tuple[Any, Any]]) -> None:
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     plots = True
@@ -224,7 +234,7 @@ def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point (``benchmarks/pipeline_topologies.py``, ``scripts/gpu_pipeline_check.py``)."""
-    parser = argparse.ArgumentParser(prog="pipeline-bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="pipeline-bench", description=plain_text(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)

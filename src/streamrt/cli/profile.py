@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from streamrt.inputs import to_device
-    from streamrt.profile.layers import LayerProfile
+    from streamrt.profiling.layers import LayerProfile
 
     if args.iterations < 1:
         raise ConfigError(f"--iterations must be an integer >= 1, got {args.iterations}")

@@ -10,26 +10,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
-import os
+import re
 import signal
 import sys
 import time
 from pathlib import Path
 
+from streamrt.cli.args import ServerArgs
+from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.config import ServerConfig
 
 __all__ = ["JsonFormatter", "config_from_args", "register", "run"]
 
 
-def _port(text: str) -> int | None:
-    value = int(text)
-    return None if value < 0 else value
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    d = ServerConfig()
     parser = subparsers.add_parser(
         "serve",
         help="serve a model repository over KServe v2 / Triton HTTP and gRPC with dynamic batching",
@@ -37,28 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "REPO/<model>/config.yaml) with the KServe v2 / Triton inference protocol.",
     )
     parser.add_argument("repository", type=Path, metavar="REPO", help="model repository directory")
-    net = parser.add_argument_group("listeners")
-    net.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
-    net.add_argument("--http-port", type=_port, default=d.http_port, help="HTTP port (default 8000; -1: off)")
-    net.add_argument("--grpc-port", type=_port, default=d.grpc_port, help="gRPC port (default 8001; -1: off)")
-    net.add_argument("--metrics-port", type=_port, default=d.metrics_port,
-                     help="Prometheus /metrics port (default 8002; -1: off)")
-    models = parser.add_argument_group("models")
-    models.add_argument("--model", action="append", default=None, metavar="NAME",
-                        help="load only these models at start (repeatable; default: all)")
-    models.add_argument("--no-model-control", action="store_true", help="refuse load/unload requests")
-    models.add_argument("--no-strict-readiness", action="store_true",
-                        help="ready as soon as the server is up, even while models load or failed")
-    models.add_argument("--load-threads", type=int, default=d.load_threads, help="models loaded in parallel")
-    limits = parser.add_argument_group("limits and security")
-    limits.add_argument("--auth-token", default=None,
-                        help="require 'Authorization: Bearer TOKEN' (default: $STREAMRT_SERVE_TOKEN when set)")
-    limits.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
-                        help=f"largest request body / gRPC message (default {d.max_request_bytes})")
-    limits.add_argument("--max-tensor-elements", type=int, default=d.max_tensor_elements,
-                        help=f"largest element count of one input (default {d.max_tensor_elements})")
-    limits.add_argument("--exit-timeout", type=float, default=d.exit_timeout_s, metavar="S",
-                        help="shutdown waits this long for in-flight requests (default 30)")
+    ServerArgs().add_to(parser)
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logs.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -68,20 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The ServerConfig the flags describe."""
-    return ServerConfig(
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        auth_token=args.auth_token or os.environ.get("STREAMRT_SERVE_TOKEN") or None,
-        max_request_bytes=args.max_request_bytes,
-        max_tensor_elements=args.max_tensor_elements,
-        exit_timeout_s=args.exit_timeout,
-        strict_readiness=not args.no_strict_readiness,
-        model_control=not args.no_model_control,
-        startup_models=tuple(args.model) if args.model else None,
-        load_threads=args.load_threads,
-    )
+    return ServerArgs().config(args)
 
 
 class JsonFormatter(logging.Formatter):
@@ -128,11 +91,27 @@ async def _serve(repository: Path, config: ServerConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.errors import ConfigError
 
     if not args.repository.is_dir():
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
-    asyncio.run(_serve(args.repository, config))
+    try:
+        asyncio.run(_serve(args.repository, config))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise _port_in_use(exc, config) from None
     return 0
+
+
+def _port_in_use(exc: OSError, config: ServerConfig) -> StreamRTError:
+    """One line naming the busy port and the flag that moves it."""
+
+    found = re.search(r"(\d+)\)?: address already in use", str(exc)) or re.search(r", (\d+)\)", str(exc))
+    port = int(found.group(1)) if found else None
+    flags = {config.http_port: "--http-port", config.grpc_port: "--grpc-port", config.metrics_port: "--metrics-port"}
+    flag = flags.get(port, "--http-port")
+    where = f"port {port}" if port is not None else "a port"
+    return ConfigError(f"{where} on {config.host} is already in use (another server running?)",
+                       hint=f"{flag} N with a free port, or {flag} 0 to pick any")

@@ -9,8 +9,8 @@ Example:
 
 from __future__ import annotations
 
-from streamrt.device.base import Device, Event, Stream, StreamWork
-from streamrt.device.buffers import BufferPool
+from streamrt._features import cuda_available
+from streamrt.device.base import BufferPool, Device, Event, Stream, StreamWork
 from streamrt.device.host import CpuDevice, HostEvent, HostStream, InlineStream
 from streamrt.errors import ConfigError
 
@@ -29,15 +29,6 @@ __all__ = [
 ]
 
 _KINDS = ("auto", "cuda", "cpu")
-
-
-def cuda_available() -> bool:
-    """True when torch is installed and sees a CUDA GPU."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 def get_device(kind: str = "auto", index: int = 0) -> Device:

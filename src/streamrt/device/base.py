@@ -24,6 +24,12 @@ Semantics both implementations keep:
 * A CUDA stream cannot wait on the GPU for a host event that is still pending; the pipeline
   avoids this by launching such CUDA work from the host stream that records the event.
 
+Allocator safety across streams (the choice StreamRT makes, :class:`BufferPool`): **event-gated
+reuse**, not ``Tensor.record_stream``. A buffer is pre-allocated once and handed out again only
+after an event recorded behind its last consumer has completed. ``record_stream`` makes reuse
+depend on the caching allocator's bookkeeping (non-deterministic, and it can look like a leak);
+gating on our own events keeps reuse explicit and also works for CUDA-graph static buffers.
+
 Example:
     >>> from streamrt.device import get_device
     >>> dev = get_device("cpu")
@@ -41,13 +47,15 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-if TYPE_CHECKING:
-    from streamrt.device.buffers import BufferPool
+from streamrt.errors import PipelineError, StageTimeoutError
 
-__all__ = ["Device", "Event", "Stream", "StreamWork"]
+__all__ = ["BufferPool", "Device", "Event", "Stream", "StreamWork"]
+
+T = TypeVar("T")
 
 StreamWork = Callable[[], object]
 """A callable a stream runs in its order (its return value is ignored)."""
@@ -174,3 +182,70 @@ class Device(Protocol):
     def synchronize(self) -> None:
         """Wait for all work on this device (not for the steady state: it is a host sync)."""
         ...
+
+
+class BufferPool(Generic[T]):
+    """``count`` equal buffers handed out round-robin, each reused only after its release event.
+
+    ``acquire`` returns the next buffer once the event passed to its last ``release`` has
+    completed. Given a ``stream`` the wait is enqueued on that stream (no host block) when the
+    event can be waited on there; otherwise the host waits, up to ``timeout``.
+
+    Example:
+        >>> pool = BufferPool(["a", "b"])
+        >>> index, buf = pool.acquire()
+        >>> pool.release(index, event=None)
+        >>> pool.acquire()[1]
+        'b'
+    """
+
+    def __init__(self, buffers: Sequence[T]) -> None:
+        if not buffers:
+            raise PipelineError("a BufferPool needs at least one buffer, got 0")
+        self._buffers = list(buffers)
+        self._held = [False] * len(self._buffers)
+        self._release_events: list[Event | None] = [None] * len(self._buffers)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    @property
+    def buffers(self) -> list[T]:
+        """All buffers, for poisoning in tests or for capture-time setup."""
+        return list(self._buffers)
+
+    def acquire(self, stream: Stream | None = None, timeout: float | None = None) -> tuple[int, T]:
+        """Take the next buffer in turn and make ``stream`` (or the host) wait for its release.
+
+        Raises:
+            PipelineError: the next buffer is still held (acquired and not released).
+            StageTimeoutError: the host wait for its release event exceeded ``timeout``.
+        """
+        with self._lock:
+            index = self._next
+            if self._held[index]:
+                raise PipelineError(
+                    f"buffer {index} of a pool of {len(self._buffers)} is still held",
+                    hint="release buffers in the order they were acquired, or make the pool larger",
+                )
+            self._held[index] = True
+            self._next = (index + 1) % len(self._buffers)
+            event = self._release_events[index]
+        if event is not None:
+            if stream is not None and (not stream.is_cuda or event.is_cuda or event.query()):
+                stream.wait(event)
+            elif not event.wait(timeout):
+                with self._lock:
+                    self._held[index] = False
+                raise StageTimeoutError(f"buffer {index} was not released within {timeout} s")
+        return index, self._buffers[index]
+
+    def release(self, index: int, event: Event | None) -> None:
+        """Give buffer ``index`` back; its next user waits for ``event`` (None: reusable at once)."""
+        with self._lock:
+            if not self._held[index]:
+                raise PipelineError(f"buffer {index} is released but was not acquired")
+            self._held[index] = False
+            self._release_events[index] = event

@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from streamrt.device.base import Event, Stream, StreamWork
-from streamrt.device.buffers import BufferPool, import_torch, torch_dtype
+from streamrt.device.base import BufferPool, Event, Stream, StreamWork
+from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.device.host import HostStream, InlineStream
 from streamrt.errors import PipelineError
 
@@ -161,7 +161,7 @@ class CudaDevice:
         torch = import_torch()
         if not torch.cuda.is_available():
             raise PipelineError("CUDA device requested but torch.cuda.is_available() is False",
-                                hint="use get_device('cpu') or get_device('auto')")
+                                hint="run on the CPU with --device cpu (in Python: get_device('cpu'))")
         self._index = index
         self._torch_device = torch.device("cuda", index)
 

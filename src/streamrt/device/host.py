@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from streamrt.device.base import Event, Stream, StreamWork
-from streamrt.device.buffers import BufferPool, import_torch, torch_dtype
+from streamrt.device.base import BufferPool, Event, Stream, StreamWork
+from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.errors import PipelineClosedError, PipelineError
 
 __all__ = ["CpuDevice", "HostEvent", "HostStream", "InlineStream"]

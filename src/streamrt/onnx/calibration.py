@@ -47,8 +47,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from streamrt._optional import require
 from streamrt.config import CalibrationConfig, ImagePreprocess
-from streamrt.errors import CalibrationError, MissingDependencyError
+from streamrt.errors import CalibrationError
 from streamrt.types import DType, TensorSpec, format_shape
 
 __all__ = [
@@ -285,10 +286,8 @@ class CalibrationDataset:
         self.image_preprocess  # noqa: B018 - fail at construction when the size cannot be inferred
 
     def _read_image(self, path: Path) -> np.ndarray:
-        try:
-            from PIL import Image
-        except ImportError:
-            raise MissingDependencyError("pillow", "vision", purpose="image calibration data") from None
+        require("PIL", extra="vision", purpose="image calibration data")
+        from PIL import Image
         pre = self.image_preprocess
         try:
             with Image.open(path) as img:

@@ -6,20 +6,13 @@ interpreter, which the tests use to check the kernels on machines without a GPU)
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from functools import cache
 from typing import Any
 
+from streamrt._features import triton_importable
 from streamrt.errors import ConfigError
 
-__all__ = ["triton_importable", "use_triton"]
-
-
-@cache
-def triton_importable() -> bool:
-    """True when ``import triton`` would work."""
-    return importlib.util.find_spec("triton") is not None
+__all__ = ["use_triton"]
 
 
 def use_triton(device: Any, requested: bool | None) -> bool:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamrt._features import cv2_available
+from streamrt._optional import require
 from streamrt.errors import ConfigError, ShapeError
 
 __all__ = ["CpuLetterbox", "LetterboxGeometry", "Normalize", "linear_taps"]
@@ -166,11 +168,8 @@ class CpuLetterbox:
         self._cv2 = None
         if method not in ("auto", "opencv", "numpy"):
             raise ConfigError(f"letterbox method must be auto, opencv or numpy, got {method!r}")
-        if method != "numpy":
-            from streamrt.video._cv2 import has_cv2, import_cv2
-
-            if method == "opencv" or has_cv2():
-                self._cv2 = import_cv2()
+        if method != "numpy" and (method == "opencv" or cv2_available()):
+            self._cv2 = require("cv2", extra="video", purpose="video decoding and drawing")
         g = self.geometry
         self.method = "opencv" if self._cv2 is not None else "numpy"
         self._resized = np.empty((g.new_h, g.new_w, 3), np.uint8 if self._cv2 is not None else np.float32)

@@ -11,8 +11,8 @@ Example:
     ...     [r.value for r in pipe.map([1, 2, 3])]
     [4, 9, 16]
 
-The bundled GPU benchmark workload (a small CNN on 1080p frames) lives in
-:mod:`streamrt.pipeline.workloads`, which imports torch.
+The bundled GPU benchmark workload (a small CNN on 1080p frames, a torch-module engine) is demo
+code, not pipeline machinery: it lives in :mod:`streamrt.testing.workloads`, which imports torch.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each case builds its pipeline, warms it up (lazy initialisation, allocator growt
 heuristics and CUDA-graph capture stay out of the measurement), then times ``items`` items fed
 from a small pool of distinct inputs. Rounds interleave the cases (``a b c a b c ...``), so a
 machine whose speed drifts (shared CI runners, clocks) affects every case alike; the median
-round is reported. :mod:`streamrt.profile.pipeline_summary` turns the traces into tables.
+round is reported. :mod:`streamrt.profiling.pipeline_summary` turns the traces into tables.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamrt import _configio
 from streamrt.config import _enum
 from streamrt.errors import ConfigError
 
@@ -120,14 +121,11 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PipelineConfig:
         """Build from a mapping (YAML/JSON/CLI); unknown keys are an error naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown PipelineConfig keys {unknown}; known: {sorted(known)}")
-        return cls(**dict(data))
+        return _configio.structure(data, cls)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, the inverse of :meth:`from_dict`."""
-        out = dataclasses.asdict(self)
-        out["topology"] = self.topology.value
-        return out
+        return _configio.unstructure(self)
+
+
+_configio.register_class(PipelineConfig, name="PipelineConfig")

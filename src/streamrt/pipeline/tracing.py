@@ -7,7 +7,7 @@ the start of the trace: CUDA times are measured from a reference event that is s
 once, when the trace starts, with the host clock.
 
 Spans are read when an item is collected (its events have completed), so tracing adds two event
-records per CUDA stage and no host sync. :mod:`streamrt.profile` turns a :class:`PipelineTrace`
+records per CUDA stage and no host sync. :mod:`streamrt.profiling` turns a :class:`PipelineTrace`
 into Chrome-trace JSON, a PNG timeline and a summary.
 """
 

@@ -1,8 +1,8 @@
 """The StreamRT model server: KServe v2 / Triton protocol over HTTP and gRPC.
 
 A repository of models (plans, or ONNX built on load), a dynamic batcher and instance group per
-model, Prometheus metrics with Triton's names, and a perf_analyzer-style load generator. See
-``docs/serving.md``.
+model, and Prometheus metrics with Triton's names. The perf_analyzer-style load generator is a
+client: :mod:`streamrt.client.loadgen`. See ``docs/serving.md``.
 
 Example:
     >>> from streamrt.serve import ServerConfig, ServerThread

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrt import _configio
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 from streamrt.types import DType
@@ -46,32 +47,12 @@ CONFIG_FILES = ("config.yaml", "config.yml", "config.json", "config.pbtxt")
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 
 
-def _check(cond: bool, where: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(f"{where}: {message}")
+def _at_least(value: int, name: str, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _int(value: Any, where: str, name: str, minimum: int = 0) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}") from None
-    if isinstance(value, bool) or number < minimum or (isinstance(value, float) and value != number):
-        raise ConfigError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def _kwargs(cls: type, data: Mapping[str, Any], where: str, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known - set(ignore))
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")
-    return {k: v for k, v in data.items() if k in known}
-
-
-def datatype(value: Any, where: str) -> DType:
+def datatype(value: Any, where: str = "") -> DType:
     """``TYPE_FP32``, ``FP32``, ``float32`` or a DType -> DType (Triton's config names accepted)."""
     text = value if isinstance(value, DType) else str(value)
     if isinstance(text, str) and text.upper().startswith("TYPE_"):
@@ -79,10 +60,9 @@ def datatype(value: Any, where: str) -> DType:
     try:
         return DType.from_any(text)
     except ConfigError:
-        raise ConfigError(
-            f"{where}: unsupported data_type {value!r}; supported: "
-            + ", ".join(f"TYPE_{d.kserve}" for d in DType)
-        ) from None
+        supported = ", ".join(f"TYPE_{d.kserve}" for d in DType)
+        raise ConfigError(f"{where + ': ' if where else ''}unsupported data_type {value!r}; supported: {supported}") \
+            from None
 
 
 @dataclass(frozen=True)
@@ -93,21 +73,9 @@ class TensorConfig:
     data_type: DType
     dims: tuple[int, ...]
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> TensorConfig:
-        kw = _kwargs(cls, data, where, ignore=("format", "reshape", "optional", "label_filename", "datatype"))
-        _check("name" in kw, where, "every input/output needs a name")
-        dtype = kw.get("data_type", data.get("datatype"))
-        _check(dtype is not None, where, f"'{kw['name']}' needs a data_type, e.g. TYPE_FP32")
-        dims = tuple(int(d) for d in kw.get("dims", ()))
-        _check(all(d == -1 or d >= 1 for d in dims), where, f"dims of '{kw['name']}' must be >= 1 or -1, got {dims}")
-        return cls(str(kw["name"]), datatype(dtype, where), dims)
-
-    def to_triton(self, output: bool = False) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "data_type": f"TYPE_{self.data_type.kserve}", "dims": list(self.dims)}
-        if not output:
-            d.update(format="FORMAT_NONE", optional=False)
-        return d
+    def __post_init__(self) -> None:
+        if not all(d == -1 or d >= 1 for d in self.dims):
+            raise ConfigError(f"dims of '{self.name}' must be >= 1 or -1, got {self.dims}")
 
 
 @dataclass(frozen=True)
@@ -121,16 +89,9 @@ class QueuePolicy:
     allow_timeout_override: bool = False
     max_queue_size: int = 0
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> QueuePolicy:
-        kw = _kwargs(cls, data, where, ignore=("timeout_action",))
-        if str(data.get("timeout_action", "REJECT")).upper() != "REJECT":
-            raise ConfigError(f"{where}: timeout_action must be REJECT (DELAY is not supported)")
-        return cls(
-            _int(kw.get("default_timeout_microseconds", 0), where, "default_timeout_microseconds"),
-            bool(kw.get("allow_timeout_override", False)),
-            _int(kw.get("max_queue_size", 0), where, "max_queue_size"),
-        )
+    def __post_init__(self) -> None:
+        _at_least(self.default_timeout_microseconds, "default_timeout_microseconds", 0)
+        _at_least(self.max_queue_size, "max_queue_size", 0)
 
 
 @dataclass(frozen=True)
@@ -155,56 +116,36 @@ class BatchingConfig:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None, where: str) -> BatchingConfig:
-        kw = _kwargs(cls, data or {}, where, ignore=("priority_queue_policy",))
-        levels = _int(kw.get("priority_levels", 0), where, "priority_levels")
-        default_level = _int(kw.get("default_priority_level", 0), where, "default_priority_level")
-        if levels and not 1 <= default_level <= levels:
-            raise ConfigError(f"{where}: default_priority_level must be in 1..{levels}, got {default_level}")
-        return cls(
-            _int(kw.get("max_queue_delay_microseconds", 0), where, "max_queue_delay_microseconds"),
-            tuple(_int(b, where, "preferred_batch_size", 1) for b in kw.get("preferred_batch_size", ())),
-            bool(kw.get("preserve_ordering", False)),
-            levels,
-            default_level,
-            QueuePolicy.from_dict(kw.get("default_queue_policy") or {}, f"{where}.default_queue_policy"),
-        )
-
-    def to_triton(self) -> dict[str, Any]:
-        q = self.default_queue_policy
-        return {
-            "preferred_batch_size": list(self.preferred_batch_size),
-            "max_queue_delay_microseconds": self.max_queue_delay_microseconds,
-            "preserve_ordering": self.preserve_ordering,
-            "priority_levels": self.priority_levels,
-            "default_priority_level": self.default_priority_level,
-            "default_queue_policy": {
-                "timeout_action": "REJECT",
-                "default_timeout_microseconds": q.default_timeout_microseconds,
-                "allow_timeout_override": q.allow_timeout_override,
-                "max_queue_size": q.max_queue_size,
-            },
-        }
+    def __post_init__(self) -> None:
+        _at_least(self.max_queue_delay_microseconds, "max_queue_delay_microseconds", 0)
+        for size in self.preferred_batch_size:
+            _at_least(size, "preferred_batch_size", 1)
+        _at_least(self.priority_levels, "priority_levels", 0)
+        _at_least(self.default_priority_level, "default_priority_level", 0)
+        levels, default = self.priority_levels, self.default_priority_level
+        if levels and not 1 <= default <= levels:
+            raise ConfigError(f"default_priority_level must be in 1..{levels}, got {default}")
 
 
 @dataclass(frozen=True)
 class InstanceGroupConfig:
-    """``count`` instances, each with its own execution context, stream and worker thread."""
+    """``count`` instances, each with its own execution context, stream and worker thread.
+
+    ``kind`` takes Triton's ``KIND_CPU`` or the short ``cpu``.
+    """
 
     count: int = 1
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> InstanceGroupConfig:
-        kw = _kwargs(cls, data, where, ignore=("name", "profile", "passive", "host_policy", "rate_limiter"))
-        kind = str(kw.get("kind", "KIND_AUTO")).upper()
-        kind = kind if kind.startswith("KIND_") else f"KIND_{kind}"
-        allowed = ", ".join(INSTANCE_KINDS)
-        _check(kind in INSTANCE_KINDS, where, f"kind must be one of {allowed}, got {kw.get('kind')!r}")
-        gpus = tuple(_int(g, where, "gpus") for g in kw.get("gpus", ()))
-        return cls(_int(kw.get("count", 1), where, "count", 1), kind, gpus)
+    def __post_init__(self) -> None:
+        _at_least(self.count, "count", 1)
+        kind = self.kind.upper() if self.kind.upper().startswith("KIND_") else f"KIND_{self.kind.upper()}"
+        if kind not in INSTANCE_KINDS:
+            raise ConfigError(f"kind must be one of {', '.join(INSTANCE_KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "kind", kind)
+        for gpu in self.gpus:
+            _at_least(gpu, "gpus", 0)
 
 
 @dataclass(frozen=True)
@@ -220,39 +161,29 @@ class WarmupConfig:
     count: int = 1
     inputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> WarmupConfig:
-        kw = _kwargs(cls, data, where)
-        return cls(
-            str(kw.get("name", "warmup")),
-            _int(kw.get("batch_size", 1), where, "batch_size", 1),
-            _int(kw.get("count", 1), where, "count", 1),
-            dict(kw.get("inputs") or {}),
-        )
+    def __post_init__(self) -> None:
+        _at_least(self.batch_size, "batch_size", 1)
+        _at_least(self.count, "count", 1)
 
 
 @dataclass(frozen=True)
 class VersionPolicy:
-    """Which numeric version directories are served: ``latest`` N, ``all``, or ``specific``."""
+    """Which numeric version directories are served: ``latest`` N, ``all``, or ``specific``.
+
+    In a config file it is Triton's one-key form: ``{latest: {num_versions: 2}}``, ``{all: {}}``
+    or ``{specific: {versions: [1, 3]}}``.
+    """
 
     kind: str = "latest"
     num_versions: int = 1
     versions: tuple[int, ...] = ()
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> VersionPolicy:
-        if not isinstance(data, Mapping) or len(data) != 1 or next(iter(data)) not in ("latest", "all", "specific"):
-            raise ConfigError(f"{where}: expected one of {{latest: {{num_versions: N}}}}, {{all: {{}}}}, "
-                              f"{{specific: {{versions: [...]}}}}, got {data!r}")
-        kind, body = next(iter(data.items()))
-        body = body or {}
-        if kind == "latest":
-            return cls("latest", _int(body.get("num_versions", 1), where, "num_versions", 1))
-        if kind == "specific":
-            versions = tuple(_int(v, where, "versions", 1) for v in body.get("versions", ()))
-            _check(bool(versions), where, "specific needs at least one version")
-            return cls("specific", versions=versions)
-        return cls("all")
+    def __post_init__(self) -> None:
+        _at_least(self.num_versions, "num_versions", 1)
+        for version in self.versions:
+            _at_least(version, "versions", 1)
+        if self.kind == "specific" and not self.versions:
+            raise ConfigError("specific needs at least one version")
 
     def select(self, available: list[int]) -> list[int]:
         """The versions to serve out of ``available`` (ascending)."""
@@ -262,13 +193,6 @@ class VersionPolicy:
         if self.kind == "specific":
             return [v for v in ordered if v in self.versions]
         return ordered[-self.num_versions :]
-
-    def to_triton(self) -> dict[str, Any]:
-        if self.kind == "latest":
-            return {"latest": {"num_versions": self.num_versions}}
-        if self.kind == "specific":
-            return {"specific": {"versions": list(self.versions)}}
-        return {"all": {}}
 
 
 # Triton fields StreamRT accepts in a config and ignores (with a warning when they are set).
@@ -313,6 +237,10 @@ class ModelConfig:
     build: BuildConfig = field(default_factory=BuildConfig)
     parameters: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.max_batch_size is not None:
+            _at_least(self.max_batch_size, "max_batch_size", 0)
+
     @property
     def instance_count(self) -> int:
         return sum(g.count for g in self.instance_group)
@@ -320,47 +248,18 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> ModelConfig:
         """Validate a mapping (YAML/JSON/pbtxt) and build the config; ``name`` is the directory name."""
-        model = str(name or data.get("name") or "")
+        model = str(name or data.get("name") or "") if isinstance(data, Mapping) else ""
+        if not model:
+            raise ConfigError("model config: a model needs a name")
         where = f"model '{model}'"
-        _check(bool(model), "model config", "a model needs a name")
-        kw = _kwargs(cls, data, where, ignore=_IGNORED_MODEL_FIELDS)
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
         ignored = [k for k in _IGNORED_MODEL_FIELDS if data.get(k) not in (None, "", {}, [])]
         if ignored:
             log.warning("%s: ignoring config fields StreamRT does not implement: %s", where, ", ".join(ignored))
         if name and data.get("name") and data["name"] != name:
             raise ConfigError(f"{where}: config name '{data['name']}' differs from its directory '{name}'")
-        mbs = kw.get("max_batch_size")
-        groups = kw.get("instance_group")
-        warmup = kw.get("model_warmup")
-        build = kw.get("build") or {}
-        backend = str(kw.get("backend") or (build.get("backend") if isinstance(build, Mapping) else None)
-                      or "onnxruntime")
-        if isinstance(build, Mapping):
-            build = BuildConfig.from_dict({**build, "backend": backend})
-        batching = kw.get("dynamic_batching")
-        return cls(
-            name=model,
-            backend=backend,
-            max_batch_size=None if mbs is None else _int(mbs, where, "max_batch_size"),
-            input=tuple(TensorConfig.from_dict(t, f"{where} input") for t in kw.get("input") or ()),
-            output=tuple(TensorConfig.from_dict(t, f"{where} output") for t in kw.get("output") or ()),
-            dynamic_batching=None
-            if batching is None
-            else BatchingConfig.from_dict(batching, f"{where} dynamic_batching"),
-            instance_group=tuple(InstanceGroupConfig.from_dict(g, f"{where} instance_group") for g in groups)
-            if groups
-            else (InstanceGroupConfig(),),
-            version_policy=VersionPolicy.from_dict(kw["version_policy"], f"{where} version_policy")
-            if kw.get("version_policy")
-            else VersionPolicy(),
-            model_warmup=None
-            if warmup is None
-            else tuple(WarmupConfig.from_dict(w, f"{where} model_warmup") for w in warmup),
-            default_model_filename=str(kw.get("default_model_filename") or ""),
-            build=build,
-            parameters={str(k): str(v.get("string_value", "") if isinstance(v, Mapping) else v)
-                        for k, v in (kw.get("parameters") or {}).items()},
-        )
+        return _configio.structure(_from_triton(data, model), cls, where)
 
     @classmethod
     def from_file(cls, path: str | Path, *, name: str | None = None) -> ModelConfig:
@@ -372,28 +271,103 @@ class ModelConfig:
 
     def to_triton(self, platform: str) -> dict[str, Any]:
         """The config as Triton's JSON (proto field names, defaults printed), for ``/config``."""
-        d: dict[str, Any] = {
-            "name": self.name,
-            "platform": platform,
-            "backend": self.backend,
-            "version_policy": self.version_policy.to_triton(),
-            "max_batch_size": self.max_batch_size or 0,
-            "input": [t.to_triton() for t in self.input],
-            "output": [t.to_triton(output=True) for t in self.output],
-            "instance_group": [
-                {"name": f"{self.name}_{i}", "kind": g.kind, "count": g.count, "gpus": list(g.gpus)}
-                for i, g in enumerate(self.instance_group)
-            ],
-            "default_model_filename": self.default_model_filename,
-            "parameters": {k: {"string_value": v} for k, v in self.parameters.items()},
-            "model_warmup": [
-                {"name": w.name, "batch_size": w.batch_size, "count": w.count, "inputs": {}}
-                for w in self.model_warmup or ()
-            ],
-        }
-        if self.dynamic_batching is not None:
-            d["dynamic_batching"] = self.dynamic_batching.to_triton()
+        d = _triton.unstructure(self)
+        del d["build"]
+        if d["dynamic_batching"] is None:
+            del d["dynamic_batching"]
+        for t in d["input"]:
+            t.update(format="FORMAT_NONE", optional=False)
+        for i, group in enumerate(d["instance_group"]):
+            group["name"] = f"{self.name}_{i}"
+        d.update(
+            platform=platform,
+            max_batch_size=self.max_batch_size or 0,
+            parameters={k: {"string_value": v} for k, v in self.parameters.items()},
+            model_warmup=[{**w, "inputs": {}} for w in d["model_warmup"] or ()],
+        )
         return d
+
+
+# --- Triton's config layout <-> the dataclasses (registered on the shared converter) -----------
+
+
+def _from_triton(data: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """Triton's top-level spellings as this module's fields: defaults for empty values, the
+    backend shared with ``build``, ``parameters`` values unwrapped from ``{string_value: ...}``."""
+    out = {k: v for k, v in data.items() if k not in _IGNORED_MODEL_FIELDS}
+    out["name"] = model
+    for key in ("instance_group", "version_policy", "default_model_filename", "parameters", "build"):
+        if not out.get(key):
+            out.pop(key, None)
+    build = out.get("build")
+    backend = out.get("backend") or (build.get("backend") if isinstance(build, Mapping) else None) or "onnxruntime"
+    out["backend"] = backend
+    if isinstance(build, Mapping):
+        out["build"] = {**build, "backend": backend}
+    else:
+        out["build"] = {"backend": backend}
+    if isinstance(out.get("parameters"), Mapping):
+        out["parameters"] = {str(k): str(v.get("string_value", "") if isinstance(v, Mapping) else v)
+                             for k, v in out["parameters"].items()}
+    return out
+
+
+def _tensor_fields(data: dict[str, Any]) -> dict[str, Any]:
+    if "data_type" not in data and "datatype" in data:
+        data["data_type"] = data.pop("datatype")
+    if "name" not in data:
+        raise ConfigError("every input/output needs a name")
+    if data.get("data_type") is None:
+        raise ConfigError(f"'{data['name']}' needs a data_type, e.g. TYPE_FP32")
+    return data
+
+
+def _queue_policy_fields(data: dict[str, Any]) -> dict[str, Any]:
+    if str(data.pop("timeout_action", "REJECT")).upper() != "REJECT":
+        raise ConfigError("timeout_action must be REJECT (DELAY is not supported)")
+    return data
+
+
+def _version_policy(value: Any, _: type) -> VersionPolicy:
+    if isinstance(value, VersionPolicy):
+        return value
+    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("latest", "all", "specific"):
+        raise ConfigError("expected one of {latest: {num_versions: N}}, {all: {}}, "
+                          f"{{specific: {{versions: [...]}}}}, got {value!r}")
+    kind, body = next(iter(value.items()))
+    fields = {"latest": ("num_versions",), "specific": ("versions",), "all": ()}[kind]
+    return _plain_version_policy({**{k: v for k, v in (body or {}).items() if k in fields}, "kind": kind},
+                                 VersionPolicy)
+
+
+def _version_policy_to_triton(policy: VersionPolicy) -> dict[str, Any]:
+    if policy.kind == "latest":
+        return {"latest": {"num_versions": policy.num_versions}}
+    if policy.kind == "specific":
+        return {"specific": {"versions": list(policy.versions)}}
+    return {"all": {}}
+
+
+# Leaves first: a class's reader binds the hooks of its fields' types when it is registered.
+_plain_version_policy = _configio.class_reader(VersionPolicy)
+_configio.converter.register_structure_hook(VersionPolicy, _version_policy)
+_configio.converter.register_structure_hook(DType, lambda v, _: datatype(v))
+_configio.register_class(
+    TensorConfig, ignore=("format", "reshape", "optional", "label_filename"), before=_tensor_fields
+)
+_configio.register_class(QueuePolicy, before=_queue_policy_fields)
+_configio.register_class(BatchingConfig, ignore=("priority_queue_policy",))
+_configio.register_class(InstanceGroupConfig, ignore=("name", "profile", "passive", "host_policy", "rate_limiter"))
+_configio.register_class(WarmupConfig)
+_configio.register_class(ModelConfig)
+
+# Triton's JSON for /config: its type names, the one-key version policy, the queue's timeout_action.
+_triton = _configio.converter.copy()
+_triton.register_unstructure_hook(DType, lambda d: f"TYPE_{d.kserve}")
+_triton.register_unstructure_hook(VersionPolicy, _version_policy_to_triton)
+_triton.register_unstructure_hook(
+    QueuePolicy, lambda q: {"timeout_action": "REJECT", **dict(dataclasses.asdict(q))}
+)
 
 
 def read_config_file(path: Path) -> Mapping[str, Any]:

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from streamrt.errors import MissingDependencyError, RequestError, StreamRTError, UnsupportedRequestError
+from streamrt._optional import require
+from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
+from streamrt.serve.core import ServerCore
 from streamrt.serve.proto import SERVICE
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype, numpy_dtype
-from streamrt.serve.server import InferenceServer
 from streamrt.serve.status import status_for
 
 __all__ = ["decode_grpc_request", "encode_grpc_response", "start_grpc"]
@@ -35,13 +36,9 @@ _CONTENTS = {
 
 
 def import_grpc() -> Any:
-    """Import grpc (with ``grpc.aio``) or raise MissingDependencyError naming the ``serve`` extra."""
-    try:
-        import grpc
-        import grpc.aio
-    except ImportError as exc:
-        raise MissingDependencyError("grpcio", "serve", purpose="the gRPC front end") from exc
-    return grpc
+    """``grpc`` with ``grpc.aio`` loaded, or MissingDependencyError naming the ``serve`` extra."""
+    require("grpc.aio", extra="serve", purpose="the gRPC front end")
+    return require("grpc", extra="serve", purpose="the gRPC front end")
 
 
 def _param(value: Any) -> Any:
@@ -109,13 +106,13 @@ def encode_grpc_response(response: InferResponse) -> Any:
 class _Service:
     """The RPC implementations; each returns a response message or aborts with the mapped status."""
 
-    def __init__(self, server: InferenceServer) -> None:
+    def __init__(self, server: ServerCore) -> None:
         from google.protobuf import json_format
 
         from streamrt.serve.proto import messages
 
         self.server = server
-        self.m = messages
+        self.messages = messages
         self.json_format = json_format
         self.grpc = import_grpc()
 
@@ -132,45 +129,46 @@ class _Service:
         return self.server.repository
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
-        return self.m.ServerLiveResponse(live=self.server.live)
+        return self.messages.ServerLiveResponse(live=self.server.live)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return self.m.ServerReadyResponse(ready=self.server.ready)
+        return self.messages.ServerReadyResponse(ready=self.server.ready)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             ready = self.server.accepting and self.repo.is_ready(request.name, request.version)
-            return self.m.ModelReadyResponse(ready=ready)
+            return self.messages.ModelReadyResponse(ready=ready)
         return await self._guard(context, call)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            return self.m.ServerMetadataResponse(**self.server.metadata())
+            return self.messages.ServerMetadataResponse(**self.server.metadata())
         return await self._guard(context, call)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             meta = self.repo.get(request.name, request.version).metadata(self.repo.versions(request.name))
-            return self.json_format.ParseDict(meta, self.m.ModelMetadataResponse())
+            return self.json_format.ParseDict(meta, self.messages.ModelMetadataResponse())
         return await self._guard(context, call)
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             config = self.repo.get(request.name, request.version).triton_config()
-            message = self.json_format.ParseDict(config, self.m.ModelConfig(), ignore_unknown_fields=True)
-            return self.m.ModelConfigResponse(config=message)
+            message = self.json_format.ParseDict(config, self.messages.ModelConfig(), ignore_unknown_fields=True)
+            return self.messages.ModelConfigResponse(config=message)
         return await self._guard(context, call)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             stats = self.server.statistics(request.name, request.version)
-            return self.json_format.ParseDict(stats, self.m.ModelStatisticsResponse(), ignore_unknown_fields=True)
+            response = self.messages.ModelStatisticsResponse()
+            return self.json_format.ParseDict(stats, response, ignore_unknown_fields=True)
         return await self._guard(context, call)
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             return self.json_format.ParseDict({"models": self.repo.index(ready_only=request.ready)},
-                                              self.m.RepositoryIndexResponse())
+                                              self.messages.RepositoryIndexResponse())
         return await self._guard(context, call)
 
     def _check_control(self) -> None:
@@ -190,14 +188,14 @@ class _Service:
                 except ValueError as exc:
                     raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
             await self.repo.load(request.model_name, override)
-            return self.m.RepositoryModelLoadResponse()
+            return self.messages.RepositoryModelLoadResponse()
         return await self._guard(context, call)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             self._check_control()
             await self.repo.unload(request.model_name)
-            return self.m.RepositoryModelUnloadResponse()
+            return self.messages.RepositoryModelUnloadResponse()
         return await self._guard(context, call)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -216,9 +214,9 @@ class _Service:
             try:
                 infer_request = decode_grpc_request(request, self.server.config.max_tensor_elements)
                 response = encode_grpc_response(await self.server.infer(infer_request))
-                yield self.m.ModelStreamInferResponse(infer_response=response)
+                yield self.messages.ModelStreamInferResponse(infer_response=response)
             except StreamRTError as exc:
-                yield self.m.ModelStreamInferResponse(error_message=str(exc))
+                yield self.messages.ModelStreamInferResponse(error_message=str(exc))
 
 
 _UNARY = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
@@ -231,7 +229,7 @@ def _handler(service: _Service) -> Any:
     grpc = service.grpc
     handlers = {}
     for name in _UNARY:
-        request_type = getattr(service.m, _REQUEST_TYPES.get(name, f"{name}Request"))
+        request_type = getattr(service.messages, _REQUEST_TYPES.get(name, f"{name}Request"))
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(service, name),
             request_deserializer=request_type.FromString,
@@ -239,13 +237,13 @@ def _handler(service: _Service) -> Any:
         )
     handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         service.ModelStreamInfer,
-        request_deserializer=service.m.ModelInferRequest.FromString,
+        request_deserializer=service.messages.ModelInferRequest.FromString,
         response_serializer=lambda message: message.SerializeToString(),
     )
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-async def start_grpc(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
     grpc = import_grpc()
     limit = server.config.max_request_bytes

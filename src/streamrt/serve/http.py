@@ -18,8 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from streamrt._optional import require
 from streamrt.errors import (
-    MissingDependencyError,
     PayloadTooLargeError,
     RequestError,
     ServeError,
@@ -32,7 +32,7 @@ from streamrt.serve.status import status_for
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from streamrt.serve.server import InferenceServer
+    from streamrt.serve.core import ServerCore
 
 __all__ = ["build_app", "start_http"]
 
@@ -41,25 +41,15 @@ log = logging.getLogger(__name__)
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
 
-def import_aiohttp() -> Any:
-    """Import aiohttp or raise MissingDependencyError naming the ``serve`` extra."""
-    try:
-        import aiohttp
-        from aiohttp import web  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependencyError("aiohttp", "serve", purpose="the HTTP front end") from exc
-    return aiohttp
-
-
 def _error(status: int, message: str) -> web.Response:
     from aiohttp import web
 
     return web.json_response({"error": message}, status=status)
 
 
-def build_app(server: InferenceServer) -> web.Application:
+def build_app(server: ServerCore) -> web.Application:
     """The aiohttp application serving ``server`` (exposed for tests with aiohttp's test client)."""
-    import_aiohttp()
+    require("aiohttp", extra="serve", purpose="the HTTP front end")
     from aiohttp import web
 
     limit = server.config.max_request_bytes
@@ -95,30 +85,30 @@ def build_app(server: InferenceServer) -> web.Application:
     async def server_metadata(request: web.Request) -> web.Response:
         return web.json_response(server.metadata())
 
-    def target(request: web.Request) -> tuple[str, str]:
+    def model_and_version(request: web.Request) -> tuple[str, str]:
         return request.match_info["model"], request.match_info.get("version", "")
 
     async def model_metadata(request: web.Request) -> web.Response:
-        name, version = target(request)
+        name, version = model_and_version(request)
         return web.json_response(repo().get(name, version).metadata(repo().versions(name)))
 
     async def model_ready(request: web.Request) -> web.Response:
-        name, version = target(request)
+        name, version = model_and_version(request)
         return web.Response(status=200 if server.accepting and repo().is_ready(name, version) else 400)
 
     async def model_config(request: web.Request) -> web.Response:
-        name, version = target(request)
+        name, version = model_and_version(request)
         return web.json_response(repo().get(name, version).triton_config())
 
     async def model_stats(request: web.Request) -> web.Response:
-        name, version = target(request)
+        name, version = model_and_version(request)
         return web.json_response(server.statistics(name, version))
 
     async def all_stats(request: web.Request) -> web.Response:
         return web.json_response(server.statistics())
 
     async def infer(request: web.Request) -> web.Response:
-        name, version = target(request)
+        name, version = model_and_version(request)
         if request.content_length is not None and request.content_length > limit:
             raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
         if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
@@ -201,9 +191,9 @@ def build_app(server: InferenceServer) -> web.Application:
     return app
 
 
-async def start_http(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+async def start_http(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the HTTP site; returns the runner (``await runner.cleanup()`` stops it) and the bound port."""
-    import_aiohttp()
+    require("aiohttp", extra="serve", purpose="the HTTP front end")
     from aiohttp import web
 
     runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)

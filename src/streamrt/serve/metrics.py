@@ -18,8 +18,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from streamrt._optional import available, require
+
 if TYPE_CHECKING:
-    from streamrt.serve.server import InferenceServer
+    from aiohttp import web
+
+    from streamrt.serve.core import ServerCore
 
 __all__ = ["collect", "render", "start_metrics"]
 
@@ -57,10 +61,9 @@ _GPU = (
 
 def _gpu_readings() -> list[tuple[str, list[float]]]:
     """Per-GPU (uuid, values in _GPU order) through NVML; empty without pynvml or a GPU."""
-    try:
-        import pynvml
-    except ImportError:
+    if not available("pynvml"):
         return []
+    pynvml = require("pynvml", extra="serve", purpose="GPU metrics")
     try:
         pynvml.nvmlInit()
         readings = []
@@ -89,7 +92,7 @@ Family = tuple[str, str, str, list[tuple[dict[str, str], float]]]
 """(name, type, help, samples of (labels, value))."""
 
 
-def collect(server: InferenceServer) -> list[Family]:
+def collect(server: ServerCore) -> list[Family]:
     """Metric families for the current state of ``server``."""
     served = server.repository.served() if server.repository else []
 
@@ -122,7 +125,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(server: InferenceServer) -> bytes:
+def render(server: ServerCore) -> bytes:
     """Prometheus text exposition (format 0.0.4) of :func:`collect`, names exactly as Triton's."""
     lines = []
     for name, kind, text, samples in collect(server):
@@ -134,13 +137,10 @@ def render(server: InferenceServer) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-async def start_metrics(server: InferenceServer, host: str, port: int) -> tuple[Any, int]:
+async def start_metrics(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Serve ``GET /metrics`` on its own port (Triton's 8002); returns the runner and the bound port."""
+    require("aiohttp", extra="serve", purpose="the metrics listener")
     from aiohttp import web
-
-    from streamrt.serve.http import import_aiohttp
-
-    import_aiohttp()
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=render(server), content_type="text/plain", charset="utf-8",

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from streamrt.backends.base import Engine
-from streamrt.config import BuildConfig
 from streamrt.errors import (
     ConfigError,
     DTypeMismatchError,
@@ -34,38 +33,23 @@ from streamrt.errors import (
     ShapeError,
     UnknownInputError,
 )
+from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
-from streamrt.plan import is_plan_file
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
 from streamrt.serve.instances import InstanceGroup
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
-from streamrt.types import ShapeProfile, ShapeRange, TensorSpec, format_shape
+from streamrt.types import ShapeProfile, TensorSpec, format_shape
 
 __all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
 
 log = logging.getLogger(__name__)
 
 
-def _onnx_build_config(path: Path, config: ModelConfig) -> BuildConfig:
-    """The build config, with a batch profile of 1..max_batch_size when none is given."""
-    build = config.build
-    if build.profiles or not config.max_batch_size:
-        return build
-    from streamrt.onnx.model import load_model
-
-    ranges = {}
-    for spec in load_model(path).inputs:
-        if spec.shape and spec.shape[0] < 0 and all(d > 0 for d in spec.shape[1:]):
-            rest = spec.shape[1:]
-            n = config.max_batch_size
-            ranges[spec.name] = ShapeRange((1, *rest), (n, *rest), (n, *rest))
-    return build.replace(profiles=(ShapeProfile(ranges),)) if ranges else build
-
-
 def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
-    """Load ``<model_dir>/<version>/<file>``: a plan, or an ONNX model built through the cache.
+    """Open ``<model_dir>/<version>/<file>`` with :func:`streamrt.open`: a plan, or an ONNX model built
+    through the cache with a batch profile of 1..``max_batch_size`` when the config gives no profiles.
 
     Raises:
         ModelNotFoundError: the version directory holds no model file.
@@ -80,22 +64,21 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
             f"model '{config.name}' version {version}: no {' or '.join(names)} in {folder}",
             hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
         )
-    if is_plan_file(path):
-        return streamrt.load(path)
     started = time.perf_counter()
-    result = streamrt.build(path, _onnx_build_config(path, config), cache=True)
-    log.info("model '%s' version %d: %s %s in %.1f s", config.name, version,
-             "reused cached plan" if result.cached else "built plan", result.path.name, time.perf_counter() - started)
-    return streamrt.load(result.path)
+    engine = streamrt.open(path, config.build, max_batch=config.max_batch_size or None, cache=True)
+    log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
+             time.perf_counter() - started)
+    return engine
 
 
 EngineLoader = Callable[[Path, int, ModelConfig], Engine]
 """Loads the engine of one model version: ``(model_dir, version, config) -> Engine``."""
 
 
-def _agree(
+def _tensors_from_engine(
     given: tuple[TensorConfig, ...], derived: list[TensorConfig], kind: str, model: str
 ) -> tuple[TensorConfig, ...]:
+    """The engine's tensors when the config names none; else the config's, checked against the engine."""
     if not given:
         return tuple(derived)
     by_name = {t.name: t for t in derived}
@@ -153,8 +136,8 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
     def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:
         return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items]
 
-    inputs = _agree(config.input, derived(engine.inputs), "input", config.name)
-    outputs = _agree(config.output, derived(engine.outputs), "output", config.name)
+    inputs = _tensors_from_engine(config.input, derived(engine.inputs), "input", config.name)
+    outputs = _tensors_from_engine(config.output, derived(engine.outputs), "output", config.name)
     return config.replace(max_batch_size=mbs, input=inputs, output=outputs, backend=engine.manifest.backend)
 
 
@@ -220,8 +203,9 @@ class ServedModel:
         return [WarmupConfig(name=f"default_batch_{b}", batch_size=b) for b in sizes]
 
     def _warmup_inputs(self, warmup: WarmupConfig, rng: np.random.Generator) -> dict[str, np.ndarray] | None:
+        """Random inputs (zeros where ``zero_data`` asks) at the warm-up's shapes; None when a dim is unknown."""
         profile = self.engine.profiles[0] if self.engine.profiles else ShapeProfile()
-        arrays = {}
+        specs, zeros = [], set()
         for name, tensor in self._inputs.items():
             given = warmup.inputs.get(name, {})
             dims = tuple(int(d) for d in given.get("dims", tensor.dims))
@@ -231,14 +215,13 @@ class ServedModel:
                     return None
                 offset = 1 if self.batched else 0
                 dims = tuple(opt.opt[i + offset] if d < 0 else d for i, d in enumerate(dims))
-            shape = (warmup.batch_size, *dims) if self.batched else dims
-            dtype = tensor.data_type.numpy
+            specs.append(TensorSpec(name, tensor.data_type, (warmup.batch_size, *dims) if self.batched else dims))
             if given.get("zero_data"):
-                arrays[name] = np.zeros(shape, dtype)
-            elif np.issubdtype(dtype, np.floating):
-                arrays[name] = rng.standard_normal(shape).astype(dtype)
-            else:
-                arrays[name] = rng.integers(0, 2, size=shape).astype(dtype)
+                zeros.add(name)
+        arrays = random_inputs(specs, {s.name: s.shape for s in specs}, rng)
+        for spec in specs:
+            if spec.name in zeros:
+                arrays[spec.name] = np.zeros(spec.shape, spec.dtype.numpy)
         return arrays
 
     def warm_up(self) -> None:
@@ -249,7 +232,7 @@ class ServedModel:
             if inputs is None:
                 log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
                 continue
-            self.check(inputs)
+            self.validate(inputs)
             for instance in self.instances.instances:
                 for _ in range(warmup.count):
                     instance.run([inputs])
@@ -269,8 +252,9 @@ class ServedModel:
     def pending(self) -> int:
         return self._scheduler.pending if self._scheduler else 0
 
-    def check(self, inputs: Mapping[str, np.ndarray]) -> tuple[int, Hashable]:
-        """Validate a request's inputs; return its batch rows and its batching key.
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """Check a request's inputs against the model (once: the engine does not check them again);
+        return its batch rows.
 
         Raises:
             UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
@@ -310,8 +294,13 @@ class ServedModel:
                              + ", ".join(f"{n} {s[0]}" for n, s in shapes.items()))
         if self.engine.profiles:
             check_shapes(self.engine.profiles, shapes)
-        key = tuple((n, inputs[n].dtype.str, shapes[n][1:] if self.batched else shapes[n]) for n in self._inputs)
-        return rows, key
+        return rows
+
+    def batching_key(self, inputs: Mapping[str, np.ndarray]) -> Hashable:
+        """Requests with equal keys may share a batch: same datatypes and non-batch dims, input by input."""
+        return tuple(
+            (n, inputs[n].dtype.str, inputs[n].shape[1:] if self.batched else inputs[n].shape) for n in self._inputs
+        )
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, queue, wait for the batch, and shape the response (outputs as requested)."""
@@ -321,9 +310,10 @@ class ServedModel:
             if out.name not in self._outputs:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
-        rows, key = self.check(request.inputs)
+        rows = self.validate(request.inputs)
         outputs = await self._scheduler.submit(
-            request.inputs, rows=rows, key=key, priority=request.priority, timeout_us=request.timeout_us
+            request.inputs, rows=rows, key=self.batching_key(request.inputs),
+            priority=request.priority, timeout_us=request.timeout_us,
         )
         names = [o.name for o in request.outputs] or self._outputs
         return InferResponse(self.name, str(self.version), request.id, {n: outputs[n] for n in names})

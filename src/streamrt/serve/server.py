@@ -1,13 +1,11 @@
-"""The inference server: a repository behind HTTP, gRPC and metrics front ends on one event loop.
+"""The inference server: the server core behind HTTP, gRPC and metrics listeners on one event loop.
 
-:class:`InferenceServer` owns the lifecycle. ``start`` binds the front ends first (liveness is
-true at once, readiness only once the start-up models are READY) and loads the models in the
-background; ``stop`` is the graceful shutdown: readiness goes false and new inference requests
-get 503, in-flight requests finish (bounded by ``exit_timeout_s``), models are unloaded (GPU
-memory released), then the listeners close.
-
-All front ends call :meth:`InferenceServer.infer`, which also keeps the per-model success and
-failure counters, so HTTP, gRPC and in-process calls are counted the same way.
+This is the one module that starts the front ends. :class:`InferenceServer` is a
+:class:`~streamrt.serve.core.ServerCore` (model lifecycle, health, inference, statistics, auth)
+that binds the listeners the config asks for before it accepts work and closes them last on
+shutdown. The listeners (:mod:`~streamrt.serve.http`, :mod:`~streamrt.serve.grpc_service`,
+:mod:`~streamrt.serve.metrics`) import the core, never the reverse, and are imported here only
+when their port is set, so a core without listeners needs neither aiohttp nor grpcio.
 
 Example:
     >>> with ServerThread("models", ServerConfig(http_port=0, grpc_port=0)) as server:   # doctest: +SKIP
@@ -19,67 +17,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from streamrt import __version__
-from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
+from streamrt.serve.core import EXTENSIONS, ServerCore
 from streamrt.serve.model import EngineLoader
-from streamrt.serve.protocol import InferRequest, InferResponse
-from streamrt.serve.repository import ModelRepository
-from streamrt.serve.status import status_for
 
 __all__ = ["EXTENSIONS", "InferenceServer", "ServerThread"]
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "schedule_policy",
-              "statistics", "parameters"]
-"""KServe/Triton extensions this server implements (listed in the server metadata)."""
 
-
-class InferenceServer:
+class InferenceServer(ServerCore):
     """Serves a model repository over KServe v2 HTTP and gRPC, with Prometheus metrics.
 
     Args:
         repository: the model repository directory.
         config: listeners, limits, auth, shutdown timeout.
         engine_loader: replaces how model versions load their engine (tests, custom engines).
+
+    Attributes:
+        http_port, grpc_port, metrics_port: the bound ports (None for a listener not started).
     """
 
     def __init__(
         self, repository: str | Path, config: ServerConfig | None = None, *, engine_loader: EngineLoader | None = None
     ) -> None:
-        self.config = config or ServerConfig()
-        self.engine_loader = engine_loader
-        self.repository_path = Path(repository)
-        self.repository: ModelRepository | None = None
-        self.started_at = 0.0
-        self._accepting = False
-        self._inflight = 0
-        self._idle: asyncio.Event | None = None
-        self._startup: list[str] = []
-        self._loading: asyncio.Task[Any] | None = None
-        self._closers: list[Any] = []
+        super().__init__(repository, config, engine_loader=engine_loader)
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
 
-    # --- lifecycle ----------------------------------------------------------------------------
-
-    async def start(self, *, wait_ready: bool = False) -> None:
-        """Bind the front ends and start loading the start-up models (optionally wait for them)."""
+    async def _open_listeners(self) -> None:
         cfg = self.config
-        self.repository = ModelRepository(
-            self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
-            engine_loader=self.engine_loader,
-        )
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._startup = list(cfg.startup_models) if cfg.startup_models is not None else self.repository.model_names()
         if cfg.http_port is not None:
             from streamrt.serve.http import start_http
 
@@ -95,115 +69,17 @@ class InferenceServer:
 
             runner, self.metrics_port = await start_metrics(self, cfg.host, cfg.metrics_port)
             self._closers.append(runner.cleanup)
-        self._accepting = True
-        self.started_at = time.time()
-        log.info("streamrt server %s: http %s, grpc %s, metrics %s on %s; loading %d models", __version__,
-                 self.http_port, self.grpc_port, self.metrics_port, cfg.host, len(self._startup))
-        self._loading = asyncio.get_running_loop().create_task(self._load_startup())
-        if wait_ready:
-            await self._loading
 
-    async def _load_startup(self) -> None:
-        assert self.repository is not None
-        results = await asyncio.gather(*(self.repository.load(n) for n in self._startup), return_exceptions=True)
-        for name, result in zip(self._startup, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("model '%s' is UNAVAILABLE: %s", name, result)
+    def _describe_listeners(self) -> str:
+        return f": http {self.http_port}, grpc {self.grpc_port}, metrics {self.metrics_port} on {self.config.host}"
 
-    async def stop(self, timeout: float | None = None) -> None:
-        """Graceful shutdown: refuse new work, finish in-flight requests, unload, close listeners."""
-        if not self._accepting and not self._closers:
-            return
-        limit = self.config.exit_timeout_s if timeout is None else timeout
-        self._accepting = False
-        log.info("shutting down: waiting up to %.1f s for %d in-flight requests", limit, self._inflight)
-        if self._loading is not None and not self._loading.done():
-            self._loading.cancel()
-        if self._idle is not None and self._inflight:
-            try:
-                await asyncio.wait_for(self._idle.wait(), limit)
-            except asyncio.TimeoutError:
-                log.warning("%d requests still in flight after %.1f s", self._inflight, limit)
-        if self.repository is not None:
-            self.repository.drain_timeout_s = min(self.repository.drain_timeout_s, max(limit, 0.1))
-            await self.repository.close()
+    async def _close_listeners(self) -> None:
         for close in reversed(self._closers):
             try:
                 await close()
             except Exception:
                 log.warning("closing a listener failed", exc_info=True)
         self._closers.clear()
-        _release_gpu_memory()
-        log.info("server stopped")
-
-    # --- health -------------------------------------------------------------------------------
-
-    @property
-    def live(self) -> bool:
-        return self.repository is not None
-
-    @property
-    def ready(self) -> bool:
-        """Readiness: accepting work and (strict readiness) every start-up model READY."""
-        if not self._accepting or self.repository is None:
-            return False
-        return self.repository.all_ready(self._startup) if self.config.strict_readiness else True
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
-
-    def metadata(self) -> dict[str, Any]:
-        return {"name": "streamrt", "version": __version__, "extensions": EXTENSIONS}
-
-    def check_auth(self, header: str | None) -> None:
-        """Raise :class:`UnauthorizedError` unless ``header`` is ``Bearer <token>`` (when a token is set)."""
-        token = self.config.auth_token
-        if token is None:
-            return
-        import hmac
-
-        given = (header or "").removeprefix("Bearer ").strip() if (header or "").startswith("Bearer ") else ""
-        if not given or not hmac.compare_digest(given.encode(), token.encode()):
-            raise UnauthorizedError("missing or wrong bearer token", hint="send 'Authorization: Bearer <token>'")
-
-    # --- inference ----------------------------------------------------------------------------
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one request through its model's scheduler; count success or failure by reason."""
-        if not self._accepting or self.repository is None:
-            raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
-        assert self._idle is not None
-        model = self.repository.get(request.model, request.version)
-        self._inflight += 1
-        self._idle.clear()
-        try:
-            response = await model.infer(request)
-        except BaseException as exc:
-            model.stats.record_failure(status_for(exc).reason, time.perf_counter_ns() - request.received_ns)
-            if not isinstance(exc, (StreamRTError, asyncio.CancelledError)):
-                log.exception("model '%s': unexpected error", request.model)
-            raise
-        finally:
-            self._inflight -= 1
-            if not self._inflight:
-                self._idle.set()
-        model.stats.record_success(time.perf_counter_ns() - request.received_ns)
-        return response
-
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """The statistics extension's response for one model (or all when ``name`` is empty)."""
-        assert self.repository is not None
-        models = [self.repository.get(name, version)] if name else self.repository.served()
-        return {"model_stats": [m.stats.to_kserve(m.name, str(m.version)) for m in models]}
-
-
-def _release_gpu_memory() -> None:
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class ServerThread:

@@ -120,7 +120,7 @@ def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, 
 
     source = load_model(bundled_model())
     spec = source.inputs[0]
-    build_config = detector_build_config(backend, spec.name, spec.shape, max_batch=max(16, config.batch),
+    build_config = detector_build_config(backend, spec, max_batch=max(16, config.batch),
                                          opt_batch=config.batch)
     if options:
         build_config = build_config.replace(backend_options=options)

@@ -29,7 +29,7 @@ import numpy as np
 
 from streamrt.errors import ConfigError, ModelError, ModelNotFoundError
 from streamrt.ops.layouts import OutputLayout, resolve_layout
-from streamrt.types import ShapeProfile, ShapeRange
+from streamrt.types import ShapeRange, TensorSpec
 
 __all__ = [
     "BACKEND_PREFERENCE",
@@ -228,10 +228,17 @@ def describe_engine(engine: Any, *, device: str | None = None, labels: Sequence[
     )
 
 
-def detector_build_config(backend: str, input_name: str, input_shape: Sequence[int], *, max_batch: int = 16,
-                          opt_batch: int = 1, precision: str | None = None) -> Any:
-    """A :class:`~streamrt.config.BuildConfig`, with a batch profile 1..``max_batch`` when the batch is dynamic."""
+def detector_build_config(backend: str, spec: TensorSpec, *, max_batch: int = 16, opt_batch: int = 1,
+                          precision: str | None = None) -> Any:
+    """A :class:`~streamrt.config.BuildConfig` for the detector input ``spec``: the backend's precision
+    (:data:`BACKEND_PREFERENCE`) and, when the batch is dynamic, a batch profile 1..``max_batch``
+    (:func:`streamrt.opening.with_batch_profile`).
+
+    Raises:
+        ConfigError: the batch is dynamic and so is the image size (a detector needs a fixed one).
+    """
     from streamrt.config import BuildConfig, Precision
+    from streamrt.opening import with_batch_profile
 
     if backend not in BACKEND_PREFERENCE and precision is None:
         precision = "fp32"
@@ -240,15 +247,11 @@ def detector_build_config(backend: str, input_name: str, input_shape: Sequence[i
 
     if precision not in get_backend(backend).precisions:
         precision = "fp32"
-    profiles: tuple[ShapeProfile, ...] = ()
-    if input_shape[0] == -1:
-        c, h, w = (int(d) for d in input_shape[1:])
-        if min(c, h, w) < 1:
-            raise ConfigError(f"input '{input_name}' has dynamic height/width {tuple(input_shape)}",
-                              hint="export the detector with a fixed image size")
-        opt = min(max(1, opt_batch), max_batch)
-        profiles = (ShapeProfile({input_name: ShapeRange((1, c, h, w), (opt, c, h, w), (max_batch, c, h, w))}),)
-    return BuildConfig(backend=backend, precision=Precision(precision), profiles=profiles)
+    if spec.shape[0] == -1 and min(spec.shape[1:]) < 1:
+        raise ConfigError(f"input '{spec.name}' has dynamic height/width {tuple(spec.shape)}",
+                          hint="export the detector with a fixed image size")
+    config = BuildConfig(backend=backend, precision=Precision(precision))
+    return with_batch_profile(config, [spec], max_batch, opt_batch)
 
 
 def open_detector(
@@ -289,24 +292,21 @@ def open_detector(
     if not p.is_file():
         raise ModelNotFoundError(f"detector model not found: {p}")
     names = read_labels(labels) if isinstance(labels, (str, Path)) else (tuple(labels) if labels else None)
-    metadata: dict[str, str] = {}
     if names is None and p.with_suffix(".txt").is_file():
         names = read_labels(p.with_suffix(".txt"))
     if is_plan_file(p):
-        engine = streamrt.load(p)
+        engine = streamrt.open(p)
         chosen = str(engine.manifest.backend)
-        metadata = dict(engine.manifest.source_metadata)  # the source ONNX's metadata_props
     else:
         from streamrt.onnx.model import load_model
 
         model = load_model(p)
-        metadata = model.metadata()
         spec = model.inputs[0] if model.inputs else None
         if spec is None:
             raise ModelError(f"{p} has no inputs")
         chosen = backend or (config.backend if config is not None else best_backend())
-        build_config = config or detector_build_config(chosen, spec.name, spec.shape, max_batch=max_batch,
-                                                       opt_batch=opt_batch, precision=precision)
-        result = streamrt.build(model, build_config, cache=cache, cache_dir=cache_dir, progress=progress)
-        engine = streamrt.load(result.path)
+        build_config = config or detector_build_config(chosen, spec, max_batch=max_batch, opt_batch=opt_batch,
+                                                       precision=precision)
+        engine = streamrt.open(model, build_config, cache=cache, cache_dir=cache_dir, progress=progress)
+    metadata = dict(engine.manifest.source_metadata)  # the source ONNX's metadata_props
     return describe_engine(engine, labels=names, metadata=metadata, layout=layout, source=p.name, backend=chosen)

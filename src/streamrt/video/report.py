@@ -3,7 +3,7 @@
 Per-frame latency runs from the moment a frame became available (decoded, or for a paced camera
 the instant the camera produced it) to the moment its detections reached the caller, so queueing
 in front of the pipeline counts. Stage times and the busiest resource come from the pipeline's
-trace (:func:`streamrt.profile.pipeline_summary.summarize`); :func:`write_report_files` adds the
+trace (:func:`streamrt.profiling.pipeline_summary.summarize`); :func:`write_report_files` adds the
 PNG timeline and the Chrome trace.
 """
 
@@ -110,8 +110,8 @@ class RunReport:
 def write_report_files(report: RunReport, folder: str | Path, stem: str = "run") -> list[Path]:
     """Write ``<stem>.json``, ``<stem>.md``, and when traced ``<stem>_timeline.png`` and ``<stem>_trace.json``."""
     from streamrt.errors import MissingDependencyError
-    from streamrt.profile.timeline import plot_timeline
-    from streamrt.profile.trace import write_chrome_trace
+    from streamrt.profiling.timeline import plot_timeline
+    from streamrt.profiling.trace import write_chrome_trace
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)

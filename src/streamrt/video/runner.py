@@ -245,7 +245,7 @@ def run_detection(
         _drain(pipe, tally)
         trace = pipe.trace()
     wall = max(tally.last - started, 1e-9)
-    from streamrt.profile.pipeline_summary import summarize
+    from streamrt.profiling.pipeline_summary import summarize
 
     summary = summarize(trace)
     h, w = frame_hw

@@ -3,7 +3,7 @@
 One *query* is one ``infer`` call on one batch. Every query gets a record with trtexec's
 timestamps (enqueue, H2D, compute and D2H start/end, in ms from the start of the run); the
 summary gives throughput (queries/s and items/s), min/max/mean/median/p90/p95/p99 of each
-metric (:mod:`streamrt.profile.stats`), total host walltime and total compute time, and
+metric (:mod:`streamrt.profiling.stats`), total host walltime and total compute time, and
 trtexec's warnings.
 
 How each kind of engine is timed:
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.errors import ConfigError
 from streamrt.inputs import batch_size, shapes_of
-from streamrt.profile.stats import Stats
-from streamrt.profile.summary import (
+from streamrt.profiling.loops import BenchSettings, TimedRun, host_loop
+from streamrt.profiling.stats import Stats
+from streamrt.profiling.summary import (
     COV_THRESHOLD,
     ENQUEUE_BOUND_RATIO,
     BenchSummary,
@@ -78,23 +77,6 @@ _CUDA_NOTE = (
     "CUDA engine: H2D (pinned, non_blocking), compute and D2H timed with CUDA events on a dedicated stream; "
     "enqueue is the host time of the infer call."
 )
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """How long to run: warm-up, then until both ``duration_s`` and ``iterations`` are reached."""
-
-    warmup_ms: float = 200.0
-    duration_s: float = 3.0
-    iterations: int = 10
-
-    def __post_init__(self) -> None:
-        if self.warmup_ms < 0:
-            raise ConfigError(f"warm-up must be >= 0 ms, got {self.warmup_ms}")
-        if self.duration_s < 0:
-            raise ConfigError(f"duration must be >= 0 s, got {self.duration_s}")
-        if self.iterations < 1:
-            raise ConfigError(f"iterations must be an integer >= 1, got {self.iterations}")
 
 
 @dataclass(frozen=True)
@@ -189,45 +171,6 @@ class BenchResult:
 
 # --- run loops ---------------------------------------------------------------------------------
 
-_clock = time.perf_counter_ns
-
-
-def _ms(ns: int) -> float:
-    return ns / 1e6
-
-
-@dataclass(frozen=True)
-class TimedRun:
-    """What a run loop hands back: timed records and how the run went."""
-
-    records: list[IterationRecord]
-    walltime_s: float  # first timed enqueue to last completion
-    warmup_queries: int
-    warmup_ms: float
-
-
-def _host_loop(call: Callable[[], Any], settings: BenchSettings) -> TimedRun:
-    """Time a synchronous host call (CPU engines and plain callables)."""
-    origin = _clock()
-    warm_end = origin + int(settings.warmup_ms * 1e6)
-    warm = 0
-    while _clock() < warm_end:
-        call()
-        warm += 1
-    start = _clock()
-    deadline = start + int(settings.duration_s * 1e9)
-    records: list[IterationRecord] = []
-    t0 = start
-    while len(records) < settings.iterations or t0 < deadline:
-        t0 = _clock()
-        call()
-        t1 = _clock()
-        records.append(IterationRecord.host(_ms(t0 - origin), _ms(t1 - origin)))
-        t0 = t1
-    end = _clock()
-    return TimedRun(records, (end - start) / 1e9, warm, _ms(start - origin))
-
-
 def _label(engine: Engine) -> str:
     m = engine.manifest
     return f"{m.source_name} ({m.backend} {m.backend_version}, {m.precision})"
@@ -294,8 +237,8 @@ def benchmark(
     info = dict(info or {})
     with engine.create_context() as ctx:
         if engine.device == "cuda":
-            from streamrt.profile.cuda_timing import cuda_loop
-            from streamrt.profile.launches import describe_launches
+            from streamrt.profiling.cuda_timing import cuda_loop
+            from streamrt.profiling.launches import describe_launches
 
             launches = describe_launches(engine, inputs, bool(getattr(ctx, "cuda_graph", False)))
             if launches is not None:
@@ -304,7 +247,7 @@ def benchmark(
             run = cuda_loop(ctx, inputs, settings)
         else:
             feeds = dict(inputs)
-            run = _host_loop(lambda: ctx.infer(feeds), settings)
+            run = host_loop(lambda: ctx.infer(feeds), settings)
     return _finish(name, engine.device, shapes, settings, items, run, info)
 
 
@@ -325,4 +268,4 @@ def benchmark_function(
         >>> benchmark_function(lambda: session.run(None, feeds), label="ort", batch=8)  # doctest: +SKIP
     """
     settings = BenchSettings(warmup_ms, duration_s, iterations)
-    return _finish(label, "cpu", shapes or {}, settings, batch, _host_loop(fn, settings), info)
+    return _finish(label, "cpu", shapes or {}, settings, batch, host_loop(fn, settings), info)

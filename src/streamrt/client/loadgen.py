@@ -27,9 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from streamrt._optional import require
 from streamrt.errors import ConfigError, StreamRTError
-from streamrt.profile.stats import Stats
-from streamrt.serve.protocol import HEADER_LENGTH, numpy_dtype
+from streamrt.inputs import random_inputs
+from streamrt.profiling.stats import Stats
+from streamrt.serve.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
+from streamrt.types import DType, TensorSpec
 
 __all__ = ["LevelResult", "LoadConfig", "format_results", "run_load", "run_load_async"]
 
@@ -101,8 +104,7 @@ class LevelResult:
 
 class _HttpClient:
     def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
-        import aiohttp
-
+        aiohttp = require("aiohttp", extra="serve", purpose="the HTTP load generator")
         self.cfg = cfg
         base = f"http://{cfg.url}/v2/models/{cfg.model}" + (f"/versions/{cfg.version}" if cfg.version else "")
         self.base = base
@@ -126,7 +128,7 @@ class _HttpClient:
     def prepare(self, inputs: dict[str, np.ndarray]) -> None:
         entries, blobs = [], []
         for name, a in inputs.items():
-            entry: dict[str, Any] = {"name": name, "shape": list(a.shape), "datatype": _kserve(a)}
+            entry: dict[str, Any] = {"name": name, "shape": list(a.shape), "datatype": kserve_dtype(a)}
             if self.cfg.binary:
                 entry["parameters"] = {"binary_data_size": a.nbytes}
                 blobs.append(a.tobytes())
@@ -153,12 +155,11 @@ class _HttpClient:
 
 class _GrpcClient:
     def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
-        import grpc.aio
-
+        grpc_aio = require("grpc.aio", extra="serve", purpose="the gRPC load generator")
         from streamrt.serve.proto import SERVICE, messages
 
-        self.cfg, self.m = cfg, messages
-        self.channel = grpc.aio.insecure_channel(cfg.url, options=[
+        self.cfg, self.messages = cfg, messages
+        self.channel = grpc_aio.insecure_channel(cfg.url, options=[
             ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1)])
         self.metadata_ = tuple((k.lower(), v) for k, v in cfg.headers.items())
 
@@ -177,7 +178,7 @@ class _GrpcClient:
     async def metadata(self) -> dict[str, Any]:
         from google.protobuf import json_format
 
-        reply = await self._meta(self.m.ModelMetadataRequest(name=self.cfg.model, version=self.cfg.version),
+        reply = await self._meta(self.messages.ModelMetadataRequest(name=self.cfg.model, version=self.cfg.version),
                                  metadata=self.metadata_, timeout=self.cfg.timeout_s)
         meta = json_format.MessageToDict(reply, preserving_proto_field_name=True)
         for t in meta.get("inputs", []):
@@ -185,9 +186,9 @@ class _GrpcClient:
         return meta
 
     def prepare(self, inputs: dict[str, np.ndarray]) -> None:
-        request = self.m.ModelInferRequest(model_name=self.cfg.model, model_version=self.cfg.version)
+        request = self.messages.ModelInferRequest(model_name=self.cfg.model, model_version=self.cfg.version)
         for name, a in inputs.items():
-            request.inputs.add(name=name, datatype=_kserve(a), shape=list(a.shape))
+            request.inputs.add(name=name, datatype=kserve_dtype(a), shape=list(a.shape))
             request.raw_input_contents.append(a.tobytes())
         self.body = request.SerializeToString()
 
@@ -197,7 +198,7 @@ class _GrpcClient:
     async def stats(self) -> dict[str, Any]:
         from google.protobuf import json_format
 
-        reply = await self._stats(self.m.ModelStatisticsRequest(name=self.cfg.model, version=self.cfg.version),
+        reply = await self._stats(self.messages.ModelStatisticsRequest(name=self.cfg.model, version=self.cfg.version),
                                   metadata=self.metadata_, timeout=self.cfg.timeout_s)
         data = json_format.MessageToDict(reply, preserving_proto_field_name=True)
         return dict(data["model_stats"][0]) if data.get("model_stats") else {}
@@ -206,16 +207,9 @@ class _GrpcClient:
         await self.channel.close()
 
 
-def _kserve(array: np.ndarray) -> str:
-    from streamrt.serve.protocol import kserve_dtype
-
-    return kserve_dtype(array)
-
-
 def make_inputs(meta: Mapping[str, Any], cfg: LoadConfig, batched: bool) -> dict[str, np.ndarray]:
-    """Request tensors from model metadata (``cfg.shapes`` fills -1 dims)."""
-    rng = np.random.default_rng(0)
-    inputs = {}
+    """Request tensors from model metadata (``cfg.shapes`` fills -1 dims): random, or zeros."""
+    specs, shapes = [], {}
     for tensor in meta["inputs"]:
         name = tensor["name"]
         dims = [int(d) for d in tensor["shape"]][1 if batched else 0 :]
@@ -223,15 +217,11 @@ def make_inputs(meta: Mapping[str, Any], cfg: LoadConfig, batched: bool) -> dict
             dims = list(cfg.shapes[name])
         if any(d < 0 for d in dims):
             raise ConfigError(f"input '{name}' has dynamic dims {dims}", hint=f"pass --shape {name}:DIMS")
-        shape = ([cfg.batch_size] if batched else []) + dims
-        dtype = numpy_dtype(tensor["datatype"])
-        if cfg.data == "zero":
-            inputs[name] = np.zeros(shape, dtype)
-        elif np.issubdtype(dtype, np.floating):
-            inputs[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            inputs[name] = rng.integers(0, 2, size=shape).astype(dtype)
-    return inputs
+        shapes[name] = tuple(([cfg.batch_size] if batched else []) + dims)
+        specs.append(TensorSpec(name, DType.from_any(numpy_dtype(tensor["datatype"])), shapes[name]))
+    if cfg.data == "zero":
+        return {s.name: np.zeros(s.shape, s.dtype.numpy) for s in specs}
+    return random_inputs(specs, shapes, np.random.default_rng(0))
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrt.errors import MissingDependencyError
+from streamrt._optional import require
 from streamrt.pipeline.tracing import ENQUEUE, PipelineTrace, StageSpan
-from streamrt.profile.trace import ordered_tracks
+from streamrt.profiling.trace import ordered_tracks
 
 __all__ = ["COLORS", "plot_timeline", "steady_window"]
 
@@ -48,14 +48,9 @@ def plot_timeline(
         MissingDependencyError: matplotlib is not installed (extra ``plot``).
         ValueError: the trace has no spans (run with ``PipelineConfig(trace=True)``).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError as exc:  # pragma: no cover - dev installs have matplotlib
-        raise MissingDependencyError("matplotlib", "plot", purpose="timeline plots") from exc
+    require("matplotlib", extra="plot", purpose="timeline plots").use("Agg")
+    plt = require("matplotlib.pyplot", extra="plot", purpose="timeline plots")
+    from matplotlib.patches import Patch
     spans = steady_window(trace, items)
     if not spans:
         raise ValueError("the trace has no spans: run the pipeline with PipelineConfig(trace=True)")

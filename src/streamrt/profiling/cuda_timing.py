@@ -1,4 +1,4 @@
-"""The CUDA benchmark loop behind :func:`streamrt.profile.bench.benchmark` (imports torch).
+"""The CUDA benchmark loop behind :func:`streamrt.profiling.bench.benchmark` (imports torch).
 
 Per query, on one dedicated ``torch.cuda.Stream`` (never the default stream)::
 
@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from streamrt.profile.bench import BenchSettings, IterationRecord, TimedRun
+from streamrt.profiling.loops import BenchSettings, TimedRun
+from streamrt.profiling.summary import IterationRecord
 
 if TYPE_CHECKING:
     from streamrt.backends.base import ExecutionContext

@@ -8,9 +8,9 @@ import pytest
 
 from streamrt.pipeline import Pipeline, PipelineConfig, Stage, StageKind
 from streamrt.pipeline.tracing import PipelineTrace, StageSpan
-from streamrt.profile.pipeline_summary import format_comparison, summarize
-from streamrt.profile.timeline import plot_timeline, steady_window
-from streamrt.profile.trace import to_chrome_trace, write_chrome_trace
+from streamrt.profiling.pipeline_summary import format_comparison, summarize
+from streamrt.profiling.timeline import plot_timeline, steady_window
+from streamrt.profiling.trace import to_chrome_trace, write_chrome_trace
 
 pytestmark = pytest.mark.timeout(60)
 

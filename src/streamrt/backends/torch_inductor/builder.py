@@ -16,60 +16,32 @@ mismatch message. See ``docs/gpu-backend.md``.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import hashlib
 import inspect
-import io
-import json
 import logging
-import os
-import platform
 import tempfile
-import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from streamrt._features import cuda_available
+from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
-from streamrt.config import BuildConfig, default_cache_dir
+from streamrt.backends.torch_inductor.cache import inductor_cache
+from streamrt.backends.torch_inductor.payload import pack_payload
+from streamrt.backends.torch_inductor.target import device_kind, device_target
+from streamrt.backends.torch_inductor.tf32 import set_tf32
+from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
 from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import ShapeProfile
 
-__all__ = ["TorchInductorBackend", "build_module", "device_target", "export_profiles", "module_sha256"]
+__all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
 
 log = logging.getLogger(__name__)
 
 _OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads"}
-
-
-def device_target(kind: str) -> dict[str, Any]:
-    """What a package is tied to: GPU name, compute capability and CUDA version, or the CPU ISA."""
-    if kind == "cuda":
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return {
-            "kind": "cuda",
-            "name": props.name,
-            "compute_capability": f"{props.major}.{props.minor}",
-            "cuda": str(torch.version.cuda),
-        }
-    from streamrt.backends.onnxruntime import _cpu_isa
-
-    return {"kind": "cpu", "arch": platform.machine(), "isa": _cpu_isa()}
-
-
-def _device_kind(config: BuildConfig) -> str:
-    wanted = str(config.backend_options.get("device", "auto"))
-    if wanted not in ("auto", "cuda", "cpu"):
-        raise ConfigError(f"torch_inductor option device must be auto, cuda or cpu, got {wanted!r}")
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("torch_inductor device=cuda was asked for but torch sees no CUDA GPU")
-    if wanted == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return wanted
 
 
 def _threads_option(config: BuildConfig) -> int:
@@ -150,21 +122,6 @@ def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: st
     return configs
 
 
-@contextlib.contextmanager
-def inductor_cache(cache_dir: Path) -> Iterator[None]:
-    """Inductor's compile cache under ``cache_dir/inductor`` for the duration of a build.
-
-    A ``TORCHINDUCTOR_CACHE_DIR`` the user set wins; otherwise the variable is set and restored.
-    """
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        yield
-        return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-    try:
-        yield
-    finally:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-
 
 def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
     """AOTInductor-compile one exported program and return the ``.pt2`` bytes."""
@@ -182,34 +139,12 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
         return path.read_bytes()
 
 
-def pack_payload(packages: Sequence[bytes], meta: Mapping[str, Any]) -> bytes:
-    """One zip (stored, uncompressed) holding ``profile_<i>.pt2`` per profile and ``meta.json``."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr("meta.json", json.dumps(dict(meta), sort_keys=True))
-        for i, data in enumerate(packages):
-            zf.writestr(f"profile_{i}.pt2", data)
-    return buffer.getvalue()
-
-
-def set_tf32(enabled: bool) -> None:
-    """TF32 tensor-core math for fp32 matmuls and cuDNN convolutions on (tf32) or off (fp32, IEEE).
-
-    Process-wide torch state, set when a plan is built or loaded. It is always set explicitly:
-    torch enables TF32 for cuDNN convolutions by default, which put fp32 plans 2-3e-4 (relative
-    L2) away from an fp32 reference on the H200. The legacy ``allow_tf32`` flags are used on
-    purpose: torch.export (2.11-2.13) reads them internally and raises once the newer
-    ``fp32_precision`` API has set conv and RNN flags, so the two APIs cannot be mixed here.
-    """
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-
 
 class TorchInductorBackend(Backend):
     """Builds AOTInductor packages (GPU or CPU) and loads them into engines."""
 
     name = "torch_inductor"
-    extra = "torch"
+    pip_extra = "torch"
     precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
     _CUDA_FIELDS = ("kind", "name", "compute_capability", "cuda")
     _CPU_FIELDS = ("kind", "arch", "isa")
@@ -219,21 +154,17 @@ class TorchInductorBackend(Backend):
 
     def runtime_versions(self) -> dict[str, str]:
         versions = {"torch": self.version(), "cuda": str(torch.version.cuda)}
-        try:
-            import triton
-
-            versions["triton"] = str(triton.__version__)
-        except ImportError:
-            pass
+        if available("triton"):
+            versions["triton"] = str(require("triton", extra="torch").__version__)
         return versions
 
-    def target(self, config: BuildConfig) -> dict[str, Any]:
-        return device_target(_device_kind(config))
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
+        return device_target(device_kind(config))
 
     def check_compatible(self, manifest: PlanManifest) -> None:
         check_field(manifest, "torch version", manifest.backend_version, self.version())
         kind = str(manifest.device.get("kind"))
-        if kind == "cuda" and not torch.cuda.is_available():
+        if kind == "cuda" and not cuda_available():
             check_field(manifest, "device.kind", "cuda", "cpu (no CUDA GPU visible to torch)")
         local = device_target(kind)
         for key in self._CUDA_FIELDS if kind == "cuda" else self._CPU_FIELDS:
@@ -246,15 +177,15 @@ class TorchInductorBackend(Backend):
         unknown = sorted(set(config.backend_options) - _OPTIONS)
         if unknown:
             raise ConfigError(f"unknown torch_inductor options {unknown}; known: {sorted(_OPTIONS)}")
-        kind = _device_kind(config)
+        kind = device_kind(config)
         job.progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
         module = import_onnx(model.proto).eval().to(kind)
         names = [s.name for s in model.inputs]
         dtypes = [s.dtype.torch for s in model.inputs]
         with inductor_cache(job.cache_dir):
-            return self._build_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+            return self.build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
 
-    def _build_module(
+    def build_from_module(
         self,
         module: torch.nn.Module,
         names: Sequence[str],
@@ -264,6 +195,11 @@ class TorchInductorBackend(Backend):
         progress: Progress,
         kind: str,
     ) -> BuildOutput:
+        """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
+
+        The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
+        Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
+        """
         threads = _threads_option(config)  # checked before the long compile
         set_tf32(config.precision.value == "tf32")
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
@@ -279,7 +215,7 @@ class TorchInductorBackend(Backend):
         settings = {
             "device": kind,
             "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
-            # On unless asked otherwise: GPU plans are often launch-bound (see torch_inductor_engine).
+            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
             "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
             "threads": threads,
             "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
@@ -287,123 +223,6 @@ class TorchInductorBackend(Backend):
         return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
 
     def load(self, plan: Plan) -> Engine:
-        from streamrt.backends.torch_inductor_engine import TorchInductorEngine
+        from streamrt.backends.torch_inductor.engine import TorchInductorEngine
 
         return TorchInductorEngine(plan.manifest, plan.payload)
-
-
-def module_sha256(module: torch.nn.Module) -> str:
-    """Content hash of a module's weights and buffers (the "source model" of a module build)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    digest.update(type(module).__qualname__.encode())
-    return digest.hexdigest()
-
-
-class _CastIO(torch.nn.Module):
-    """Runs a half-precision module behind fp32 inputs and outputs (keep_io_types)."""
-
-    def __init__(self, inner: torch.nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.inner = inner
-        self.dtype = dtype
-
-    def forward(self, *args: torch.Tensor) -> Any:
-        cast = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
-        out = self.inner(*cast)
-        if isinstance(out, torch.Tensor):
-            return out.float()
-        return tuple(o.float() if o.is_floating_point() else o for o in out)
-
-
-def build_module(
-    module: torch.nn.Module,
-    example_inputs: Sequence[torch.Tensor],
-    output: str | Path,
-    config: BuildConfig | None = None,
-    *,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    progress: Progress | None = None,
-    cache_dir: str | Path | None = None,
-) -> Path:
-    """Build a torch_inductor plan straight from a PyTorch module, for users who start in PyTorch.
-
-    Shapes come from ``config.profiles`` (by input name) or, when there are none, are static at
-    the example inputs' shapes. fp16/bf16 cast the module's weights (inputs and outputs stay
-    fp32 when ``keep_io_types``); int8 is only available through the ONNX path.
-
-    Example:
-        >>> build_module(net, [torch.randn(8, 3, 224, 224)], "net.plan",
-        ...              BuildConfig(backend="torch_inductor", precision="fp16"))      # doctest: +SKIP
-    """
-    from streamrt.builder import make_manifest
-    from streamrt.onnx.profiles import resolve_profiles
-    from streamrt.plan import write_plan
-    from streamrt.types import DType, TensorSpec
-
-    config = config or BuildConfig(backend="torch_inductor")
-    if config.backend != "torch_inductor":
-        config = config.replace(backend="torch_inductor")
-    if config.precision.value == "int8":
-        raise ConfigError("int8 from a PyTorch module is not supported; export to ONNX and build with --calib")
-    report = progress or (lambda line: log.info("%s", line))
-    kind = _device_kind(config)
-    names = list(input_names or [f"input_{i}" for i in range(len(example_inputs))])
-    inputs = tuple(
-        TensorSpec(n, DType.from_any(t.dtype), tuple(t.shape)) for n, t in zip(names, example_inputs, strict=True)
-    )
-    if config.profiles:
-        dynamic_axes = {
-            name: {a for a, (lo, hi) in enumerate(zip(r.min, r.max, strict=True)) if lo != hi}
-            for p in config.profiles
-            for name, r in p.ranges.items()
-        }
-        inputs = tuple(
-            TensorSpec(
-                s.name,
-                s.dtype,
-                tuple(-1 if a in dynamic_axes.get(s.name, ()) else d for a, d in enumerate(s.shape)),
-            )
-            for s in inputs
-        )
-    profiles = resolve_profiles(inputs, config.profiles or ())
-    # A copy: casting to fp16/bf16 or moving devices must not change the caller's module.
-    net: torch.nn.Module = copy.deepcopy(module).eval().to(kind)
-    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision.value)
-    if half is not None:
-        net = net.to(half)
-        if config.keep_io_types:
-            net = _CastIO(net, half)
-    if half is not None and not config.keep_io_types:
-        example_inputs = [t.to(half) if t.is_floating_point() else t for t in example_inputs]
-        inputs = tuple(
-            TensorSpec(s.name, DType.from_any(t.dtype), s.shape) for s, t in zip(inputs, example_inputs, strict=True)
-        )
-    with torch.no_grad():
-        outs = net(*[t.to(kind) for t in example_inputs])
-    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
-    onames = list(output_names or [f"output_{i}" for i in range(len(outs))])
-    outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
-    dtypes = [t.dtype for t in example_inputs]
-    backend = TorchInductorBackend()
-    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()):
-        built = backend._build_module(net, names, dtypes, config, profiles, report, kind)
-    out_path = Path(output)
-    manifest = make_manifest(
-        backend.name,
-        device_target(kind),
-        config,
-        built,
-        inputs,
-        outputs,
-        profiles,
-        source_sha256=module_sha256(module),
-        source_name=type(module).__qualname__,
-        build_command=f"streamrt.build_module({type(module).__qualname__}, ...) from your PyTorch code",
-    )
-    write_plan(out_path, manifest, built.payload)
-    report(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.2f} MiB)")
-    return out_path

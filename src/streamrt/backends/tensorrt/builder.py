@@ -5,7 +5,7 @@ come only from NVIDIA's package index, which these machines cannot reach. Every 
 checked against TensorRT's Python binding sources and documentation (``docs/tensorrt.md`` lists
 each call with its source), and ``tests/backends/test_tensorrt.py`` runs wherever
 ``import tensorrt`` works. The pure decisions (flags, tables, messages, compatibility rules) live
-in :mod:`streamrt.backends.tensorrt_compat` and are tested on CPU.
+in :mod:`streamrt.backends.tensorrt.compat` and are tested on CPU.
 
 Build: the precision-transformed ONNX model (StreamRT applies fp16/bf16 casts and int8 Q/DQ
 *before* any backend builds) is parsed by ``OnnxParser`` into a strongly typed network, so the
@@ -35,10 +35,12 @@ from typing import Any
 
 import tensorrt as trt
 
-from streamrt.backends import tensorrt_compat as compat
+from streamrt._features import cuda_target
+from streamrt._optional import require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine
+from streamrt.backends.tensorrt import compat
 from streamrt.config import BuildConfig
-from streamrt.errors import BuildError, ConfigError, MissingDependencyError, ProfileError, StreamRTError
+from streamrt.errors import BuildError, ConfigError, ProfileError, StreamRTError
 from streamrt.plan import Plan, PlanManifest, atomic_write
 from streamrt.types import ShapeProfile, TensorSpec
 
@@ -48,32 +50,20 @@ log = logging.getLogger(__name__)
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ModuleNotFoundError as exc:
-        raise MissingDependencyError("torch", "torch", purpose="the tensorrt backend's GPU memory and streams") from exc
-    return torch
+    return require("torch", extra="torch", purpose="the tensorrt backend's GPU memory and streams")
 
 
 def local_gpu() -> dict[str, Any] | None:
     """This machine's GPU as a plan records it (name, compute capability, CUDA), or None without one."""
-    torch = _torch()
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {
-        "kind": "cuda",
-        "name": str(props.name),
-        "compute_capability": f"{props.major}.{props.minor}",
-        "cuda": str(torch.version.cuda),
-    }
+    _torch()  # a missing torch names its extra instead of reading as "no GPU"
+    return cuda_target()
 
 
 class TensorRTBackend(Backend):
     """Builds serialized TensorRT engines and loads them into :class:`TensorRTEngine` objects."""
 
     name = "tensorrt"
-    extra = "tensorrt"
+    pip_extra = "tensorrt"
     device_fields = ("name", "compute_capability")
     # Precision is decided in the ONNX graph; "tf32" only leaves TensorRT's TF32 flag on.
     precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
@@ -85,7 +75,7 @@ class TensorRTBackend(Backend):
         torch = _torch()
         return {"tensorrt": self.version(), "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
 
-    def target(self, config: BuildConfig) -> dict[str, Any]:
+    def target_device(self, config: BuildConfig) -> dict[str, Any]:
         device = local_gpu()
         if device is None:
             raise ConfigError("the tensorrt backend builds for a CUDA GPU, and torch sees none on this machine")
@@ -96,15 +86,12 @@ class TensorRTBackend(Backend):
         compat.check_plan(manifest, self.version(), local_gpu())
 
     def build(self, job: BuildJob) -> BuildOutput:
-        return _Build(job, self.target(job.config)).run()
+        return _Build(job, self.target_device(job.config)).run()
 
     def load(self, plan: Plan) -> Engine:
-        try:
-            from streamrt.backends.tensorrt_engine import TensorRTEngine
-        except ModuleNotFoundError as exc:
-            if exc.name == "torch":
-                _torch()
-            raise
+        _torch()  # the engine side needs torch: a missing one names its extra
+        from streamrt.backends.tensorrt.engine import TensorRTEngine
+
         return TensorRTEngine(plan.manifest, plan.payload)
 
 
@@ -155,7 +142,7 @@ class _Build:
         payload = bytes(plan)
         del parser  # only now: the network's weights belonged to it
         return BuildOutput(
-            payload=payload, settings=self._settings(cache_file), extra={"tensorrt": self.options.facts()}
+            payload=payload, settings=self._settings(cache_file), manifest_facts={"tensorrt": self.options.facts()}
         )
 
     def _parse(self, network: Any, logger: Any) -> Any:

@@ -17,7 +17,7 @@ from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError, DTypeMismatchError
 from streamrt.inputs import random_inputs, resolve_shapes
 from streamrt.plan import PlanManifest
-from streamrt.profile.bench import (
+from streamrt.profiling.bench import (
     BenchSummary,
     IterationRecord,
     benchmark,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamrt.profile.stats import Stats
+from streamrt.profiling.stats import Stats
 
 __all__ = [
     "COV_THRESHOLD",

@@ -44,8 +44,8 @@ import numpy as np
 import tensorrt as trt
 import torch
 
-from streamrt.backends import tensorrt_compat as compat
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
+from streamrt.backends.tensorrt import compat
 from streamrt.errors import InferenceError, PlanFormatError, ShapeError, StreamRTError
 from streamrt.plan import PlanManifest
 from streamrt.types import DType, format_shape

@@ -29,13 +29,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import io
-import json
 import logging
 import shutil
 import subprocess
 import tempfile
-import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +41,8 @@ import numpy as np
 import torch
 
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
-from streamrt.backends.torch_inductor import set_tf32
+from streamrt.backends.torch_inductor.payload import extract_payload
+from streamrt.backends.torch_inductor.tf32 import set_tf32
 from streamrt.errors import InferenceError, PlanFormatError
 from streamrt.plan import PlanManifest
 
@@ -100,16 +98,10 @@ class TorchInductorEngine(Engine):
         self.device = str(manifest.device.get("kind", "cpu"))
         self._dir = Path(tempfile.mkdtemp(prefix="streamrt-pt2-"))
         try:
-            with zipfile.ZipFile(io.BytesIO(payload)) as zf:
-                meta = json.loads(zf.read("meta.json"))
-                self._packages = []
-                for i in range(len(manifest.profiles)):
-                    path = self._dir / f"profile_{i}.pt2"
-                    path.write_bytes(zf.read(f"profile_{i}.pt2"))
-                    self._packages.append(path)
-        except (KeyError, zipfile.BadZipFile, ValueError) as exc:
+            meta, self._packages = extract_payload(payload, len(manifest.profiles), self._dir)
+        except PlanFormatError:
             shutil.rmtree(self._dir, ignore_errors=True)
-            raise PlanFormatError(f"torch_inductor payload is malformed: {exc}") from exc
+            raise
         self._input_names: list[str] = list(meta["inputs"])
         self._output_names = [o.name for o in manifest.outputs]
         set_tf32(manifest.build_settings.get("backend", {}).get("fp32_precision") == "tf32")

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on the H200 device machine: install the carried wheels, then run the named parts,
+# each writing its log and results under $OUT/<part>/, and pack everything into $OUT/h200.tar.gz.
+#
+#   bash scripts/h200_session.sh COMMIT tests,examples      # first call (~6 min)
+#   bash scripts/h200_session.sh COMMIT zoo                 # second call (~8 min)
+#
+# Parts: tests (every gpu-marked test), examples (examples/ with --device cuda), zoo
+# (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests).
+# The device copy has no git history: COMMIT names the tree for the reports.
+set -uo pipefail
+commit=${1:?commit}
+parts=${2:-tests}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=/tmp/srtcache STREAMRT_COMMIT=$commit
+python3 -c "import onnxruntime, torch; print('onnxruntime', onnxruntime.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
+nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv,noheader
+
+run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
+    local name=$1 limit=$2; shift 2
+    mkdir -p "$out/$name"
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$out/$name/log" 2>&1
+    local rc=$?
+    echo "== $name rc=$rc in $((SECONDS - t0)) s"
+    tail -n 25 "$out/$name/log"
+}
+
+IFS=, read -ra wanted <<< "$parts"
+for part in "${wanted[@]}"; do
+    case $part in
+        tests) run tests 360 python3 -m pytest -q -p no:cacheprovider -m gpu tests -o junit_family=xunit2 \
+                   --junitxml="$out/tests/junit.xml" ;;
+        integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
+        examples) run examples 180 bash scripts/gpu_examples.sh "$out/examples" ;;
+        zoo) run zoo 560 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers 6 ;;
+        *) echo "unknown part $part" ;;
+    esac
+done
+rm -rf "$out"/zoo/plans
+tar -czf /tmp/h200.tar.gz -C "$out" . && mv /tmp/h200.tar.gz "$out/h200.tar.gz"
+find "$out" -mindepth 1 -maxdepth 1 ! -name h200.tar.gz -exec rm -rf {} +
+ls -la "$out"

@@ -1,0 +1,63 @@
+"""ONNX Runtime session settings shared by the build and the load side: providers, options, errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import onnxruntime as ort
+
+from streamrt.errors import BuildError, UnsupportedOperatorError
+from streamrt.onnx.model import OnnxModel
+
+__all__ = ["MODES", "PROVIDERS", "session_options", "session_providers", "translate"]
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+_LEVELS = {
+    0: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    2: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
+# "Could not find an implementation for Foo(13) node with name 'bar'"
+_NOT_IMPLEMENTED = re.compile(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+
+def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _LEVELS.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    so.intra_op_num_threads = int(settings.get("threads", 0))
+    so.inter_op_num_threads = int(settings.get("inter_op_threads", 0))
+    so.execution_mode = MODES[str(settings.get("execution_mode", "sequential"))]
+    so.log_severity_level = 3
+    return so
+
+
+def session_providers(settings: Mapping[str, Any]) -> list[Any]:
+    limit = settings.get("memory_limit_mb")
+    out: list[Any] = []
+    for name in settings["providers"]:
+        if name == "CUDAExecutionProvider" and limit:
+            out.append((name, {"gpu_mem_limit": str(int(limit) * 2**20)}))
+        else:
+            out.append(name)
+    return out
+
+
+
+def translate(exc: Exception, model: OnnxModel | None) -> Exception:
+    text = str(exc)
+    match = _NOT_IMPLEMENTED.search(text)
+    if match:
+        op, opset, node = match.groups()
+        return UnsupportedOperatorError(
+            node, op, int(opset), "onnxruntime", detail=text.splitlines()[0][:200]
+        )
+    where = f" for {model.name}" if model else ""
+    return BuildError(f"onnxruntime could not create a session{where}: {text.splitlines()[0][:300]}")
+

@@ -1,0 +1,37 @@
+"""What a torch_inductor plan is tied to: the device kind a build asks for, and that device's identity."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+from streamrt._features import cpu_capability, cuda_available, cuda_target
+from streamrt.config import BuildConfig
+from streamrt.errors import ConfigError
+
+__all__ = ["device_kind", "device_target"]
+
+
+def device_target(kind: str) -> dict[str, Any]:
+    """What a package is tied to: GPU name, compute capability and CUDA version, or the CPU ISA.
+
+    The CPU ISA is torch's own ``get_cpu_capability()``: what Inductor's C++ kernels compile for.
+    """
+    if kind == "cuda":
+        target = cuda_target()
+        if target is None:
+            raise ConfigError("torch_inductor device=cuda was asked for but torch sees no CUDA GPU")
+        return target
+    return {"kind": "cpu", "arch": platform.machine(), "isa": cpu_capability()}
+
+
+def device_kind(config: BuildConfig) -> str:
+    """``cuda`` or ``cpu``: the ``device`` backend option resolved on this machine."""
+    wanted = str(config.backend_options.get("device", "auto"))
+    if wanted not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"torch_inductor option device must be auto, cuda or cpu, got {wanted!r}")
+    if wanted == "cuda" and not cuda_available():
+        raise ConfigError("torch_inductor device=cuda was asked for but torch sees no CUDA GPU")
+    if wanted == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    return wanted

@@ -1,0 +1,195 @@
+"""The server core: model lifecycle, health, inference, statistics and auth, with no listener.
+
+:class:`ServerCore` is what every front end talks to. ``start`` opens the repository and loads
+the start-up models in the background (liveness is true at once, readiness only once they are
+READY); ``stop`` is the graceful shutdown: readiness goes false and new inference requests get
+503, in-flight requests finish (bounded by ``exit_timeout_s``), then the models are unloaded
+(GPU memory released).
+
+All front ends call :meth:`ServerCore.infer`, which also keeps the per-model success and failure
+counters, so HTTP, gRPC and in-process calls are counted the same way. The core imports no
+front end: :mod:`streamrt.serve.server` binds the HTTP, gRPC and metrics listeners over it
+through the :meth:`ServerCore._open_listeners` / :meth:`ServerCore._close_listeners` hooks.
+
+Example:
+    >>> core = ServerCore("models", ServerConfig())              # doctest: +SKIP
+    >>> await core.start(wait_ready=True)                         # doctest: +SKIP
+    >>> await core.infer(InferRequest("cnn", inputs={"x": x}))    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from streamrt._version import __version__
+from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
+from streamrt.serve.config import ServerConfig
+from streamrt.serve.model import EngineLoader
+from streamrt.serve.protocol import InferRequest, InferResponse
+from streamrt.serve.repository import ModelRepository
+from streamrt.serve.status import status_for
+
+__all__ = ["EXTENSIONS", "ServerCore"]
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "schedule_policy",
+              "statistics", "parameters"]
+"""KServe/Triton extensions this server implements (listed in the server metadata)."""
+
+
+class ServerCore:
+    """A model repository with health, inference, statistics and auth; front ends sit on top.
+
+    Args:
+        repository: the model repository directory.
+        config: limits, auth, start-up models, shutdown timeout (the ports are the listeners').
+        engine_loader: replaces how model versions load their engine (tests, custom engines).
+    """
+
+    def __init__(
+        self, repository: str | Path, config: ServerConfig | None = None, *, engine_loader: EngineLoader | None = None
+    ) -> None:
+        self.config = config or ServerConfig()
+        self.engine_loader = engine_loader
+        self.repository_path = Path(repository)
+        self.repository: ModelRepository | None = None
+        self.started_at = 0.0
+        self._accepting = False
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+        self._startup: list[str] = []
+        self._loading: asyncio.Task[Any] | None = None
+        self._open = False  # from start until stop finished: what stop has to undo
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, *, wait_ready: bool = False) -> None:
+        """Open the repository, bind the listeners, start loading the start-up models (optionally wait)."""
+        cfg = self.config
+        self.repository = ModelRepository(
+            self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
+            engine_loader=self.engine_loader,
+        )
+        self._open = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._startup = list(cfg.startup_models) if cfg.startup_models is not None else self.repository.model_names()
+        await self._open_listeners()
+        self._accepting = True
+        self.started_at = time.time()
+        log.info("streamrt server %s%s; loading %d models", __version__, self._describe_listeners(),
+                 len(self._startup))
+        self._loading = asyncio.get_running_loop().create_task(self._load_startup())
+        if wait_ready:
+            await self._loading
+
+    async def _open_listeners(self) -> None:
+        """Hook: bind front ends before the core accepts work (the core alone has none)."""
+
+    async def _close_listeners(self) -> None:
+        """Hook: close the front ends after the models are unloaded."""
+
+    def _describe_listeners(self) -> str:
+        """Hook: the listeners for the start-up log line (``": http 8000, ..."``)."""
+        return ""
+
+    async def _load_startup(self) -> None:
+        assert self.repository is not None
+        results = await asyncio.gather(*(self.repository.load(n) for n in self._startup), return_exceptions=True)
+        for name, result in zip(self._startup, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("model '%s' is UNAVAILABLE: %s", name, result)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown: refuse new work, finish in-flight requests, unload, close listeners."""
+        if not self._open:
+            return
+        limit = self.config.exit_timeout_s if timeout is None else timeout
+        self._accepting = False
+        log.info("shutting down: waiting up to %.1f s for %d in-flight requests", limit, self._inflight)
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        if self._idle is not None and self._inflight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), limit)
+            except asyncio.TimeoutError:
+                log.warning("%d requests still in flight after %.1f s", self._inflight, limit)
+        if self.repository is not None:
+            self.repository.drain_timeout_s = min(self.repository.drain_timeout_s, max(limit, 0.1))
+            await self.repository.close()
+        await self._close_listeners()
+        self._open = False
+        _release_gpu_memory()
+        log.info("server stopped")
+
+    # --- health -------------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.repository is not None
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: accepting work and (strict readiness) every start-up model READY."""
+        if not self._accepting or self.repository is None:
+            return False
+        return self.repository.all_ready(self._startup) if self.config.strict_readiness else True
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": "streamrt", "version": __version__, "extensions": EXTENSIONS}
+
+    def check_auth(self, header: str | None) -> None:
+        """Raise :class:`UnauthorizedError` unless ``header`` is ``Bearer <token>`` (when a token is set)."""
+        token = self.config.auth_token
+        if token is None:
+            return
+        given = (header or "").removeprefix("Bearer ").strip() if (header or "").startswith("Bearer ") else ""
+        if not given or not hmac.compare_digest(given.encode(), token.encode()):
+            raise UnauthorizedError("missing or wrong bearer token", hint="send 'Authorization: Bearer <token>'")
+
+    # --- inference ----------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one request through its model's scheduler; count success or failure by reason."""
+        if not self._accepting or self.repository is None:
+            raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
+        assert self._idle is not None
+        model = self.repository.get(request.model, request.version)
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            response = await model.infer(request)
+        except BaseException as exc:
+            model.stats.record_failure(status_for(exc).reason, time.perf_counter_ns() - request.received_ns)
+            if not isinstance(exc, (StreamRTError, asyncio.CancelledError)):
+                log.exception("model '%s': unexpected error", request.model)
+            raise
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+        model.stats.record_success(time.perf_counter_ns() - request.received_ns)
+        return response
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """The statistics extension's response for one model (or all when ``name`` is empty)."""
+        assert self.repository is not None
+        models = [self.repository.get(name, version)] if name else self.repository.served()
+        return {"model_stats": [m.stats.to_kserve(m.name, str(m.version)) for m in models]}
+
+
+def _release_gpu_memory() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

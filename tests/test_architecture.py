@@ -1,0 +1,58 @@
+"""The layer contract of ``pyproject.toml`` (``[tool.importlinter]``) holds for ``src/streamrt``.
+
+import-linter checks four contracts (docs/architecture.md): the layers run one way, the backend
+packages are independent, engine modules import no build code, and no two sibling modules or
+packages import each other in a circle. Each check runs ``lint-imports`` in a subprocess whose
+``sys.path`` starts with the tree under test, so an installed copy of StreamRT cannot answer for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("importlinter", reason="import-linter is in the dev extra")
+
+ROOT = Path(__file__).resolve().parents[1]
+_RUN = (
+    "import sys; from importlinter.cli import lint_imports; "
+    "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True, no_logo=True))"
+)
+
+
+def _lint(src: Path, config: Path = ROOT / "pyproject.toml") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run(
+        [sys.executable, "-c", _RUN, str(config)],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_import_contracts_hold() -> None:
+    run = _lint(ROOT / "src")
+    assert run.returncode == 0, f"import contracts broken:\n{run.stdout}\n{run.stderr}"
+    assert "BROKEN" not in run.stdout
+
+
+def test_an_upward_import_and_a_circle_break_the_contracts(tmp_path: Path) -> None:
+    # The contracts must bite: a copy of the package where errors.py (the bottom layer) imports
+    # the CLI (the top) and builder.py is imported back by plan.py must fail both checks.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "streamrt", src / "streamrt", ignore=shutil.ignore_patterns("__pycache__"))
+    with (src / "streamrt" / "errors.py").open("a") as f:
+        f.write("\nimport streamrt.cli.main  # noqa: E402\n")
+    with (src / "streamrt" / "plan.py").open("a") as f:
+        f.write("\nimport streamrt.builder  # noqa: E402\n")
+    run = _lint(src)
+    assert run.returncode != 0
+    assert "streamrt.errors -> streamrt.cli.main" in run.stdout
+    assert "No cycles are allowed in streamrt" in run.stdout
