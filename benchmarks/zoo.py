@@ -89,7 +89,8 @@ def architectures() -> list[Arch]:
     except ImportError:
         return archs
     for i, (name, spec) in enumerate(sorted(zoo.MODELS.items())):
-        archs.append(Arch(f"zoo:{name}", _zoo(name), tuple(spec.shape), 11 + (i % 7), "streamrt.testing.zoo"))
+        archs.append(Arch(f"zoo:{name}", _zoo(name), tuple(spec.example_shape[1:]), 11 + (i % 7),
+                           "streamrt.testing.zoo"))
     return archs
 
 
@@ -161,7 +162,7 @@ def build_job(job: Job) -> dict[str, Any]:
     manifest = result.manifest
     facts = getattr(manifest, "to_dict", lambda: {})()
     return {"ok": True, "seconds": time.perf_counter() - started, "log": lines,
-            "accuracy": facts.get("accuracy") if isinstance(facts, dict) else None}
+            "accuracy": (facts.get("precision_report") or {}).get("accuracy") if isinstance(facts, dict) else None}
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

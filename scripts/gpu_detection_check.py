@@ -192,6 +192,7 @@ def _load_benchmark() -> Any:
     spec = importlib.util.spec_from_file_location("detection_bench", ROOT / "benchmarks" / "detection.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(module)
     return module
 

@@ -141,3 +141,19 @@ def test_fp16_against_fp32_engine_shows_small_error(tmp_path: Path) -> None:
     assert d.top1 is not None and d.top1 >= 0.75
     assert not d.passed  # fp16 is not bit-exact at fp32 tolerances
     assert compare_outputs(ref, run_numpy(engines["fp16"], feeds), atol=0.05, rtol=0.05)[0].passed
+
+
+def test_min_cosine_judges_by_direction_not_elements() -> None:
+    rng = np.random.default_rng(5)
+    ref = _logits(rng, n=64)
+    test = ref.copy()
+    test[0, 0] += 3.0  # one element far off: tolerances fail, the direction barely moves
+    (strict,) = compare_outputs({"y": ref}, {"y": test}, atol=0.05, rtol=0.05)
+    (loose,) = compare_outputs({"y": ref}, {"y": test}, atol=0.05, rtol=0.05, min_cosine=0.95)
+    assert not strict.passed and loose.passed and 0.95 < loose.cosine < 1.0
+    noise = rng.standard_normal(ref.shape).astype(np.float32)
+    (bad,) = compare_outputs({"y": ref}, {"y": noise}, min_cosine=0.95)
+    assert not bad.passed
+    assert format_diffs([loose]).splitlines()[-1] == "PASSED: cosine >= 0.95"
+    with pytest.raises(ConfigError, match="min_cosine"):
+        compare_outputs({"y": ref}, {"y": test}, min_cosine=1.5)

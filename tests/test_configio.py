@@ -10,7 +10,7 @@ from streamrt import _configio
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import ConfigError
 from streamrt.pipeline import PipelineConfig, Topology
-from streamrt.serve import ModelConfig
+from streamrt.serve.config_message import from_mapping
 
 
 def test_enums_case_insensitive_and_paths() -> None:
@@ -59,10 +59,10 @@ def test_pipeline_unknown_key_names_the_allowed_ones() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"instance_group": [{"count": 1}, {"count": 0}]},
-         "model 'm' instance_group[1]: count must be an integer >= 1, got 0"),
+        ({"instance_group": [{"count": 1}, {"count": -2}]},
+         "model 'm' instance_group[1]: count must be an integer >= 1, got -2"),
         ({"model_warmup": [{"batchsize": 1}]},
-         "model 'm' model_warmup[0]: unknown keys ['batchsize']; known: ['batch_size', 'count', 'inputs', 'name']"),
+         "model 'm': Failed to parse model_warmup field: Message type \"inference.ModelWarmup\" has no field named"),
         ({"build": {"precison": "fp16"}}, "model 'm' build: unknown build config keys ['precison']"),
         ({"dynamic_batching": {"preferred_batch_size": [4, 0]}},
          "model 'm' dynamic_batching: preferred_batch_size must be an integer >= 1, got 0"),
@@ -74,22 +74,25 @@ def test_pipeline_unknown_key_names_the_allowed_ones() -> None:
 )
 def test_model_config_errors_are_located(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_dict(data, name="m")
+        from_mapping(data, "m")
     assert str(err.value).startswith(message)
 
 
 def test_protobuf_json_integers_and_triton_round_trip() -> None:
     # json_format writes 64-bit integers as strings; the short instance kind is accepted.
-    cfg = ModelConfig.from_dict({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": "100"},
-                                 "instance_group": [{"count": "2", "kind": "cpu"}],
-                                 "parameters": {"a": {"string_value": "b"}}}, name="m")
+    cfg = from_mapping({"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": "100"},
+                        "instance_group": [{"count": "2", "kind": "cpu"}],
+                        "parameters": {"a": {"string_value": "b"}}}, "m")
     assert cfg.dynamic_batching is not None and cfg.dynamic_batching.max_queue_delay_microseconds == 100
     assert cfg.instance_group[0].kind == "KIND_CPU" and cfg.parameters == {"a": "b"}
-    triton = cfg.to_triton("onnxruntime_onnx")
+    from streamrt.serve.config_message import to_message
+    from streamrt.serve.triton_config import message_json
+
+    triton = message_json(to_message(cfg, "onnxruntime_onnx"))
     assert triton["instance_group"][0]["name"] == "m_0"
     assert triton["dynamic_batching"]["default_queue_policy"]["timeout_action"] == "REJECT"
     # Triton prints no warm-up as an empty list, which reads back as "none" rather than "the default".
-    assert ModelConfig.from_dict(triton, name="m") == cfg.replace(model_warmup=())
+    assert from_mapping(triton, "m") == cfg.replace(model_warmup=(), platform="onnxruntime_onnx")
 
 
 def test_structure_refuses_a_non_mapping() -> None:

@@ -1,8 +1,10 @@
-"""Configs to and from plain data (YAML, JSON, pbtxt-as-dict), by cattrs over the frozen dataclasses.
+"""Configs to and from plain data (YAML, JSON), by cattrs over the frozen dataclasses.
 
-One converter reads and writes every config dataclass (``BuildConfig``, ``PipelineConfig``, the
-server's ``ModelConfig`` family): nested dataclasses, tuples, optionals and mappings come from the
-type hints; the hooks here cover what the hints cannot say:
+One converter reads and writes the config dataclasses (``BuildConfig``, ``PipelineConfig``, a
+model config's ``build:`` section); nested dataclasses, tuples, optionals and mappings come from
+the type hints; the hooks here cover what the hints cannot say. (A served model's config is not
+read here: Triton's ``ModelConfig`` protobuf schema is its one schema, see
+``streamrt.serve.triton_config``.)
 
 * scalars are strict: ``True`` is not an integer, ``1.5`` is not one either, ``"8"`` is (protobuf's
   JSON writes 64-bit integers as strings);
@@ -12,11 +14,11 @@ type hints; the hooks here cover what the hints cannot say:
 * unknown keys are refused, naming them and the allowed ones.
 
 Every failure becomes one :class:`~streamrt.errors.ConfigError` line that says where it happened
-(``model 'cnn' instance_group[0]: count must be an integer >= 1, got 0``); checks of single values
+(``model 'cnn' build: unknown build config keys ['precison']``); checks of single values
 stay in each dataclass's ``__post_init__``, so a config built in Python is checked the same way.
 
-Modules that own a config with a file format of its own (the server's Triton fields) register
-their hooks on :data:`converter` with :func:`register_class` and the cattrs hook API.
+Modules that own a config with a file format of its own register their hooks on
+:data:`converter` with :func:`register_class` and the cattrs hook API.
 
 Example:
     >>> from streamrt.config import BuildConfig

@@ -32,7 +32,7 @@ from streamrt.backends import get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError
-from streamrt.onnx.model import OnnxModel, load_model, model_from_proto
+from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
 from streamrt.types import ShapeProfile, TensorSpec, format_shape
@@ -98,6 +98,14 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         args += ["--memory-limit", str(config.memory_limit_mb)]
     if config.verify_shapes is not None:
         args += ["--verify-shapes" if config.verify_shapes else "--no-verify-shapes"]
+    for flag, value in (
+        ("--sample-inputs", config.sample_inputs),
+        ("--accuracy-threshold", config.accuracy_threshold),
+        ("--int8-target", config.int8_target),
+    ):
+        args += [flag, str(value)] if value is not None else []
+    if not config.speed_check:
+        args.append("--no-speed-check")
     for key, value in config.backend_options.items():
         args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return shlex.join(args)
@@ -187,15 +195,12 @@ def build(
             report(f"reused cached plan {cached_plan.name[:16]}… (same model, settings and target)")
             return BuildResult(out_path, manifest, True, time.perf_counter() - started)
 
-    transformed = source
-    if config.precision.value not in ("fp32", "tf32"):
-        from streamrt.onnx.precision import apply_precision
+    transformed, precision = source, None
+    if config.precision.value not in ("fp32", "tf32"):  # lower the graph, then gate the plan's accuracy
+        from streamrt.accuracy_gate import PrecisionStep
 
-        report(f"applying precision {config.precision.value} to the ONNX graph")
-        proto = apply_precision(
-            source.proto, config, cache_dir=cache_root, progress=report, int8_style=backend.int8_style
-        )
-        transformed = model_from_proto(proto, source.path)
+        precision = PrecisionStep(source, config, profiles, backend, cache_root, report)
+        transformed = precision.transform()
     report(f"building with {backend.name} {backend.version()}")
     built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
     manifest = make_manifest(
@@ -211,6 +216,8 @@ def build(
         source_metadata=source.metadata(),
         build_command=build_command(str(source.path) if source.path else source.name, out_path, config),
     )
+    if precision is not None:
+        manifest = precision.check(manifest, built.payload)  # AccuracyError: nothing is written
     manifest = verify_build(source, manifest, built.payload, config, report)
     write_plan(out_path, manifest, built.payload)
     if cache and out_path.resolve() != cached_plan.resolve():

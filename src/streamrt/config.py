@@ -126,6 +126,15 @@ class BuildConfig:
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
         verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
             writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
+        sample_inputs: an ``.npz`` of real inputs (keyed by input name) that fp16 range checks
+            and the accuracy gate run on (default: the calibration data, else random inputs).
+        accuracy_threshold: bounds the fp16/bf16/int8 plan must meet against ONNX Runtime fp32,
+            e.g. ``"cosine=0.999"`` (:class:`streamrt.accuracy.AccuracyThreshold`); a miss fails
+            the build. Without it the metrics are still measured, recorded and warned about.
+        int8_target: the accuracy int8's sensitivity pass restores by keeping the most
+            sensitive quantized layers in fp32, e.g. ``"top1=0.99"`` or ``"cosine=0.99"``.
+        speed_check: int8 builds also build an fp32 plan with the same backend (in memory) and
+            time both here, warning when int8 is not faster; off saves that second build.
     """
 
     backend: str = "onnxruntime"
@@ -138,6 +147,10 @@ class BuildConfig:
     optimization_level: int = 3
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     verify_shapes: bool | None = None
+    sample_inputs: Path | None = None
+    accuracy_threshold: str | None = None
+    int8_target: str | None = None
+    speed_check: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
@@ -147,6 +160,14 @@ class BuildConfig:
             raise ConfigError(f"optimization_level must be an integer in 0..5, got {self.optimization_level}")
         if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
             raise ConfigError(f"memory_limit_mb must be an integer >= 1, got {self.memory_limit_mb}")
+        if self.sample_inputs is not None:
+            object.__setattr__(self, "sample_inputs", Path(self.sample_inputs))
+        from streamrt.accuracy import AccuracyThreshold  # numpy only: checks the grammar early
+
+        for name in ("accuracy_threshold", "int8_target"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, str(AccuracyThreshold.parse(value)))
         if self.precision is Precision.INT8 and self.calibration is None:
             raise ConfigError(
                 "precision int8 needs calibration data",
@@ -189,6 +210,10 @@ class BuildConfig:
         d = self.to_dict()
         if d["calibration"] is not None:
             d["calibration"].pop("cache")
+        if self.sample_inputs is not None and self.sample_inputs.is_file():
+            import hashlib
+
+            d["sample_inputs"] = hashlib.sha256(self.sample_inputs.read_bytes()).hexdigest()
         return d
 
 

@@ -16,6 +16,7 @@ Hierarchy::
     │   └── UnsupportedOperatorError  a node the backend cannot run (node, op type, opset)
     ├── CalibrationError            int8 calibration data missing or mismatched
     ├── BuildError                  a backend failed to build an engine
+    │   └── AccuracyError           the low-precision plan misses --accuracy-threshold
     ├── PlanError                   a plan file cannot be used
     │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
     │   └── PlanMismatchError       built for another backend version, device or library
@@ -26,6 +27,7 @@ Hierarchy::
     │   ├── ShapeError              shape outside every profile, or wrong rank
     │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
+    │   └── OutputMismatchError     an output's batch rows, dtype or shape disagree with the model's config
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)
     │   ├── StageTimeoutError       a stage did not finish in time
@@ -47,6 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AccuracyError",
     "BuildError",
     "CalibrationError",
     "ConfigError",
@@ -59,6 +62,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "ModelNotReadyError",
+    "OutputMismatchError",
     "PayloadTooLargeError",
     "PipelineClosedError",
     "PipelineError",
@@ -95,6 +99,13 @@ class StreamRTError(Exception):
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
+# torch's default wheel on PyPI bundles CUDA (several GB): CPU-only machines want the CPU wheel.
+_INSTALL_HINTS = {
+    "torch": "CPU-only machine: pip install torch --index-url https://download.pytorch.org/whl/cpu; "
+    "with an NVIDIA GPU: pip install 'streamrt[torch]'",
+}
+
+
 class MissingDependencyError(StreamRTError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
@@ -102,7 +113,7 @@ class MissingDependencyError(StreamRTError, ImportError):
         what = f" for {purpose}" if purpose else ""
         super().__init__(
             f"the optional package '{package}' is required{what} but is not installed",
-            hint=f"pip install 'streamrt[{extra}]'",
+            hint=_INSTALL_HINTS.get(extra, f"pip install 'streamrt[{extra}]'"),
         )
         self.package = package
         self.extra = extra
@@ -151,6 +162,10 @@ class BuildError(StreamRTError):
     """A backend failed to build an engine."""
 
 
+class AccuracyError(BuildError):
+    """A fp16/bf16/int8 plan misses the accuracy threshold against the fp32 reference; no plan is written."""
+
+
 class PlanError(StreamRTError):
     """A plan file cannot be used."""
 
@@ -195,6 +210,15 @@ class ShapeError(InputError):
 
 class InferenceError(StreamRTError):
     """The backend failed while running an engine."""
+
+
+class OutputMismatchError(InferenceError):
+    """An engine output does not fit what the batch or the config says it must be.
+
+    Raised by the server before a batch's outputs are split among its requests: an output whose
+    first dimension is not the batch's total rows (it would hand one request another's data), or
+    whose dtype or trailing shape differs from the model config.
+    """
 
 
 class PipelineError(StreamRTError):

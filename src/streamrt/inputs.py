@@ -176,8 +176,12 @@ _GENERATORS: dict[DType, Callable[[np.random.Generator, Shape, str], np.ndarray]
     DType.BOOL: lambda r, s, d: r.random(s) < 0.5,
     **{
         t: (lambda r, s, d: r.integers(0, _SMALL_INT, size=s))
-        for t in (DType.INT8, DType.UINT8, DType.INT16, DType.INT32, DType.INT64)
+        for t in (DType.INT8, DType.UINT8, DType.INT16, DType.INT32, DType.INT64, DType.UINT16, DType.UINT32,
+                  DType.UINT64)
     },
+    # strings of small decimal integers: what string-taking models (tokenizer ids, casts) accept
+    DType.BYTES: lambda r, s, d: np.vectorize(lambda v: str(v).encode(), otypes=[object])(
+        r.integers(0, _SMALL_INT, size=s)),
 }
 
 

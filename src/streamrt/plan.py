@@ -79,6 +79,9 @@ class PlanManifest:
         extra: backend-specific facts (e.g. compatibility flags).
         source_metadata: the source model's ONNX ``metadata_props`` (class names, input size...),
             so applications can read them from a plan without the ONNX file.
+        precision_report: for fp16/bf16/int8 plans, what the precision transform kept in fp32
+            and why, the accuracy against the fp32 reference, and (int8) the speed against fp32
+            (:mod:`streamrt.accuracy_gate`).
     """
 
     backend: str
@@ -97,6 +100,7 @@ class PlanManifest:
     streamrt_version: str
     extra: Mapping[str, Any] = field(default_factory=dict)
     source_metadata: Mapping[str, str] = field(default_factory=dict)
+    precision_report: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -125,6 +129,7 @@ class PlanManifest:
                 streamrt_version=str(data["streamrt_version"]),
                 extra=dict(data.get("extra", {})),
                 source_metadata={str(k): str(v) for k, v in dict(data.get("source_metadata", {})).items()},
+                precision_report=dict(data.get("precision_report", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanFormatError(f"plan manifest is incomplete or malformed: {exc!r}") from exc

@@ -51,7 +51,11 @@ class DType(enum.Enum):
     INT16 = "int16"
     INT32 = "int32"
     INT64 = "int64"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
     BOOL = "bool"
+    BYTES = "bytes"
 
     @property
     def info(self) -> _DTypeInfo:
@@ -99,7 +103,8 @@ class DType(enum.Enum):
             text = text[len("torch.") :]
         key = text.lower()
         for dtype, info in _TABLE.items():
-            if key in (dtype.value, info.kserve.lower(), info.torch, info.tensorrt.lower()):
+            names = (dtype.value, info.kserve.lower(), info.torch, info.tensorrt.lower())
+            if key in (n for n in names if n):
                 return dtype
         try:
             np_name = np.dtype(value).name
@@ -110,6 +115,8 @@ class DType(enum.Enum):
                 return dtype
         if np_name == "bfloat16":
             return DType.BFLOAT16
+        if key in ("string", "str") or (np_name and np.dtype(value).kind in "SU"):
+            return DType.BYTES
         raise ConfigError(f"unsupported dtype {value!r}; known: {', '.join(d.value for d in cls)}")
 
 
@@ -123,7 +130,12 @@ _TABLE: dict[DType, _DTypeInfo] = {
     DType.INT16: _DTypeInfo("int16", 5, "int16", "INT16", "INT16"),
     DType.INT32: _DTypeInfo("int32", 6, "int32", "INT32", "INT32"),
     DType.INT64: _DTypeInfo("int64", 7, "int64", "INT64", "INT64"),
+    DType.UINT16: _DTypeInfo("uint16", 4, "uint16", "UINT16", "UINT16"),
+    DType.UINT32: _DTypeInfo("uint32", 12, "uint32", "UINT32", "UINT32"),
+    DType.UINT64: _DTypeInfo("uint64", 13, "uint64", "UINT64", "UINT64"),
     DType.BOOL: _DTypeInfo("bool", 9, "bool", "BOOL", "BOOL"),
+    # Variable-length byte strings (ONNX STRING, Triton TYPE_STRING): NumPy object arrays of bytes.
+    DType.BYTES: _DTypeInfo("object", 8, "", "", "BYTES"),
 }
 
 

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from streamrt.errors import ConfigError, QueueFullError, RequestError, ShapeError, UnknownModelError
-from streamrt.serve import BatchingConfig, ModelConfig, ServerConfig
+from streamrt.serve import BatchingConfig, ServerConfig
+from streamrt.serve.config_message import from_mapping, read_config_file, to_message
 from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
+from streamrt.serve.triton_config import message_json
 
 
 def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
@@ -26,12 +28,15 @@ def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
         "instance_group [{ count: 2 kind: KIND_CPU }]\nversion_policy { specific { versions: [1, 3] } }\n"
         "optimization { input_pinned_memory { enable: true } }\n"
     )
-    a = ModelConfig.from_file(tmp_path / "config.yaml", name="m")
-    b = ModelConfig.from_file(tmp_path / "config.pbtxt", name="m")
+    a = read_config_file(tmp_path / "config.yaml", "m")
+    b = read_config_file(tmp_path / "config.pbtxt", "m")
     assert a == b
     assert a.dynamic_batching == BatchingConfig(100, (4, 8))
     assert a.instance_count == 2 and a.version_policy.select([1, 2, 3, 4]) == [1, 3]
-    c = ModelConfig.from_dict(json.loads(json.dumps(a.to_triton("p"))), name="m")
+    # The reply is the message itself; Triton's JSON of it reads back to the same config.
+    reply = message_json(to_message(a, "onnxruntime_onnx"))
+    assert reply["input"][0]["dims"] == [3, 32, 32] and reply["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    c = from_mapping(json.loads(json.dumps(reply)), "m")
     assert c.input == a.input and c.dynamic_batching == a.dynamic_batching
 
 
@@ -39,20 +44,24 @@ def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
     ("data", "words"),
     [
         ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0, got -1"),
-        ({"max_batch_size": "many"}, "max_batch_size must be an integer"),
-        ({"max_batch_sise": 4}, "unknown keys ['max_batch_sise']"),
-        ({"instance_group": [{"count": 0}]}, "count must be an integer >= 1, got 0"),
-        ({"instance_group": [{"kind": "KIND_TPU"}]}, "kind must be one of"),
-        ({"input": [{"name": "x", "data_type": "TYPE_QUUX"}]}, "unsupported data_type"),
+        ({"max_batch_size": "many"}, "max_batch_size"),
+        ({"max_batch_sise": 4}, 'no field named "max_batch_sise"'),
+        ({"instance_group": [{"count": -1}]}, "count must be an integer >= 1, got -1"),
+        ({"instance_group": [{"kind": "KIND_TPU"}]}, "KIND_TPU"),
+        ({"input": [{"name": "x", "data_type": "TYPE_QUUX"}]}, "TYPE_QUUX"),
         ({"dynamic_batching": {"priority_levels": 2, "default_priority_level": 3}}, "default_priority_level"),
         ({"dynamic_batching": {"default_queue_policy": {"timeout_action": "DELAY"}}}, "DELAY is not supported"),
-        ({"version_policy": {"newest": {}}}, "expected one of"),
+        ({"version_policy": {"newest": {}}}, "newest"),
+        ({"sequence_batching": {}}, "config field 'sequence_batching' is not supported"),
+        ({"input": [{"name": "x", "data_type": "FP32", "dims": [1], "optional": True}]},
+         "config field 'input[0].optional' is not supported: optional inputs"),
+        ({"platform": "tensorflow_graphdef"}, "platform/backend 'tensorflow_graphdef' is not supported"),
         ({"name": "other"}, "differs from its directory"),
     ],
 )
 def test_model_config_errors_name_the_field(data: dict, words: str) -> None:
     with pytest.raises(ConfigError) as err:
-        ModelConfig.from_dict(data, name="m")
+        from_mapping(data, "m")
     assert words in str(err.value) and "model 'm'" in str(err.value)
 
 
@@ -95,3 +104,55 @@ def test_public_surface() -> None:
 
     for name in serve.__all__:
         assert getattr(serve, name) is not None
+
+
+def test_pbtxt_list_syntax_hints_and_refusals() -> None:
+    from streamrt.serve.config_message import from_message
+    from streamrt.serve.triton_config import parse_text, unsupported_fields
+
+    text = ('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_UINT32 dims: [ -1 ] } ]\n'
+            "optimization { input_pinned_memory { enable: true } cuda { busy_wait_events: true } }\n"
+            "response_cache { enable: false }\n")
+    cfg = from_message(parse_text(text, "m"), "m")
+    assert cfg.input[0].data_type.kserve == "UINT32" and cfg.input[0].dims == (-1,) and cfg.max_batch_size == 4
+    refused = parse_text('name: "m" sequence_batching { control_input [ { name: "S" control [ { kind: '
+                         "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }\n"
+                         "instance_group [ { count: 1 rate_limiter { priority: 2 } } ]\n"
+                         "optimization { cuda { graphs: true } }\nresponse_cache { enable: true }", "m")
+    paths = [p for p, _ in unsupported_fields(refused)]
+    assert paths == ["instance_group[0].rate_limiter", "optimization.cuda.graphs", "sequence_batching",
+                     "response_cache.enable"]
+    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.rate_limiter' is not supported"):
+        from_message(refused, "m")
+    with pytest.raises(ConfigError, match="does not follow Triton's schema"):
+        parse_text('name: "m" max_batch_size: 4 colour: "red"', "m")
+
+
+def test_profile_parameters_and_derived_profile() -> None:
+    from streamrt.serve.derived_profiles import DYNAMIC_DIM_MAX, derive_profile
+    from streamrt.types import DType, TensorSpec
+
+    cfg = from_mapping({"max_batch_size": 4, "parameters": {"min_shapes": "x:1x2", "opt_shapes": "x:2x8",
+                                                            "max_shapes": "x:4x64"}}, "m")
+    assert cfg.build.profiles[0].ranges["x"].max == (4, 64) and cfg.parameters["max_shapes"] == "x:4x64"
+    spec = TensorSpec("x", DType.BYTES, (-1, -1, 3))
+    derived = derive_profile(from_mapping({"max_batch_size": 8}, "m"), [spec])
+    assert derived is not None and derived.ranges["x"].min == (1, 1, 3)
+    assert derived.ranges["x"].max == (8, DYNAMIC_DIM_MAX, 3)
+    fixed = from_mapping({"max_batch_size": 8, "input": [{"name": "x", "data_type": "BYTES", "dims": [5, 3]}]}, "m")
+    assert derive_profile(fixed, [spec]).ranges["x"].max == (8, 5, 3)  # type: ignore[union-attr]
+
+
+def test_classification_strings_match_triton_format() -> None:
+    from streamrt.serve.classification import top_k_classes
+
+    rng = np.random.default_rng()
+    scores = rng.standard_normal((2, 5)).astype(np.float32)
+    out = top_k_classes(scores, 3, ["a", "b"], batched=True)
+    assert out.shape == (2, 3) and out.dtype == object
+    for row, strings in zip(scores, out, strict=True):
+        order = np.argsort(-row, kind="stable")[:3]
+        assert list(strings) == [f"{row[i]:f}:{i}".encode() + (b":" + b"ab"[i:i + 1] if i < 2 else b"")
+                                 for i in order]
+    with pytest.raises(RequestError, match="numeric"):
+        top_k_classes(np.array([b"x"], dtype=object), 1, [], batched=False)

@@ -206,6 +206,16 @@ BUILD_OPTIONS = (
     Option("verify_shapes", ("--verify-shapes",),
            "run the plan at each profile's min/opt/max and an odd size against ONNX Runtime fp32 and refuse a "
            "mismatch (default: on for every backend but onnxruntime)", {"action": argparse.BooleanOptionalAction}),
+    # fp16/bf16/int8 accuracy (streamrt.accuracy_gate): sample data, the gate, int8's sensitivity target
+    Option("sample_inputs", ("--sample-inputs",), "real inputs (keyed by input name) for fp16 range checks and "
+           "the accuracy gate (default: calibration data, else random inputs)", {"type": Path, "metavar": "FILE.npz"}),
+    Option("accuracy_threshold", ("--accuracy-threshold",), "fail the fp16/bf16/int8 build when the plan misses it "
+           "vs onnxruntime fp32: cosine=0.999, top1=0.99, rel_l2=0.01, max_abs=..., rel_p99=... (comma-separated; "
+           "a bare number is a min cosine)", {"metavar": "SPEC"}),
+    Option("int8_target", ("--int8-target",), "int8: keep the most sensitive quantized layers in fp32 until this "
+           "is met (e.g. top1=0.99)", {"metavar": "SPEC"}),
+    Option("speed_check", ("--no-speed-check",), "int8: skip timing the plan against an fp32 plan of the same "
+           "backend (a second build)", {"action": "store_true"}, value=lambda _: False),
 )
 """BuildConfig fields set by one flag each; profiles and calibration are read by BuildArgs itself."""
 

@@ -10,7 +10,8 @@ With ``--inputs data.npz`` and no ``--min/opt/max-shapes``, models are built for
 shapes of the arrays in the file.
 
 Exit status 0 when every output is within ``|a - b| <= atol + rtol * |a|`` (A is the
-reference), 1 when one is not, 2 on errors.
+reference), or with ``--min-cosine C`` when every output's cosine similarity to A is >= C (int8),
+1 when one is not, 2 on errors.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("b", type=Path, metavar="B", help="tested: plan file or ONNX model")
     parser.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     parser.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        metavar="C",
+        help="pass an output when its cosine similarity to A is >= C instead of the tolerances (int8: 0.99)",
+    )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     add_input_arguments(parser)
     add_build_arguments(parser)
@@ -95,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
             out_a = run_numpy(engine_a, arrays)
             out_b = run_numpy(engine_b, feeds_b)
             label_a, label_b = _label(args.a, engine_a), _label(args.b, engine_b)
-    diffs = compare_outputs(out_a, out_b, atol=args.atol, rtol=args.rtol)
+    diffs = compare_outputs(out_a, out_b, atol=args.atol, rtol=args.rtol, min_cosine=args.min_cosine)
     passed = all(d.passed for d in diffs)
     if args.json:
         print(
@@ -107,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
                     "shapes": {n: list(v.shape) for n, v in arrays.items()},
                     "atol": args.atol,
                     "rtol": args.rtol,
+                    "min_cosine": args.min_cosine,
                     "passed": passed,
                     "outputs": [d.to_json() for d in diffs],
                 },

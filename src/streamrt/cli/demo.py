@@ -54,6 +54,7 @@ def _size(text: str | None) -> tuple[int | None, int | None]:
 def run(args: argparse.Namespace) -> int:
     from streamrt.cli.common import check_output
     from streamrt.device import cuda_available
+    from streamrt.profiling.rounds import format_ratio, noise_warning
     from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
     check_output(args.output, directory=True)
@@ -69,12 +70,21 @@ def run(args: argparse.Namespace) -> int:
     sync, piped = result.sync, result.pipeline
     print(f"\nStreamRT demo: {result.detector.source} on {result.detector.backend} ({result.detector.device}), "
           f"{piped.frames} frames {piped.frame_size}\n")
-    rows = (("synchronous loop", sync), (f"pipeline, {piped.label}", piped))
+    rows = (("synchronous loop", "sync"), (f"pipeline, {piped.label}", "pipeline"))
     width = max(len(label) for label, _ in rows)
-    for label, rep in rows:
-        print(f"  {label:<{width}}  {rep.fps:8.1f} FPS   latency p50 {rep.latency_ms.get('p50', 0):6.1f} ms, "
-              f"p99 {rep.latency_ms.get('p99', 0):6.1f} ms")
-    print(f"  {'speed-up':<{width}}  {result.speedup:8.2f}x   (median of {config.rounds} interleaved runs each)")
+    for label, key in rows:
+        rep, rounds = (sync, piped)[key == "pipeline"], result.rounds[key]
+        print(f"  {label:<{width}}  {rounds.median:8.1f} FPS   ({rounds.describe('FPS')}; "
+              f"latency p50 {rep.latency_ms.get('p50', 0):.1f} ms, p99 {rep.latency_ms.get('p99', 0):.1f} ms)")
+    if result.speedup is not None:
+        speedup = format_ratio(result.rounds["pipeline"], result.rounds["sync"])
+        print(f"  {'speed-up':<{width}}  {speedup:>8}    (median over median of the interleaved rounds)")
+    else:
+        print(f"  {'speed-up':<{width}}  baseline unstable: the synchronous rounds disagree too much to divide by")
+    warning = noise_warning({"sync": result.rounds["sync"], "pipeline": result.rounds["pipeline"]},
+                            "cuda" if cuda else "cpu", "and rerun (the build is cached)")
+    if warning:
+        print(f"  {warning}")
     print(f"  same detections in both runs: {'yes' if result.identical else 'NO'}; "
           f"mAP@0.5 vs the clip's ground truth: {result.map50:.3f}")
     if piped.bottleneck:
@@ -84,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
         if key != "lane plan" or result.files[key] != result.files["plan"]:
             print(f"  {key:<11} {result.files[key]}")
     for key, path in result.files.items():
-        if key.endswith("_timeline.png"):
+        if key.endswith(".png"):
             print(f"  timeline    {path}")
-    print(f"  reports     {config.out_dir}/sync.md, {config.out_dir}/pipeline.md, {config.out_dir}/demo.json")
+        elif key.endswith("_trace.json"):
+            print(f"  trace       {path}   (open in https://ui.perfetto.dev)")
+    reports = [p for k, p in result.files.items() if k.endswith((".md", ".json")) and not k.endswith("_trace.json")]
+    print(f"  reports     {', '.join(str(p) for p in reports)}")
+    print(f"  summary     {result.files['summary']}   (throughputs of every round, speed-up, mAP)")
     return 0

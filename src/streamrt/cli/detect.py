@@ -6,6 +6,11 @@ YOLOv8/YOLO11 layout; class names from its metadata, ``--labels`` or ``MODEL.txt
 ONNX files are built through the cache with the best backend here unless ``--backend`` names one.
 Outputs: ``-o/--output`` annotated video, ``--jsonl`` detections as JSON Lines, ``--report DIR`` the run
 report (JSON, markdown, PNG timeline, Chrome trace). See ``docs/detection.md``.
+
+Without pipeline flags the run uses the demo's choice for this machine: on a GPU one lane with a
+stream per stage and CUDA graphs; on the CPU one lane per core, each with a one-thread session.
+Throughput is also measured over windows of frames: the median window with the spread, and a
+warning when the machine was noisy (the rule ``bench`` uses).
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ from typing import TYPE_CHECKING
 from streamrt.cli.args import CacheArgs, PipelineArgs, add_alias, backend_choices, plain_text
 
 if TYPE_CHECKING:
+    from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
     from streamrt.video.workload import Detections, Frame
 
 __all__ = ["add_detect_arguments", "register", "run"]
 
-# detect's pipeline flags; defaults: a stream per stage, 4 frames in flight, traced for the report.
+# detect's pipeline flags. With none given, the demo's choice for this machine (pipeline_config);
+# with some, the others default to a stream per stage and 4 frames in flight. Traced for the report.
 _PIPELINE = PipelineArgs(defaults={"topology": "streams", "ring_size": 4, "trace": True})
 
 
@@ -97,12 +104,23 @@ class ProgressBar:
             print(file=sys.stderr)
 
 
+def pipeline_config(args: argparse.Namespace, cuda: bool) -> PipelineConfig:
+    """The pipeline flags over topology streams, ring 4; with none of them, the demo's choice for this
+    machine (:mod:`streamrt.video.tuning`)."""
+    from streamrt.video.tuning import default_pipeline
+
+    if not _PIPELINE.group.given(args):
+        return default_pipeline(cuda).replace(trace=True)
+    return _PIPELINE.config(args)
+
+
 def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectConfig:
     """A :class:`~streamrt.video.runner.DetectConfig` from the shared flags."""
+    from streamrt.device import cuda_available
     from streamrt.ops.postprocess import PostprocessConfig
     from streamrt.video.runner import DetectConfig
 
-    pipeline = _PIPELINE.config(args)
+    pipeline = pipeline_config(args, cuda_available())
     return DetectConfig(
         postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
         pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
@@ -110,13 +128,19 @@ def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectCon
     )
 
 
-def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None = None) -> DetectorModel:
+def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None = None,
+               pipeline: PipelineConfig | None = None) -> DetectorModel:
+    """The detector; an ONNX file is built for ``pipeline``'s lanes (one thread each for several CPU lanes)."""
     from streamrt.cli.common import stderr_progress
-    from streamrt.video.model import bundled_model, open_detector
+    from streamrt.device import cuda_available
+    from streamrt.video.model import best_backend, bundled_model, open_detector
+    from streamrt.video.tuning import lane_options
 
-    return open_detector(path or bundled_model(), backend=args.backend, labels=labels, layout=args.layout,
+    backend = args.backend or best_backend()
+    options = lane_options(backend, pipeline, cuda_available()) if pipeline is not None else {}
+    return open_detector(path or bundled_model(), backend=backend, labels=labels, layout=args.layout,
                          max_batch=args.max_batch, precision=args.precision, cache=CacheArgs.use_cache(args),
-                         cache_dir=CacheArgs.cache_dir(args), progress=stderr_progress)
+                         cache_dir=CacheArgs.cache_dir(args), progress=stderr_progress, options=options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
             check_output(path, example="annotated.mp4" if path is args.output else "detections.jsonl")
     if args.report is not None:
         check_output(args.report, directory=True)
-    detector = open_model(args, args.model, args.labels)
     config = detect_config(args, paced=args.paced)
+    detector = open_model(args, args.model, args.labels, config.pipeline)
     sources = [open_source(s) for s in args.sources]
     sinks: list[Sink] = []
     try:

@@ -71,6 +71,7 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"  opset {info['opset']}, ir {info['ir_version']}, producer {info['producer'] or '?'}")
         lines.append(f"  sha256 {info['sha256']}")
     lines += _io_lines("inputs", info["inputs"]) + _io_lines("outputs", info["outputs"])
+    lines += _precision_lines(info.get("precision_report") or {})
     for i, profile in enumerate(info.get("profiles", [])):
         lines.append(f"profile {i}:")
         for name, r in profile.items():
@@ -90,6 +91,36 @@ def _text(info: dict[str, Any]) -> str:
     elif layers:
         lines.append(f"layers: {layers}")
     return "\n".join(lines)
+
+
+def _precision_lines(record: dict[str, Any]) -> list[str]:
+    """What the precision transform kept in fp32, the accuracy vs fp32 and (int8) the speed."""
+    if not record:
+        return []
+    from streamrt.accuracy import AccuracyReport
+
+    lines = []
+    kept = record.get("kept_nodes", [])
+    if "kept_by_op_type" in record:
+        lines.append(f"kept in fp32: {len(kept)} node(s) by value range, {record['kept_by_op_type']} by op type")
+        lines += [f"  {k['name']:<24} {k['op_type']:<18} {k['reason']}" for k in kept]
+    sensitivity = record.get("sensitivity")
+    if sensitivity:
+        layers = sensitivity.get("kept_layers", [])
+        met = "met" if sensitivity.get("met") else "NOT met"
+        lines.append(f"int8 target {sensitivity.get('target')} {met}: {len(layers)} layer(s) kept in fp32")
+        lines += [f"  {k['name']:<24} {k['op_type']:<18} cosine {k['cosine_alone']:.5f} alone" for k in layers]
+    lines += [f"int8 note: {note}" for note in record.get("notes", [])]
+    accuracy = record.get("accuracy")
+    if accuracy:
+        lines += AccuracyReport.from_dict(accuracy).lines()
+        if "passed" in accuracy:
+            verdict = "pass" if accuracy["passed"] else "MISS: " + "; ".join(accuracy.get("violations", [])[:3])
+            lines.append(f"  gate {accuracy.get('threshold')}: {verdict}")
+    speed = record.get("speed") or {}
+    if "speedup" in speed:
+        lines.append(f"speed: {speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms ({speed['speedup']:.2f}x)")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -113,12 +113,21 @@ def _slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
 
-def _analysis(results: Sequence[Any], summaries: Sequence[tuple[Any, Any]]) -> list[str]:
-    """Plain-language lines under the table: best case, its bound, what graphs changed."""
-    base = results[0].items_per_s
+def _analysis(results: Sequence[Any], summaries: Sequence[tuple[Any, Any]], rounds: Sequence[Any],
+              device: str) -> list[str]:
+    """Plain-language lines under the table: noise, best case, its bound, what graphs changed."""
+    from streamrt.profiling.rounds import format_ratio, noise_warning
+
     best = max(range(len(results)), key=lambda i: results[i].items_per_s)
-    lines = [f"- best: **{results[best].case.label}**, {results[best].items_per_s:.1f} items/s, "
-             f"{results[best].items_per_s / base:.2f}x the synchronous baseline {results[0].case.label}."]
+    vs = format_ratio(rounds[best], rounds[0])
+    lines = []
+    warning = noise_warning({r.case.label: rr for r, rr in zip(results, rounds, strict=True)}, device)
+    if warning:
+        lines.append(f"- {warning}")
+    versus = (f"{vs} the synchronous baseline {results[0].case.label}" if vs.endswith("x") else
+              f"no ratio: the synchronous baseline {results[0].case.label} was unstable across rounds")
+    lines.append(f"- best: **{results[best].case.label}**, {results[best].items_per_s:.1f} items/s "
+                 f"({rounds[best].describe('items/s')}), {versus}.")
     traced = summaries[best][1]
     if traced is not None and traced.bottleneck is not None:
         name, busy = traced.bottleneck
@@ -148,11 +157,15 @@ def _stage_table(summaries: Sequence[tuple[Any, Any]]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from streamrt._optional import require
+
+    # The workload (frames, resize, the bundled CNN, top-k) is torch code on either device.
+    torch = require("torch", extra="torch", purpose="pipeline-bench's frame workload, on the CPU too")
 
     from streamrt.device import get_device
     from streamrt.pipeline.bench import compare, standard_cases
     from streamrt.profiling.pipeline_summary import format_comparison, summarize
+    from streamrt.profiling.rounds import Rounds
     from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     if args.output is not None:
@@ -179,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         trace_items=trace_items or None, keep_outputs=args.verify,
     )
     summaries = [(summarize(r.median), summarize(r.traced) if r.traced is not None else None) for r in results]
-    lines = [format_comparison(summaries), "", *_analysis(results, summaries)]
+    rounds = [Rounds.of(t.items_per_s for t in r.rounds) for r in results]
+    lines = [format_comparison(summaries, rounds=rounds), "", *_analysis(results, summaries, rounds, device.kind)]
     if args.verify:
         reference = results[0].outputs
         same = [r.case.label for r in results[1:] if not all(a.equal(b) for a, b in zip(reference, r.outputs,

@@ -8,6 +8,9 @@ for every backend, so :func:`apply_precision` returns the ONNX model that all bu
 - ``fp16``: ONNX Runtime's ``convert_float_to_float16`` (shipped in the onnxruntime wheel) casts
   weights and activations to float16, keeping the op types of :func:`fp32_op_types` in float32
   behind Cast pairs, and keeping float32 graph inputs/outputs when ``keep_io_types`` is set.
+  Before converting, AutoCast's range rules (:mod:`streamrt.onnx.autocast`) add the nodes whose
+  initializers or Constant values overflow float16, or whose activations on real sample data
+  exceed 512, to the float32 set; :func:`lower_precision` reports them with their reasons.
 - ``bf16``: the same conversion, retyped to bfloat16, with weights rounded from the original
   float32 values, after an upgrade to opset 22 (where Conv and pooling first accept bfloat16).
   No tool in our dependencies converts to bfloat16; see :func:`_to_bf16`. ONNX Runtime's CPU
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +36,31 @@ import onnx
 
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import BuildError, ConfigError
+from streamrt.onnx.autocast import (
+    DATA_MAX,
+    KeptNode,
+    init_max,
+    large_activations,
+    name_nodes,
+    overflowing_constants,
+    summary,
+)
+from streamrt.onnx.lowering import PrecisionResult
 
-__all__ = ["FP32_OPS", "INT8_OP_TYPES", "apply_precision", "fp32_op_types", "int8_op_types"]
+__all__ = [
+    "FP32_OPS",
+    "INT8_OP_TYPES",
+    "PrecisionResult",
+    "apply_precision",
+    "fp32_op_types",
+    "int8_op_types",
+    "lower_precision",
+]
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+Feeds = Sequence[Mapping[str, np.ndarray]]
 
 #: Op types kept in float32 by the fp16/bf16 conversion, on top of ONNX Runtime's own block list
 #: (``float16.DEFAULT_OP_BLOCK_LIST``: ML ops, TopK, NonMaxSuppression, RoiAlign, Range, CumSum,
@@ -72,13 +94,15 @@ def apply_precision(
     cache_dir: Path,
     progress: Progress | None = None,
     int8_style: str = "tensorrt",
+    feeds: Feeds = (),
 ) -> onnx.ModelProto:
     """Return ``model`` transformed to ``config.precision``; every backend builds from the result.
 
     The input model is never modified: fp32/tf32 return the same object, other precisions a new
     one that passes the ONNX checker. Intermediate files live in a temporary folder that is
     removed on success and failure; the only files written under the user's paths are the
-    calibration cache and its TensorRT-style tables, each atomically.
+    calibration cache and its TensorRT-style tables, each atomically. :func:`lower_precision`
+    returns the same model with the report of what was kept in float32.
 
     Args:
         model: a float32 ONNX model.
@@ -88,6 +112,9 @@ def apply_precision(
         progress: called with one-line status messages (conversion steps, calibration samples).
         int8_style: the Q/DQ layout the target backend fuses (``Backend.int8_style``; see
             :func:`streamrt.onnx.quantize.quantize_int8`).
+        feeds: sample inputs (real data: calibration samples or ``--sample-inputs``): fp16 keeps
+            nodes whose activations exceed :data:`~streamrt.onnx.autocast.DATA_MAX` on them in
+            float32, and int8's sensitivity pass measures on them.
 
     Returns:
         The transformed model.
@@ -97,10 +124,25 @@ def apply_precision(
         MissingDependencyError: image calibration data without Pillow.
         BuildError: a conversion failed or produced an invalid model.
     """
+    return lower_precision(
+        model, config, cache_dir=cache_dir, progress=progress, int8_style=int8_style, feeds=feeds
+    ).model
+
+
+def lower_precision(
+    model: onnx.ModelProto,
+    config: BuildConfig,
+    *,
+    cache_dir: Path,
+    progress: Progress | None = None,
+    int8_style: str = "tensorrt",
+    feeds: Feeds = (),
+) -> PrecisionResult:
+    """:func:`apply_precision` with its report: the nodes kept in float32 and why."""
     report = progress or (lambda message: None)
     if config.precision is Precision.INT8:
-        return _to_int8(model, config, cache_dir, report, int8_style)
-    return _TRANSFORMS[config.precision](model, config, cache_dir, report)
+        return _to_int8(model, config, cache_dir, report, int8_style, feeds)
+    return _TRANSFORMS[config.precision](model, config, report, feeds)
 
 
 def fp32_op_types(config: BuildConfig) -> list[str]:
@@ -118,8 +160,8 @@ def int8_op_types(config: BuildConfig) -> list[str]:
 # --- fp32 / fp16 / bf16 -----------------------------------------------------------------------
 
 
-def _unchanged(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
-    return model
+def _unchanged(model: onnx.ModelProto, config: BuildConfig, report: Progress, feeds: Feeds) -> PrecisionResult:
+    return PrecisionResult(model)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -128,12 +170,14 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _convert_fp16(model: onnx.ModelProto, config: BuildConfig, blocked: list[str]) -> onnx.ModelProto:
+def _convert_fp16(
+    model: onnx.ModelProto, config: BuildConfig, blocked: list[str], nodes: Sequence[str] = ()
+) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     try:
         converted: onnx.ModelProto = convert_float_to_float16(
-            model, keep_io_types=config.keep_io_types, op_block_list=blocked
+            model, keep_io_types=config.keep_io_types, op_block_list=blocked, node_block_list=list(nodes)
         )
     except Exception as exc:  # the converter raises bare ValueError/AssertionError/onnx errors
         raise BuildError(f"float16 conversion failed: {type(exc).__name__}: {exc}") from exc
@@ -223,17 +267,43 @@ def _toposort(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes[i] for i in order)
 
 
-def _to_fp16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
-    report(f"fp16: converting, keeping {len(fp32_op_types(config))} op types in fp32")
-    converted = _convert_fp16(_copy(model), config, fp32_op_types(config))
+def _guarded(
+    work: onnx.ModelProto, low: int, config: BuildConfig, feeds: Feeds
+) -> tuple[list[KeptNode], list[str]]:
+    """The nodes AutoCast's range rules keep in fp32 (see :mod:`streamrt.onnx.autocast`), and op types."""
+    name_nodes(work.graph)
+    kept = {k.name: k for k in overflowing_constants(work, init_max(low))}
+    if low == onnx.TensorProto.FLOAT16 and feeds:
+        for k in large_activations(work, feeds, DATA_MAX):
+            kept.setdefault(k.name, k)
+    ops = fp32_op_types(config)
+    return [k for k in kept.values() if k.op_type not in ops], ops
+
+
+def _result(what: str, converted: onnx.ModelProto, kept: list[KeptNode], ops: list[str]) -> PrecisionResult:
+    record = summary(kept, ops, converted)
+    constants = sum(1 for k in kept if "sample data" not in k.reason)
+    line = (
+        f"{what}: {len(kept)} node(s) kept in fp32 by value range ({constants} overflowing constants or "
+        f"their consumers, {len(kept) - constants} large activations), {record['kept_by_op_type']} by op type"
+    )
+    details = tuple(f"{what}: kept {k.name} ({k.op_type}) in fp32: {k.reason}" for k in kept)
+    return PrecisionResult(converted, line, details, {"precision": what, **record})
+
+
+def _to_fp16(model: onnx.ModelProto, config: BuildConfig, report: Progress, feeds: Feeds) -> PrecisionResult:
+    work = _copy(model)
+    kept, ops = _guarded(work, onnx.TensorProto.FLOAT16, config, feeds)
+    report(f"fp16: converting, keeping {len(ops)} op types and {len(kept)} out-of-range nodes in fp32")
+    converted = _convert_fp16(work, config, ops, [k.name for k in kept])
     _check(converted, "fp16")
-    return converted
+    return _result("fp16", converted, kept, ops)
 
 
 _BF16_TAG = "streamrt-bf16:"
 
 
-def _to_bf16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress) -> onnx.ModelProto:
+def _to_bf16(model: onnx.ModelProto, config: BuildConfig, report: Progress, feeds: Feeds) -> PrecisionResult:
     """bfloat16 through the float16 converter, then retyped.
 
     No maintained converter in our dependencies writes bfloat16 (onnxconverter-common and ORT's
@@ -250,6 +320,7 @@ def _to_bf16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, repor
             hint="export the model in float32, or use precision fp16",
         )
     work, no_bf16 = _bf16_opset(model)
+    kept, ops = _guarded(work, onnx.TensorProto.BFLOAT16, config, feeds)
     if no_bf16:
         logger.info("bf16: keeping %s in fp32: opset %d gives them no bfloat16 type", no_bf16, _opset(work))
     originals: list[tuple[np.ndarray, str]] = []
@@ -257,7 +328,7 @@ def _to_bf16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, repor
         if tensor.data_type == onnx.TensorProto.FLOAT:
             originals.append((onnx.numpy_helper.to_array(tensor), tensor.doc_string))
             tensor.doc_string = f"{_BF16_TAG}{len(originals) - 1}"
-    converted = _convert_fp16(work, config, sorted({*fp32_op_types(config), *no_bf16}))
+    converted = _convert_fp16(work, config, sorted({*ops, *no_bf16}), [k.name for k in kept])
     for tensor in _tensors(converted.graph):
         original = None
         if tensor.doc_string.startswith(_BF16_TAG):
@@ -267,7 +338,7 @@ def _to_bf16(model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, repor
             _set_bf16(tensor, values)
     _retype_graph(converted.graph)
     _check(converted, "bf16")
-    return converted
+    return _result("bf16", converted, kept, sorted({*ops, *no_bf16}))
 
 
 _BF16_OPSET = 22  # opset 22 added bfloat16 to Conv, pooling and most remaining float ops
@@ -359,8 +430,8 @@ def _retype_graph(graph: onnx.GraphProto) -> None:
 
 
 def _to_int8(
-    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress, style: str = "tensorrt"
-) -> onnx.ModelProto:
+    model: onnx.ModelProto, config: BuildConfig, cache_dir: Path, report: Progress, style: str, feeds: Feeds
+) -> PrecisionResult:
     from streamrt.onnx.quantize import quantize_int8
 
     if config.calibration is None:  # BuildConfig refuses this already; kept for direct callers
@@ -371,9 +442,18 @@ def _to_int8(
             f"fp32_ops {list(config.fp32_ops)} excludes every int8 op type {list(INT8_OP_TYPES)}",
             hint="remove some of them from fp32_ops, or build with precision fp16",
         )
-    quantized = quantize_int8(model, config.calibration, ops, cache_dir=cache_dir, progress=report, style=style)
-    _check(quantized, "int8")
-    return quantized
+    result = quantize_int8(
+        model,
+        config.calibration,
+        ops,
+        cache_dir=cache_dir,
+        progress=report,
+        style=style,
+        target=config.int8_target,
+        feeds=feeds,
+    )
+    _check(result.model, "int8")
+    return result
 
 
 def _check(model: onnx.ModelProto, what: str) -> None:
@@ -389,10 +469,9 @@ def _check(model: onnx.ModelProto, what: str) -> None:
         ) from exc
 
 
-_TRANSFORMS: dict[Precision, Callable[[onnx.ModelProto, BuildConfig, Path, Progress], onnx.ModelProto]] = {
+_TRANSFORMS: dict[Precision, Callable[[onnx.ModelProto, BuildConfig, Progress, Feeds], PrecisionResult]] = {
     Precision.FP32: _unchanged,
     Precision.TF32: _unchanged,
     Precision.FP16: _to_fp16,
     Precision.BF16: _to_bf16,
-    Precision.INT8: _to_int8,
 }

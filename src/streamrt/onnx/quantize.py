@@ -8,6 +8,13 @@ ranges are stored in StreamRT's calibration cache (:mod:`streamrt.onnx.calibrati
 ``quantize_static`` through its ``calibration_cache_path``, so a later build with the same model,
 data and settings skips calibration entirely.
 
+Before quantizing, models below opset 13 are upgraded with ONNX's version converter (per-channel
+``DequantizeLinear`` takes an ``axis`` only from opset 13), pre-processing failures are reported
+as warnings with their reason (and retried without symbolic shape inference), and ONNX Runtime's
+"Expected bias ... to be an initializer" lines become one summary line. With a target
+(``BuildConfig.int8_target``), :mod:`streamrt.onnx.int8_sensitivity` keeps the quantized layers
+that hurt the output most in fp32 until the target is met.
+
 Callers use :func:`streamrt.onnx.precision.apply_precision`; this module is its int8 half.
 """
 
@@ -20,7 +27,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,7 @@ import onnx
 
 from streamrt.config import CalibrationConfig, CalibrationMethod
 from streamrt.errors import BuildError, CalibrationError, StreamRTError
+from streamrt.onnx.autocast import name_nodes
 from streamrt.onnx.calibration import (
     CalibrationDataset,
     CalibrationKey,
@@ -36,6 +44,7 @@ from streamrt.onnx.calibration import (
     read_calibration_cache,
     write_calibration_cache,
 )
+from streamrt.onnx.lowering import PrecisionResult
 from streamrt.onnx.model import tensor_specs
 
 __all__ = ["quantize_int8"]
@@ -55,6 +64,8 @@ _METHOD_NAMES = {
     CalibrationMethod.PERCENTILE: "Percentile",
 }
 _PROTOBUF_LIMIT = 2_000_000_000  # larger models must be saved with external data
+_QDQ_OPSET = 13  # per-channel DequantizeLinear (its axis attribute) needs opset 13
+_SENSITIVITY_SAMPLES = 16  # calibration samples the sensitivity pass measures on, without feeds
 
 
 def quantize_int8(
@@ -65,7 +76,9 @@ def quantize_int8(
     cache_dir: Path,
     progress: Progress,
     style: str = "tensorrt",
-) -> onnx.ModelProto:
+    target: str | None = None,
+    feeds: Sequence[Mapping[str, np.ndarray]] = (),
+) -> PrecisionResult:
     """Insert Q/DQ nodes on the inputs and weights of ``op_types``, with ranges from ``calib``.
 
     ``style`` is the Q/DQ layout the target backend fuses into integer kernels:
@@ -86,9 +99,13 @@ def quantize_int8(
         cache_dir: StreamRT's cache root; ranges go to ``<cache_dir>/calibration/<key>.json``
             unless ``calib.cache`` names a file or a folder.
         progress: called with one-line status messages.
+        target: an accuracy threshold (``"top1=0.99"``); when plain int8 misses it on the
+            sample feeds, the most sensitive quantized layers are kept in fp32 until it is met.
+        feeds: sample inputs for the sensitivity pass (default: the first calibration samples).
 
     Returns:
-        The QDQ model. All intermediate files live in a temporary folder removed on any exit.
+        The QDQ model with the report (opset upgrade, pre-processing, layers kept in fp32). All
+        intermediate files live in a temporary folder removed on any exit.
 
     Raises:
         CalibrationError: missing, empty, unreadable or mismatched calibration data.
@@ -117,9 +134,11 @@ def quantize_int8(
             f"calibration folder not found: {calib.data}, and {cache_path} holds no usable ranges",
             hint="pass an existing calibration folder with --calib",
         )
+    notes: list[str] = []
+    work, per_channel = _upgrade_opset(model, calib.per_channel, notes)
     with tempfile.TemporaryDirectory(prefix="streamrt-int8-") as tmp_name:
         tmp = Path(tmp_name)
-        prepared = _prepare(model, tmp, progress)
+        prepared = _prepare(work, tmp, progress, notes)
         ranges_path = tmp / "ranges.json"
         if ranges is not None:
             logger.info("reusing calibration cache %s", cache_path)
@@ -127,33 +146,115 @@ def quantize_int8(
             ranges_path.write_text(json.dumps(ranges))
         else:
             assert dataset is not None
-            _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
+            with _collect_bias_warnings([]):
+                _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
             write_calibration_cache(cache_path, key, json.loads(ranges_path.read_text()))
             _write_trt_table(ranges_path, cache_path, tmp)
             logger.info("wrote calibration cache %s", cache_path)
-        progress(f"int8: inserting Q/DQ nodes into {', '.join(op_types)} (per_channel={calib.per_channel})")
-        output = tmp / "quantized.onnx"
-        with _guard("Q/DQ insertion"):
-            ort_q.quantize_static(
-                str(prepared),
-                str(output),
-                None,
-                quant_format=ort_q.QuantFormat.QDQ,
-                op_types_to_quantize=op_types,
-                per_channel=calib.per_channel,
-                activation_type=ort_q.QuantType.QInt8 if tensorrt_style else ort_q.QuantType.QUInt8,
-                weight_type=ort_q.QuantType.QInt8,
-                calibrate_method=ort_q.methods[calib.method],
-                extra_options={
-                    "ActivationSymmetric": tensorrt_style,
-                    "WeightSymmetric": True,
-                    # TensorRT fuses Q/DQ into the consumer: outputs of quantized ops stay float.
-                    "OpTypesToExcludeOutputQuantization": op_types if tensorrt_style else [],
-                },
-                calibration_cache_path=str(ranges_path),
+        progress(f"int8: inserting Q/DQ nodes into {', '.join(op_types)} (per_channel={per_channel})")
+        bias_lines: list[str] = []
+
+        def quantize(exclude: Sequence[str] = ()) -> onnx.ModelProto:
+            output = tmp / "quantized.onnx"
+            with _guard("Q/DQ insertion"), _collect_bias_warnings(bias_lines):
+                ort_q.quantize_static(
+                    str(prepared),
+                    str(output),
+                    None,
+                    quant_format=ort_q.QuantFormat.QDQ,
+                    op_types_to_quantize=op_types,
+                    per_channel=per_channel,
+                    activation_type=ort_q.QuantType.QInt8 if tensorrt_style else ort_q.QuantType.QUInt8,
+                    weight_type=ort_q.QuantType.QInt8,
+                    calibrate_method=ort_q.methods[calib.method],
+                    nodes_to_exclude=list(exclude),
+                    extra_options={
+                        "ActivationSymmetric": tensorrt_style,
+                        "WeightSymmetric": True,
+                        # TensorRT fuses Q/DQ into the consumer: outputs of quantized ops stay float.
+                        "OpTypesToExcludeOutputQuantization": op_types if tensorrt_style else [],
+                    },
+                    calibration_cache_path=str(ranges_path),
+                )
+                return onnx.load(str(output))
+
+        quantized = quantize()
+        if bias_lines:
+            notes.append(
+                f"{len(set(bias_lines))} bias input(s) are not initializers and stay float "
+                f"(onnxruntime: 'Expected bias ... to be an initializer'), e.g. {sorted(set(bias_lines))[:3]}"
             )
-            quantized = onnx.load(str(output))
-    return quantized
+        record: dict[str, Any] = {"precision": "int8", "opset": _opset(work), "per_channel": per_channel}
+        details: list[str] = []
+        line = f"int8: quantized {', '.join(op_types)}"
+        if target is not None:
+            from streamrt.onnx.int8_sensitivity import restore_accuracy
+
+            samples = list(feeds) or _first_samples(dataset)
+            if not samples:
+                notes.append("no samples for the int8 sensitivity pass (calibration folder absent): skipped")
+            else:
+                restored = restore_accuracy(onnx.load(str(prepared)), quantize, op_types, samples, target, progress)
+                quantized = restored.model
+                record["sensitivity"] = restored.to_dict()
+                details += restored.lines()
+                line = restored.summary
+        for note in notes:
+            logger.warning("int8: %s", note)
+        record["notes"] = notes
+    return PrecisionResult(quantized, line, tuple(details), record)
+
+
+def _first_samples(dataset: CalibrationDataset | None) -> list[dict[str, np.ndarray]]:
+    if dataset is None:
+        return []
+    return [dataset.load(i) for i in range(min(len(dataset), _SENSITIVITY_SAMPLES))]
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
+
+
+def _upgrade_opset(model: onnx.ModelProto, per_channel: bool, notes: list[str]) -> tuple[onnx.ModelProto, bool]:
+    """Opset >= 13 for per-channel Q/DQ (ONNX's version converter); per-tensor when that fails."""
+    opset = _opset(model)
+    if opset >= _QDQ_OPSET:
+        return model, per_channel
+    try:
+        upgraded = onnx.version_converter.convert_version(model, _QDQ_OPSET)
+        onnx.checker.check_model(upgraded)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if per_channel:
+            notes.append(
+                f"opset {opset} could not be upgraded to {_QDQ_OPSET} ({reason}); per-channel Q/DQ needs "
+                f"opset {_QDQ_OPSET}, so weights use per-tensor scales"
+            )
+        return model, False
+    logger.info("int8: upgraded opset %d -> %d for Q/DQ", opset, _QDQ_OPSET)
+    return upgraded, per_channel
+
+
+@contextlib.contextmanager
+def _collect_bias_warnings(lines: list[str]) -> Iterator[None]:
+    """ORT logs one root-logger warning per non-initializer bias: collect them into one note.
+
+    Its advice to pre-process is dropped too: a pre-processing failure is reported with its reason.
+    """
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith("Expected bias"):
+            lines.append(message.split("'")[1] if "'" in message else message)
+            return False
+        return not message.startswith("Please consider")  # pre-processing: reported already
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 class _Ort:
@@ -210,23 +311,68 @@ def _cache_path(calib: CalibrationConfig, cache_dir: Path, key: CalibrationKey) 
     return calib.cache
 
 
-def _prepare(model: onnx.ModelProto, tmp: Path, progress: Progress) -> Path:
-    """Save the model and run ORT's quantization pre-processing (shape inference, folding)."""
+def _prepare(model: onnx.ModelProto, tmp: Path, progress: Progress, notes: list[str]) -> Path:
+    """Save the model and run ORT's quantization pre-processing (shape inference, folding).
+
+    Symbolic shape inference fails on some real models (an assertion on Concat, "Incomplete
+    symbolic shape inference"); the step is then retried with ONNX shape inference only, and
+    the reason is reported. Every node gets a name, so layers can be excluded by name.
+    """
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    name_nodes(named.graph)
+    _constants_to_initializers(named.graph)
     source = tmp / "model.onnx"
-    large = model.ByteSize() > _PROTOBUF_LIMIT
-    onnx.save_model(model, str(source), save_as_external_data=large)
+    large = named.ByteSize() > _PROTOBUF_LIMIT
+    onnx.save_model(named, str(source), save_as_external_data=large)
     prepared = tmp / "prepared.onnx"
     progress("int8: pre-processing the model (shape inference, constant folding)")
-    try:
-        with _quiet():
-            quant_pre_process(str(source), str(prepared), save_as_external_data=large)
-    except Exception as exc:  # symbolic shape inference fails on some exotic graphs
-        logger.warning("quantization pre-processing failed (%s: %s); quantizing the model as is",
-                       type(exc).__name__, exc)  # fmt: skip
-        return source
-    return prepared
+    failures = []
+    for skip_symbolic in (False, True):
+        try:
+            with _quiet():
+                quant_pre_process(
+                    str(source), str(prepared), skip_symbolic_shape=skip_symbolic, save_as_external_data=large
+                )
+        except Exception as exc:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            failures.append(f"{'without' if skip_symbolic else 'with'} symbolic shape inference: "
+                            f"{type(exc).__name__}{': ' + text if text else ''}")  # fmt: skip
+            continue
+        if failures:
+            notes.append(f"pre-processing {failures[0]}; retried without it (ONNX shape inference only)")
+        result = onnx.load(str(prepared))
+        name_nodes(result.graph)  # the optimizer may add unnamed nodes
+        onnx.save_model(result, str(prepared), save_as_external_data=large)
+        return prepared
+    notes.append(
+        f"pre-processing failed ({'; '.join(failures)}); quantizing without it: shapes are unknown "
+        "to the quantizer, and layers it cannot type stay float"
+    )
+    return source
+
+
+def _constants_to_initializers(graph: onnx.GraphProto) -> None:
+    """Top-level tensor Constants become initializers: ORT quantizes weights and biases only from those.
+
+    Pre-processing folds them too, but not when it fails; without this, every Conv bias held by a
+    Constant stays float with an "Expected bias ... to be an initializer" line.
+    """
+    keep = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
 
 
 class _Feeds:

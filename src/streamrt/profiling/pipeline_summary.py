@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from streamrt.pipeline.tracing import ENQUEUE, TRACK_CUDA, PipelineTrace
+from streamrt.profiling.rounds import Rounds, format_ratio
 
-__all__ = ["PipelineSummary", "format_comparison", "summarize"]
+__all__ = ["BOUND_FLAG", "PipelineSummary", "format_comparison", "summarize"]
 
 _RESOURCE_OF_KIND = {"h2d": "H2D copy", "d2h": "D2H copy", "compute": "GPU compute"}
 _COPY_KINDS = ("h2d", "d2h")
@@ -164,8 +165,15 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+BOUND_FLAG = "(!)"
+"""Marks a bound below the measured throughput (see :func:`format_comparison`)."""
+
+
 def format_comparison(
-    rows: Sequence[tuple[PipelineSummary, PipelineSummary | None]], *, baseline: int = 0
+    rows: Sequence[tuple[PipelineSummary, PipelineSummary | None]],
+    *,
+    baseline: int = 0,
+    rounds: Sequence[Rounds] | None = None,
 ) -> str:
     """A markdown table comparing runs side by side.
 
@@ -173,22 +181,45 @@ def format_comparison(
     ``timed``; the busiest resource, its busy fraction, the bound and the hidden copy time from
     the traced run ``traced`` (tracing adds a little host work per stage, so it is kept out of the
     throughput figures; busy fraction and bound are both of the traced run, so they agree).
+
+    With ``rounds`` (one per row: the throughput of every timed round), a column gives their
+    spread, and "vs base" reads "baseline unstable" when the baseline's rounds are noisy
+    (:mod:`streamrt.profiling.rounds`). A bound below the timed throughput, a contradiction that
+    a slowed traced run produces (tracing overhead, or noise during that run), is marked
+    :data:`BOUND_FLAG` and explained under the table instead of being passed off as a limit.
     """
     base = rows[baseline][0].items_per_s if rows else 0.0
+    spread_head, spread_rule = (" spread (CoV) |", "---:|") if rounds is not None else ("", "")
     lines = [
-        "| config | items/s | vs base | p50 ms | p99 ms | busiest resource (traced) | busy | bound items/s "
-        "| copy hidden |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+        f"| config | items/s | vs base |{spread_head} p50 ms | p99 ms | busiest resource (traced) | busy "
+        "| bound items/s | copy hidden |",
+        f"|---|---:|---:|{spread_rule}---:|---:|---|---:|---:|---:|",
     ]
-    for timed, traced in rows:
-        speedup = f"{timed.items_per_s / base:.2f}x" if base > 0 else "-"
+    flagged = False
+    for i, (timed, traced) in enumerate(rows):
+        if rounds is not None:
+            speedup = format_ratio(rounds[i], rounds[baseline])
+            r = rounds[i]
+            spread = f" {r.stats.min:.1f}-{r.stats.max:.1f} ({r.stats.cov:.1f}%) |"
+        else:
+            speedup = f"{timed.items_per_s / base:.2f}x" if base > 0 else "-"
+            spread = ""
         neck = traced.bottleneck if traced is not None else None
         bound = traced.bound_items_per_s if traced is not None else None
+        bound_text = "-" if bound is None else f"{bound:.1f}"
+        if bound is not None and bound < timed.items_per_s:
+            bound_text += f" {BOUND_FLAG}"
+            flagged = True
         lines.append(
-            f"| {timed.label} | {timed.items_per_s:.1f} | {speedup} "
-            f"| {timed.latency_ms.get('p50', float('nan')):.2f} | {timed.latency_ms.get('p99', float('nan')):.2f} "
+            f"| {timed.label} | {timed.items_per_s:.1f} | {speedup} |{spread} "
+            f"{timed.latency_ms.get('p50', float('nan')):.2f} | {timed.latency_ms.get('p99', float('nan')):.2f} "
             f"| {neck[0] if neck else '-'} | {_pct(neck[1] if neck else None)} "
-            f"| {'-' if bound is None else f'{bound:.1f}'} "
+            f"| {bound_text} "
             f"| {_pct(traced.copy_hidden if traced is not None else None)} |"
         )
+    if flagged:
+        lines.append("")
+        lines.append(f"{BOUND_FLAG} bound below the measured items/s: the traced run was slower than the timed "
+                     "rounds (tracing overhead or noise during it), so its busy fraction overstates the load; "
+                     "the real bound is higher.")
     return "\n".join(lines)

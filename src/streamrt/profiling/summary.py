@@ -28,6 +28,8 @@ __all__ = [
     "BenchWarning",
     "IterationRecord",
     "check_warnings",
+    "is_unstable",
+    "unstable_advice",
 ]
 
 COV_THRESHOLD = 2.5
@@ -178,6 +180,25 @@ class BenchWarning:
         return {"code": self.code, "message": self.message, "advice": self.advice}
 
 
+def is_unstable(stats: Stats) -> bool:
+    """The noise rule every measurement shares: coefficient of variation above :data:`COV_THRESHOLD`.
+
+    ``bench`` applies it to per-iteration compute times; ``demo``, ``pipeline-bench`` and ``detect``
+    to throughput across rounds (:mod:`streamrt.profiling.rounds`).
+    """
+    return stats.cov > COV_THRESHOLD
+
+
+def unstable_advice(device: str, more: str) -> str:
+    """What to do about an unstable measurement on ``device``; ``more`` names the command's own knobs."""
+    quiet = (
+        "lock the GPU clocks (nvidia-smi --lock-gpu-clocks), keep other work off the GPU"
+        if device == "cuda"
+        else "keep other work off the machine"
+    )
+    return f"{quiet}, {more}"
+
+
 def check_warnings(summary: BenchSummary, device: str) -> list[BenchWarning]:
     """trtexec's warnings for a summary.
 
@@ -188,19 +209,13 @@ def check_warnings(summary: BenchSummary, device: str) -> list[BenchWarning]:
     """
     out: list[BenchWarning] = []
     c = summary.compute
-    if c.cov > COV_THRESHOLD:
-        advice = (
-            "lock the GPU clocks (nvidia-smi --lock-gpu-clocks), keep other work off the GPU, and run longer "
-            "(--duration)"
-            if device == "cuda"
-            else "keep other work off the machine, fix the thread count (--option threads=N), and run longer "
-            "(--duration)"
-        )
+    if is_unstable(c):
         out.append(
             BenchWarning(
                 "unstable",
                 f"compute time is unstable: coefficient of variation {c.cov:.2f}% > {COV_THRESHOLD}%",
-                advice,
+                unstable_advice(device, ("" if device == "cuda" else "fix the thread count (--option threads=N), ")
+                                + "and run longer (--duration)"),
             )
         )
     if device != "cuda":

@@ -1,12 +1,14 @@
 """Frozen configuration of the model server: one dataclass per concern, loaded from YAML/JSON.
 
-A model's config uses Triton's field names (``max_batch_size``, ``input``, ``dynamic_batching``,
-``instance_group``, ``model_warmup``, ``version_policy``), so a ``config.pbtxt`` written for
-Triton also loads (fields StreamRT has no use for are ignored with a warning). Every value is
-checked on load; messages name the model, the field, the bad value and what is allowed.
+A model's config is Triton's ``ModelConfig``: every format (``config.pbtxt``, YAML, JSON, a load
+request's override) is read through Triton's own schema in :mod:`.triton_config` and mapped onto
+these dataclasses by :mod:`.config_message`; a field StreamRT does not implement refuses the
+load. Every value is checked on load; messages name the model, the field, the bad value and
+what is allowed.
 
 Example:
-    >>> cfg = ModelConfig.from_dict({"max_batch_size": 8, "dynamic_batching": {
+    >>> from streamrt.serve.config_message import from_mapping
+    >>> cfg = from_mapping({"max_batch_size": 8, "dynamic_batching": {
     ...     "max_queue_delay_microseconds": 500}}, name="cnn")
     >>> cfg.dynamic_batching.max_queue_delay_microseconds
     500
@@ -15,14 +17,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from streamrt import _configio
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 from streamrt.types import DType
@@ -38,8 +36,6 @@ __all__ = [
     "VersionPolicy",
     "WarmupConfig",
 ]
-
-log = logging.getLogger(__name__)
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.json", "config.pbtxt")
 """File names a model directory's config may have, in the order they are looked for."""
@@ -57,25 +53,57 @@ def datatype(value: Any, where: str = "") -> DType:
     text = value if isinstance(value, DType) else str(value)
     if isinstance(text, str) and text.upper().startswith("TYPE_"):
         text = text[5:]
+    if isinstance(text, str) and text.upper() == "STRING":
+        text = "BYTES"
     try:
         return DType.from_any(text)
     except ConfigError:
-        supported = ", ".join(f"TYPE_{d.kserve}" for d in DType)
+        supported = ", ".join("TYPE_STRING" if d is DType.BYTES else f"TYPE_{d.kserve}" for d in DType)
         raise ConfigError(f"{where + ': ' if where else ''}unsupported data_type {value!r}; supported: {supported}") \
             from None
 
 
 @dataclass(frozen=True)
 class TensorConfig:
-    """One input or output: name, element type and dims *without* the batch dimension (-1 = any)."""
+    """One input or output: name, element type and dims *without* the batch dimension (-1 = any).
+
+    ``reshape`` is the shape inside the model when it differs from ``dims`` (Triton's
+    ``reshape``: batch dim excluded; ``()`` for one scalar per batch row); ``format`` is an
+    input's image layout (``FORMAT_NCHW``/``FORMAT_NHWC``), reported to clients; an output's
+    ``label_filename`` names the file of class labels the classification extension uses.
+    """
 
     name: str
     data_type: DType
     dims: tuple[int, ...]
+    format: str = "FORMAT_NONE"
+    reshape: tuple[int, ...] | None = None
+    label_filename: str = ""
 
     def __post_init__(self) -> None:
         if not all(d == -1 or d >= 1 for d in self.dims):
             raise ConfigError(f"dims of '{self.name}' must be >= 1 or -1, got {self.dims}")
+        if self.format != "FORMAT_NONE" and len(self.dims) != 3:
+            raise ConfigError(f"'{self.name}' has {self.format}, which needs 3 dims (CHW or HWC), got {self.dims}")
+        if self.reshape is not None:
+            if not all(d == -1 or d >= 1 for d in self.reshape):
+                raise ConfigError(f"reshape of '{self.name}' must be >= 1 or -1, got {self.reshape}")
+            fixed = -1 not in self.dims and -1 not in self.reshape
+            if fixed and _count(self.dims) != _count(self.reshape):
+                raise ConfigError(f"reshape {list(self.reshape)} of '{self.name}' has {_count(self.reshape)} "
+                                  f"elements but dims {list(self.dims)} have {_count(self.dims)}")
+
+    @property
+    def model_dims(self) -> tuple[int, ...]:
+        """The dims the engine sees (``reshape`` when given)."""
+        return self.dims if self.reshape is None else self.reshape
+
+
+def _count(dims: tuple[int, ...]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,6 +169,7 @@ class InstanceGroupConfig:
     def __post_init__(self) -> None:
         _at_least(self.count, "count", 1)
         kind = self.kind.upper() if self.kind.upper().startswith("KIND_") else f"KIND_{self.kind.upper()}"
+        kind = "KIND_AUTO" if kind == "KIND_MODEL" else kind  # the backend decides: StreamRT's auto
         if kind not in INSTANCE_KINDS:
             raise ConfigError(f"kind must be one of {', '.join(INSTANCE_KINDS)}, got {self.kind!r}")
         object.__setattr__(self, "kind", kind)
@@ -195,21 +224,18 @@ class VersionPolicy:
         return ordered[-self.num_versions :]
 
 
-# Triton fields StreamRT accepts in a config and ignores (with a warning when they are set).
-_IGNORED_MODEL_FIELDS = (
-    "platform", "runtime", "optimization", "batch_input", "batch_output", "cc_model_filenames",
-    "metric_tags", "model_operations", "model_transaction_policy", "model_repository_agents",
-    "response_cache", "model_metrics", "sequence_batching", "ensemble_scheduling",
-)
-
-
 @dataclass(frozen=True)
 class ModelConfig:
-    """One model of the repository (Triton's ``ModelConfig`` fields StreamRT implements).
+    """One model of the repository: the part of Triton's ``ModelConfig`` StreamRT implements.
+
+    Read from any config format through Triton's own schema with
+    :func:`streamrt.serve.config_message.read_config_file` or ``from_mapping``; fields StreamRT
+    does not implement refuse the load there, so what is here is what runs.
 
     Attributes:
         name: model name (defaults to the directory name).
         backend: backend that builds an ONNX ``model.onnx`` on load; a plan names its own.
+        platform: Triton's ``platform`` as the config gave it (echoed in the config reply).
         max_batch_size: > 0: the first dim of every tensor is the batch dim; 0: no batching;
             None: derived from the engine's shape profiles.
         input: expected inputs (dims without batch); empty: taken from the engine.
@@ -226,6 +252,7 @@ class ModelConfig:
 
     name: str
     backend: str = "onnxruntime"
+    platform: str = ""
     max_batch_size: int | None = None
     input: tuple[TensorConfig, ...] = ()
     output: tuple[TensorConfig, ...] = ()
@@ -245,164 +272,8 @@ class ModelConfig:
     def instance_count(self) -> int:
         return sum(g.count for g in self.instance_group)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> ModelConfig:
-        """Validate a mapping (YAML/JSON/pbtxt) and build the config; ``name`` is the directory name."""
-        model = str(name or data.get("name") or "") if isinstance(data, Mapping) else ""
-        if not model:
-            raise ConfigError("model config: a model needs a name")
-        where = f"model '{model}'"
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-        ignored = [k for k in _IGNORED_MODEL_FIELDS if data.get(k) not in (None, "", {}, [])]
-        if ignored:
-            log.warning("%s: ignoring config fields StreamRT does not implement: %s", where, ", ".join(ignored))
-        if name and data.get("name") and data["name"] != name:
-            raise ConfigError(f"{where}: config name '{data['name']}' differs from its directory '{name}'")
-        return _configio.structure(_from_triton(data, model), cls, where)
-
-    @classmethod
-    def from_file(cls, path: str | Path, *, name: str | None = None) -> ModelConfig:
-        """Read ``config.yaml``/``.yml``/``.json`` or a Triton ``config.pbtxt``."""
-        return cls.from_dict(read_config_file(Path(path)), name=name)
-
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
-
-    def to_triton(self, platform: str) -> dict[str, Any]:
-        """The config as Triton's JSON (proto field names, defaults printed), for ``/config``."""
-        d = _triton.unstructure(self)
-        del d["build"]
-        if d["dynamic_batching"] is None:
-            del d["dynamic_batching"]
-        for t in d["input"]:
-            t.update(format="FORMAT_NONE", optional=False)
-        for i, group in enumerate(d["instance_group"]):
-            group["name"] = f"{self.name}_{i}"
-        d.update(
-            platform=platform,
-            max_batch_size=self.max_batch_size or 0,
-            parameters={k: {"string_value": v} for k, v in self.parameters.items()},
-            model_warmup=[{**w, "inputs": {}} for w in d["model_warmup"] or ()],
-        )
-        return d
-
-
-# --- Triton's config layout <-> the dataclasses (registered on the shared converter) -----------
-
-
-def _from_triton(data: Mapping[str, Any], model: str) -> dict[str, Any]:
-    """Triton's top-level spellings as this module's fields: defaults for empty values, the
-    backend shared with ``build``, ``parameters`` values unwrapped from ``{string_value: ...}``."""
-    out = {k: v for k, v in data.items() if k not in _IGNORED_MODEL_FIELDS}
-    out["name"] = model
-    for key in ("instance_group", "version_policy", "default_model_filename", "parameters", "build"):
-        if not out.get(key):
-            out.pop(key, None)
-    build = out.get("build")
-    backend = out.get("backend") or (build.get("backend") if isinstance(build, Mapping) else None) or "onnxruntime"
-    out["backend"] = backend
-    if isinstance(build, Mapping):
-        out["build"] = {**build, "backend": backend}
-    else:
-        out["build"] = {"backend": backend}
-    if isinstance(out.get("parameters"), Mapping):
-        out["parameters"] = {str(k): str(v.get("string_value", "") if isinstance(v, Mapping) else v)
-                             for k, v in out["parameters"].items()}
-    return out
-
-
-def _tensor_fields(data: dict[str, Any]) -> dict[str, Any]:
-    if "data_type" not in data and "datatype" in data:
-        data["data_type"] = data.pop("datatype")
-    if "name" not in data:
-        raise ConfigError("every input/output needs a name")
-    if data.get("data_type") is None:
-        raise ConfigError(f"'{data['name']}' needs a data_type, e.g. TYPE_FP32")
-    return data
-
-
-def _queue_policy_fields(data: dict[str, Any]) -> dict[str, Any]:
-    if str(data.pop("timeout_action", "REJECT")).upper() != "REJECT":
-        raise ConfigError("timeout_action must be REJECT (DELAY is not supported)")
-    return data
-
-
-def _version_policy(value: Any, _: type) -> VersionPolicy:
-    if isinstance(value, VersionPolicy):
-        return value
-    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("latest", "all", "specific"):
-        raise ConfigError("expected one of {latest: {num_versions: N}}, {all: {}}, "
-                          f"{{specific: {{versions: [...]}}}}, got {value!r}")
-    kind, body = next(iter(value.items()))
-    fields = {"latest": ("num_versions",), "specific": ("versions",), "all": ()}[kind]
-    return _plain_version_policy({**{k: v for k, v in (body or {}).items() if k in fields}, "kind": kind},
-                                 VersionPolicy)
-
-
-def _version_policy_to_triton(policy: VersionPolicy) -> dict[str, Any]:
-    if policy.kind == "latest":
-        return {"latest": {"num_versions": policy.num_versions}}
-    if policy.kind == "specific":
-        return {"specific": {"versions": list(policy.versions)}}
-    return {"all": {}}
-
-
-# Leaves first: a class's reader binds the hooks of its fields' types when it is registered.
-_plain_version_policy = _configio.class_reader(VersionPolicy)
-_configio.converter.register_structure_hook(VersionPolicy, _version_policy)
-_configio.converter.register_structure_hook(DType, lambda v, _: datatype(v))
-_configio.register_class(
-    TensorConfig, ignore=("format", "reshape", "optional", "label_filename"), before=_tensor_fields
-)
-_configio.register_class(QueuePolicy, before=_queue_policy_fields)
-_configio.register_class(BatchingConfig, ignore=("priority_queue_policy",))
-_configio.register_class(InstanceGroupConfig, ignore=("name", "profile", "passive", "host_policy", "rate_limiter"))
-_configio.register_class(WarmupConfig)
-_configio.register_class(ModelConfig)
-
-# Triton's JSON for /config: its type names, the one-key version policy, the queue's timeout_action.
-_triton = _configio.converter.copy()
-_triton.register_unstructure_hook(DType, lambda d: f"TYPE_{d.kserve}")
-_triton.register_unstructure_hook(VersionPolicy, _version_policy_to_triton)
-_triton.register_unstructure_hook(
-    QueuePolicy, lambda q: {"timeout_action": "REJECT", **dict(dataclasses.asdict(q))}
-)
-
-
-def read_config_file(path: Path) -> Mapping[str, Any]:
-    """A model config file as a mapping (YAML, JSON, or Triton protobuf text)."""
-    if not path.is_file():
-        raise ConfigError(f"model config not found: {path}")
-    text = path.read_text()
-    try:
-        if path.suffix == ".pbtxt":
-            return _read_pbtxt(text)
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"cannot parse {path}: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path} must hold a mapping, got {type(data).__name__}")
-    return data
-
-
-def _read_pbtxt(text: str) -> Mapping[str, Any]:
-    from google.protobuf import json_format, text_format
-
-    from streamrt.serve.proto import messages
-
-    message = messages.ModelConfig()
-    text_format.Parse(text, message, allow_unknown_field=True)
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
 @dataclass(frozen=True)

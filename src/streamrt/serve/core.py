@@ -39,7 +39,7 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "schedule_policy",
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
               "statistics", "parameters"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
@@ -86,6 +86,13 @@ class ServerCore:
         self.started_at = time.time()
         log.info("streamrt server %s%s; loading %d models", __version__, self._describe_listeners(),
                  len(self._startup))
+        if not self._startup:
+            log.warning(
+                "model repository %s has no models: expected %s/NAME/1/model.onnx (or model.plan), "
+                "e.g. mkdir -p %s/cnn/1 && python -m streamrt.testing.models small_cnn %s/cnn/1/model.onnx; "
+                "serving with no models until one is loaded",
+                self.repository_path, self.repository_path, self.repository_path, self.repository_path,
+            )
         self._loading = asyncio.get_running_loop().create_task(self._load_startup())
         if wait_ready:
             await self._loading

@@ -2,9 +2,12 @@
 
 Served through a generic handler over the messages of :mod:`streamrt.serve.proto`, so no
 generated ``_pb2_grpc`` code is needed. Inputs come as ``raw_input_contents`` (what tritonclient
-sends) or typed ``contents``; outputs always go back as ``raw_output_contents``, the only form
-tritonclient's ``InferResult.as_numpy`` reads. Errors use the status table's gRPC codes;
-shared-memory, trace and log RPCs are not registered, so they answer ``UNIMPLEMENTED``.
+sends) or typed ``contents`` (``bytes_contents`` for BYTES), never both in one request (the
+KServe spec forbids mixing them); outputs always go back as ``raw_output_contents``, the form
+tritonclient's ``InferResult.as_numpy`` reads (BYTES length-prefixed). An output's
+``class_count`` asks for the classification extension; a ``shared_memory_region`` parameter is
+refused with ``UNIMPLEMENTED`` rather than answered inline. Errors use the status table's gRPC
+codes; RPCs not registered here answer ``UNIMPLEMENTED``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
 from streamrt.serve.proto import SERVICE
-from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype, numpy_dtype
+from streamrt.serve.protocol import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    deserialize_bytes,
+    kserve_dtype,
+    numpy_dtype,
+    raw_bytes,
+)
 from streamrt.serve.status import status_for
 
 __all__ = ["decode_grpc_request", "encode_grpc_response", "start_grpc"]
@@ -31,7 +42,7 @@ log = logging.getLogger(__name__)
 _CONTENTS = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
 
 
@@ -49,12 +60,19 @@ def _param(value: Any) -> Any:
 def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
     """``ModelInferRequest`` -> :class:`InferRequest` (raw contents are zero-copy views)."""
     params = {k: _param(v) for k, v in message.parameters.items()}
+    for tensor in message.inputs:
+        if "shared_memory_region" in tensor.parameters:
+            raise UnsupportedRequestError(f"input '{tensor.name}': shared memory is not supported by this server "
+                                          "(parameter shared_memory_region)")
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise RequestError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs; send one per input")
     inputs: dict[str, np.ndarray] = {}
     for index, tensor in enumerate(message.inputs):
         where = f"input '{tensor.name}'"
+        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
+            raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
+                               "(the request mixes both)")
         shape = tuple(int(d) for d in tensor.shape)
         if any(d < 0 for d in shape):
             raise RequestError(f"{where}: shape dimensions must be >= 0, got {list(shape)}")
@@ -64,6 +82,9 @@ def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
             from streamrt.errors import PayloadTooLargeError
 
             raise PayloadTooLargeError(f"{where}: {count} elements exceed the server limit of {max_elements}")
+        if raw and tensor.datatype == "BYTES":
+            inputs[tensor.name] = deserialize_bytes(raw[index], count, where).reshape(shape)
+            continue
         if raw:
             data = raw[index]
             if len(data) != count * dtype.itemsize:
@@ -77,6 +98,11 @@ def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
         values = getattr(tensor.contents, field)
         if len(values) != count:
             raise RequestError(f"{where}: contents has {len(values)} values but shape {list(shape)} needs {count}")
+        if tensor.datatype == "BYTES":
+            array = np.empty(count, dtype=object)
+            array[:] = list(values)
+            inputs[tensor.name] = array.reshape(shape)
+            continue
         inputs[tensor.name] = np.asarray(values, dtype=dtype).reshape(shape)
     priority, timeout = params.get("priority", 0) or 0, params.get("timeout", 0) or 0
     if not isinstance(priority, int) or not isinstance(timeout, int) or priority < 0 or timeout < 0:
@@ -86,10 +112,21 @@ def decode_grpc_request(message: Any, max_elements: int) -> InferRequest:
         version=message.model_version,
         id=message.id,
         inputs=inputs,
-        outputs=tuple(RequestedOutput(o.name) for o in message.outputs),
+        outputs=tuple(_requested(o) for o in message.outputs),
         priority=priority,
         timeout_us=timeout,
     )
+
+
+def _requested(output: Any) -> RequestedOutput:
+    params = {k: _param(v) for k, v in output.parameters.items()}
+    if "shared_memory_region" in params:
+        raise UnsupportedRequestError(f"output '{output.name}': shared memory is not supported by this server "
+                                      "(parameter shared_memory_region)")
+    classes = params.get("classification", 0) or 0
+    if not isinstance(classes, int) or classes < 0:
+        raise RequestError(f"output '{output.name}': class_count must be an integer >= 0, got {classes!r}")
+    return RequestedOutput(output.name, class_count=classes)
 
 
 def encode_grpc_response(response: InferResponse) -> Any:
@@ -99,7 +136,7 @@ def encode_grpc_response(response: InferResponse) -> Any:
     message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
     for name, array in response.outputs.items():
         message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
-        message.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+        message.raw_output_contents.append(bytes(raw_bytes(array)))
     return message
 
 
@@ -154,8 +191,7 @@ class _Service:
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
             config = self.repo.get(request.name, request.version).triton_config()
-            message = self.json_format.ParseDict(config, self.messages.ModelConfig(), ignore_unknown_fields=True)
-            return self.messages.ModelConfigResponse(config=message)
+            return self.messages.ModelConfigResponse(config=config)
         return await self._guard(context, call)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
@@ -179,15 +215,16 @@ class _Service:
         async def call() -> Any:
             self._check_control()
             params = {k: _param(v) for k, v in request.parameters.items()}
-            if any(k.startswith("file:") for k in params):
-                raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+            files = {k: bytes(v) for k, v in params.items() if k.startswith("file:") and isinstance(v, bytes)}
+            if any(k.startswith("file:") and k not in files for k in params):
+                raise RequestError("file: load parameters must be bytes_param")
             override = None
             if params.get("config"):
                 try:
                     override = json.loads(params["config"])
                 except ValueError as exc:
                     raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-            await self.repo.load(request.model_name, override)
+            await self.repo.load(request.model_name, override, files or None)
             return self.messages.RepositoryModelLoadResponse()
         return await self._guard(context, call)
 

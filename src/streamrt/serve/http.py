@@ -8,11 +8,16 @@ tritonclient's own ``http.aio`` client already depends on it.
 Routes follow Triton's (``/v2/health/{live,ready}``, ``/v2``, ``/v2/models/{m}[/versions/{v}]``
 with ``/ready``, ``/config``, ``/stats``, ``/infer``, ``/v2/models/stats``,
 ``/v2/repository/index`` and ``/v2/repository/models/{m}/{load,unload}``). Errors are
-``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.status`.
+``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.status`. Extensions StreamRT
+does not implement (trace, logging, and shared memory unless a handler for it is registered
+first) answer 501 with a message naming them. Request bodies may be gzip or deflate compressed
+(``Content-Encoding``, decoded by aiohttp); responses are compressed when ``Accept-Encoding``
+asks for it, as tritonclient's ``request/response_compression_algorithm`` do.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,8 +31,10 @@ from streamrt.errors import (
     StreamRTError,
     UnsupportedRequestError,
 )
+from streamrt.serve.model_files import FILE_PREFIX
 from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
+from streamrt.serve.triton_config import message_json
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -98,7 +105,7 @@ def build_app(server: ServerCore) -> web.Application:
 
     async def model_config(request: web.Request) -> web.Response:
         name, version = model_and_version(request)
-        return web.json_response(repo().get(name, version).triton_config())
+        return web.json_response(message_json(repo().get(name, version).triton_config()))
 
     async def model_stats(request: web.Request) -> web.Response:
         name, version = model_and_version(request)
@@ -111,9 +118,11 @@ def build_app(server: ServerCore) -> web.Application:
         name, version = model_and_version(request)
         if request.content_length is not None and request.content_length > limit:
             raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
-        if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-            raise UnsupportedRequestError("compressed request bodies are not supported; send identity encoding")
-        body = await request.read()
+        encoding = request.headers.get("Content-Encoding", "identity").lower()
+        if encoding not in ("identity", "", "gzip", "deflate"):
+            raise UnsupportedRequestError(
+                f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
+        body = await request.read()  # aiohttp has already undone gzip/deflate
         raw_length = request.headers.get(HEADER_LENGTH)
         try:
             header_length = None if raw_length is None else int(raw_length)
@@ -127,7 +136,11 @@ def build_app(server: ServerCore) -> web.Application:
         headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
         if json_length is not None:
             headers[HEADER_LENGTH] = str(json_length)
-        return web.Response(body=payload, headers=headers)
+        reply = web.Response(body=payload, headers=headers)
+        accepted = request.headers.get("Accept-Encoding", "")
+        if "gzip" in accepted or "deflate" in accepted:
+            reply.enable_compression()
+        return reply
 
     async def json_body(request: web.Request) -> dict[str, Any]:
         text = await request.read()
@@ -155,8 +168,13 @@ def build_app(server: ServerCore) -> web.Application:
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
             raise RequestError("'parameters' must be an object")
-        if any(k.startswith("file:") for k in params):
-            raise UnsupportedRequestError("loading model files through the API (file: parameters) is not supported")
+        files = {}
+        for key, value in params.items():
+            if key.startswith(FILE_PREFIX):
+                try:
+                    files[key] = base64.b64decode(value, validate=True)
+                except (ValueError, TypeError):
+                    raise RequestError(f"load parameter '{key}' must be base64, as tritonclient sends it") from None
         config = params.get("config")
         override = None
         if config is not None:
@@ -164,7 +182,7 @@ def build_app(server: ServerCore) -> web.Application:
                 override = json.loads(config) if isinstance(config, str) else config
             except ValueError as exc:
                 raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-        await repo().load(request.match_info["model"], override)
+        await repo().load(request.match_info["model"], override, files or None)
         return web.Response(status=200)
 
     async def unload(request: web.Request) -> web.Response:
@@ -179,7 +197,7 @@ def build_app(server: ServerCore) -> web.Application:
     add("GET", "/v2/health/ready", ready)
     add("GET", "/v2", server_metadata)
     add("GET", "/v2/models/stats", all_stats)
-    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         add("GET", base, model_metadata)
         add("GET", f"{base}/ready", model_ready)
         add("GET", f"{base}/config", model_config)
@@ -188,7 +206,30 @@ def build_app(server: ServerCore) -> web.Application:
     add("POST", "/v2/repository/index", repository_index)
     add("POST", "/v2/repository/models/{model}/load", load)
     add("POST", "/v2/repository/models/{model}/unload", unload)
+    add_unimplemented(app)
     return app
+
+
+# Triton endpoints of extensions StreamRT does not implement -> 501 naming the extension. Dynamic
+# routes added last: a real handler registered before them (shared memory) wins.
+_UNIMPLEMENTED = (
+    ("/v2/{ext:systemsharedmemory}{rest:.*}", "system shared memory"),
+    ("/v2/{ext:cudasharedmemory}{rest:.*}", "CUDA shared memory"),
+    ("/v2/{ext:trace}{rest:.*}", "trace"),
+    ("/v2/models/{model}/{ext:trace}{rest:.*}", "trace"),
+    ("/v2/models/{model}/versions/{version}/{ext:trace}{rest:.*}", "trace"),
+    ("/v2/{ext:logging}{rest:.*}", "logging"),
+)
+
+
+def add_unimplemented(app: web.Application) -> None:
+    """501 routes for the extensions in :data:`_UNIMPLEMENTED` (GET and POST)."""
+    for path, extension in _UNIMPLEMENTED:
+        async def refuse(request: web.Request, extension: str = extension) -> web.Response:
+            raise UnsupportedRequestError(f"the {extension} extension is not supported by this server")
+
+        for method in ("GET", "POST"):
+            app.router.add_route(method, path, refuse)
 
 
 async def start_http(server: ServerCore, host: str, port: int) -> tuple[Any, int]:

@@ -12,7 +12,9 @@ Data path of a batch, with as few host copies as the wire allows:
   CPU engine skips the slot and runs on the view itself.
 * **Outputs**: CUDA outputs are copied asynchronously into freshly taken pinned buffers (torch's
   caching host allocator recycles them), then split into per-request views; the front end's
-  serialisation is the only further copy. CPU outputs are split as views.
+  serialisation is the only further copy. CPU outputs are split as views. Before the split, the
+  instance's :class:`~streamrt.serve.integrity.OutputCheck` makes sure every output has the batch's
+  rows (and the config's dtype and dims): a batch that fails it fails for every request in it.
 
 Example:
     >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
@@ -34,6 +36,7 @@ from streamrt.backends.base import Engine
 from streamrt.device import Device, Stream, get_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
+from streamrt.serve.integrity import OutputCheck
 
 __all__ = ["BatchResult", "Instance", "InstanceGroup"]
 
@@ -65,10 +68,16 @@ class Instance:
         device: the device layer's device the engine runs on.
         batched: the model has a batch dimension (batches are concatenated along axis 0).
         max_batch_size: rows of the input slots.
+        check: checks every batch's outputs before they are split (None: no check, for tests that
+            show what it catches).
     """
 
-    def __init__(self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int) -> None:
+    def __init__(
+        self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int,
+        check: OutputCheck | None = None,
+    ) -> None:
         self.name = name
+        self.check = check
         self.engine = engine
         self.device = device
         self.batched = batched
@@ -99,18 +108,20 @@ class Instance:
         self.worker.launch(job)
 
     def run(self, requests: Sequence[Inputs]) -> BatchResult:
-        """Run one batch synchronously in the calling thread (the worker, or warm-up)."""
+        """Run one batch synchronously in the calling thread (the worker, or warm-up).
+
+        Raises:
+            OutputMismatchError: an output does not have the batch's rows, or the config's dtype or dims.
+            InferenceError: the engine failed.
+        """
         t0 = time.perf_counter_ns()
-        rows = [next(iter(r.values())).shape[0] if self.batched else 1 for r in requests]
+        rows = [self._rows(r) for r in requests]
         inputs = self._gather(requests, sum(rows))
         t1 = time.perf_counter_ns()
-        try:
-            outputs = self._infer(inputs)
-        except StreamRTError:
-            raise
-        except Exception as exc:
-            raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
+        outputs = self._execute(inputs)
         t2 = time.perf_counter_ns()
+        if self.check is not None:
+            self.check(outputs, sum(rows))
         if len(requests) == 1:
             split = [outputs]
         else:
@@ -118,6 +129,22 @@ class Instance:
             split = [{k: v[a:b] for k, v in outputs.items()} for a, b in itertools.pairwise(bounds)]
         t3 = time.perf_counter_ns()
         return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
+
+    def execute(self, requests: Sequence[Inputs]) -> dict[str, np.ndarray]:
+        """Run ``requests`` as one batch and return the outputs of all its rows, unchecked and unsplit
+        (the load-time probe reads their shapes)."""
+        return self._execute(self._gather(requests, sum(self._rows(r) for r in requests)))
+
+    def _rows(self, request: Inputs) -> int:
+        return next(iter(request.values())).shape[0] if self.batched else 1
+
+    def _execute(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        try:
+            return self._infer(inputs)
+        except StreamRTError:
+            raise
+        except Exception as exc:
+            raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
 
     def _slot(self, name: str, array: np.ndarray) -> tuple[Any, np.ndarray]:
         key = (name, array.dtype.str, array.shape[1:])
@@ -198,9 +225,10 @@ class InstanceGroup:
 
     @classmethod
     def create(
-        cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int
+        cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int,
+        check: OutputCheck | None = None,
     ) -> InstanceGroup:
-        """Create every instance the config's ``instance_group`` asks for.
+        """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``).
 
         Raises:
             ConfigError: a KIND_GPU group for a CPU engine (or the reverse), or a GPU other than 0.
@@ -218,7 +246,8 @@ class InstanceGroup:
             device = get_device(engine.device)
             for _ in range(group.count):
                 instances.append(
-                    Instance(f"{name}_{len(instances)}", engine, device, batched=batched, max_batch_size=max_batch_size)
+                    Instance(f"{name}_{len(instances)}", engine, device, batched=batched,
+                             max_batch_size=max_batch_size, check=check)
                 )
         return cls(instances)
 

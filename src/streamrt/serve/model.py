@@ -4,7 +4,9 @@ Loading (:meth:`ServedModel.load`, run in a worker thread) finds the version's f
 ONNX model through the build cache when there is no plan, loads the engine, resolves the config
 against the engine (inputs, outputs and ``max_batch_size`` come from the engine's specs and shape
 profiles when the config leaves them out, and must agree with them when it does not), creates
-the instances and warms every one of them up. Only then can :meth:`ServedModel.start` put a
+the instances, probes that every output follows the batch (:mod:`streamrt.serve.integrity`: a
+model whose outputs do not is refused, or loaded with batching off when the config leaves
+``max_batch_size`` out) and warms every instance up. Only then can :meth:`ServedModel.start` put a
 scheduler in front of it on the event loop and the model report READY.
 
 Example:
@@ -35,12 +37,14 @@ from streamrt.errors import (
 )
 from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
+from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
 from streamrt.serve.instances import InstanceGroup
-from streamrt.serve.protocol import InferRequest, InferResponse
+from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
+from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
-from streamrt.types import ShapeProfile, TensorSpec, format_shape
+from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
 
 __all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
 
@@ -65,7 +69,16 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
             hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
         )
     started = time.perf_counter()
-    engine = streamrt.open(path, config.build, max_batch=config.max_batch_size or None, cache=True)
+    build = config.build
+    source: Any = path
+    if path.suffix == ".onnx" and not build.profiles:
+        from streamrt.onnx.model import load_model
+        from streamrt.serve.derived_profiles import derive_profile
+
+        source = load_model(path)  # read once: its inputs decide the profile, then it is built
+        profile = derive_profile(config, source.inputs)
+        build = build.replace(profiles=(profile,)) if profile is not None else build
+    engine = streamrt.open(source, build, max_batch=config.max_batch_size or None, cache=True)
     log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
              time.perf_counter() - started)
     return engine
@@ -89,10 +102,13 @@ def _tensors_from_engine(
         if t.data_type is not engine_t.data_type:
             raise ConfigError(f"model '{model}': {kind} '{t.name}' is TYPE_{t.data_type.kserve} in the config "
                               f"but TYPE_{engine_t.data_type.kserve} in the engine")
-        pairs = zip(t.dims, engine_t.dims, strict=False)
-        if len(t.dims) != len(engine_t.dims) or any(e not in (-1, c) for c, e in pairs):
-            raise ConfigError(f"model '{model}': {kind} '{t.name}' has dims {list(t.dims)} in the config but "
-                              f"{list(engine_t.dims)} in the engine (batch dimension excluded)")
+        dims = t.model_dims
+        pairs = zip(dims, engine_t.dims, strict=False)
+        if len(dims) != len(engine_t.dims) or any(e not in (-1, c) and c != -1 for c, e in pairs):
+            what = "reshape" if t.reshape is not None else "dims"
+            raise ConfigError(f"model '{model}': {kind} '{t.name}' has {what} {list(dims)} in the config but "
+                              f"{list(engine_t.dims)} in the engine (batch dimension excluded)",
+                              hint="give the model's shape in 'reshape' when the served dims differ")
     missing = [n for n in by_name if n not in {t.name for t in given}]
     if missing and kind == "input":
         raise ConfigError(f"model '{model}': the config leaves out engine inputs {missing}")
@@ -155,6 +171,10 @@ class ServedModel:
         self.batched = bool(config.max_batch_size)
         self._inputs = {t.name: t for t in config.input}
         self._outputs = [t.name for t in config.output]
+        self._all_outputs = tuple(RequestedOutput(n) for n in self._outputs)
+        self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
+        self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
+        self.labels: dict[str, list[str]] = {}
         self._scheduler: ModelScheduler | None = None
 
     @property
@@ -172,22 +192,60 @@ class ServedModel:
         started = time.perf_counter()
         engine = (loader or load_engine)(model_dir, version, config)
         try:
-            resolved = resolve_config(config, engine)
-            instances = InstanceGroup.create(
-                f"{config.name}_{version}", engine, resolved.instance_group,
-                batched=bool(resolved.max_batch_size), max_batch_size=resolved.max_batch_size or 1,
-            )
+            served = cls._create(version, resolve_config(config, engine), engine)
         except BaseException:
             engine.close()
             raise
-        served = cls(version, resolved, engine, instances)
         try:
+            served = served._probe_batch_outputs(config)
+            served.labels = read_labels(model_dir, served.config)
             served.warm_up()
         except BaseException:
             served.release()
             raise
         served.load_seconds = time.perf_counter() - started
         return served
+
+    @classmethod
+    def _create(cls, version: int, resolved: ModelConfig, engine: Engine) -> ServedModel:
+        batched = bool(resolved.max_batch_size)
+        instances = InstanceGroup.create(
+            f"{resolved.name}_{version}", engine, resolved.instance_group,
+            batched=batched, max_batch_size=resolved.max_batch_size or 1,
+            check=OutputCheck(resolved.name, resolved.output, batched=batched),
+        )
+        return cls(version, resolved, engine, instances)
+
+    def _probe_batch_outputs(self, given: ModelConfig) -> ServedModel:
+        """Run batches of 1 and max_batch_size rows; refuse the model (ConfigError) if an output's first
+        dimension does not follow, or return it re-created with batching off when the config allows."""
+        if not self.batched:
+            return self
+        rng = np.random.default_rng(0)
+
+        def run(size: int) -> dict[str, np.ndarray] | None:
+            inputs = self._warmup_inputs(WarmupConfig(name=f"batch_probe_{size}", batch_size=size), rng)
+            return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
+
+        mbs = self.config.max_batch_size or 1
+        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        if not offenders:
+            return self
+        hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
+               "or export the model so that its outputs keep the batch dimension"
+        unbatched, why = None, None
+        if given.max_batch_size is None and given.dynamic_batching is None:
+            try:
+                unbatched = resolve_config(given.replace(max_batch_size=0), self.engine)
+            except ConfigError as exc:  # e.g. input dims written for a batched model
+                why = f"batching off does not fit the config either ({exc.message})"
+        message = batch_refusal(self.name, offenders, max_batch_size=mbs, fallback=unbatched is not None, why=why)
+        if unbatched is None:
+            raise ConfigError(message, hint=hint)
+        log.warning("%s", message)
+        self.instances.close(timeout=5.0)
+        self.instances = InstanceGroup([])  # a failure below releases the engine, not these twice
+        return self._create(self.version, unbatched, self.engine)
 
     def release(self) -> None:
         """Close instances and engine (after the scheduler stopped, or when loading failed)."""
@@ -209,9 +267,11 @@ class ServedModel:
         for name, tensor in self._inputs.items():
             given = warmup.inputs.get(name, {})
             dims = tuple(int(d) for d in given.get("dims", tensor.dims))
+            if tensor.data_type is DType.BYTES and not given:
+                return None  # what a string means is the model's business: only configured warm-ups
             if any(d < 0 for d in dims):
                 opt = profile.ranges.get(name)
-                if opt is None:
+                if opt is None or tensor.reshape is not None:
                     return None
                 offset = 1 if self.batched else 0
                 dims = tuple(opt.opt[i + offset] if d < 0 else d for i, d in enumerate(dims))
@@ -233,6 +293,7 @@ class ServedModel:
                 log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
                 continue
             self.validate(inputs)
+            inputs = self.to_engine(inputs)
             for instance in self.instances.instances:
                 for _ in range(warmup.count):
                     instance.run([inputs])
@@ -271,8 +332,6 @@ class ServedModel:
                 raise MissingInputError(f"model '{self.name}' needs input '{name}' "
                                         f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
             if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
-                from streamrt.types import DType
-
                 got = DType.from_any(array.dtype).kserve
                 raise DTypeMismatchError(f"input '{name}' of model '{self.name}' has datatype {got}, "
                                          f"the model expects {tensor.data_type.kserve}")
@@ -288,13 +347,33 @@ class ServedModel:
                 if not 1 <= rows <= mbs:
                     raise ShapeError(f"input '{name}' of model '{self.name}' has batch size {rows}; "
                                      f"it must be in 1..{mbs} (max_batch_size)")
-            shapes[name] = shape
+            shapes[name] = self._engine_shape(name, shape)
         if self.batched and len({s[0] for s in shapes.values()}) > 1:
             raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: "
                              + ", ".join(f"{n} {s[0]}" for n, s in shapes.items()))
         if self.engine.profiles:
             check_shapes(self.engine.profiles, shapes)
         return rows
+
+    def _engine_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        reshape = self._reshaped_in.get(name)
+        if reshape is None:
+            return shape
+        lead = shape[:1] if self.batched else ()
+        return tuple(np.empty(shape, dtype=np.bool_).reshape(*lead, *reshape).shape)
+
+    def to_engine(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
+        if not self._reshaped_in:
+            return inputs
+        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+                for n, a in inputs.items()}
+
+    def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
+        dims = self._reshaped_out.get(name)
+        if dims is None:
+            return array
+        return array.reshape((array.shape[0], *dims) if self.batched else dims)
 
     def batching_key(self, inputs: Mapping[str, np.ndarray]) -> Hashable:
         """Requests with equal keys may share a batch: same datatypes and non-batch dims, input by input."""
@@ -312,11 +391,16 @@ class ServedModel:
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
         outputs = await self._scheduler.submit(
-            request.inputs, rows=rows, key=self.batching_key(request.inputs),
+            self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
             priority=request.priority, timeout_us=request.timeout_us,
         )
-        names = [o.name for o in request.outputs] or self._outputs
-        return InferResponse(self.name, str(self.version), request.id, {n: outputs[n] for n in names})
+        result = {}
+        for out in request.outputs or self._all_outputs:
+            array = self._from_engine(out.name, outputs[out.name])
+            if out.class_count:
+                array = top_k_classes(array, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
+            result[out.name] = array
+        return InferResponse(self.name, str(self.version), request.id, result)
 
     async def stop(self, timeout: float) -> None:
         """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
@@ -336,6 +420,8 @@ class ServedModel:
         return {"name": self.name, "versions": versions, "platform": self.platform,
                 "inputs": tensors(self.config.input), "outputs": tensors(self.config.output)}
 
-    def triton_config(self) -> dict[str, Any]:
-        """The resolved config as Triton's JSON."""
-        return self.config.to_triton(self.platform)
+    def triton_config(self) -> Any:
+        """The resolved config as Triton's ``inference.ModelConfig`` message."""
+        from streamrt.serve.config_message import to_message
+
+        return to_message(self.config, self.platform)

@@ -32,9 +32,13 @@ __all__ = [
     "InferResponse",
     "RequestedOutput",
     "decode_http_request",
+    "deserialize_bytes",
     "encode_http_response",
+    "json_values",
     "kserve_dtype",
     "numpy_dtype",
+    "raw_bytes",
+    "serialize_bytes",
     "tensor_from_bytes",
 ]
 
@@ -43,10 +47,12 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """An output the client asked for; ``binary`` None means "as the request says"."""
+    """An output the client asked for; ``binary`` None means "as the request says";
+    ``class_count`` > 0 asks for the classification extension's top-k strings instead of the tensor."""
 
     name: str
     binary: bool | None = None
+    class_count: int = 0
 
 
 @dataclass(eq=False)
@@ -88,11 +94,13 @@ class InferResponse:
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
     """KServe datatype name (``"FP32"``) -> little-endian NumPy dtype.
 
+    BYTES maps to NumPy ``object`` (arrays of ``bytes``), as tritonclient's ``np.object_``.
+
     Raises:
-        UnsupportedRequestError: BYTES (string tensors) and unknown names.
+        RequestError: unknown names.
     """
     if datatype == "BYTES":
-        raise UnsupportedRequestError("BYTES (string) tensors are not supported by StreamRT engines")
+        return np.dtype(object)
     try:
         return DType.from_any(datatype).numpy.newbyteorder("<")
     except ConfigError:
@@ -100,8 +108,58 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
 
 
 def kserve_dtype(array: np.ndarray) -> str:
-    """NumPy array -> KServe datatype name."""
+    """NumPy array -> KServe datatype name (object and string arrays are BYTES)."""
     return DType.from_any(array.dtype).kserve
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """A BYTES tensor in the protocol's binary form: each element as a 4-byte little-endian
+    length and its bytes, in row-major order (``str`` elements are written as UTF-8)."""
+    parts = []
+    for item in array.reshape(-1):
+        data = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [len(data).to_bytes(4, "little"), data]
+    return b"".join(parts)
+
+
+def deserialize_bytes(data: bytes | memoryview, count: int, where: str) -> np.ndarray:
+    """``count`` length-prefixed elements of ``data`` as a 1-D object array of ``bytes``.
+
+    Raises:
+        RequestError: the lengths do not add up to the data (names the element).
+    """
+    view = memoryview(data)
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > len(view):
+            raise RequestError(f"{where}: BYTES data ends inside the length of element {index} (of {count})")
+        size = int.from_bytes(view[offset : offset + 4], "little")
+        offset += 4
+        if offset + size > len(view):
+            raise RequestError(f"{where}: BYTES element {index} needs {size} bytes, {len(view) - offset} are left")
+        out[index] = bytes(view[offset : offset + size])
+        offset += size
+    if offset != len(view):
+        raise RequestError(f"{where}: {len(view) - offset} bytes left after the {count} BYTES elements of the shape")
+    return out
+
+
+def json_values(array: np.ndarray) -> list[Any]:
+    """A tensor's values for JSON ``data``: BYTES elements as strings (UTF-8), numbers as numbers."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return [item.decode("utf-8", "replace") if isinstance(item, (bytes, np.bytes_)) else str(item)
+                for item in array.reshape(-1)]
+    if array.dtype.kind == "V" or array.dtype.name in ("float16", "bfloat16"):
+        return array.astype(np.float32).ravel().tolist()
+    return array.ravel().tolist()
+
+
+def raw_bytes(array: np.ndarray) -> bytes | memoryview:
+    """A tensor's binary wire form: BYTES length-prefixed, everything else its little-endian memory."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:
@@ -125,15 +183,28 @@ def _elements(shape: tuple[int, ...], where: str, max_elements: int) -> int:
 def tensor_from_bytes(
     data: bytes | memoryview, offset: int, datatype: str, shape: tuple[int, ...], where: str, max_elements: int
 ) -> np.ndarray:
-    """A zero-copy array over ``data[offset:]`` of exactly ``shape`` (size already checked by the caller)."""
+    """A zero-copy array over ``data[offset:]`` of exactly ``shape`` (size already checked by the caller).
+
+    BYTES is the exception: its elements are copied out of ``data[offset:]`` (all of it)."""
     dtype = numpy_dtype(datatype)
     count = _elements(shape, where, max_elements)
+    if datatype == "BYTES":
+        return deserialize_bytes(memoryview(data)[offset:], count, where).reshape(shape)
     return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def _tensor_from_json(value: Any, datatype: str, shape: tuple[int, ...], where: str, max_elements: int) -> np.ndarray:
     dtype = numpy_dtype(datatype)
     count = _elements(shape, where, max_elements)
+    if datatype == "BYTES":
+        flat = _flatten(value)
+        if not all(isinstance(v, str) for v in flat):
+            raise RequestError(f"{where}: BYTES 'data' must hold strings")
+        array = np.empty(len(flat), dtype=object)
+        array[:] = [v.encode() for v in flat]
+        if array.size != count:
+            raise RequestError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {count}")
+        return array.reshape(shape)
     try:
         array = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -141,6 +212,12 @@ def _tensor_from_json(value: Any, datatype: str, shape: tuple[int, ...], where: 
     if array.size != count:
         raise RequestError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {count}")
     return array.reshape(shape)
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [x for item in value for x in _flatten(item)]
+    return [value]
 
 
 def _params(value: Any, where: str) -> dict[str, Any]:
@@ -166,7 +243,7 @@ def decode_http_request(
     Raises:
         RequestError: malformed JSON, missing fields, binary sizes that disagree with the body.
         PayloadTooLargeError: a tensor over ``max_elements``.
-        UnsupportedRequestError: BYTES tensors, shared memory, classification, raw binary bodies.
+        UnsupportedRequestError: shared memory, raw binary bodies.
     """
     if header_length is not None and (header_length < 0 or header_length > len(body)):
         raise RequestError(
@@ -203,13 +280,14 @@ def decode_http_request(
         shape = _shape(item.get("shape"), where)
         iparams = _params(item.get("parameters"), where)
         if "shared_memory_region" in iparams:
-            raise UnsupportedRequestError(f"{where}: shared memory is not supported")
+            raise UnsupportedRequestError(f"{where}: shared memory is not supported by this server "
+                                          "(parameter shared_memory_region)")
         if "binary_data_size" in iparams:
             size = _int_param(iparams, "binary_data_size", where)
             if header_length is None:
                 raise RequestError(f"{where} has binary_data_size but the request has no {HEADER_LENGTH} header")
             expected = _elements(shape, where, max_elements) * numpy_dtype(datatype).itemsize
-            if size != expected:
+            if size != expected and datatype != "BYTES":
                 raise RequestError(
                     f"{where}: binary_data_size is {size} bytes but shape {list(shape)} of {datatype} needs {expected}"
                 )
@@ -217,7 +295,7 @@ def decode_http_request(
                 raise RequestError(
                     f"{where}: binary data ends at byte {offset + size} but the body has {len(body)} bytes"
                 )
-            inputs[name] = tensor_from_bytes(view, offset, datatype, shape, where, max_elements)
+            inputs[name] = tensor_from_bytes(view[: offset + size], offset, datatype, shape, where, max_elements)
             offset += size
         elif "data" in item:
             inputs[name] = _tensor_from_json(item["data"], datatype, shape, where, max_elements)
@@ -233,12 +311,12 @@ def decode_http_request(
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"output {index}: needs a 'name' string")
         oparams = _params(item.get("parameters"), f"output '{item['name']}'")
-        if oparams.get("classification"):
-            raise UnsupportedRequestError("the classification extension is not supported")
         if "shared_memory_region" in oparams:
-            raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not supported")
+            raise UnsupportedRequestError(f"output '{item['name']}': shared memory is not supported by this server "
+                                          "(parameter shared_memory_region)")
         binary = oparams.get("binary_data")
-        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+        classes = _int_param(oparams, "classification", f"output '{item['name']}'")
+        outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes))
     request_id = header.get("id", "")
     return InferRequest(
         model=model,
@@ -261,11 +339,11 @@ def encode_http_response(response: InferResponse, request: InferRequest) -> tupl
         entry: dict[str, Any] = {"name": name, "datatype": kserve_dtype(array), "shape": list(array.shape)}
         flag = binary_of.get(name)
         if flag if flag is not None else request.binary_output:
-            contiguous = np.ascontiguousarray(array)
-            entry["parameters"] = {"binary_data_size": contiguous.nbytes}
-            blobs.append(contiguous.reshape(-1).view(np.uint8).data)
+            blob = raw_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(blob) if isinstance(blob, bytes) else blob.nbytes}
+            blobs.append(memoryview(blob))
         else:
-            entry["data"] = array.ravel().tolist()
+            entry["data"] = json_values(array)
         entries.append(entry)
     header: dict[str, Any] = {"model_name": response.model, "model_version": response.version, "outputs": entries}
     if response.id:

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrt.errors import ConfigError, ModelNotReadyError, StreamRTError, UnknownModelError
-from streamrt.serve.config import CONFIG_FILES, ModelConfig, read_config_file
+from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
+from streamrt.serve.config import CONFIG_FILES, ModelConfig
+from streamrt.serve.config_message import from_mapping, read_config_file
 from streamrt.serve.model import EngineLoader, ServedModel
+from streamrt.serve.model_files import remove_model_files, write_model_files
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
 
@@ -55,6 +57,7 @@ class ModelEntry:
     reason: str = "unloaded"
     versions: dict[int, ServedModel] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    files: Path | None = None  # the directory of a load request's files, while it is loaded from them
 
 
 def _versions(folder: Path) -> list[int]:
@@ -95,42 +98,55 @@ class ModelRepository:
         on_disk = {p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")}
         return sorted(on_disk | set(self._entries))
 
-    def _entry(self, name: str) -> ModelEntry:
+    def _entry(self, name: str, *, new: bool = False) -> ModelEntry:
         entry = self._entries.get(name)
         if entry is None:
-            if not (self.root / name).is_dir():
+            if not new and not (self.root / name).is_dir():
                 raise UnknownModelError(f"unknown model '{name}': not in the repository {self.root}")
             entry = self._entries[name] = ModelEntry(name)
         return entry
 
-    def read_config(self, name: str, override: Mapping[str, Any] | None = None) -> ModelConfig:
+    def read_config(
+        self, name: str, override: Mapping[str, Any] | None = None, folder: Path | None = None
+    ) -> ModelConfig:
         """The model's config from its directory, or ``override`` (a load request's config)."""
-        folder = self.root / name
+        folder = folder or self.root / name
         if override is not None:
-            return ModelConfig.from_dict(override, name=name)
+            return from_mapping(override, name)
         for file in CONFIG_FILES:
             if (folder / file).is_file():
-                return ModelConfig.from_dict(read_config_file(folder / file), name=name)
+                return read_config_file(folder / file, name)
         return ModelConfig(name=name)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    async def load(self, name: str, config: Mapping[str, Any] | None = None) -> None:
+    async def load(
+        self, name: str, config: Mapping[str, Any] | None = None, files: Mapping[str, bytes] | None = None
+    ) -> None:
         """Load (or reload) every version the policy selects; READY once all are warm.
 
+        ``files`` (``{"file:1/model.onnx": data}``) replace the model directory for this load
+        (see :mod:`.model_files`); they need ``config``.
+
         Raises:
-            UnknownModelError: no such directory.
+            UnknownModelError: no such directory (and no files).
+            RequestError: files without a config.
             StreamRTError: the load failed (the model is UNAVAILABLE with that reason, or keeps
                 serving its old versions on a failed reload).
         """
-        entry = self._entry(name)
+        if files and config is None:
+            raise RequestError(f"failed to load '{name}': model files need a config override in the same request",
+                               hint="pass config=... with files=... to load_model")
+        entry = self._entry(name, new=bool(files))
         async with entry.lock:
             reload = entry.state is ModelState.READY
             if not reload:
                 entry.state, entry.reason = ModelState.LOADING, ""
+            folder = write_model_files(files) if files else None
             try:
-                loaded = await self._load_versions(name, config)
+                loaded = await self._load_versions(name, config, folder)
             except Exception as exc:
+                remove_model_files(folder)
                 reason = str(exc) if isinstance(exc, StreamRTError) else f"{type(exc).__name__}: {exc}"
                 log.error("model '%s' failed to load: %s", name, reason)
                 if not reload:
@@ -142,14 +158,18 @@ class ModelRepository:
             for served in loaded.values():
                 served.start()
             entry.versions = loaded
+            old_files, entry.files = entry.files, folder
             entry.state, entry.reason = ModelState.READY, ""
             log.info("model '%s' ready: versions %s", name, ", ".join(map(str, loaded)))
         if old:
             await asyncio.gather(*(s.stop(self.drain_timeout_s) for s in old.values()))
+        remove_model_files(old_files)
 
-    async def _load_versions(self, name: str, override: Mapping[str, Any] | None) -> dict[int, ServedModel]:
-        config = self.read_config(name, override)
-        folder = self.root / name
+    async def _load_versions(
+        self, name: str, override: Mapping[str, Any] | None, files: Path | None = None
+    ) -> dict[int, ServedModel]:
+        config = self.read_config(name, override, files)
+        folder = files or self.root / name
         versions = config.version_policy.select(_versions(folder))
         if not versions:
             raise ConfigError(
@@ -179,6 +199,8 @@ class ModelRepository:
             old, entry.versions = entry.versions, {}
             await asyncio.gather(*(s.stop(self.drain_timeout_s) for s in old.values()))
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            remove_model_files(entry.files)
+            entry.files = None
             log.info("model '%s' unloaded", name)
 
     async def close(self) -> None:
@@ -199,15 +221,18 @@ class ModelRepository:
         if entry is None:
             if (self.root / name).is_dir():
                 raise ModelNotReadyError(f"model '{name}' is not loaded")
-            raise UnknownModelError(f"unknown model '{name}'")
+            raise UnknownModelError(f"Request for unknown model: '{name}' is not found")
         if not entry.versions:
             why = f": {entry.reason}" if entry.reason else ""
             raise ModelNotReadyError(f"model '{name}' is {entry.state.value}{why}")
         if not version:
             return entry.versions[max(entry.versions)]
-        if not version.isdigit() or int(version) not in entry.versions:
+        if not version.isdigit():
+            raise RequestError(f"failed to get model version from specified version string '{version}' "
+                               "(versions are positive integers)")
+        if int(version) not in entry.versions:
             raise UnknownModelError(
-                f"unknown version '{version}' of model '{name}'; served versions: "
+                f"Request for unknown model: '{name}' version {version} is not found; served versions: "
                 + ", ".join(map(str, entry.versions))
             )
         return entry.versions[int(version)]

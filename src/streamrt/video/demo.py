@@ -9,7 +9,8 @@ Steps (:func:`run_demo`):
    MP4 file unless it is there already, and decode it into memory, so both runs see the same frames
    and decoding stays out of the comparison;
 3. run it through the synchronous loop (``topology=sync``) and through the pipeline, ``rounds``
-   times each, interleaved; the median run of each is reported;
+   times each, interleaved; the median run of each is reported with the spread of the rounds, and
+   the speed-up only when the synchronous baseline was steady (:mod:`streamrt.profiling.rounds`);
 4. check both gave the same detections, score them against the clip's ground truth (mAP@0.5),
    and write the annotated video, the detections (JSON Lines), both run reports and timelines.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,13 +27,15 @@ from typing import Any
 import numpy as np
 
 from streamrt.pipeline.config import PipelineConfig, Topology
+from streamrt.profiling.rounds import Rounds, ratio
 from streamrt.video.metrics import mean_average_precision
-from streamrt.video.model import LANE_OPTIONS, DetectorModel, best_backend, bundled_labels, bundled_model, open_detector
+from streamrt.video.model import DetectorModel, best_backend, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import RunReport, write_report_files
 from streamrt.video.runner import DetectConfig, run_detection
 from streamrt.video.sinks import JsonlSink, VideoSink
 from streamrt.video.sources import ArraySource, SourceError, VideoFileSource, iter_frames
 from streamrt.video.synthetic import SyntheticClip
+from streamrt.video.tuning import default_pipeline, lane_options
 from streamrt.video.workload import Detections, Frame
 
 __all__ = ["DemoConfig", "DemoResult", "default_pipeline", "run_demo"]
@@ -70,10 +72,14 @@ class DemoResult:
     identical: bool
     map50: float
     files: dict[str, Path] = field(default_factory=dict)
+    rounds: dict[str, Rounds] = field(default_factory=dict)
 
     @property
-    def speedup(self) -> float:
-        return self.pipeline.fps / self.sync.fps if self.sync.fps > 0 else float("nan")
+    def speedup(self) -> float | None:
+        """Median pipeline FPS over median sync FPS; None when the sync rounds were too noisy to trust."""
+        if self.rounds:
+            return ratio(self.rounds["pipeline"], self.rounds["sync"])
+        return self.pipeline.fps / self.sync.fps if self.sync.fps > 0 else None
 
 
 def _sample(path: Path, clip: SyntheticClip) -> list[np.ndarray]:
@@ -99,18 +105,6 @@ def _sample(path: Path, clip: SyntheticClip) -> list[np.ndarray]:
     frames = list(iter_frames(source))
     source.close()
     return frames
-
-
-def default_pipeline(cuda: bool) -> PipelineConfig:
-    """The demo's pipeline: three streams with CUDA graphs on a GPU; on a CPU one lane per core.
-
-    On the CPU, ONNX Runtime already spreads one inference over every core, so a single lane has
-    nothing left to overlap with (the engine thread is the bound); lanes with one intra-op thread
-    each (:data:`LANE_OPTIONS`) run several frames at once instead, with less synchronisation.
-    """
-    if cuda:
-        return PipelineConfig(topology=Topology.STREAMS, ring_size=4, cuda_graphs=True)
-    return PipelineConfig(topology=Topology.STREAMS, workers=max(1, os.cpu_count() or 1), ring_size=2)
 
 
 def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, say: Callable[[str], None]) -> Path:
@@ -158,10 +152,10 @@ def run_demo(config: DemoConfig = DemoConfig(), progress: Callable[[str], None] 
     backend = config.backend or best_backend()
     pipeline = config.pipeline or default_pipeline(cuda)
     sync_plan = _plan(backend, {}, config, out, say)
-    lane_options = LANE_OPTIONS.get(backend, {}) if pipeline.workers > 1 and not cuda else {}
-    lane_plan = _plan(backend, lane_options, config, out, say) if lane_options else sync_plan
+    options = lane_options(backend, pipeline, cuda)
+    lane_plan = _plan(backend, options, config, out, say) if options else sync_plan
     detectors = {"sync": open_detector(sync_plan, labels=bundled_labels())}
-    detectors["pipeline"] = open_detector(lane_plan, labels=bundled_labels()) if lane_options else detectors["sync"]
+    detectors["pipeline"] = open_detector(lane_plan, labels=bundled_labels()) if options else detectors["sync"]
     clip = SyntheticClip(width=width, height=height, frames=count, fps=config.fps, seed=config.seed)
     video = out / f"sample_{width}x{height}_{count}.mp4"
     frames = _sample(video, clip)
@@ -202,9 +196,13 @@ def run_demo(config: DemoConfig = DemoConfig(), progress: Callable[[str], None] 
     for name, report in reports.items():
         for path in write_report_files(report, out, name):
             files[f"{name}:{path.name}"] = path
-    result = DemoResult(detector, lane_plan, reports["sync"], reports["pipeline"], identical, map50, files)
+    rounds = {name: Rounds.of(rep.fps for rep in done) for name, done in runs.items()}
+    files["summary"] = out / "demo.json"
+    result = DemoResult(detector, lane_plan, reports["sync"], reports["pipeline"], identical, map50, files, rounds)
     summary = {"speedup": result.speedup, "identical": identical, "map50": map50,
+               "rounds_fps": {name: list(r.values) for name, r in rounds.items()},
+               "rounds_noisy": {name: r.noisy for name, r in rounds.items()},
                "frames_measured": count - config.warmup_frames,
                "sync": reports["sync"].to_dict(), "pipeline": reports["pipeline"].to_dict()}
-    (out / "demo.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    files["summary"].write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return result

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -267,6 +267,7 @@ def open_detector(
     cache: bool = True,
     cache_dir: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> DetectorModel:
     """Load a plan, or build (through the cache) and load an ONNX detector; see the module docstring.
 
@@ -280,6 +281,7 @@ def open_detector(
         precision: override the backend's default precision (fp16 on GPU backends, fp32 on ONNX Runtime).
         config: a complete :class:`~streamrt.config.BuildConfig` (overrides backend/precision/batch).
         cache, cache_dir, progress: passed to :func:`streamrt.build`.
+        options: backend options of a plan built from an ONNX file (e.g. ``{"threads": 1}``).
 
     Raises:
         ModelNotFoundError: no such file.
@@ -307,6 +309,8 @@ def open_detector(
         chosen = backend or (config.backend if config is not None else best_backend())
         build_config = config or detector_build_config(chosen, spec, max_batch=max_batch, opt_batch=opt_batch,
                                                        precision=precision)
+        if options and config is None:
+            build_config = build_config.replace(backend_options=dict(options))
         engine = streamrt.open(model, build_config, cache=cache, cache_dir=cache_dir, progress=progress)
     metadata = dict(engine.manifest.source_metadata)  # the source ONNX's metadata_props
     return describe_engine(engine, labels=names, metadata=metadata, layout=layout, source=p.name, backend=chosen)

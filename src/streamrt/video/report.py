@@ -56,6 +56,7 @@ class RunReport:
     bottleneck: tuple[str, float] | None = None
     detections: int = 0
     trace: PipelineTrace | None = field(default=None, repr=False)
+    window_fps: list[float] = field(default_factory=list)
 
     @property
     def fps(self) -> float:
@@ -83,6 +84,15 @@ class RunReport:
             f"  latency per frame: p50 {lat.get('p50', float('nan')):.1f} ms, "
             f"p99 {lat.get('p99', float('nan')):.1f} ms, max {lat.get('max', float('nan')):.1f} ms",
         ]
+        if len(self.window_fps) > 1:
+            from streamrt.profiling.rounds import Rounds, noise_warning
+
+            windows = Rounds.of(self.window_fps)
+            lines.append(f"  throughput per window: {windows.describe('FPS', 'windows')}")
+            kind = "cuda" if self.device.startswith("cuda") else "cpu"
+            warning = noise_warning({"throughput": windows}, kind, "and rerun", what="windows")
+            if warning and not self.paced:  # a paced run's rate is the camera's, not the machine's
+                lines.append(f"  {warning}")
         if self.paced:
             verdict = "sustained" if self.sustained else "NOT sustained"
             lines.append(f"  camera-paced at {self.target_fps:g} FPS per source: {self.dropped} dropped frames, "

@@ -36,7 +36,7 @@ from streamrt.video.report import RunReport, latency_stats
 from streamrt.video.sources import FrameSource
 from streamrt.video.workload import Detections, DetectionWorkload, Frame
 
-__all__ = ["DetectConfig", "run_detection"]
+__all__ = ["WINDOWS", "DetectConfig", "run_detection", "window_rates"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class _Tally:
     total: int | None
     pending: dict[tuple[int, int], Frame] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)
+    done_s: list[float] = field(default_factory=list)  # completion time of every measured frame
     frames: int = 0
     detections: int = 0
     measuring: bool = True
@@ -134,6 +135,7 @@ class _Tally:
                 self.on_result(frame, det)
             if self.measuring:
                 self.latencies_ms.append((now - frame.captured) * 1e3)
+                self.done_s.append(now)
                 self.frames += 1
                 self.detections += len(det)
         self.last = now
@@ -255,4 +257,32 @@ def run_detection(
         wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
         detections=tally.detections, trace=trace if trace.spans else None,
+        window_fps=window_rates(tally.done_s),
     )
+
+
+WINDOWS = 5
+"""A run's frames are cut into this many windows to measure how steady its throughput was."""
+
+
+def window_rates(done_s: list[float], windows: int = WINDOWS) -> list[float]:
+    """Frames per second of ``windows`` consecutive, equal-sized groups of completed frames.
+
+    One run cannot be repeated the way ``demo`` repeats its rounds (the source is consumed), so
+    its steadiness is read from within: a machine that slowed down in the middle shows as one slow
+    window. Empty when there are too few frames (fewer than two per window).
+    """
+    n = len(done_s)
+    if n < 2 * windows:
+        return []
+    # From the first completion on: the pipeline's fill time (the first frame's latency) is not a rate.
+    rates = []
+    previous = done_s[0]
+    for w in range(windows):
+        chunk = done_s[w * n // windows:(w + 1) * n // windows]
+        count = len(chunk) - (1 if w == 0 else 0)
+        span = chunk[-1] - previous
+        if span > 0:
+            rates.append(count / span)
+        previous = chunk[-1]
+    return rates

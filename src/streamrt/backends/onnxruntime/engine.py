@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
 from streamrt.backends.onnxruntime.session import session_options, session_providers, translate
-from streamrt.errors import InferenceError
+from streamrt.errors import InferenceError, InputError
 from streamrt.plan import PlanManifest
 
 __all__ = ["OnnxRuntimeContext", "OnnxRuntimeEngine"]
@@ -91,6 +91,17 @@ def _node_calls(trace: Path) -> dict[str, LayerTiming]:
     return rows
 
 
+def _strings(array: np.ndarray) -> np.ndarray:
+    """BYTES elements (``bytes``) as the ``str`` ONNX Runtime's string tensors take (UTF-8)."""
+    out = np.empty(array.shape, dtype=object)
+    try:
+        out.reshape(-1)[:] = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1)]
+    except UnicodeDecodeError as exc:
+        raise InputError(f"a string input is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                         "ONNX Runtime string tensors hold text") from None
+    return out
+
+
 class OnnxRuntimeContext(ExecutionContext):
     """Runs the shared session synchronously in the calling thread."""
 
@@ -100,7 +111,7 @@ class OnnxRuntimeContext(ExecutionContext):
         engine = self.engine
         if engine.device == "cuda" and not isinstance(next(iter(inputs.values())), np.ndarray):
             return self._infer_bound(inputs)
-        feeds = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+        feeds = {k: _strings(v) if v.dtype == object else np.ascontiguousarray(v) for k, v in inputs.items()}
         try:
             outs = engine.session.run(engine._output_names, feeds)
         except Exception as exc:

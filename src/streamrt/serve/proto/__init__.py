@@ -1,8 +1,10 @@
 """KServe v2 gRPC messages, built at import time in a private protobuf descriptor pool.
 
-``kserve_v2.proto`` is StreamRT's wire-compatible subset of the ``inference`` package; its
-compiled descriptor is embedded in ``_descriptor.py`` (see :mod:`.generate` for why not a
-``_pb2.py``). Needs ``protobuf >= 4.25`` (the ``serve`` extra); no grpcio-tools at run time.
+``kserve_v2.proto`` is StreamRT's wire-compatible subset of the ``inference`` package and
+``model_config.proto`` the whole of Triton's model-configuration schema; their compiled
+descriptors are embedded in ``_descriptor.py`` and ``_model_config_descriptor.py`` (see
+:mod:`.generate` for why not ``_pb2.py`` files). Needs ``protobuf >= 4.25`` (the ``serve``
+extra); no grpcio-tools at run time.
 
 Example:
     >>> from streamrt.serve.proto import messages
@@ -28,15 +30,16 @@ def _build() -> SimpleNamespace:
         from google.protobuf import descriptor_pool, message_factory
     except ImportError as exc:  # pragma: no cover - protobuf comes with onnx
         raise MissingDependencyError("protobuf", "serve", purpose="the gRPC front end") from exc
-    from streamrt.serve.proto._descriptor import SERIALIZED
+    from streamrt.serve.proto import _descriptor, _model_config_descriptor
 
     pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(SERIALIZED)
-    file = pool.FindFileByName("kserve_v2.proto")
     classes: dict[str, Any] = {}
-    for name, desc in file.message_types_by_name.items():
-        classes[name] = message_factory.GetMessageClass(desc)
-    classes["DataType"] = file.enum_types_by_name["DataType"]
+    for module in (_model_config_descriptor, _descriptor):  # dependencies first
+        file = pool.AddSerializedFile(module.SERIALIZED)
+        for name, desc in file.message_types_by_name.items():
+            classes[name] = message_factory.GetMessageClass(desc)
+        for name, enum in file.enum_types_by_name.items():
+            classes[name] = enum
     return SimpleNamespace(**classes)
 
 

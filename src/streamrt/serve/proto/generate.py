@@ -1,4 +1,7 @@
-"""Regenerate ``_descriptor.py`` from ``kserve_v2.proto`` (needs ``grpcio-tools``; run by hand).
+"""Regenerate the embedded descriptors from the ``.proto`` files (needs ``grpcio-tools``; run by hand).
+
+``kserve_v2.proto`` -> ``_descriptor.py`` and ``model_config.proto`` -> ``_model_config_descriptor.py``,
+each a module holding one serialized ``FileDescriptorProto`` as ``SERIALIZED``.
 
 The package embeds the compiled ``FileDescriptorProto`` instead of protoc's ``_pb2.py``: the
 messages are built in a private descriptor pool at import time, so the server (a) works with any
@@ -19,9 +22,12 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 
+# Dependencies first: the pool needs model_config.proto before kserve_v2.proto imports it.
+TARGETS = {"model_config.proto": "_model_config_descriptor.py", "kserve_v2.proto": "_descriptor.py"}
+
 
 def main() -> int:
-    """Compile the proto and rewrite ``_descriptor.py``; returns the exit status."""
+    """Compile the protos and rewrite the descriptor modules; returns the exit status."""
     try:
         from grpc_tools import protoc
     except ImportError:
@@ -29,28 +35,29 @@ def main() -> int:
         return 2
     from google.protobuf import descriptor_pb2
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "set.bin"
-        code = protoc.main(["protoc", f"-I{HERE}", f"--descriptor_set_out={out}", str(HERE / "kserve_v2.proto")])
-        if code != 0:
-            return int(code)
-        files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
-    blob = files[0].SerializeToString(deterministic=True)
-    body = "\n".join(f"    {line!r}" for line in _chunks(blob))
-    (HERE / "_descriptor.py").write_text(
-        textwrap.dedent('''\
-        # ruff: noqa: E501
-        """Compiled ``kserve_v2.proto`` (a serialized FileDescriptorProto). Generated: do not edit.
+    for proto, module in TARGETS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "set.bin"
+            code = protoc.main(["protoc", f"-I{HERE}", f"--descriptor_set_out={out}", str(HERE / proto)])
+            if code != 0:
+                return int(code)
+            files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+        blob = files[0].SerializeToString(deterministic=True)
+        body = "\n".join(f"    {line!r}" for line in _chunks(blob))
+        (HERE / module).write_text(
+            textwrap.dedent(f'''\
+            # ruff: noqa: E501
+            """Compiled ``{proto}`` (a serialized FileDescriptorProto). Generated: do not edit.
 
-        Regenerate with ``python -m streamrt.serve.proto.generate``.
-        """
+            Regenerate with ``python -m streamrt.serve.proto.generate``.
+            """
 
-        SERIALIZED = (
-        ''')
-        + body
-        + "\n)\n"
-    )
-    print(f"wrote {HERE / '_descriptor.py'} ({len(blob)} bytes of descriptor)")
+            SERIALIZED = (
+            ''')
+            + body
+            + "\n)\n"
+        )
+        print(f"wrote {HERE / module} ({len(blob)} bytes of descriptor)")
     return 0
 
 

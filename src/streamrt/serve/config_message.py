@@ -1,0 +1,288 @@
+"""Triton's ``inference.ModelConfig`` message <-> StreamRT's frozen :class:`ModelConfig`.
+
+:func:`read_config_file` and :func:`from_mapping` read any config format into the message
+(:mod:`.triton_config`), refuse fields StreamRT does not implement, and build the dataclasses;
+:func:`to_message` writes a resolved config back into the message for the model-config reply,
+so the schema, the names and the defaults live in the proto only.
+
+Example:
+    >>> cfg = from_mapping({"max_batch_size": 8, "input": [{"name": "x", "data_type": "FP32", "dims": [3]}]}, "m")
+    >>> to_message(cfg, "onnxruntime_onnx").input[0].data_type == 11
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from streamrt import _configio
+from streamrt.config import BuildConfig
+from streamrt.errors import ConfigError
+from streamrt.serve.config import (
+    BatchingConfig,
+    InstanceGroupConfig,
+    ModelConfig,
+    QueuePolicy,
+    TensorConfig,
+    VersionPolicy,
+    WarmupConfig,
+    datatype,
+)
+from streamrt.serve.triton_config import PLATFORMS, parse_mapping, parse_text, unsupported_fields
+from streamrt.types import DType
+
+__all__ = ["PROFILE_PARAMETERS", "from_mapping", "from_message", "read_config_file", "to_message"]
+
+PROFILE_PARAMETERS = ("min_shapes", "opt_shapes", "max_shapes")
+"""``parameters`` keys that give the shape profile, in ``streamrt build --min-shapes`` syntax."""
+
+
+def read_config_file(path: Path, name: str | None = None) -> ModelConfig:
+    """A model config file (``config.pbtxt``, ``.yaml``/``.yml``, ``.json``) as a :class:`ModelConfig`."""
+    model = name or path.parent.name
+    if not path.is_file():
+        raise ConfigError(f"model config not found: {path}")
+    text = path.read_text()
+    if path.suffix == ".pbtxt":
+        return from_message(parse_text(text, model), model)
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"cannot parse {path}: {exc}") from None
+    return from_mapping(data if data is not None else {}, model)
+
+
+def from_mapping(data: Mapping[str, Any], name: str | None = None) -> ModelConfig:
+    """A YAML/JSON mapping through Triton's schema; ``build:`` is StreamRT's own section."""
+    model = str(name or (data.get("name") if isinstance(data, Mapping) else "") or "")
+    if not model:
+        raise ConfigError("model config: a model needs a name")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"model '{model}': expected a mapping, got {type(data).__name__}")
+    rest = {k: v for k, v in data.items() if k != "build"}
+    message = parse_mapping(rest, model)
+    warmup_given = "model_warmup" in data and data["model_warmup"] is not None
+    return from_message(message, model, build=data.get("build"), warmup_given=warmup_given)
+
+
+def from_message(
+    message: Any, name: str, *, build: Mapping[str, Any] | None = None, warmup_given: bool = False
+) -> ModelConfig:
+    """Check ``message`` (an ``inference.ModelConfig``) and map it onto :class:`ModelConfig`.
+
+    Raises:
+        ConfigError: a field StreamRT does not implement is set (named), or a value is invalid.
+    """
+    where = f"model '{name}'"
+    if message.name and message.name != name:
+        raise ConfigError(f"{where}: config name '{message.name}' differs from its directory '{name}'")
+    refused = unsupported_fields(message)
+    if refused:
+        path, why = refused[0]
+        more = f" (also: {', '.join(p for p, _ in refused[1:])})" if len(refused) > 1 else ""
+        raise ConfigError(f"{where}: config field '{path}' is not supported: {why}{more}",
+                          hint="remove it from the config, or serve this model with Triton")
+    backend = _backend(message, build, where)
+    try:
+        return ModelConfig(
+            name=name,
+            backend=backend,
+            platform=message.platform,
+            max_batch_size=message.max_batch_size if message.HasField("max_batch_size") else None,
+            input=tuple(_tensor(t, f"{where} input[{i}]", True) for i, t in enumerate(message.input)),
+            output=tuple(_tensor(t, f"{where} output[{i}]", False) for i, t in enumerate(message.output)),
+            dynamic_batching=_batching(message, where),
+            instance_group=tuple(_group(g, f"{where} instance_group[{i}]")
+                                 for i, g in enumerate(message.instance_group)) or (InstanceGroupConfig(),),
+            version_policy=_version_policy(message, where),
+            model_warmup=_warmups(message, where, warmup_given),
+            default_model_filename=message.default_model_filename,
+            build=_build(build, backend, message, where),
+            parameters={k: v.string_value for k, v in message.parameters.items()},
+        )
+    except ConfigError as exc:
+        if exc.message.startswith("model '"):
+            raise
+        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+
+
+def _located(where: str, make: Any) -> Any:
+    try:
+        return make()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
+
+
+def _backend(message: Any, build: Mapping[str, Any] | None, where: str) -> str:
+    names = [n for n in (message.backend, message.platform) if n]
+    for n in names:
+        if n not in PLATFORMS and not n.startswith("streamrt_"):
+            known = ", ".join(sorted(k for k in PLATFORMS if k))
+            raise ConfigError(f"{where}: platform/backend '{n}' is not supported; StreamRT serves {known}",
+                              hint="convert the model to ONNX and set platform: \"onnxruntime_onnx\"")
+    mapped = {PLATFORMS.get(n, n.removeprefix("streamrt_")) for n in names}
+    if len(mapped) > 1:
+        raise ConfigError(f"{where}: platform '{message.platform}' and backend '{message.backend}' disagree")
+    from_build = build.get("backend") if isinstance(build, Mapping) else None
+    return str(from_build or (mapped.pop() if mapped else "onnxruntime"))
+
+
+def _tensor(t: Any, where: str, is_input: bool) -> TensorConfig:
+    if not t.name:
+        raise ConfigError(f"{where}: every input/output needs a name")
+    if t.data_type == 0:
+        raise ConfigError(f"{where}: '{t.name}' needs a data_type, e.g. TYPE_FP32")
+    from streamrt.serve.proto import messages
+
+    type_name = messages.DataType.values_by_number[t.data_type].name
+    fmt = messages.ModelInput.Format.Name(t.format) if is_input else "FORMAT_NONE"
+    return _located(where, lambda: TensorConfig(
+        t.name, datatype(type_name, where), tuple(int(d) for d in t.dims), format=fmt,
+        reshape=tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None,
+        label_filename="" if is_input else t.label_filename,
+    ))
+
+
+def _batching(message: Any, where: str) -> BatchingConfig | None:
+    if not message.HasField("dynamic_batching"):
+        return None
+    db = message.dynamic_batching
+    qp = db.default_queue_policy
+    if qp.timeout_action != 0:
+        raise ConfigError(f"{where} dynamic_batching.default_queue_policy: timeout_action must be REJECT "
+                          "(DELAY is not supported)")
+    return _located(f"{where} dynamic_batching", lambda: BatchingConfig(
+        max_queue_delay_microseconds=db.max_queue_delay_microseconds,
+        preferred_batch_size=tuple(db.preferred_batch_size),
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        default_queue_policy=QueuePolicy(qp.default_timeout_microseconds, qp.allow_timeout_override,
+                                         qp.max_queue_size),
+    ))
+
+
+def _group(g: Any, where: str) -> InstanceGroupConfig:
+    from streamrt.serve.proto import messages
+
+    if g.count < 0:
+        raise ConfigError(f"{where}: count must be an integer >= 1, got {g.count}")
+    kind = messages.ModelInstanceGroup.Kind.Name(g.kind)
+    return _located(where, lambda: InstanceGroupConfig(count=g.count or 1, kind=kind, gpus=tuple(g.gpus)))
+
+
+def _version_policy(message: Any, where: str) -> VersionPolicy:
+    if not message.HasField("version_policy"):
+        return VersionPolicy()
+    policy = message.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "latest":
+        return _located(f"{where} version_policy", lambda: VersionPolicy("latest", policy.latest.num_versions))
+    if kind == "specific":
+        return _located(f"{where} version_policy",
+                        lambda: VersionPolicy("specific", versions=tuple(policy.specific.versions)))
+    return VersionPolicy("all") if kind == "all" else VersionPolicy()
+
+
+def _warmups(message: Any, where: str, given: bool) -> tuple[WarmupConfig, ...] | None:
+    if not message.model_warmup:
+        return () if given else None
+    out = []
+    for i, w in enumerate(message.model_warmup):
+        inputs = {k: {"dims": [int(d) for d in v.dims], "zero_data": v.WhichOneof("input_data_type") == "zero_data"}
+                  for k, v in w.inputs.items()}
+        out.append(_located(f"{where} model_warmup[{i}]", lambda w=w, inputs=inputs: WarmupConfig(
+            name=w.name or "warmup", batch_size=w.batch_size or 1, count=w.count or 1, inputs=inputs)))
+    return tuple(out)
+
+
+def _build(build: Mapping[str, Any] | None, backend: str, message: Any, where: str) -> BuildConfig:
+    data = dict(build) if isinstance(build, Mapping) else {}
+    if build is not None and not isinstance(build, Mapping):
+        raise ConfigError(f"{where} build: expected a mapping, got {type(build).__name__}")
+    shapes = {k: message.parameters[k].string_value for k in PROFILE_PARAMETERS if k in message.parameters}
+    if shapes:
+        from streamrt.onnx.profiles import parse_profiles
+
+        if data.get("profiles"):
+            raise ConfigError(f"{where}: shape profiles are given twice (parameters and build.profiles)")
+        if "min_shapes" not in shapes or "max_shapes" not in shapes:
+            raise ConfigError(f"{where}: parameters min_shapes and max_shapes go together (opt_shapes optional)")
+        profiles = _located(f"{where} parameters", lambda: parse_profiles(
+            [shapes["min_shapes"]], [shapes["opt_shapes"]] if "opt_shapes" in shapes else [], [shapes["max_shapes"]]))
+        data["profiles"] = [p.to_dict() for p in profiles]
+    return _configio.structure({**data, "backend": backend}, BuildConfig, f"{where} build")
+
+
+# --- the reply ---------------------------------------------------------------------------------
+
+
+def to_message(config: ModelConfig, platform: str) -> Any:
+    """``config`` (resolved against its engine) as the ``inference.ModelConfig`` of the config reply."""
+    from streamrt.serve.proto import messages
+
+    m = messages.ModelConfig(name=config.name, platform=config.platform or platform, backend=config.backend,
+                             max_batch_size=config.max_batch_size or 0,
+                             default_model_filename=config.default_model_filename)
+    policy = config.version_policy
+    if policy.kind == "latest":
+        m.version_policy.latest.num_versions = policy.num_versions
+    elif policy.kind == "specific":
+        m.version_policy.specific.versions.extend(policy.versions)
+    else:
+        m.version_policy.all.SetInParent()
+    for t in config.input:
+        item = m.input.add(name=t.name, data_type=_type_number(t.data_type), dims=t.dims,
+                           format=messages.ModelInput.Format.Value(t.format))
+        if t.reshape is not None:
+            item.reshape.shape.extend(t.reshape)
+    for t in config.output:
+        item = m.output.add(name=t.name, data_type=_type_number(t.data_type), dims=t.dims,
+                            label_filename=t.label_filename)
+        if t.reshape is not None:
+            item.reshape.shape.extend(t.reshape)
+    if config.dynamic_batching is not None:
+        b = config.dynamic_batching
+        db = m.dynamic_batching
+        db.preferred_batch_size.extend(b.preferred_batch_size)
+        db.max_queue_delay_microseconds = b.max_queue_delay_microseconds
+        db.preserve_ordering = b.preserve_ordering
+        db.priority_levels = b.priority_levels
+        db.default_priority_level = b.default_priority_level
+        q = b.default_queue_policy
+        db.default_queue_policy.default_timeout_microseconds = q.default_timeout_microseconds
+        db.default_queue_policy.allow_timeout_override = q.allow_timeout_override
+        db.default_queue_policy.max_queue_size = q.max_queue_size
+    for i, g in enumerate(config.instance_group):
+        m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
+                             kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
+    for key, value in config.parameters.items():
+        m.parameters[key].string_value = value
+    types = {t.name: t.data_type for t in config.input}
+    for w in config.model_warmup or ():
+        item = m.model_warmup.add(name=w.name, batch_size=w.batch_size, count=w.count)
+        for key, spec in w.inputs.items():
+            entry = item.inputs[key]
+            entry.dims.extend(int(d) for d in spec.get("dims", ()))
+            if key in types:
+                entry.data_type = _type_number(types[key])
+            if spec.get("zero_data"):
+                entry.zero_data = True
+            else:
+                entry.random_data = True
+    return m
+
+
+def _type_number(dtype: DType) -> int:
+    from streamrt.serve.proto import messages
+
+    name = "TYPE_STRING" if dtype is DType.BYTES else f"TYPE_{dtype.kserve}"
+    return int(messages.DataType.values_by_name[name].number)
