@@ -41,7 +41,15 @@ __all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning"}
+_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads"}
+
+
+def _threads_option(config: BuildConfig) -> int:
+    """CPU plans' intra-op threads; 0 means the load-aware default decided when a context is created."""
+    value = config.backend_options.get("threads", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"torch_inductor option threads must be an integer >= 0 (0 = automatic), got {value!r}")
+    return value
 
 
 def warn_slow_cpu_precision(kind: str, precision: str) -> None:
@@ -63,6 +71,13 @@ def _example_size(lo: int, opt: int, hi: int) -> int:
     # torch.export specialises a dynamic dim whose example size is 0 or 1 (pytorch#133653):
     # use 2 where the range allows it; kernels are then tuned for 2 instead of 1.
     return 2 if opt <= 1 and hi >= 2 else opt
+
+
+def _export_max(lo: int, hi: int) -> int:
+    # A range 1..2 traced at 2 is inferred static ("tracing inferred a static shape of 2"): torch
+    # reasons about sizes as >= 2, which leaves one value. Export 1..3; the profile still
+    # refuses 3 at run time.
+    return 3 if lo <= 1 and hi == 2 else hi
 
 
 def export_profiles(
@@ -87,7 +102,7 @@ def export_profiles(
             example = torch.randint(0, 2, shape, generator=generator).to(dtype)
         examples.append(example.to(device))
         dims = {
-            axis: Dim.DYNAMIC(min=lo, max=hi)
+            axis: Dim.DYNAMIC(min=lo, max=_export_max(lo, hi))
             for axis, (lo, hi) in enumerate(zip(rng.min, rng.max, strict=True))
             if lo != hi
         }
@@ -99,21 +114,27 @@ def export_profiles(
     try:
         return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
     except Exception as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         raise BuildError(
-            f"torch.export failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
+            f"torch.export failed: {type(exc).__name__}: {' '.join(lines[:3])[:400]}",
             hint="narrow the shape profile, or report the model's failing operator",
         ) from exc
 
 
-def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[str, Any]:
+def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
     opts = config.backend_options
     autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
-    return {
+    configs = {
         "max_autotune": autotune,
         "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
         "freezing": bool(opts.get("freezing", False)),
         "aot_inductor.metadata": dict(metadata),
     }
+    if kind == "cpu":
+        # C++ kernels read the team size at run time (the engine's thread policy), instead of
+        # baking in the build machine's thread count.
+        configs["cpp.dynamic_threads"] = True
+    return configs
 
 
 
@@ -195,9 +216,10 @@ class TorchInductorBackend(Backend):
         The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
         Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
         """
+        threads = _threads_option(config)  # checked before the long compile
         set_tf32(config.precision.value == "tf32")
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
-        inductor_configs = _inductor_configs(config, meta)
+        inductor_configs = _inductor_configs(config, meta, kind)
         packages = []
         with torch.inference_mode(False), torch.no_grad():
             for i, profile in enumerate(profiles):
@@ -209,7 +231,9 @@ class TorchInductorBackend(Backend):
         settings = {
             "device": kind,
             "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
-            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", False)),
+            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
+            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
+            "threads": threads,
             "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
         }
         return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
