@@ -188,13 +188,28 @@ def part_nms(report: dict[str, Any], quick: bool) -> list[str]:
     return lines
 
 
-def _load_benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location("detection_bench", ROOT / "benchmarks" / "detection.py")
+def load_script(path: Path, name: str) -> Any:
+    """Import a program of ``benchmarks/`` or ``scripts/`` as module ``name``.
+
+    The module is registered in ``sys.modules`` before it runs: ``dataclass`` (and pickling) look
+    their class's module up there, and fail on an unregistered one.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
+
+
+def _load_benchmark() -> Any:
+    return load_script(ROOT / "benchmarks" / "detection.py", "detection_bench")
 
 
 def part_benchmark(out: Path, quick: bool) -> list[str]:

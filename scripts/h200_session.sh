@@ -35,8 +35,11 @@ for part in "${wanted[@]}"; do
         tests) run tests 360 python3 -m pytest -q -p no:cacheprovider -m gpu tests -o junit_family=xunit2 \
                    --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
-        examples) run examples 180 bash scripts/gpu_examples.sh "$out/examples" ;;
-        zoo) run zoo 560 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers 6 ;;
+        examples) run examples 300 bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
+        zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
+                 --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
+        serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
+        video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
         *) echo "unknown part $part" ;;
     esac
 done

@@ -10,7 +10,7 @@ import pytest
 
 import streamrt
 from helpers import catalogue_file
-from streamrt.compare import compare_outputs, format_diffs, run_numpy, top1_agreement
+from streamrt.compare import compare_outputs, format_diffs, run_numpy, top1_agreement, topk_agreement
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 from streamrt.inputs import random_inputs, resolve_shapes
@@ -36,7 +36,9 @@ def test_errors_are_measured_in_float64() -> None:
     b32 = b.astype(np.float32).astype(np.float64)
     assert d.max_abs == pytest.approx(np.abs(a - b32).max())
     assert d.mean_abs == pytest.approx(np.abs(a - b32).mean())
-    assert d.max_rel == pytest.approx((np.abs(a - b32) / np.abs(a)).max())
+    scale = np.maximum(np.abs(a), 1e-3 * np.abs(a).max())  # REL_FLOOR of the largest magnitude
+    assert d.max_rel == pytest.approx((np.abs(a - b32) / scale).max())
+    assert d.rel_l2 == pytest.approx(np.linalg.norm(a - b32) / np.linalg.norm(a))
     assert d.passed
 
 
@@ -81,8 +83,36 @@ def test_top1_agreement() -> None:
         test[row, (np.argmax(ref[row]) + 1) % 3] = ref[row].max() + 1
     assert top1_agreement(ref, test) == 0.5
     assert top1_agreement(ref[:, :1], test[:, :1]) is None  # C == 1: not a classifier
-    assert top1_agreement(ref.ravel(), test.ravel()) is None  # not 2-D
+    assert top1_agreement(ref[2], test[2]) == 1.0  # rank 1: one row
     assert top1_agreement(ref.astype(np.int64), test.astype(np.int64)) is None  # not float
+
+
+def test_top1_and_top5_for_sequence_outputs() -> None:
+    # B x T x C, as a CTC recognizer returns: rows are all (b, t) positions, classes the last axis.
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal((2, 25, 40)).astype(np.float32)
+    test = ref.copy()
+    best = np.argmax(ref, axis=-1)
+    test[0, :10] += np.eye(40, dtype=np.float32)[(best[0, :10] + 1) % 40] * 100  # another class wins ...
+    for t in range(10, 15):  # ... and in 5 more rows the reference's class falls out of the top 5
+        test[0, t, best[0, t]] -= 100
+    assert top1_agreement(ref, test) == pytest.approx(35 / 50)
+    assert topk_agreement(ref, test, 5) == pytest.approx(45 / 50)
+    (d,) = compare_outputs({"y": ref}, {"y": test})
+    assert d.top1 == pytest.approx(0.7) and d.top5 == pytest.approx(0.9)
+    assert "70.00%" in format_diffs([d]) and "90.00%" in format_diffs([d])
+    assert topk_agreement(ref[..., :5], test[..., :5], 5) is None  # top-5 of 5 classes says nothing
+
+
+def test_relative_error_stays_readable_near_zero() -> None:
+    # A softmax with a 1e-30 tail: |a - b| / |a| reached 1e16 there, though nothing that matters moved.
+    logits = np.array([[20.0, 0.0, -50.0, -60.0]])
+    ref = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    test = (ref + np.array([[-1e-7, 1e-7, 1e-14, 2e-14]])).astype(np.float32)
+    (d,) = compare_outputs({"p": ref}, {"p": test})
+    assert ref.min() < 1e-30
+    assert d.max_rel < 1e-3 and d.rel_l2 < 1e-6
+    assert np.isfinite(d.max_rel) and d.top1 == 1.0
 
 
 def test_negative_tolerances_are_rejected() -> None:

@@ -28,6 +28,8 @@ _DISTRIBUTIONS = {
     "grpc": "grpcio",
     "pynvml": "nvidia-ml-py",
     "PIL": "pillow",
+    "PyNvVideoCodec": "pynvvideocodec",
+    "av": "av",
 }
 
 

@@ -37,6 +37,7 @@ from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
 from streamrt.types import ShapeProfile, TensorSpec, format_shape
+from streamrt.verify import verify_build
 
 __all__ = ["BuildResult", "build", "build_command", "cache_key", "make_manifest"]
 
@@ -87,12 +88,17 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         for label in ("min", "opt", "max"):
             spec = ",".join(f"{n}:{format_shape(getattr(r, label))}" for n, r in profile.ranges.items())
             args += [f"--{label}-shapes", spec]
+        steps = ",".join(f"{n}:{format_shape(r.multiple)}" for n, r in profile.ranges.items() if r.multiple)
+        if steps:
+            args += ["--shape-multiple", steps]
     if config.calibration is not None:
         args += ["--calib", str(config.calibration.data), "--calib-method", config.calibration.method.value]
     if config.optimization_level != 3:
         args += ["--opt-level", str(config.optimization_level)]
     if config.memory_limit_mb is not None:
         args += ["--memory-limit", str(config.memory_limit_mb)]
+    if config.verify_shapes is not None:
+        args += ["--verify-shapes" if config.verify_shapes else "--no-verify-shapes"]
     for flag, value in (
         ("--sample-inputs", config.sample_inputs),
         ("--accuracy-threshold", config.accuracy_threshold),
@@ -249,6 +255,7 @@ def _build(
     )
     if precision is not None:
         manifest = precision.check(manifest, built.payload)  # AccuracyError: nothing is written
+    manifest = verify_build(source, manifest, built.payload, config, report)
     write_plan(out_path, manifest, built.payload)
     if cache and out_path.resolve() != cached_plan.resolve():
         with atomic_write(cached_plan) as dst, open(out_path, "rb") as src:

@@ -5,10 +5,13 @@ with ``a`` the reference (engine A): NumPy's ``isclose`` rule, asymmetric on pur
 reference decides the scale. NaNs in the same place of both outputs count as equal, and so do
 infinities of the same sign.
 
-Reported per output: max and mean absolute error, max relative error (over the elements where
-the reference is non-zero: relative error is undefined at zero), cosine similarity of the
-flattened outputs and, for classifiers (2-D float outputs N x C with C > 1), the fraction of rows
-whose arg-max agrees (top-1 agreement).
+Reported per output: max and mean absolute error; max relative error ``|a - b| / max(|a|, f)``
+whose floor ``f`` is :data:`REL_FLOOR` times the reference's largest magnitude, so elements near
+zero (a softmax's 1e-20 tail) cannot blow it up to 1e16 while the elements that matter keep their
+plain relative error; relative L2 error ``||a - b|| / ||a||``; cosine similarity of the flattened
+outputs; and, for float outputs of any rank whose last axis has C > 1 entries (classifiers N x C,
+sequence models B x T x C), the fraction of rows (all leading positions) whose arg-max over the
+last axis agrees (top-1) and whose reference arg-max is among the tested top 5 (top-5, C > 5).
 
 Element-wise tolerances suit fp32 and fp16; int8 moves a few elements far while keeping the
 output's direction (what a classifier's arg-max depends on). ``min_cosine`` judges an output by
@@ -36,9 +39,20 @@ from streamrt.types import Shape, format_shape
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine
 
-__all__ = ["OutputDiff", "compare_outputs", "format_diffs", "run_numpy", "top1_agreement"]
+__all__ = [
+    "REL_FLOOR",
+    "OutputDiff",
+    "compare_outputs",
+    "format_diffs",
+    "run_numpy",
+    "top1_agreement",
+    "topk_agreement",
+]
 
 log = logging.getLogger(__name__)
+
+REL_FLOOR = 1e-3
+"""Relative errors are taken against at least this fraction of the reference's largest magnitude."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +64,17 @@ class OutputDiff:
         shape: reference shape.
         max_abs: largest ``|a - b|``.
         mean_abs: mean ``|a - b|``.
-        max_rel: largest ``|a - b| / |a|`` over elements with ``a != 0``.
+        max_rel: largest ``|a - b| / max(|a|, REL_FLOOR * max|a|)`` (0 when the reference is all zero
+            and so is the difference).
         cosine: cosine similarity of the flattened outputs (1.0 when both are all-zero).
-        top1: fraction of rows with equal arg-max, for N x C float outputs with C > 1; else None.
+        top1: fraction of rows (leading positions) whose arg-max over the last axis agrees, for
+            float outputs whose last axis has more than one entry; else None.
         mismatches: elements outside ``atol + rtol * |a|``.
         total: elements compared.
         atol / rtol: the tolerances applied.
         problem: why the output could not be compared element-wise (missing, shape), else None.
+        rel_l2: ``||a - b|| / ||a||`` over finite elements (``||a - b||`` when ``a`` is all zero).
+        top5: fraction of rows whose reference arg-max is among the tested top 5 (last axis > 5).
         min_cosine: when set, the output passes on ``cosine >= min_cosine`` instead of tolerances.
     """
 
@@ -72,6 +90,8 @@ class OutputDiff:
     atol: float
     rtol: float
     problem: str | None = None
+    rel_l2: float = float("nan")
+    top5: float | None = None
     min_cosine: float | None = None
 
     @property
@@ -93,12 +113,29 @@ class OutputDiff:
         return data
 
 
-def top1_agreement(ref: np.ndarray, test: np.ndarray) -> float | None:
-    """Fraction of rows whose arg-max agrees, for 2-D float outputs N x C with C > 1; else None."""
+def topk_agreement(ref: np.ndarray, test: np.ndarray, k: int = 1) -> float | None:
+    """Fraction of rows whose reference arg-max over the last axis is among the tested top ``k``.
+
+    Rows are all leading positions (N for N x C, B*T for B x T x C). ``None`` unless both are
+    float outputs of equal shape whose last axis has more than ``max(k, 1)`` entries (more than
+    one for top-1).
+    """
     is_float = ref.dtype.kind == "f" or ref.dtype.name == "bfloat16"
-    if not is_float or ref.ndim != 2 or ref.shape[1] < 2 or ref.shape != test.shape:
+    classes = ref.shape[-1] if ref.ndim else 0
+    if not is_float or ref.shape != test.shape or classes < 2 or (k > 1 and classes <= k):
         return None
-    return float(np.mean(np.argmax(ref, axis=1) == np.argmax(test, axis=1)))
+    want = np.argmax(ref.astype(np.float64), axis=-1)[..., None]
+    if k == 1:
+        hit = np.argmax(test.astype(np.float64), axis=-1)[..., None] == want
+    else:
+        top = np.argpartition(-test.astype(np.float64), k - 1, axis=-1)[..., :k]
+        hit = np.any(top == want, axis=-1)
+    return float(np.mean(hit))
+
+
+def top1_agreement(ref: np.ndarray, test: np.ndarray) -> float | None:
+    """Fraction of rows whose arg-max over the last axis agrees (see :func:`topk_agreement`)."""
+    return topk_agreement(ref, test, 1)
 
 
 def _failed(name: str, shape: Shape, atol: float, rtol: float, problem: str) -> OutputDiff:
@@ -120,9 +157,12 @@ def _diff_one(name: str, ref_raw: Any, test_raw: Any, atol: float, rtol: float) 
     bad = ~same_special & ~finite  # a NaN/inf on one side only
     close = absdiff <= atol + rtol * np.abs(a[finite])
     mismatches = int(bad.sum()) + int((~close).sum())
-    nonzero = a[finite] != 0
-    rel = absdiff[nonzero] / np.abs(a[finite][nonzero])
+    magnitude = np.abs(a[finite])
+    floor = REL_FLOOR * float(magnitude.max()) if magnitude.size else 0.0
+    scale = np.maximum(magnitude, floor)
+    rel = np.divide(absdiff, scale, out=np.where(absdiff > 0, np.inf, 0.0), where=scale > 0)
     na, nb = float(np.linalg.norm(a[finite])), float(np.linalg.norm(b[finite]))
+    diff_norm = float(np.linalg.norm(a[finite] - b[finite]))
     if na == 0.0 and nb == 0.0:
         cosine = 1.0
     elif na == 0.0 or nb == 0.0:
@@ -141,6 +181,8 @@ def _diff_one(name: str, ref_raw: Any, test_raw: Any, atol: float, rtol: float) 
         total=int(a.size),
         atol=atol,
         rtol=rtol,
+        rel_l2=diff_norm / na if na > 0 else diff_norm,
+        top5=topk_agreement(ref_np, test_np, 5),
     )
 
 
@@ -186,11 +228,23 @@ def compare_outputs(
 
 def format_diffs(diffs: list[OutputDiff]) -> str:
     """A table, one row per output, ending in a PASSED/FAILED line."""
-    header = ("output", "shape", "max abs", "mean abs", "max rel", "cosine", "top-1", "mismatches", "result")
+    header = (
+        "output",
+        "shape",
+        "max abs",
+        "mean abs",
+        "max rel",
+        "rel L2",
+        "cosine",
+        "top-1",
+        "top-5",
+        "mismatches",
+        "result",
+    )
     rows = [header]
     for d in diffs:
         if d.problem is not None:
-            dashes = ("-",) * 6
+            dashes = ("-",) * 8
             rows.append((d.name, format_shape(d.shape), *dashes, f"FAILED ({d.problem})"))
             continue
         rows.append(
@@ -200,8 +254,10 @@ def format_diffs(diffs: list[OutputDiff]) -> str:
                 f"{d.max_abs:.3e}",
                 f"{d.mean_abs:.3e}",
                 f"{d.max_rel:.3e}",
+                f"{d.rel_l2:.3e}",
                 f"{d.cosine:.6f}",
                 "-" if d.top1 is None else f"{d.top1 * 100:.2f}%",
+                "-" if d.top5 is None else f"{d.top5 * 100:.2f}%",
                 "-" if d.min_cosine is not None else f"{d.mismatches}/{d.total}",
                 "passed" if d.passed else "FAILED",
             )

@@ -124,6 +124,8 @@ class BuildConfig:
         memory_limit_mb: workspace/arena limit for backends that take one.
         optimization_level: 0 (fast build) .. 5 (slowest, best kernels); backends map it.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
+        verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
+            writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
         sample_inputs: an ``.npz`` of real inputs (keyed by input name) that fp16 range checks
             and the accuracy gate run on (default: the calibration data, else random inputs).
         accuracy_threshold: bounds the fp16/bf16/int8 plan must meet against ONNX Runtime fp32,
@@ -144,6 +146,7 @@ class BuildConfig:
     memory_limit_mb: int | None = None
     optimization_level: int = 3
     backend_options: Mapping[str, Any] = field(default_factory=dict)
+    verify_shapes: bool | None = None
     sample_inputs: Path | None = None
     accuracy_threshold: str | None = None
     int8_target: str | None = None

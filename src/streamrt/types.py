@@ -154,37 +154,69 @@ def parse_shape(text: str) -> Shape:
 
 @dataclass(frozen=True)
 class ShapeRange:
-    """min/opt/max shape of one input. ``opt`` is the shape kernels are tuned for."""
+    """min/opt/max shape of one input. ``opt`` is the shape kernels are tuned for.
+
+    ``multiple`` optionally constrains each dimension to a multiple of a number (``()`` or all
+    ones: no constraint), for models that only run at some sizes, e.g. a stride-32 detector
+    whose skip connections need heights and widths divisible by 32:
+    ``ShapeRange((1, 3, 320, 320), (1, 3, 640, 640), (1, 3, 1280, 1280), multiple=(1, 1, 32, 32))``.
+    """
 
     min: Shape
     opt: Shape
     max: Shape
+    multiple: Shape = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min", tuple(int(d) for d in self.min))
         object.__setattr__(self, "opt", tuple(int(d) for d in self.opt))
         object.__setattr__(self, "max", tuple(int(d) for d in self.max))
+        multiple = tuple(int(d) for d in self.multiple)
+        # All ones says nothing: store it as () so equal constraints compare (and hash) equal.
+        object.__setattr__(self, "multiple", multiple if any(m != 1 for m in multiple) else ())
 
     @classmethod
     def fixed(cls, shape: Iterable[int]) -> ShapeRange:
         s = tuple(shape)
         return cls(s, s, s)
 
+    @property
+    def multiples(self) -> Shape:
+        """The multiple-of constraint of each dimension (1 where there is none)."""
+        return self.multiple or (1,) * len(self.min)
+
     def contains(self, shape: Iterable[int]) -> bool:
+        """Whether ``shape`` is within min..max and meets the multiple-of constraint."""
         s = tuple(shape)
-        return len(s) == len(self.min) and all(
-            lo <= d <= hi for d, lo, hi in zip(s, self.min, self.max, strict=True)
+        return (
+            len(s) == len(self.min)
+            and all(lo <= d <= hi for d, lo, hi in zip(s, self.min, self.max, strict=True))
+            and self.violation(s) is None
         )
 
+    def violation(self, shape: Iterable[int]) -> tuple[int, int] | None:
+        """``(dimension, multiple)`` of the first dimension of ``shape`` that breaks the multiple-of rule."""
+        for dim, (d, m) in enumerate(zip(tuple(shape), self.multiples, strict=False)):
+            if d % m:
+                return dim, m
+        return None
+
     def describe(self) -> str:
-        return f"min {format_shape(self.min)}, opt {format_shape(self.opt)}, max {format_shape(self.max)}"
+        text = f"min {format_shape(self.min)}, opt {format_shape(self.opt)}, max {format_shape(self.max)}"
+        return text + (f", multiple of {format_shape(self.multiple)}" if self.multiple else "")
 
     def to_dict(self) -> dict[str, list[int]]:
-        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+        data = {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+        if self.multiple:
+            data["multiple"] = list(self.multiple)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Iterable[int]]) -> ShapeRange:
-        return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
+        unknown = sorted(set(data) - {"min", "opt", "max", "multiple"})
+        if unknown:
+            raise ConfigError(f"unknown shape range keys {unknown}; known: max, min, multiple, opt")
+        return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]), tuple(data.get("multiple", ())))
 
 
 @dataclass(frozen=True)

@@ -78,3 +78,22 @@ def test_missing_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     onnx.save(small_cnn(), tmp_path / "m.onnx")
     assert main(["compare", str(tmp_path / "m.onnx"), str(tmp_path / "nope.onnx")]) == 2
     assert "nope.onnx" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_inputs_file_gives_the_shapes_of_a_dynamic_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "h", "w"])
+    graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "g", [x], [y])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dyn.onnx")
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(0).standard_normal((1, 3, 13, 7)).astype(np.float32))
+    args = ["compare", str(model), str(model), "--inputs", str(tmp_path / "in.npz"), "--cache-dir", str(tmp_path / "c")]
+    assert main([*args, "--json"]) == 0  # no --min/opt/max-shapes needed
+    data = json.loads(capsys.readouterr().out)
+    assert data["shapes"] == {"x": [1, 3, 13, 7]} and data["passed"]
+    (out,) = data["outputs"]
+    assert out["rel_l2"] == 0 and out["top1"] == 1.0  # 1 x 3 x 13 x 7: argmax over the last axis
+    (tmp_path / "bad.npz").write_text("not a zip")
+    assert main(["compare", str(model), str(model), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "cannot read --inputs" in capsys.readouterr().err

@@ -28,6 +28,8 @@ KNOWN_FAILURES = {
     "test_equal_string_broadcast",
     "test_identity_sequence",
     "test_identity_opt",
+    # LSTM with peepholes and per-batch sequence_lens: refused at import (torch's LSTM kernel has neither).
+    "test_lstm_with_peepholes",
 }
 
 

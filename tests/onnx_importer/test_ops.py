@@ -324,8 +324,7 @@ DYNAMIC: dict[str, tuple[str, dict[int, Any], list[tuple[int, ...]]]] = {
         [(2, 3, 11, 6)],
     ),
     "pad_reflect_dynamic": ("pad_reflect", {2: Dim("n", min=5, max=64)}, [(2, 4, 9)]),
-    # ceil_mode with a dynamic spatial dim trips a guard in torch's pooling shape function;
-    # dynamic batch is fine.
+    # ceil_mode with dynamic spatial dims: test_ceil_pooling.py.
     "maxpool_ceil_dynamic_batch": ("maxpool_ceil_mode_pads", {0: Dim("b", min=1, max=8)}, [(3, 2, 9, 8)]),
 }
 

@@ -155,3 +155,22 @@ def test_nms_is_ten_times_faster_than_batched_nms_on_20k_boxes() -> None:
     theirs = median_ms(lambda: torchvision.ops.batched_nms(boxes, scores, classes, 0.45))
     ours = median_ms(lambda: op(raw, dets, counts))
     assert theirs / ours >= 10, f"batched_nms {theirs:.3f} ms, ours {ours:.3f} ms"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("matrix", ["bt601", "bt709"])
+def test_gpu_nv12_letterbox_agrees_with_the_reference(matrix: str, dtype: str) -> None:
+    from streamrt.ops.letterbox_torch import TorchNv12Letterbox
+    from streamrt.ops.nv12 import CpuNv12Letterbox
+
+    src, dst = (1080, 1920), (640, 640)
+    n = Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    frames = np.random.default_rng().integers(0, 256, (2, src[0] * 3 // 2, src[1]), dtype=np.uint8)
+    op = TorchNv12Letterbox(src, dst, n, matrix=matrix, device="cuda")
+    assert op.use_triton
+    out = torch.full((2, 3, *dst), float("nan"), device="cuda", dtype=getattr(torch, dtype))
+    op(torch.from_numpy(frames).cuda(), out)
+    tol = 2e-4 if dtype == "float32" else 1e-2
+    for b in range(2):
+        ref = CpuNv12Letterbox(src, dst, n, matrix)(frames[b], np.empty((3, *dst), np.float64))
+        np.testing.assert_allclose(out[b].float().cpu().numpy(), ref, rtol=0, atol=tol)

@@ -31,6 +31,12 @@ _SIGNATURES = {
         "src_batch_stride": "i64", "dst_batch_stride": "i64", **dict.fromkeys(
         ("ratio_y", "ratio_x", "scale0", "scale1", "scale2", "shift0", "shift1", "shift2", "pad0", "pad1", "pad2"),
         "fp32"), "BLOCK": "constexpr"}, {"BLOCK": 512}),
+    "_nv12_letterbox_kernel": ({"src_ptr": "*u8", "dst_ptr": "*fp16", **dict.fromkeys(
+        ("src_h", "src_w", "pitch", "new_h", "new_w", "top", "left", "out_h", "out_w"), "i32"),
+        "src_batch_stride": "i64", "dst_batch_stride": "i64", **dict.fromkeys(
+        ("ratio_y", "ratio_x", "ky", "kvr", "kug", "kvg", "kub", "scale0", "scale1", "scale2", "shift0", "shift1",
+         "shift2", "pad0", "pad1", "pad2"), "fp32"), "RGB_OUT": "constexpr", "BLOCK": "constexpr"},
+        {"RGB_OUT": True, "BLOCK": 512}),
     "_nms_mask_kernel": ({"boxes_ptr": "*fp32", "cls_ptr": "*i64", "mask_ptr": "*i64", "K": "i32", "W": "i32",
                           "iou_thr": "fp32", "AGNOSTIC": "constexpr", "ROWS": "constexpr"},
                          {"AGNOSTIC": False, "ROWS": 32}),

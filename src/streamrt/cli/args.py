@@ -203,6 +203,9 @@ BUILD_OPTIONS = (
     Option("fp32_ops", ("--fp32-ops",), "comma-separated op types kept in fp32", {"metavar": "OPS"}, value=_ops),
     Option("backend_options", ("--option",), 'backend option (e.g. threads=4, providers=["cuda"]); repeatable',
            {"action": "append", "metavar": "KEY=VALUE"}, value=parse_options),
+    Option("verify_shapes", ("--verify-shapes",),
+           "run the plan at each profile's min/opt/max and an odd size against ONNX Runtime fp32 and refuse a "
+           "mismatch (default: on for every backend but onnxruntime)", {"action": argparse.BooleanOptionalAction}),
     # fp16/bf16/int8 accuracy (streamrt.accuracy_gate): sample data, the gate, int8's sensitivity target
     Option("sample_inputs", ("--sample-inputs",), "real inputs (keyed by input name) for fp16 range checks and "
            "the accuracy gate (default: calibration data, else random inputs)", {"type": Path, "metavar": "FILE.npz"}),
@@ -222,6 +225,9 @@ SHAPE_OPTIONS = (
     Option("opt", ("--opt-shapes",), "shapes kernels are tuned for (default: the min shapes)",
            {"action": "append", "metavar": "SPECS"}),
     Option("max", ("--max-shapes",), "maximum shapes", {"action": "append", "metavar": "SPECS"}),
+    Option("multiple", ("--shape-multiple",), "name:1x1x32x32,... each dimension must be a multiple of this "
+           "(checked at build and run; once for all profiles or once per profile)",
+           {"action": "append", "metavar": "SPECS"}),
 )
 
 CALIBRATION_OPTIONS = (
@@ -281,7 +287,9 @@ class BuildArgs:
         if shapes:
             from streamrt.onnx.profiles import parse_profiles
 
-            changes["profiles"] = parse_profiles(shapes.get("min", []), shapes.get("opt", []), shapes.get("max", []))
+            changes["profiles"] = parse_profiles(
+                shapes.get("min", []), shapes.get("opt", []), shapes.get("max", []), shapes.get("multiple", [])
+            )
         calibration = self.calibration.given(args)
         if "data" in calibration:
             preprocess = self.preprocess.given(args)

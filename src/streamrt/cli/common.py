@@ -66,14 +66,23 @@ def stderr_progress(line: str) -> None:
     print(f"  · {line}", file=sys.stderr, flush=True)
 
 
-def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "") -> Any:
-    """Load a plan, or build an ONNX file through the cache (with the flags in ``args``) and load it."""
+def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "", profiles: tuple[Any, ...] = ()) -> Any:
+    """Load a plan, or build an ONNX file through the cache (with the flags in ``args``) and load it.
+
+    ``profiles`` are used when neither the flags nor ``--config`` give any (e.g. the shapes of
+    ``compare --inputs`` data).
+    """
     import streamrt
 
     # A plan is loaded as it is: its build flags are not even read (a plan needs no --config).
+    config = None
+    if not is_plan_file(path):
+        config = config_from_args(args, prefix)
+        if profiles and not config.profiles:
+            config = config.replace(profiles=tuple(profiles))
     return streamrt.open(
         path,
-        None if is_plan_file(path) else config_from_args(args, prefix),
+        config,
         cache=CacheArgs.use_cache(args),
         cache_dir=CacheArgs.cache_dir(args),
         progress=stderr_progress,

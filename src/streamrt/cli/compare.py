@@ -6,6 +6,9 @@ override them per side, e.g. what int8 costs::
 
     streamrt compare model.onnx model.onnx --b-precision int8 --calib data/
 
+With ``--inputs data.npz`` and no ``--min/opt/max-shapes``, models are built for exactly the
+shapes of the arrays in the file.
+
 Exit status 0 when every output is within ``|a - b| <= atol + rtol * |a|`` (A is the
 reference), or with ``--min-cosine C`` when every output's cosine similarity to A is >= C (int8),
 1 when one is not, 2 on errors.
@@ -52,13 +55,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def _profiles_from_inputs(args: argparse.Namespace) -> tuple[Any, ...]:
+    """One fixed profile with the shapes of the ``--inputs`` arrays (none without ``--inputs``)."""
+    if args.inputs is None:
+        return ()
+    import zipfile
+
+    import numpy as np
+
+    from streamrt.errors import InputError
+    from streamrt.types import ShapeProfile, ShapeRange
+
+    try:
+        with np.load(args.inputs, allow_pickle=False) as data:
+            shapes = {name: tuple(int(d) for d in data[name].shape) for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(f"cannot read --inputs {args.inputs}: {exc}", hint="pass an .npz file (numpy.savez)") from exc
+    return (ShapeProfile({name: ShapeRange.fixed(shape) for name, shape in shapes.items()}),)
+
+
 def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
     if is_plan_file(path) and BuildArgs(prefix=f"{side}-").build.given(args):
         print(
             f"streamrt compare: note: {path} is a plan; --{side}-backend/--{side}-precision are ignored",
             file=sys.stderr,
         )
-    return engine_from_path(path, args, prefix=f"{side}-")
+    return engine_from_path(path, args, prefix=f"{side}-", profiles=_profiles_from_inputs(args))
 
 
 def _label(path: Path, engine: Any) -> str:

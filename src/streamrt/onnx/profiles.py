@@ -38,33 +38,47 @@ def parse_shape_list(text: str) -> dict[str, Shape]:
     return shapes
 
 
-def parse_profiles(mins: Sequence[str], opts: Sequence[str], maxs: Sequence[str]) -> tuple[ShapeProfile, ...]:
-    """Turn repeated ``--min-shapes/--opt-shapes/--max-shapes`` flags into profiles.
+def parse_profiles(
+    mins: Sequence[str], opts: Sequence[str], maxs: Sequence[str], multiples: Sequence[str] = ()
+) -> tuple[ShapeProfile, ...]:
+    """Turn repeated ``--min-shapes/--opt-shapes/--max-shapes/--shape-multiple`` flags into profiles.
 
     The n-th occurrence of each flag belongs to profile n. A missing ``opt`` defaults to ``min``
-    (like trtexec); ``min`` and ``max`` must be given together.
+    (like trtexec); ``min`` and ``max`` must be given together. ``--shape-multiple
+    x:1x1x32x32`` makes every dimension of ``x`` a multiple of the given number; one
+    occurrence applies to every profile, otherwise give one per profile.
     """
     if len(mins) != len(maxs) or len(opts) > len(mins):
         raise ProfileError(
             f"got {len(mins)} --min-shapes, {len(opts)} --opt-shapes and {len(maxs)} --max-shapes; "
             "each profile needs one --min-shapes and one --max-shapes (--opt-shapes defaults to min)"
         )
+    if (len(multiples) > 1 and len(multiples) != len(mins)) or (multiples and not mins):
+        raise ProfileError(
+            f"got {len(multiples)} --shape-multiple for {len(mins)} profiles; "
+            "give one for every profile, or one that applies to all"
+        )
     profiles = []
     for i, (lo_text, hi_text) in enumerate(zip(mins, maxs, strict=True)):
         lo, hi = parse_shape_list(lo_text), parse_shape_list(hi_text)
         opt = parse_shape_list(opts[i]) if i < len(opts) else lo
+        step = parse_shape_list(multiples[min(i, len(multiples) - 1)]) if multiples else {}
         names = set(lo) | set(hi) | set(opt)
         for name in sorted(names):
             for label, table in (("min", lo), ("opt", opt), ("max", hi)):
                 if name not in table:
                     raise ProfileError(f"profile {i}: input '{name}' has no {label} shape")
-        profiles.append(ShapeProfile({n: ShapeRange(lo[n], opt[n], hi[n]) for n in sorted(names)}))
+        for name in sorted(set(step) - names):
+            raise ProfileError(f"profile {i}: --shape-multiple names input '{name}', which has no min/max shapes")
+        profiles.append(
+            ShapeProfile({n: ShapeRange(lo[n], opt[n], hi[n], step.get(n, ())) for n in sorted(names)})
+        )
     return tuple(profiles)
 
 
 def _validate_range(index: int, spec: TensorSpec, rng: ShapeRange) -> None:
     where = f"profile {index}, input '{spec.name}'"
-    for label, shape in (("min", rng.min), ("opt", rng.opt), ("max", rng.max)):
+    for label, shape in (("min", rng.min), ("opt", rng.opt), ("max", rng.max), ("multiple", rng.multiples)):
         if len(shape) != len(spec.shape):
             raise ProfileError(
                 f"{where}: {label} shape {format_shape(shape)} has rank {len(shape)}, "
@@ -75,6 +89,16 @@ def _validate_range(index: int, spec: TensorSpec, rng: ShapeRange) -> None:
             raise ProfileError(f"{where}, dimension {dim}: min must be >= 1, got {lo}")
         if not lo <= opt <= hi:
             raise ProfileError(f"{where}, dimension {dim}: need min <= opt <= max, got {lo}, {opt}, {hi}")
+        step = rng.multiples[dim] if dim < len(rng.multiples) else 1
+        if step < 1:
+            raise ProfileError(f"{where}, dimension {dim}: the multiple must be >= 1, got {step}")
+        off = [(label, v) for label, v in (("min", lo), ("opt", opt), ("max", hi)) if v % step]
+        if off:
+            label, v = off[0]
+            raise ProfileError(
+                f"{where}, dimension {dim}: {label} {v} is not a multiple of {step}",
+                hint=f"use {-(-v // step) * step} or {v // step * step}" if v >= step else f"use {step}",
+            )
         if model_dim >= 0 and not lo == opt == hi == model_dim:
             raise ProfileError(
                 f"{where}, dimension {dim} is static ({model_dim}) in the model but the profile "
@@ -146,6 +170,20 @@ def check_shapes(profiles: Sequence[ShapeProfile], shapes: Mapping[str, Shape]) 
     for index, profile in enumerate(profiles):
         if profile.accepts(shapes):
             return index
+    for name, shape in shapes.items():
+        # Within some profile's bounds but off its multiple-of grid: say which dimension.
+        for p in profiles:
+            rng = p.ranges.get(name)
+            if rng is None or not ShapeRange(rng.min, rng.opt, rng.max).contains(shape):
+                continue
+            broken = rng.violation(shape)
+            if broken is not None:
+                dim, step = broken
+                raise ShapeError(
+                    f"dimension {dim} of '{name}' is {shape[dim]}, must be a multiple of {step} "
+                    f"(input shape {format_shape(shape)}; {rng.describe()})",
+                    hint=f"pad or resize it to {shape[dim] // step * step or step} or {-(-shape[dim] // step) * step}",
+                )
     bad = [
         name
         for name, shape in shapes.items()

@@ -7,6 +7,10 @@ made of them can be captured in a CUDA graph.
 * :func:`letterbox` reads uint8 HWC frames and writes the normalised CHW input in one pass: each
   output pixel is bilinear (half-pixel centres, clamped borders), channel-swapped and
   normalised, or the padding value.
+* :func:`nv12_letterbox` does the same from NV12 pictures (a hardware decoder's output): each of
+  the four source pixels is converted YUV -> RGB (limited range, BT.601 or BT.709, nearest
+  chroma) before the interpolation, so decode -> model input is one kernel and RGB frames never
+  exist in memory. :class:`streamrt.ops.nv12.CpuNv12Letterbox` is its reference.
 * :func:`nms_mask` computes, for the top-``K`` candidates sorted by score, bit ``j % 64`` of word
   ``j // 64`` of row ``i``: "box ``j > i`` has IoU ``> thr`` with box ``i`` (and the same class)".
   Words left of the diagonal block are written as zero and never read.
@@ -30,7 +34,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-__all__ = ["letterbox", "nms_mask", "nms_scan"]
+__all__ = ["letterbox", "nms_mask", "nms_scan", "nv12_letterbox"]
 
 _LETTERBOX_BLOCK = 512
 _MASK_ROWS = 32
@@ -96,6 +100,81 @@ def letterbox(frames: Any, out: Any, geometry: Any, normalize: Any) -> None:
         frames, out, g.src_h, g.src_w, frames.stride(0), g.new_h, g.new_w, g.top, g.left, g.dst_h, g.dst_w,
         out.stride(0), g.src_h / g.new_h, g.src_w / g.new_w, c0, c1, c2, s0, s1, s2, t0, t1, t2,
         normalize.pad(0), normalize.pad(1), normalize.pad(2), BLOCK=_LETTERBOX_BLOCK,
+    )
+
+
+@triton.jit
+def _nv12_pixel(base, pitch, uv_row0, y, x, ky, kvr, kug, kvg, kub, mask):
+    """RGB (float, 0..255) of pixel (y, x) of an NV12 picture whose chroma plane starts at row ``uv_row0``."""
+    luma = tl.load(base + y.to(tl.int64) * pitch + x, mask=mask, other=16).to(tl.float32) - 16.0
+    chroma = base + (uv_row0 + y // 2).to(tl.int64) * pitch + (x // 2) * 2
+    u = tl.load(chroma, mask=mask, other=128).to(tl.float32) - 128.0
+    v = tl.load(chroma + 1, mask=mask, other=128).to(tl.float32) - 128.0
+    yy = ky * luma
+    r = tl.minimum(tl.maximum(yy + kvr * v, 0.0), 255.0)
+    g = tl.minimum(tl.maximum(yy - kug * u - kvg * v, 0.0), 255.0)
+    b = tl.minimum(tl.maximum(yy + kub * u, 0.0), 255.0)
+    return r, g, b
+
+
+@triton.jit
+def _nv12_letterbox_kernel(src_ptr, dst_ptr, src_h, src_w, pitch, src_batch_stride, new_h, new_w, top, left,
+                           out_h, out_w, dst_batch_stride, ratio_y, ratio_x, ky, kvr, kug, kvg, kub,
+                           scale0, scale1, scale2, shift0, shift1, shift2, pad0, pad1, pad2,
+                           RGB_OUT: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < out_h * out_w
+    oy = offs // out_w
+    ox = offs % out_w
+    ry = oy - top
+    rx = ox - left
+    inside = valid & (ry >= 0) & (ry < new_h) & (rx >= 0) & (rx < new_w)
+    sy = tl.maximum((ry.to(tl.float32) + 0.5) * ratio_y - 0.5, 0.0)
+    sx = tl.maximum((rx.to(tl.float32) + 0.5) * ratio_x - 0.5, 0.0)
+    y0 = tl.minimum(sy.to(tl.int32), src_h - 1)
+    x0 = tl.minimum(sx.to(tl.int32), src_w - 1)
+    fy = tl.where(y0 >= src_h - 1, 0.0, sy - y0.to(tl.float32))
+    fx = tl.where(x0 >= src_w - 1, 0.0, sx - x0.to(tl.float32))
+    y1 = tl.minimum(y0 + 1, src_h - 1)
+    x1 = tl.minimum(x0 + 1, src_w - 1)
+    base = src_ptr + b * src_batch_stride
+    r00, g00, b00 = _nv12_pixel(base, pitch, src_h, y0, x0, ky, kvr, kug, kvg, kub, inside)
+    r01, g01, b01 = _nv12_pixel(base, pitch, src_h, y0, x1, ky, kvr, kug, kvg, kub, inside)
+    r10, g10, b10 = _nv12_pixel(base, pitch, src_h, y1, x0, ky, kvr, kug, kvg, kub, inside)
+    r11, g11, b11 = _nv12_pixel(base, pitch, src_h, y1, x1, ky, kvr, kug, kvg, kub, inside)
+    red = _lerp2(r00, r01, r10, r11, fx, fy)
+    green = _lerp2(g00, g01, g10, g11, fx, fy)
+    blue = _lerp2(b00, b01, b10, b11, fx, fy)
+    first = red if RGB_OUT else blue
+    last = blue if RGB_OUT else red
+    out = dst_ptr + b * dst_batch_stride + offs
+    plane = out_h * out_w
+    ty = out.dtype.element_ty
+    tl.store(out, tl.where(inside, first * scale0 + shift0, pad0).to(ty), mask=valid)
+    tl.store(out + plane, tl.where(inside, green * scale1 + shift1, pad1).to(ty), mask=valid)
+    tl.store(out + 2 * plane, tl.where(inside, last * scale2 + shift2, pad2).to(ty), mask=valid)
+
+
+@triton.jit
+def _lerp2(v00, v01, v10, v11, fx, fy):
+    upper = v00 + (v01 - v00) * fx
+    lower = v10 + (v11 - v10) * fx
+    return upper + (lower - upper) * fy
+
+
+def nv12_letterbox(frames: Any, out: Any, geometry: Any, normalize: Any, matrix: Any) -> None:
+    """Letterbox NV12 ``frames`` (B, H * 3 / 2, W) uint8 (rows may be pitched) into ``out`` (B, 3, h, w)."""
+    batch = frames.shape[0]
+    g, m, n = geometry, matrix, normalize
+    grid = (triton.cdiv(g.dst_h * g.dst_w, _LETTERBOX_BLOCK), batch)
+    s0, s1, s2 = n.scale
+    t0, t1, t2 = n.shift
+    _nv12_letterbox_kernel[grid](
+        frames, out, g.src_h, g.src_w, frames.stride(1), frames.stride(0), g.new_h, g.new_w, g.top, g.left,
+        g.dst_h, g.dst_w, out.stride(0), g.src_h / g.new_h, g.src_w / g.new_w, m.ky, m.kvr, m.kug, m.kvg, m.kub,
+        s0, s1, s2, t0, t1, t2, n.pad(0), n.pad(1), n.pad(2), RGB_OUT=bool(n.bgr_to_rgb), BLOCK=_LETTERBOX_BLOCK,
     )
 
 

@@ -234,9 +234,15 @@ def benchmark(
     shapes = shapes_of(inputs)
     items = batch if batch is not None else batch_size(engine.inputs, shapes)
     name = label or _label(engine)
+    info = dict(info or {})
     with engine.create_context() as ctx:
         if engine.device == "cuda":
             from streamrt.profiling.cuda_timing import cuda_loop
+            from streamrt.profiling.launches import describe_launches
+
+            launches = describe_launches(engine, inputs, bool(getattr(ctx, "cuda_graph", False)))
+            if launches is not None:
+                info.setdefault("kernels", launches)
 
             run = cuda_loop(ctx, inputs, settings)
         else:

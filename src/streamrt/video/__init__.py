@@ -12,6 +12,7 @@ StreamRT backend. See ``docs/detection.md``.
 
 from __future__ import annotations
 
+from streamrt.video import decoding as _decoding  # noqa: F401 - registers the decoders with open_source
 from streamrt.video.model import DetectorModel, best_backend, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import RunReport, write_report_files
 from streamrt.video.runner import DetectConfig, run_detection

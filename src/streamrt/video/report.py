@@ -57,6 +57,8 @@ class RunReport:
     detections: int = 0
     trace: PipelineTrace | None = field(default=None, repr=False)
     window_fps: list[float] = field(default_factory=list)
+    per_source: list[dict[str, Any]] = field(default_factory=list)
+    decode: dict[str, Any] = field(default_factory=dict)  # hybrid decode: pools, capacities, moves
 
     @property
     def fps(self) -> float:
@@ -97,6 +99,16 @@ class RunReport:
             verdict = "sustained" if self.sustained else "NOT sustained"
             lines.append(f"  camera-paced at {self.target_fps:g} FPS per source: {self.dropped} dropped frames, "
                          f"{verdict} (no drops and p99 < {LATENCY_BUDGET_MS:g} ms)")
+        if self.decode:
+            pools = ", ".join(f"{name} {p['streams']} streams ({p['load_fps']:g} of {p['capacity_fps']:g} frames/s)"
+                              for name, p in self.decode.get("pools", {}).items() if p["streams"] or p["capacity_fps"])
+            lines.append(f"  decode: {pools}; {self.decode.get('moves', 0)} moves; binding {self.decode.get('binding')}"
+                         + ("" if self.decode.get("fits", True) else " (over capacity)"))
+        cameras = [p for p in self.per_source if "reconnects" in p]
+        for cam in cameras:
+            lines.append(f"  camera {cam['source']}: {cam['frames']} frames, latency p50 {cam['p50_ms'] or 0:.1f} / "
+                         f"p99 {cam['p99_ms'] or 0:.1f} ms, {cam['dropped']} dropped (queue full), "
+                         f"{cam['reconnects']} reconnects")
         if self.stage_ms:
             lines.append("  stage ms/item: " + ", ".join(f"{k} {v:.2f}" for k, v in self.stage_ms.items()))
         if self.bottleneck:

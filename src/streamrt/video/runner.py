@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamrt.device.base import Device
 from streamrt.errors import ConfigError
@@ -98,7 +99,8 @@ class _Mux:
             if image is None:
                 self.live[s] = False
                 continue
-            frames.append(Frame(s, self.read[s], image, time.perf_counter() if captured is None else captured))
+            stamp = getattr(source, "last_captured", 0.0) or (time.perf_counter() if captured is None else captured)
+            frames.append(Frame(s, self.read[s], image, stamp))  # a live camera stamps its own capture instant
             self.read[s] += 1
         if not frames:
             return None
@@ -121,6 +123,7 @@ class _Tally:
     total: int | None
     pending: dict[tuple[int, int], Frame] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list)
+    by_source: dict[int, list[float]] = field(default_factory=dict)
     done_s: list[float] = field(default_factory=list)  # completion time of every measured frame
     frames: int = 0
     detections: int = 0
@@ -135,6 +138,7 @@ class _Tally:
                 self.on_result(frame, det)
             if self.measuring:
                 self.latencies_ms.append((now - frame.captured) * 1e3)
+                self.by_source.setdefault(frame.source, []).append(self.latencies_ms[-1])
                 self.done_s.append(now)
                 self.frames += 1
                 self.detections += len(det)
@@ -220,8 +224,13 @@ def run_detection(
         raise ConfigError(f"batch {batch} exceeds the engine's largest batch {model.max_batch}",
                           hint="rebuild with a larger dynamic batch profile (--max-batch)")
     (frame_hw,) = sizes
+    formats = {getattr(s, "frame_format", "bgr") for s in sources}  # NV12 from NVDEC or decoders asked for it
+    if len(formats) != 1:
+        raise ConfigError(f"sources must deliver one frame format to be batched, got {sorted(formats)}",
+                          hint="open every source with the same decoder output (bgr or nv12)")
     workload = DetectionWorkload(model, frame_hw, batch=batch, postprocess=config.postprocess,
-                                 normalize=config.normalize, use_triton=config.use_triton)
+                                 normalize=config.normalize, use_triton=config.use_triton,
+                                 frame_format=formats.pop())
     pcfg = config.pipeline.replace(device=model.device)
     fps = config.fps or sources[0].info.fps or 30.0
     counts = [s.info.frames for s in sources]
@@ -247,6 +256,8 @@ def run_detection(
         _drain(pipe, tally)
         trace = pipe.trace()
     wall = max(tally.last - started, 1e-9)
+    per_source = _per_source(sources, tally)
+    dropped += sum(int(p.get("dropped", 0)) for p in per_source)
     from streamrt.profiling.pipeline_summary import summarize
 
     summary = summarize(trace)
@@ -256,9 +267,23 @@ def run_detection(
         device=model.device, sources=len(sources), frame_size=f"{w}x{h}", batch=batch, frames=tally.frames,
         wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
-        detections=tally.detections, trace=trace if trace.spans else None,
+        detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source,
         window_fps=window_rates(tally.done_s),
     )
+
+
+def _per_source(sources: Sequence[FrameSource], tally: _Tally) -> list[dict[str, Any]]:
+    """Per-source latency (capture -> result) and, for live cameras, their drop/reconnect counters."""
+    out: list[dict[str, Any]] = []
+    for s, source in enumerate(sources):
+        lat = latency_stats(tally.by_source.get(s, []))
+        row: dict[str, Any] = {"source": source.info.name, "frames": len(tally.by_source.get(s, [])),
+                               "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99")}
+        stats = getattr(source, "stats", None)
+        if callable(stats):  # a camera (streamrt.video.cameras): drops in its bounded queue, reconnects
+            row.update({k: v for k, v in stats().to_dict().items() if k != "name"})
+        out.append(row)
+    return out
 
 
 WINDOWS = 5

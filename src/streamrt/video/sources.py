@@ -9,7 +9,8 @@ pipeline was too busy to take). :func:`open_source` turns a command-line string 
 ``synthetic:1920x1080x150@30``  a generated clip of that size, length and frame rate
 a folder                        its images (``.jpg .jpeg .png .bmp .webp``), sorted by name
 an image file                   that one image
-any other file                  a video file decoded by OpenCV (FFmpeg)
+any other file                  a video file decoded by PyAV (FFmpeg), else OpenCV
+``rtsp://`` ``http(s)://`` ...  a live camera stream (:mod:`streamrt.video.cameras`)
 ==============================  =========================================================
 
 Failures name the file and what was wrong: missing, not decodable (corrupt or an unsupported
@@ -50,6 +51,7 @@ __all__ = [
     "VideoFileSource",
     "iter_frames",
     "open_source",
+    "register_video_opener",
 ]
 
 log = logging.getLogger(__name__)
@@ -373,8 +375,18 @@ def _folder(spec: str, fps: float | None) -> FrameSource | None:
     return None
 
 
+# The decoder choice for video files and stream URLs; video/decoding.py registers it (PyAV for
+# files where installed, cameras for URLs) so this module imports no decoder.
+_VIDEO_OPENERS: list[Callable[[str, float | None], FrameSource]] = []
+
+
+def register_video_opener(opener: Callable[[str, float | None], FrameSource]) -> None:
+    """Make ``opener`` open every video file and stream URL :func:`open_source` is given."""
+    _VIDEO_OPENERS[:] = [opener]
+
+
 def _video(spec: str, fps: float | None) -> FrameSource | None:
-    return VideoFileSource(spec)
+    return _VIDEO_OPENERS[0](spec, fps) if _VIDEO_OPENERS else VideoFileSource(spec)
 
 
 # Tried in order; the first opener that recognises the string opens it.

@@ -50,13 +50,14 @@ class Frame:
     Attributes:
         source: index of the source it came from.
         index: frame number within that source.
-        image: uint8 BGR (height, width, 3).
+        image: uint8 BGR (height, width, 3); for NV12 sources an NV12 picture (H * 3 / 2, W), a host
+            array or (NVDEC) a device tensor.
         captured: ``time.perf_counter()`` when the frame became available (latency starts here).
     """
 
     source: int
     index: int
-    image: np.ndarray
+    image: Any
     captured: float = field(default_factory=time.perf_counter)
 
 
@@ -103,13 +104,24 @@ class DetectionWorkload:
         postprocess: thresholds and ``max_det`` (default :class:`PostprocessConfig`).
         normalize: mean/std/channel order of the model's input (default YOLO's).
         use_triton: device ops on Triton kernels (None: where they can run).
+        frame_format: ``bgr`` (uint8 (H, W, 3) host frames) or ``nv12`` (uint8 (H * 3 / 2, W) pictures,
+            each either a device tensor from NVDEC or a host array from a CPU decoder; CUDA only):
+            the NV12 stages gather them into the slot and convert + letterbox in one kernel.
+        color_matrix: the NV12 frames' colour matrix (``bt601`` or ``bt709``, limited range).
     """
 
     def __init__(self, model: DetectorModel, frame_hw: tuple[int, int], *, batch: int = 1,
                  postprocess: PostprocessConfig | None = None, normalize: Normalize | None = None,
-                 use_triton: bool | None = None) -> None:
+                 use_triton: bool | None = None, frame_format: str = "bgr", color_matrix: str = "bt601") -> None:
+        from streamrt.errors import ConfigError
+
         self.model = model
         self.frame_hw = (int(frame_hw[0]), int(frame_hw[1]))
+        if frame_format not in ("bgr", "nv12") or (frame_format == "nv12" and model.device != "cuda"):
+            raise ConfigError(f"frame_format must be bgr, or nv12 on a CUDA engine; got {frame_format!r} on "
+                              f"{model.device}", hint="decode to BGR for a CPU engine")
+        self.frame_format = frame_format
+        self.color_matrix = color_matrix
         self.batch = batch
         self.postprocess = postprocess or PostprocessConfig()
         self.normalize = normalize or Normalize()
@@ -126,7 +138,20 @@ class DetectionWorkload:
     def stages(self) -> list[Stage]:
         """The stage table of this workload's device (see the module docstring)."""
         table: dict[bool, Callable[[], list[Stage]]] = {True: self._cuda_stages, False: self._cpu_stages}
+        if self.frame_format == "nv12":
+            return self._nv12_stages()
         return table[self.cuda]()
+
+    def _nv12_stages(self) -> list[Stage]:
+        # No host stage and no RGB frame: NVDEC pictures are gathered device to device, CPU-decoded
+        # NV12 (half the bytes of BGR) host to device, then one kernel converts and letterboxes.
+        return [
+            Stage("gather", self.gather_nv12, kind=StageKind.H2D, stream="in"),
+            Stage("pre", self.pre_nv12, kind=StageKind.COMPUTE, stream="in", graphable=True),
+            Stage("engine", self.run_engine, kind=StageKind.COMPUTE, stream="engine", graphable=True),
+            Stage("post", self.post_cuda, kind=StageKind.COMPUTE, stream="out", graphable=bool(self.use_triton)),
+            Stage("d2h", self.d2h, kind=StageKind.D2H, stream="out"),
+        ]
 
     def _cuda_stages(self) -> list[Stage]:
         return [
@@ -159,6 +184,12 @@ class DetectionWorkload:
             dev = lane.device.torch_device
             lane.state["letterbox"] = TorchLetterbox(self.frame_hw, m.input_hw, self.normalize, device=dev,
                                                      batch=self.batch, use_triton=self.use_triton)
+            if self.frame_format == "nv12":
+                from streamrt.ops.letterbox_torch import TorchNv12Letterbox
+
+                lane.state["letterbox_nv12"] = TorchNv12Letterbox(self.frame_hw, m.input_hw, self.normalize,
+                                                                  matrix=self.color_matrix, device=dev,
+                                                                  use_triton=self.use_triton)
             out_dtype = getattr(torch, str(m.output_dtype))
             lane.state["post"] = TorchPostprocess(cfg, m.layout, m.num_classes, m.anchors, batch=self.batch,
                                                   device=dev, dtype=out_dtype, use_triton=self.use_triton)
@@ -173,9 +204,11 @@ class DetectionWorkload:
         import torch
 
         (h, w), (ih, iw), b, m = self.frame_hw, self.model.input_hw, self.batch, self.model
-        frames = torch.zeros((b, h, w, 3), dtype=torch.uint8, device=dev)
-        lane.state["letterbox"](frames, torch.empty((b, 3, ih, iw), dtype=getattr(torch, str(m.input_dtype)),
-                                                    device=dev))
+        images = torch.empty((b, 3, ih, iw), dtype=getattr(torch, str(m.input_dtype)), device=dev)
+        if "letterbox_nv12" in lane.state:
+            lane.state["letterbox_nv12"](torch.zeros((b, h * 3 // 2, w), dtype=torch.uint8, device=dev), images)
+        else:
+            lane.state["letterbox"](torch.zeros((b, h, w, 3), dtype=torch.uint8, device=dev), images)
         channels = m.layout.channels(m.num_classes)
         shape = (b, channels, m.anchors) if m.layout.anchors_last else (b, m.anchors, channels)
         dets = torch.empty((b, self.postprocess.max_det, 6), dtype=torch.float32, device=dev)
@@ -188,10 +221,14 @@ class DetectionWorkload:
             import torch
 
             dev, pinned = slot.device, slot.pinned
-            slot["frames"] = dev.host_buffer((b, h, w, 3), torch.uint8, pinned=pinned)
-            slot["direct"] = [None] * b
-            slot["frames_dev"] = dev.empty((b, h, w, 3), torch.uint8)
-            slot["frames_dev"].zero_()
+            if self.frame_format == "nv12":  # no BGR staging: pictures are gathered straight into place
+                slot["nv12_dev"] = dev.empty((b, h * 3 // 2, w), torch.uint8)
+                slot["nv12_dev"].zero_()
+            else:
+                slot["frames"] = dev.host_buffer((b, h, w, 3), torch.uint8, pinned=pinned)
+                slot["direct"] = [None] * b
+                slot["frames_dev"] = dev.empty((b, h, w, 3), torch.uint8)
+                slot["frames_dev"].zero_()
             slot["images"] = dev.empty((b, 3, ih, iw), getattr(torch, str(self.model.input_dtype)))
             slot["dets"] = dev.empty((b, m, 6), torch.float32)
             slot["counts"] = dev.empty((b,), torch.int32)
@@ -230,6 +267,20 @@ class DetectionWorkload:
             # source buffer stays valid while this asynchronous copy reads it.
             src = slot["frames"][b] if image is None else image
             slot["frames_dev"][b].copy_(src, non_blocking=True)
+
+    def gather_nv12(self, slot: Slot, item: int, stream: Stream) -> None:
+        import torch
+
+        dst = slot["nv12_dev"]
+        for b, frame in enumerate(slot.input):
+            picture = frame.image
+            if isinstance(picture, np.ndarray):  # a CPU decoder's NV12: host -> device (pinned: asynchronous)
+                picture = torch.from_numpy(picture)
+            # NVDEC pictures are complete when handed over (the decoder thread synchronised its stream).
+            dst[b].copy_(picture, non_blocking=True)
+
+    def pre_nv12(self, slot: Slot, item: int, stream: Stream) -> None:
+        slot.lane.state["letterbox_nv12"](slot["nv12_dev"], slot["images"])
 
     def pre_cuda(self, slot: Slot, item: int, stream: Stream) -> None:
         slot.lane.state["letterbox"](slot["frames_dev"], slot["images"])

@@ -44,7 +44,15 @@ __all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning"}
+_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads"}
+
+
+def _threads_option(config: BuildConfig) -> int:
+    """CPU plans' intra-op threads; 0 means the load-aware default decided when a context is created."""
+    value = config.backend_options.get("threads", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"torch_inductor option threads must be an integer >= 0 (0 = automatic), got {value!r}")
+    return value
 
 
 def warn_slow_cpu_precision(kind: str, precision: str) -> None:
@@ -69,14 +77,10 @@ def _example_size(lo: int, opt: int, hi: int) -> int:
 
 
 def _export_max(lo: int, hi: int) -> int:
-    """The upper bound handed to torch.export for a dynamic range ``lo..hi``.
-
-    torch.export reasons about a symbolic size as >= 2 (0 and 1 are specialisations), so a
-    range like 1..2 leaves the symbol only the value 2 and tracing "infers a static shape of 2".
-    Such ranges are exported up to 3: the kernels are valid for every size up to that bound, and
-    the plan's profile (checked before every call) still admits only ``lo..hi``.
-    """
-    return 3 if hi <= 2 else hi
+    # A range 1..2 traced at 2 is inferred static ("tracing inferred a static shape of 2"): torch
+    # reasons about sizes as >= 2, which leaves one value. Export 1..3; the profile still
+    # refuses 3 at run time.
+    return 3 if lo <= 1 and hi == 2 else hi
 
 
 _SPECIALIZED = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\].*?specialized it to be a constant \((\d+)\)", re.S)
@@ -141,15 +145,20 @@ def export_profiles(
         raise BuildError(f"torch.export failed: {type(exc).__name__}: {message}", hint=hint) from exc
 
 
-def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str]) -> dict[str, Any]:
+def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
     opts = config.backend_options
     autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
-    return {
+    configs = {
         "max_autotune": autotune,
         "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
         "freezing": bool(opts.get("freezing", False)),
         "aot_inductor.metadata": dict(metadata),
     }
+    if kind == "cpu":
+        # C++ kernels read the team size at run time (the engine's thread policy), instead of
+        # baking in the build machine's thread count.
+        configs["cpp.dynamic_threads"] = True
+    return configs
 
 
 
@@ -256,9 +265,10 @@ class TorchInductorBackend(Backend):
         The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
         Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
         """
+        threads = _threads_option(config)  # checked before the long compile
         set_tf32(config.precision.value == "tf32")
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
-        inductor_configs = _inductor_configs(config, meta)
+        inductor_configs = _inductor_configs(config, meta, kind)
         packages = []
         with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for i, profile in enumerate(profiles):
@@ -270,7 +280,9 @@ class TorchInductorBackend(Backend):
         settings = {
             "device": kind,
             "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
-            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", False)),
+            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
+            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
+            "threads": threads,
             "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
         }
         return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)

@@ -18,7 +18,7 @@ from .common import input_or, tensor, unsupported
 from .registry import Node, OpSpec, RunContext
 from .values import Value, is_float_dtype
 
-__all__ = ["CONVERTERS", "pool_geometry", "run_conv"]
+__all__ = ["CONVERTERS", "ceil_extension", "pool_geometry", "run_conv"]
 
 Inputs = Sequence["Value | None"]
 Outputs = list["Value | None"]
@@ -154,6 +154,10 @@ def _conv_transpose(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
     return [y]
 
 
+def _min(a: Any, b: Any) -> Any:
+    return min(a, b) if _is_int(a) and _is_int(b) else torch.sym_min(a, b)
+
+
 def pool_geometry(
     sizes: Sequence[Any],
     kernel: Sequence[int],
@@ -162,17 +166,66 @@ def pool_geometry(
     pads: Sequence[Any],
     ceil_mode: bool,
 ) -> list[Any]:
-    """Output sizes of a pooling window sweep (torch's and ONNX's ceil_mode rule)."""
+    """Output sizes of a pooling window sweep (torch's and ONNX's ceil_mode rule).
+
+    Written without Python branches on sizes, so a symbolic size gives an expression instead of
+    a guard that would bake the example size's choice into an exported program.
+    """
     n = len(kernel)
     out = []
     for i in range(n):
         span = sizes[i] + pads[i] + pads[i + n] - ((kernel[i] - 1) * dilations[i] + 1)
-        o = (span + strides[i] - 1) // strides[i] + 1 if ceil_mode else span // strides[i] + 1
-        # A window must start inside the input or the begin padding.
-        if ceil_mode and (o - 1) * strides[i] >= sizes[i] + pads[i]:
-            o = o - 1
+        if not ceil_mode:
+            out.append(span // strides[i] + 1)
+            continue
+        o = (span + strides[i] - 1) // strides[i] + 1
+        if not _last_window_always_starts_inside(kernel[i], strides[i], dilations[i], pads[i + n]):
+            # A window must start inside the input or the begin padding:
+            # (o - 1) * stride < size + begin  <=>  o <= (size + begin - 1) // stride + 1.
+            o = _min(o, (sizes[i] + pads[i] - 1) // strides[i] + 1)
         out.append(o)
     return out
+
+
+def _last_window_always_starts_inside(kernel: int, stride: int, dilation: int, end_pad: Any) -> bool:
+    """Whether ONNX's "last window starts inside" rule can never cut a ceil-mode window.
+
+    The last ceil-mode window starts before ``span + stride`` = ``size + begin + end - kernel +
+    stride``; when ``end + stride <= kernel`` that is inside ``size + begin`` for every size.
+    """
+    return _is_int(end_pad) and end_pad + stride <= (kernel - 1) * dilation + 1
+
+
+def ceil_extension(
+    sizes: Sequence[Any],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    pads: Sequence[Any],
+) -> list[Any]:
+    """Extra end padding after which floor-mode pooling gives the ceil-mode output size.
+
+    This is how ceil-mode pooling is lowered: explicit padding plus floor-mode pooling. Torch's
+    own ``ceil_mode`` chooses the output size with a branch that AOTInductor decides once, at the
+    example size: a dynamic plan then gave floor-mode sizes at odd inputs (13x13 -> 6x6 instead
+    of 7x7). In the usual case (``end_pad + stride <= kernel``) the extension is
+    ``(-span) mod stride``, a plain expression of the size.
+    """
+    n = len(kernel)
+    extra: list[Any] = []
+    out = pool_geometry(sizes, kernel, strides, dilations, pads, ceil_mode=True)
+    for i in range(n):
+        effective = (kernel[i] - 1) * dilations[i] + 1
+        span = sizes[i] + pads[i] + pads[i + n] - effective
+        if _last_window_always_starts_inside(kernel[i], strides[i], dilations[i], pads[i + n]):
+            extra.append(strides[i] - 1 - (span + strides[i] - 1) % strides[i])
+        else:
+            extra.append(_max0((out[i] - 1) * strides[i] + effective - (sizes[i] + pads[i] + pads[i + n])))
+    return extra
+
+
+def _is_zero(values: Sequence[Any]) -> bool:
+    return all(_is_int(v) and v == 0 for v in values)
 
 
 def _windows(
@@ -182,9 +235,7 @@ def _windows(
     n = len(kernel)
     strides, dilations, pads = _geometry(node, x, kernel)
     sizes = list(x.shape[2:])
-    out = pool_geometry(sizes, kernel, strides, dilations, pads, ceil_mode)
-    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(out, strides, kernel, dilations, strict=True)]
-    extra = [_max0(need - (sz + pads[i] + pads[i + n])) for i, (need, sz) in enumerate(zip(needed, sizes, strict=True))]
+    extra = ceil_extension(sizes, kernel, strides, dilations, pads) if ceil_mode else [0] * n
     ends = [pads[i + n] + extra[i] for i in range(n)]
     padded = F.pad(x, _torch_pad(list(pads[:n]) + ends), value=fill)
     # 1 = real input, 2 = explicit padding, 0 = ceil-mode extension.
@@ -202,27 +253,59 @@ def _windows(
     return padded, mark
 
 
+def _ceil_pads(
+    x: torch.Tensor, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int], pads: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """``[begins.., ends..]`` pads with the ceil-mode extension added to the ends, and the extension."""
+    n = len(kernel)
+    extra = ceil_extension(list(x.shape[2:]), kernel, strides, dilations, pads)
+    return [*pads[:n], *(pads[i + n] + extra[i] for i in range(n))], extra
+
+
 def _max_pool(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
     x = tensor(inputs[0], ctx)
     kernel = [int(k) for k in node.attr("kernel_shape")]
     n = len(kernel)
     ceil_mode = bool(node.attr("ceil_mode", 0))
     strides, dilations, pads = _geometry(node, x, kernel)
-    same = _symmetric(pads)
     want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
-    native = (
-        same is not None and all(p <= k // 2 for p, k in zip(same, kernel, strict=True)) and is_float_dtype(x.dtype)
-    )
-    if native and same is not None:
+    storage_order = int(node.attr("storage_order", 0))
+    if not is_float_dtype(x.dtype):
+        if want_indices:
+            raise unsupported(node, "the Indices output needs a floating-point input")
+        low = torch.iinfo(x.dtype).min
+        windows, _ = _windows(x, node, kernel, low, ceil_mode)
+        return [windows.amax(dim=tuple(range(-n, 0)))]
+    if ceil_mode:
+        # Explicit -inf padding then floor mode: see ceil_extension for why.
+        pads, _ = _ceil_pads(x, kernel, strides, dilations, pads)
+    same = _symmetric(pads)
+    if same is not None and all(p <= k // 2 for p, k in zip(same, kernel, strict=True)):
         if not want_indices:
-            return [_MAX_POOL[n](x, kernel, strides, same, dilations, ceil_mode)]
-        y, idx = _MAX_POOL[n](x, kernel, strides, same, dilations, ceil_mode, return_indices=True)
-        return [y, _global_indices(x, idx, int(node.attr("storage_order", 0)))]
-    if want_indices:
-        raise unsupported(node, "the Indices output needs symmetric pads of at most half the kernel")
-    low = torch.finfo(x.dtype).min if is_float_dtype(x.dtype) else torch.iinfo(x.dtype).min
-    windows, _ = _windows(x, node, kernel, float("-inf") if is_float_dtype(x.dtype) else low, ceil_mode)
-    return [windows.amax(dim=tuple(range(-n, 0)))]
+            return [_MAX_POOL[n](x, kernel, strides, same, dilations)]
+        y, idx = _MAX_POOL[n](x, kernel, strides, same, dilations, return_indices=True)
+        return [y, _global_indices(x, idx, storage_order)]
+    padded = F.pad(x, _torch_pad(pads), value=float("-inf"))
+    if not want_indices:
+        return [_MAX_POOL[n](padded, kernel, strides, 0, dilations)]
+    y, idx = _MAX_POOL[n](padded, kernel, strides, 0, dilations, return_indices=True)
+    idx = _unpad_indices(idx, list(padded.shape[2:]), list(pads[:n]), list(x.shape[2:]))
+    return [y, _global_indices(x, idx, storage_order)]
+
+
+def _unpad_indices(
+    idx: torch.Tensor, padded_sizes: Sequence[Any], begins: Sequence[Any], sizes: Sequence[Any]
+) -> torch.Tensor:
+    """Per-plane indices into a padded plane -> per-plane indices into the unpadded plane."""
+    coords = []
+    rest = idx
+    for size in reversed(padded_sizes):
+        coords.append(rest % size)
+        rest = rest // size
+    out = torch.zeros_like(idx)
+    for coord, begin, size in zip(coords[::-1], begins, sizes, strict=True):
+        out = out * size + (coord - begin)
+    return out
 
 
 def _global_indices(x: torch.Tensor, idx: torch.Tensor, storage_order: int) -> torch.Tensor:
@@ -256,17 +339,40 @@ def _avg_pool(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:
     ceil_mode = bool(node.attr("ceil_mode", 0))
     include_pad = bool(node.attr("count_include_pad", 0))
     strides, dilations, pads = _geometry(node, x, kernel)
+    if all(d == 1 for d in dilations) and ceil_mode:
+        return [_ceil_avg_pool(x, kernel, strides, pads, include_pad)]
     same = _symmetric(pads)
     if (
         same is not None
         and all(d == 1 for d in dilations)
         and all(p <= k // 2 for p, k in zip(same, kernel, strict=True))
     ):
-        return [_AVG_POOL[n](x, kernel, strides, same, ceil_mode, include_pad)]
+        return [_AVG_POOL[n](x, kernel, strides, same, False, include_pad)]
     windows, mark = _windows(x, node, kernel, 0.0, ceil_mode)
     dims = tuple(range(-n, 0))
     counted = (mark == 1) | (mark == 2) if include_pad else mark == 1
     return [windows.sum(dim=dims) / counted.sum(dim=dims).to(x.dtype)]
+
+
+def _ceil_avg_pool(
+    x: torch.Tensor, kernel: Sequence[int], strides: Sequence[int], pads: Sequence[Any], include_pad: bool
+) -> torch.Tensor:
+    """Ceil-mode average pooling as zero padding + floor-mode pooling, divided by the window counts.
+
+    ONNX (and ONNX Runtime, and torch) count explicit padding when ``count_include_pad`` is set
+    but never the ceil-mode extension past it, so the divisor comes from pooling a mask that
+    is 1 on the input (and on explicit pads when counted) and 0 on the extension.
+    """
+    n = len(kernel)
+    full, extra = _ceil_pads(x, kernel, strides, [1] * n, pads)
+    pool = _AVG_POOL[n]
+    if _is_zero(extra) and (include_pad or _is_zero(pads)):
+        return pool(F.pad(x, _torch_pad(full)), kernel, strides, 0, False, True)
+    sums = pool(F.pad(x, _torch_pad(full)), kernel, strides, 0, False, True)
+    mask = torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device)
+    mask = F.pad(mask, _torch_pad(list(pads)), value=1.0 if include_pad else 0.0)
+    mask = F.pad(mask, _torch_pad([0] * n + list(extra)), value=0.0)
+    return sums / pool(mask, kernel, strides, 0, False, True)
 
 
 def _lp_pool(node: Node, inputs: Inputs, ctx: RunContext) -> Outputs:

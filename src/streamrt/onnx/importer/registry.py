@@ -101,7 +101,7 @@ class OpSpec:
 
 
 _OP_FAMILIES = ("ops_activation", "ops_elementwise", "ops_index", "ops_nn", "ops_norm", "ops_quant", "ops_reduce",
-                "ops_resize", "ops_shape", "ops_tensor")
+                "ops_resize", "ops_rnn", "ops_shape", "ops_tensor")
 
 
 @functools.cache

@@ -1,0 +1,384 @@
+"""GPU video check: decode included. NVDEC alone, camera-paced streams decoded by NVDEC, GPU vs CPU
+decode vs raw frames on one detector, and streams vs the synchronous loop with fair baselines.
+
+One call on the GPU machine, under ``--budget`` seconds (default 450: parts that would not fit are
+skipped and say so). Clips come from ``scripts/make_video_clips.py`` (run on the CPU machine,
+carried over); PyNvVideoCodec from its wheel. Writes ``OUT/gpu_video_check.md`` and ``.json``
+with date, commit (``$STREAMRT_COMMIT``), device and command.
+
+1. NVDEC alone: N sessions (clips cycled, looped), one thread each, frames/s for N in ``--decoders``.
+2. Decode-included camera-paced sweep: N cameras at 30 FPS, each an NVDEC session, through the
+   pipeline (streams + CUDA graphs, NV12 fused pre-processing); sustained = no drop and p99 < 100 ms;
+   binding resource: NVDEC (decoder utilisation >= 90%, or frames/s within 10% of part 1's bound)
+   else the pipeline trace's busiest resource.
+3. GPU decode vs CPU decode vs raw frames: same detector, same clips, same stream count, free-running.
+4. Fair baselines: benchmarks/detection.py part 1 (sync and pipelines, with and without graphs on both sides).
+5. Hybrid decode at the first stream count NVDEC alone did not sustain: streams spill to CPU decoders.
+6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, NV12 kernel in test_gpu_ops.py).
+
+Usage::
+
+    python scripts/make_video_clips.py build/video-clips                  # CPU machine
+    pip install .whl/pynvvideocodec-*.whl                                 # GPU machine
+    python scripts/gpu_video_check.py OUT --clips build/video-clips
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from streamrt.pipeline.config import PipelineConfig, Topology
+from streamrt.video import ArraySource, DetectConfig, Prefetch, VideoFileSource, run_detection
+from streamrt.video.decode_nvdec import NvdecPool, measure_nvdec, nvdec_available
+from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
+from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
+
+ROOT = Path(__file__).resolve().parents[1]
+FPS = 30.0
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.perf_counter() + seconds
+
+    @property
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+class DecoderLoad:
+    """Mean NVDEC utilisation over a run, from NVML when nvidia-ml-py is installed (None otherwise)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        except Exception:
+            self._nvml = None
+
+    def __enter__(self) -> DecoderLoad:
+        if self._nvml is not None:
+            threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append(float(self._nvml.nvmlDeviceGetDecoderUtilization(self._handle)[0]))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        return float(np.mean(self.samples)) / 100 if self.samples else None
+
+
+def _lat(report: RunReport, key: str) -> str:
+    return f"{report.latency_ms.get(key, float('nan')):.1f}"
+
+
+def _check_pictures(clip: Path, count: int = 30) -> str:
+    """NVDEC's first pictures against the CPU decoder's (PyAV exact, or OpenCV back to NV12)."""
+    from streamrt.video.decoding import open_nv12
+
+    ref = open_nv12(clip)
+    with NvdecPool([clip], workers=1) as pool:
+        (source,) = pool.sources()
+        diffs = [float(np.abs(source.read().cpu().numpy().astype(int) - ref.read().astype(int)).mean())
+                 for _ in range(count)]
+    ref.close()
+    return (f"- NVDEC pictures vs the CPU decoder's ({type(ref).__name__}), first {count} frames of {clip.name}: "
+            f"mean |difference| {max(diffs):.3f} levels at worst (0: bit-exact; ~1: OpenCV's BGR round trip).")
+
+
+def part_nvdec(clips: list[Path], decoders: list[int], state: dict[str, Any]) -> list[str]:
+    lines = [_check_pictures(clips[0]), "",
+             "| sessions | frames/s (aggregate) | frames/s per session | 1080p30 streams |", "|---:|---:|---:|---:|"]
+    best = 0.0
+    for n in decoders:
+        r = measure_nvdec(clips, n, seconds=3.0)
+        best = max(best, r["fps"])
+        lines.append(f"| {n} | {r['fps']:.0f} | {r['fps_per_decoder']:.0f} | {r['fps'] / FPS:.0f} |")
+        state.setdefault("nvdec", []).append(r)
+    state["nvdec_bound_fps"] = best
+    lines += ["", f"- NVDEC bound on these clips: **{best:.0f} frames/s = {best / FPS:.0f} streams at 30 FPS** "
+                  "(steady state, set-up excluded)."]
+    return lines
+
+
+def _detector(state: dict[str, Any]) -> DetectorModel:
+    if "detector" not in state:
+        started = time.perf_counter()
+        state["detector"] = open_detector(bundled_model(), labels=bundled_labels(), max_batch=128)
+        state["detector_s"] = time.perf_counter() - started
+    detector: DetectorModel = state["detector"]
+    return detector
+
+
+def _paced(detector: DetectorModel, sources: list[Any], seconds: float) -> tuple[RunReport, float | None]:
+    calls = -(-len(sources) // detector.max_batch)
+    batch = -(-len(sources) // calls)
+    config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
+                                                  cuda_graphs=True),
+                          batch=batch, paced=True, fps=FPS, max_frames=int(seconds * FPS) + 15, warmup_frames=15)
+    with DecoderLoad() as load:
+        report = run_detection(detector, sources, config)
+    return report, load.mean
+
+
+def _binding(report: RunReport, nvdec_util: float | None, bound: float | None) -> str:
+    near_bound = bound is not None and report.fps >= 0.9 * bound
+    if (nvdec_util is not None and nvdec_util >= 0.9) or near_bound:
+        return f"NVDEC ({100 * nvdec_util:.0f}% busy)" if nvdec_util is not None else "NVDEC (at its bound)"
+    neck = report.bottleneck
+    return f"{neck[0]} ({100 * neck[1]:.0f}%)" if neck else "-"
+
+
+def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: int, state: dict[str, Any],
+               budget: Budget) -> list[str]:
+    detector = _detector(state)
+    bound = state.get("nvdec_bound_fps")
+    lines = [f"Detector built in {state['detector_s']:.0f} s ({detector.backend}, batch <= {detector.max_batch}).", "",
+             "| streams | batch | offered FPS | achieved FPS | dropped | p50 ms | p99 ms | sustained | NVDEC busy | "
+             "binding resource |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    failures = 0
+    for n in counts:
+        if budget.left < seconds + 40:
+            lines.append(f"| {n} | | | | | | | skipped: time budget | | |")
+            continue
+        with NvdecPool([clips[i % len(clips)] for i in range(n)], workers=workers, depth=4, loop=True) as pool:
+            report, util = _paced(detector, list(pool.sources()), seconds)
+        state.setdefault("sweep", []).append({**report.to_dict(), "nvdec_util": util})
+        busy = f"{100 * util:.0f}%" if util is not None else "n/a"
+        lines.append(f"| {n} | {report.batch} | {n * FPS:.0f} | {report.fps:.1f} | {report.dropped} | "
+                     f"{_lat(report, 'p50')} | {_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | "
+                     f"{busy} | {_binding(report, util, bound)} |")
+        print(lines[-1], flush=True)
+        failures = 0 if report.sustained else failures + 1
+        if failures >= 2:
+            break
+    sustained = [r for r in state.get("sweep", []) if r["sustained"]]
+    lines.append("")
+    if sustained:
+        top = max(sustained, key=lambda r: r["sources"])
+        lines.append(f"- **{top['sources']} concurrent 1080p30 H.264 streams sustained with NVDEC decode included** "
+                     f"(no drop, p99 {top['latency_ms']['p99']:.1f} ms < {LATENCY_BUDGET_MS:g} ms); target >= 150: "
+                     f"{'met' if top['sources'] >= 150 else 'NOT met'}.")
+        if bound:
+            lines.append(f"- vs the NVDEC bound alone ({bound / FPS:.0f} streams): {top['sources'] * FPS / bound:.0%} "
+                         "(goal: within 10%).")
+    return lines
+
+
+def _cpu_sources(clips: list[Path], n: int) -> tuple[list[Any], str]:
+    try:
+        import av  # noqa: F401
+
+        from streamrt.video.decode_av import AvSource
+
+        return [Prefetch(AvSource(clips[i % len(clips)], threads=1, output="nv12"), depth=4) for i in range(n)], \
+            "PyAV NV12, 1 thread per stream"
+    except ImportError:
+        return [Prefetch(VideoFileSource(clips[i % len(clips)]), depth=4) for i in range(n)], \
+            "OpenCV (FFmpeg) BGR, 1 thread per stream"
+
+
+def _raw_sources(clips: list[Path], n: int, frames: int) -> list[Any]:
+    decoded = []
+    for clip in clips:
+        src = VideoFileSource(clip)
+        decoded.append([torch.from_numpy(src.read()).pin_memory().numpy() for _ in range(64)])
+        src.close()
+    return [ArraySource(decoded[i % len(decoded)], loop=True, length=frames, name=f"raw{i}") for i in range(n)]
+
+
+def part_paths(clips: list[Path], n: int, frames: int, state: dict[str, Any]) -> list[str]:
+    detector = _detector(state)
+    config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
+                                                  cuda_graphs=True), batch=min(n, detector.max_batch),
+                          max_frames=frames, warmup_frames=10)
+    lines = [f"{n} streams of the same clips, free-running ({frames} frames each), same detector, streams + graphs:",
+             "",
+             "| path | frames/s | = 30 FPS streams | p50 ms | p99 ms | busiest resource (trace) |",
+             "|---|---:|---:|---:|---:|---|"]
+    runs: list[tuple[str, Callable[[], list[Any]], Callable[[], object]]] = []
+    pool: dict[str, NvdecPool] = {}
+    opened: list[Any] = []
+
+    def cpu() -> list[Any]:
+        opened.extend(_cpu_sources(clips, n)[0])
+        return opened
+
+    def gpu() -> list[Any]:
+        pool["p"] = NvdecPool([clips[i % len(clips)] for i in range(n)], workers=8, depth=4, loop=True)
+        return list(pool["p"].sources())
+
+    runs.append(("GPU decode (NVDEC, NV12 on the device)", gpu, lambda: pool["p"].close()))
+    runs.append((f"CPU decode ({_cpu_sources(clips, 0)[1]})", cpu, lambda: [s.close() for s in opened]))
+    runs.append(("raw frames (pre-decoded, pinned host memory)", lambda: _raw_sources(clips, n, frames + 10),
+                 lambda: None))
+    for label, make, close in runs:
+        try:
+            report = run_detection(detector, make(), config)
+        finally:
+            close()
+        neck = f"{report.bottleneck[0]} ({100 * report.bottleneck[1]:.0f}%)" if report.bottleneck else "-"
+        lines.append(f"| {label} | {report.fps:.1f} | {report.fps / FPS:.0f} | {_lat(report, 'p50')} | "
+                     f"{_lat(report, 'p99')} | {neck} |")
+        state.setdefault("paths", []).append({"path": label, **report.to_dict()})
+        print(lines[-1], flush=True)
+    return lines
+
+
+def part_fair(state: dict[str, Any], out: Path) -> list[str]:
+    spec_path = ROOT / "scripts" / "gpu_detection_check.py"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_detection_check", spec_path)
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_detection_check"] = check
+    spec.loader.exec_module(check)
+    bench = check._load_benchmark()
+    detector = _detector(state)
+    frames = bench.load_frames(1920, 1080, 32, seed=1)
+    args = SimpleNamespace(workers="2", items=300, warmup=50, rounds=2)
+    defaults = dict(bench.DEFAULTS["cuda"], trace_items=60)
+    lines, rows = bench.throughput({"default": detector, "lane": detector}, frames, args, defaults, out / "fair")
+    state["fair"] = rows
+    return lines
+
+
+def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any]) -> list[str]:
+    from streamrt.video.hybrid import HybridDecode, measure_cpu_decode
+
+    detector = _detector(state)
+    sweep = state.get("sweep", [])
+    failed = [r["sources"] for r in sweep if not r["sustained"]]
+    n = min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50)
+    cpu_rate = measure_cpu_decode(clips[0], seconds=2.0)
+    cores = len(os.sched_getaffinity(0))
+    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": cpu_rate * cores}
+    with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True, nvdec_workers=8,
+                      interval_s=1.0) as hybrid:
+        planned = dict(hybrid.summary()["assignment"])
+        report, util = _paced(detector, list(hybrid.sources()), seconds)
+        report.decode = hybrid.summary()
+    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned}
+    pools = report.decode["pools"]
+    return [f"{n} camera-paced streams at 30 FPS (the first NVDEC-only point not sustained, or beyond the sweep), "
+            f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s (part 1), CPU "
+            f"{cpu_rate:.0f} frames/s per decoder x {cores} cores.", "",
+            "| streams | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | dropped | p99 ms | "
+            "sustained | binding |", "|---:|---|---|---:|---:|---:|---:|---|---|",
+            f"| {n} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
+            f"{report.decode['assignment']['cpu']} | {report.decode['moves']} | {report.fps:.1f} | {report.dropped} | "
+            f"{_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
+            f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
+            f"trace: {report.bottleneck[0] if report.bottleneck else '-'} |"]
+
+
+def part_tests(budget: Budget, clips_folder: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/video/test_nvdec.py",
+           "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30, budget.left - 10),
+                              env={**os.environ, "STREAMRT_VIDEO_CLIPS": str(clips_folder)})
+        tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
+        return [f"`{' '.join(cmd[2:])}` exit {done.returncode}", "", "```", *tail, "```"]
+    except subprocess.TimeoutExpired:
+        return ["tests stopped at the time budget"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--clips", type=Path, default=ROOT / "build" / "video-clips")
+    parser.add_argument("--decoders", default="1,2,4,8,14")
+    parser.add_argument("--streams", default="50,100,150,200")
+    parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per sweep point")
+    parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
+    parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
+    parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
+    parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
+    args = parser.parse_args()
+    budget = Budget(args.budget)
+    if not torch.cuda.is_available() or not nvdec_available():
+        print("needs a CUDA GPU and PyNvVideoCodec (pip install the pynvvideocodec wheel)", file=sys.stderr)
+        return 2
+    clips = sorted(args.clips.glob("*.mp4"))
+    if not clips:
+        print(f"no clips in {args.clips}: run scripts/make_video_clips.py on the CPU machine", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    from streamrt.profiling.provenance import git_commit
+
+    env = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "commit": os.environ.get("STREAMRT_COMMIT") or git_commit(),
+           "device": f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {torch.version.cuda}), "
+                     f"{os.cpu_count()} cores",
+           "command": " ".join(["python", *sys.argv]), "python": platform.python_version(),
+           "clips": ", ".join(f"{c.name} ({c.stat().st_size / 1e6:.1f} MB)" for c in clips)}
+    state: dict[str, Any] = {}
+    ints = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    parts: dict[str, tuple[str, float, Callable[[], list[str]]]] = {
+        "1": ("1. NVDEC alone", 30, lambda: part_nvdec(clips, ints(args.decoders), state)),
+        "2": ("2. Decode-included camera-paced streams at 30 FPS (NVDEC -> fused NV12 pre -> engine -> NMS)", 120,
+              lambda: part_sweep(clips, ints(args.streams), args.duration, args.workers, state, budget)),
+        "3": ("3. GPU decode vs CPU decode vs raw frames (same detector, same clips)", 60,
+              lambda: part_paths(clips, args.path_streams, 150, state)),
+        "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
+              lambda: part_fair(state, args.out)),
+        "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
+              lambda: part_hybrid(clips, args.duration, state)),
+        "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips)),
+    }
+    sections = []
+    for key in ints(args.parts):
+        title, needs, fn = parts[str(key)]
+        print(f"\n== {title}", flush=True)
+        started = time.perf_counter()
+        if budget.left < needs:
+            lines = [f"skipped: {budget.left:.0f} s left of the budget, the part needs ~{needs:.0f} s"]
+        else:
+            try:
+                lines = fn()
+            except Exception as exc:
+                lines = ["```", traceback.format_exc(), "```"]
+                state.setdefault("failed", []).append(f"{title}: {type(exc).__name__}: {exc}")
+        lines.append(f"\n({time.perf_counter() - started:.0f} s)")
+        print("\n".join(lines), flush=True)
+        sections.append("\n".join([f"## {title}", "", *lines, ""]))
+        (args.out / "gpu_video_check.md").write_text(
+            "\n".join(["# GPU video check (decode included)", "", *(f"- {k}: {v}" for k, v in env.items()), "",
+                       *sections]) + "\n")
+        saved = {k: v for k, v in state.items() if k != "detector"}  # after every part: a kill keeps what was done
+        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
+                                                                  default=str) + "\n")
+    print(f"\nwrote {args.out}/gpu_video_check.md")
+    return 1 if state.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""GPU decoding with NVDEC through PyNvVideoCodec: compressed video in, NV12 device tensors out.
+
+Only compressed bytes cross PCIe: PyNvVideoCodec's demuxer (FFmpeg) reads packets on the host,
+an NVDEC session decodes them into device memory, and each picture reaches torch through
+DLPack. :class:`NvdecPool` runs the sessions: one per stream (a session decodes one bitstream),
+driven by ``workers`` host threads that each own a CUDA stream; the driver spreads the sessions
+over the GPU's decode engines (7 NVDEC on an H200). Every stream has a bounded queue of decoded
+pictures, so decoding runs ahead of the pipeline by at most ``depth`` frames and a pipeline that
+outruns the decoders waits for them: decode cost is part of every measurement.
+
+Pictures are copied out of the decoder's surface pool into a tensor of their own (device to
+device; the decoder reuses its surfaces) and the worker synchronises its stream before handing
+the picture over, so the pipeline may read it on any stream. The detection workload takes them
+with ``frame_format = "nv12"`` and converts + letterboxes in one kernel
+(:class:`streamrt.ops.letterbox_torch.TorchNv12Letterbox`); nothing visits the host.
+
+PyNvVideoCodec imports only where a GPU and its driver are; the import stays inside this module
+and a missing one is a :class:`~streamrt.errors.MissingDependencyError` naming ``pynvvideocodec``.
+API used (PyNvVideoCodec 2.x): ``CreateDemuxer(filename=)``, ``demuxer.GetNvCodecId()``,
+``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=, usedevicememory=True)``,
+``decoder.Decode(packet)`` -> frames, ``torch.from_dlpack(frame)`` -> (H * 3 / 2, W) uint8.
+
+Example:
+    >>> pool = NvdecPool(["a.mp4", "b.mp4"], workers=2, loop=True)      # doctest: +SKIP
+    >>> sources = pool.sources()                                         # doctest: +SKIP
+    >>> picture = sources[0].read(); picture.shape, picture.device       # doctest: +SKIP
+    (torch.Size([1620, 1920]), device(type='cuda', index=0))
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamrt._optional import require
+from streamrt.errors import ConfigError
+from streamrt.video.sources import SourceError, SourceInfo
+
+__all__ = ["NvdecPool", "NvdecSource", "measure_nvdec", "nvdec_available"]
+
+log = logging.getLogger(__name__)
+
+
+def nvdec_available() -> bool:
+    """PyNvVideoCodec is installed and a CUDA device exists (the import itself needs the driver)."""
+    if importlib.util.find_spec("PyNvVideoCodec") is None:
+        return False
+    from streamrt.device import cuda_available
+
+    return cuda_available()
+
+
+def _nvc() -> Any:
+    return require("PyNvVideoCodec", extra="nvdec", purpose="GPU video decoding (pip install pynvvideocodec)")
+
+
+class _Session:
+    """One bitstream on one NVDEC decoder: packets in, NV12 pictures (device tensors) out."""
+
+    def __init__(self, path: Path, gpu: int, stream: Any, loop: bool) -> None:
+        self.path, self.gpu, self.stream, self.loop = path, gpu, stream, loop
+        self._open()
+        self.fps = _call(self._demuxer, "FrameRate") or 30.0
+        self.decoded = 0
+        self._frames = self._decode()
+
+    def _open(self) -> None:
+        nvc = _nvc()
+        self._demuxer = nvc.CreateDemuxer(filename=str(self.path))
+        codec = self._demuxer.GetNvCodecId()
+        try:  # decode on our stream, so the copy out of the surface pool is ordered after it
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0,
+                                              cudastream=self.stream.cuda_stream, usedevicememory=True)
+        except Exception as exc:  # a build that refuses foreign streams: the legacy default stream
+            import torch
+
+            log.warning("NVDEC on a torch stream failed (%s); using the default stream", exc)
+            self.stream = torch.cuda.default_stream(self.gpu)
+            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=0,
+                                              usedevicememory=True)
+
+    def _decode(self) -> Iterator[Any]:
+        while True:
+            produced = False
+            for packet in self._demuxer:
+                for frame in self._decoder.Decode(packet):
+                    produced = True
+                    yield frame
+            if not (self.loop and produced):
+                return
+            self._open()  # from the start again, on a fresh session (the old one has seen its end)
+
+    def next(self) -> Any:
+        """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end."""
+        import torch
+
+        frame = next(self._frames, None)
+        if frame is None:
+            return None
+        with torch.cuda.stream(self.stream):
+            picture = torch.from_dlpack(frame).clone()  # out of the decoder's surface pool
+        self.decoded += 1
+        return picture
+
+
+def _call(obj: Any, name: str) -> Any:
+    fn = getattr(obj, name, None)
+    try:
+        return fn() if callable(fn) else None
+    except Exception:  # an accessor this PyNvVideoCodec version lacks or refuses
+        return None
+
+
+@dataclass
+class _Lane:
+    """A stream's queue between its decoding worker and the pipeline."""
+
+    session: _Session
+    depth: int
+    queue: collections.deque[tuple[Any, float]] = field(default_factory=collections.deque)
+    finished: bool = False
+    error: BaseException | None = None
+
+
+class NvdecSource:
+    """One stream of an :class:`NvdecPool`, as a frame source delivering NV12 device tensors.
+
+    ``frame_format`` is ``"nv12"``: :func:`~streamrt.video.runner.run_detection` builds the NV12
+    stages for it. ``read()`` blocks until the worker has decoded the next picture.
+    """
+
+    frame_format = "nv12"
+
+    def __init__(self, pool: NvdecPool, index: int, info: SourceInfo) -> None:
+        self._pool, self._index, self._info = pool, index, info
+        self.last_time = 0.0
+        self._read = 0
+
+    @property
+    def info(self) -> SourceInfo:
+        return self._info
+
+    def read(self) -> Any:
+        item = self._pool._take(self._index)
+        if item is None:
+            return None
+        picture, _ = item
+        self.last_time = self._read / self._info.fps
+        self._read += 1
+        return picture
+
+    def skip(self, count: int) -> int:
+        skipped = 0
+        while skipped < count and self._pool._take(self._index) is not None:
+            skipped += 1
+            self._read += 1
+        return skipped
+
+    def close(self) -> None:
+        pass  # the pool owns the sessions
+
+
+class NvdecPool:
+    """NVDEC sessions for a set of video files, driven by ``workers`` threads (see the module docstring).
+
+    Args:
+        paths: one video file per stream (H.264, H.265, AV1; MP4/MKV/AVI/TS).
+        workers: host threads feeding the sessions (each with its own CUDA stream).
+        depth: decoded pictures queued per stream ahead of the pipeline.
+        loop: start a file over at its end (benchmarks: streams as long as needed).
+        gpu: the device ordinal.
+
+    Raises:
+        MissingDependencyError: PyNvVideoCodec is not installed.
+        SourceError: a file is missing or NVDEC cannot decode it.
+    """
+
+    def __init__(self, paths: Sequence[str | Path], *, workers: int = 4, depth: int = 4, loop: bool = False,
+                 gpu: int = 0) -> None:
+        import torch
+
+        if workers < 1 or depth < 1:
+            raise ConfigError(f"NVDEC pool needs workers >= 1 and depth >= 1, got {workers}, {depth}")
+        _nvc()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._gpu, self._depth, self._loop, self._workers = gpu, depth, loop, workers
+        self._streams = [torch.cuda.Stream(device=gpu) for _ in range(workers)]
+        self._lanes: list[_Lane] = []
+        self._infos: list[SourceInfo] = []
+        for path in paths:
+            self.add(path)
+        self._threads = [threading.Thread(target=self._work, args=(w,), name=f"nvdec:{w}", daemon=True)
+                         for w in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def add(self, path: str | Path, *, skip: int = 0) -> NvdecSource:
+        """Open one more stream (a new session), its first ``skip`` frames decoded and dropped."""
+        path = Path(path)
+        if not path.is_file():
+            raise SourceError(f"video file not found: {path}")
+        index = len(self._lanes)
+        stream = self._streams[index % self._workers]
+        try:
+            session = _Session(path, self._gpu, stream, self._loop)
+            for _ in range(skip):
+                session.next()
+            first = session.next()
+        except Exception as exc:
+            raise SourceError(f"NVDEC cannot decode {path}: {type(exc).__name__}: {exc}",
+                              hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)") from None
+        if first is None:
+            raise SourceError(f"video {path} has no decodable frames (corrupt or truncated)")
+        session.stream.synchronize()
+        lane = _Lane(session, self._depth)
+        lane.queue.append((first, time.perf_counter()))
+        rows, width = first.shape
+        info = SourceInfo(path.name, int(width), int(rows) * 2 // 3, float(session.fps), None)
+        with self._cond:
+            self._lanes.append(lane)
+            self._infos.append(info)
+            self._cond.notify_all()
+        return NvdecSource(self, index, info)
+
+    def remove(self, index: int) -> None:
+        """Stop decoding stream ``index`` and free its session (its source then ends)."""
+        with self._cond:
+            lane = self._lanes[index]
+            lane.finished = True
+            lane.queue.clear()
+            self._cond.notify_all()
+
+    def sources(self) -> list[NvdecSource]:
+        """One frame source per path, in order."""
+        return [NvdecSource(self, i, info) for i, info in enumerate(self._infos)]
+
+    @property
+    def decoded(self) -> int:
+        """Pictures decoded so far, all streams."""
+        return sum(lane.session.decoded for lane in self._lanes)
+
+    def _work(self, worker: int) -> None:
+        def todo() -> list[_Lane]:
+            mine = self._lanes[worker::self._workers]
+            return [lane for lane in mine if not lane.finished and len(lane.queue) < lane.depth]
+
+        while not self._stop.is_set():
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop.is_set() or bool(todo()))
+                lanes = todo()
+            for lane in lanes:
+                try:
+                    picture = lane.session.next()
+                    if picture is not None:
+                        lane.session.stream.synchronize()  # complete before any other stream reads it
+                except BaseException as exc:  # handed to the reader
+                    picture, lane.error = None, exc
+                with self._cond:
+                    if lane.finished:  # removed meanwhile
+                        continue
+                    if picture is None:
+                        lane.finished = True
+                    else:
+                        lane.queue.append((picture, time.perf_counter()))
+                    self._cond.notify_all()
+
+    def _take(self, index: int) -> tuple[Any, float] | None:
+        lane = self._lanes[index]
+        with self._cond:
+            self._cond.wait_for(lambda: bool(lane.queue) or lane.finished or self._stop.is_set())
+            if lane.queue:
+                item = lane.queue.popleft()
+                self._cond.notify_all()
+                return item
+        if lane.error is not None:
+            raise SourceError(f"NVDEC failed on {lane.session.path}: {type(lane.error).__name__}: {lane.error}")
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        for lane in self._lanes:
+            lane.queue.clear()
+            lane.finished = True
+
+    def __enter__(self) -> NvdecPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def measure_nvdec(paths: Sequence[str | Path], decoders: int, seconds: float = 5.0, gpu: int = 0) -> dict[str, float]:
+    """NVDEC alone: ``decoders`` sessions (paths cycled, files looped), one thread each, decoding as fast
+    as they can for ``seconds`` after a warm-up; returns frames/s in aggregate and per session."""
+    import torch
+
+    pool = NvdecPool([paths[i % len(paths)] for i in range(decoders)], workers=decoders, depth=8, loop=True,
+                     gpu=gpu)
+    sources = pool.sources()
+    stop = threading.Event()
+    counts = [0] * decoders
+
+    def drain(i: int) -> None:
+        while not stop.is_set() and sources[i].read() is not None:
+            counts[i] += 1
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(decoders)]
+    for t in threads:
+        t.start()
+    time.sleep(min(1.0, seconds / 4))  # warm-up: sessions at full speed
+    start_counts, started = sum(counts), time.perf_counter()
+    time.sleep(seconds)
+    done, wall = sum(counts) - start_counts, time.perf_counter() - started
+    stop.set()
+    for t in threads:  # each returns after its next picture (the workers still run)
+        t.join(timeout=10)
+    pool.close()
+    torch.cuda.synchronize(gpu)
+    return {"decoders": decoders, "fps": done / wall, "fps_per_decoder": done / wall / decoders}

@@ -1,0 +1,191 @@
+"""Build-time shape verification (streamrt.verify): corners, refusals with a suggested constraint, the record.
+
+Real engines throughout: ONNX Runtime plans of models that disagree with the reference, and one
+torch_inductor CPU plan of a stride-4 network with a skip connection that, built without a
+multiple-of constraint, returns 68x68 maps for a 66x66 input that differ between two identical
+calls (issue 11, item 5: the same failure as a text detector's 352x352 map at 336x336).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import streamrt
+from streamrt.cli.main import main
+from streamrt.config import BuildConfig
+from streamrt.device.threads import usable_cores
+from streamrt.errors import BuildError
+from streamrt.onnx.model import load_model
+from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
+from streamrt.verify import corner_shapes, verify_engine, wants_verification
+
+FREE = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128))
+ON_GRID = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128), (1, 1, 4, 4))
+
+
+def _stride4_skip(path: Path, seed: int = 0) -> Path:
+    """conv s2 -> relu -> conv s2 -> 1x1 conv -> Resize x4 -> Add(input): runs only at multiples of 4."""
+    rng = np.random.default_rng(seed)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    inits = [
+        w("w1", 4, 3, 3, 3),
+        w("w2", 4, 4, 3, 3),
+        w("w3", 3, 4, 1, 1),
+        numpy_helper.from_array(np.array([1, 1, 4, 4], np.float32), "scales"),
+        numpy_helper.from_array(np.array([], np.float32), "roi"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["ar", "w2"], ["b"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["b", "w3"], ["c"]),
+        helper.make_node("Resize", ["c", "roi", "scales"], ["u"], mode="nearest"),
+        helper.make_node("Add", ["u", "x"], ["y"], name="skip_add"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "h", "w"])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def _pool(path: Path, ceil_mode: int) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, None, None])
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=ceil_mode)
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def _ort_engine(model: Path, rng: ShapeRange, tmp: Path) -> Any:
+    config = BuildConfig(profiles=(ShapeProfile({"x": rng}),))
+    return streamrt.load(streamrt.build(model, config, tmp / f"{model.stem}.plan", cache=False).path)
+
+
+def test_corners_are_min_opt_max_and_an_odd_size_on_the_grid() -> None:
+    corners = dict(corner_shapes(ShapeProfile({"x": FREE})))
+    assert corners["min"]["x"] == (1, 3, 32, 32) and corners["max"]["x"] == (1, 3, 128, 128)
+    assert all(d % 2 == 1 for d in corners["odd"]["x"][2:])
+    on_grid = dict(corner_shapes(ShapeProfile({"x": ON_GRID})))["odd"]["x"]
+    assert all(d % 4 == 0 and (d // 4) % 2 == 1 for d in on_grid[2:])
+    fixed = corner_shapes(ShapeProfile({"x": ShapeRange.fixed((1, 3, 8, 8))}))
+    assert [label for label, _ in fixed] == ["min"]
+
+
+def test_default_is_on_for_every_backend_but_onnxruntime() -> None:
+    assert wants_verification(BuildConfig(backend="torch_inductor"))
+    assert not wants_verification(BuildConfig(backend="torch_inductor", verify_shapes=False))
+    assert not wants_verification(BuildConfig())
+    assert wants_verification(BuildConfig(verify_shapes=True))
+
+
+def test_reference_failure_refuses_the_build_and_suggests_the_multiple(tmp_path: Path) -> None:
+    model = _stride4_skip(tmp_path / "skip.onnx")
+    config = BuildConfig(profiles=(ShapeProfile({"x": FREE}),), verify_shapes=True)
+    with pytest.raises(BuildError, match=r"the reference fails at x=1x3x\d+x\d+ \(profile 0, odd\)") as info:
+        streamrt.build(model, config, tmp_path / "skip.plan", cache=False)
+    assert "running Add node. Name:'skip_add'" in str(info.value)  # ONNX Runtime names the node
+    assert "it passes with --shape-multiple x:1x1x4x4" in str(info.value)
+    assert "--no-verify-shapes" in str(info.value)
+    assert not (tmp_path / "skip.plan").exists()
+    lines: list[str] = []
+    good = config.replace(profiles=(ShapeProfile({"x": ON_GRID}),))
+    result = streamrt.build(model, good, tmp_path / "skip.plan", cache=False, progress=lines.append)
+    record = result.manifest.extra["shape_verification"]
+    assert [c["label"] for c in record["checks"]] == ["min", "opt", "max", "odd"]
+    assert any(line.startswith("verified 4 shapes in") for line in lines)
+
+
+def test_a_plan_with_wrong_shapes_at_odd_sizes_is_caught(tmp_path: Path) -> None:
+    reference = load_model(_pool(tmp_path / "ceil.onnx", ceil_mode=1))
+    floor_engine = _ort_engine(_pool(tmp_path / "floor.onnx", ceil_mode=0), FREE, tmp_path)
+    checks = list(verify_engine(reference, floor_engine, floor_engine.profiles))
+    assert [c.problem is None for c in checks] == [True, True, True, False]
+    expected = "output 'y' has shape 1x3x39x39 at x=1x3x79x79 (profile 0, odd), the reference gives 1x3x40x40"
+    assert expected in str(checks[-1].problem)
+
+
+def test_a_plan_with_wrong_values_is_caught(tmp_path: Path) -> None:
+    reference = load_model(_stride4_skip(tmp_path / "a.onnx", seed=0))
+    other = _ort_engine(_stride4_skip(tmp_path / "b.onnx", seed=1), ON_GRID, tmp_path)
+    (check,) = verify_engine(reference, other, other.profiles)
+    assert check.label == "min" and "output 'y' differs from the reference" in str(check.problem)
+    assert "relative L2 error" in str(check.problem)
+
+
+class _NoisyContext:
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = inputs["x"]
+        return {"y": x + np.random.default_rng().standard_normal(x.shape).astype(np.float32) * 1e-3}
+
+    def close(self) -> None:
+        pass
+
+
+class _NoisyEngine:
+    """An engine whose two identical calls differ (as a plan reading memory it does not own)."""
+
+    inputs = (TensorSpec("x", DType.FLOAT32, (1, 3, -1, -1)),)
+    device = "cpu"
+
+    def create_context(self) -> _NoisyContext:
+        return _NoisyContext()
+
+
+def test_two_calls_that_disagree_are_caught(tmp_path: Path) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "h", "w"])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "id.onnx")
+    (check,) = verify_engine(load_model(tmp_path / "id.onnx"), _NoisyEngine(), (ShapeProfile({"x": FREE}),))
+    assert "two identical calls give different 'y'" in str(check.problem)
+
+
+def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _stride4_skip(tmp_path / "skip.onnx")
+    base = ["build", str(model), "-o", str(tmp_path / "p.plan"), "--no-cache"]
+    base += ["--min-shapes", "x:1x3x32x32", "--opt-shapes", "x:1x3x64x64", "--max-shapes", "x:1x3x128x128"]
+    assert main([*base, "--verify-shapes"]) == 2
+    err = capsys.readouterr().err
+    assert "shape verification failed" in err and "--shape-multiple x:1x1x4x4" in err
+    assert main(base) == 0  # onnxruntime plans are the reference: not verified by default
+    capsys.readouterr()
+    assert main([*base, "--backend", "torch_inductor", "--no-verify-shapes", "--option", "device=nope"]) == 2
+    assert "device must be auto, cuda or cpu" in capsys.readouterr().err
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_torch_inductor_plan_reading_out_of_bounds_is_caught(tmp_path: Path) -> None:
+    model = _stride4_skip(tmp_path / "skip.onnx")
+    config = BuildConfig(
+        backend="torch_inductor",
+        profiles=(ShapeProfile({"x": FREE}),),
+        backend_options={"device": "cpu"},
+        verify_shapes=False,
+    )
+    engine = streamrt.load(streamrt.build(model, config, tmp_path / "skip.plan", cache=False).path)
+    # Launch overhead and thread policy defaults (issue 11, items 6 and 7) recorded in the plan:
+    settings = engine.manifest.build_settings["backend"]
+    assert settings["threads"] == 0 and settings["cuda_graphs"] is True
+    assert engine.create_context(threads=1).threads == 1
+    assert 1 <= engine.create_context().threads <= max(1, usable_cores() - 1)
+    checks = list(verify_engine(load_model(model), engine, engine.profiles))
+    problem = str(checks[-1].problem)
+    assert checks[-1].label == "odd", problem
+    assert "the reference fails" in problem and "Add node" in problem
+    assert "it passes with --shape-multiple x:1x1x4x4" in problem
+    assert all(c.problem is None for c in verify_engine(load_model(model), engine, (ShapeProfile({"x": ON_GRID}),)))

@@ -1,0 +1,73 @@
+"""The GPU scripts load their benchmark modules on the CPU exactly as they do on the GPU machine.
+
+``scripts/gpu_detection_check.py --parts 3`` once failed before measuring anything: it executed
+``benchmarks/detection.py`` without registering it in ``sys.modules``, and ``dataclass`` looks a
+class's module up there. These tests import the scripts and call their loaders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str) -> Any:
+    module_name = f"_test_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_detection_check_loads_the_benchmark_with_its_dataclasses() -> None:
+    check = _script("gpu_detection_check")
+    bench = check._load_benchmark()
+    assert sys.modules["detection_bench"] is bench
+    assert dataclasses.is_dataclass(bench.Case)
+    names = [case.name for case in bench.cases(False, [2])]
+    assert names[0] == "(a) sync" and "(b) streams" in names
+    assert check._load_benchmark() is bench  # loaded once
+
+
+def test_load_script_unregisters_a_module_that_fails(tmp_path: Path) -> None:
+    check = _script("gpu_detection_check")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(RuntimeError, match="boom"):
+        check.load_script(broken, "_broken_bench")
+    assert "_broken_bench" not in sys.modules
+
+
+def test_benchmark_measures_the_sync_loop_with_graphs_too() -> None:
+    bench = _script("gpu_detection_check")._load_benchmark()
+    table = bench.cases(True, [2])
+    names = [c.name for c in table]
+    assert "(a) sync graphs" in names and "(b) streams graphs" in names
+    assert all(c.pipeline.cuda_graphs == c.name.endswith("graphs") for c in table)
+    median = {i: 100.0 for i in range(len(table))}
+    median[names.index("(a) sync graphs")] = 200.0
+    median[names.index("(b) streams")] = 250.0
+    median[names.index("(b) streams graphs")] = 500.0
+    (line,) = bench.fair_baselines(table, median)
+    assert "streams alone (no graphs on either side, best (b) streams) **2.50x**" in line
+    assert "(b) streams graphs vs (a) sync graphs) **2.50x**" in line
+    assert "graphs alone (sync graphs vs sync) 2.00x" in line
+
+
+def test_video_check_loads_and_refuses_to_run_without_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = _script("gpu_video_check")
+    monkeypatch.setattr(sys, "argv", ["gpu_video_check.py", str(tmp_path / "out")])
+    if not check.torch.cuda.is_available():
+        assert check.main() == 2
+    assert check._binding.__name__ == "_binding"
