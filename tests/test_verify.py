@@ -189,3 +189,19 @@ def test_torch_inductor_plan_reading_out_of_bounds_is_caught(tmp_path: Path) -> 
     assert "the reference fails" in problem and "Add node" in problem
     assert "it passes with --shape-multiple x:1x1x4x4" in problem
     assert all(c.problem is None for c in verify_engine(load_model(model), engine, (ShapeProfile({"x": ON_GRID}),)))
+
+
+def test_a_precision_that_loses_every_shape_says_so(tmp_path: Path) -> None:
+    """Outputs below fp16's range (seen on the H200 with random-weight MobileNetV3/EfficientNet, |y| ~ 1e-10):
+    every corner differs by value, so the hint names the precision, not the profile."""
+    scale = numpy_helper.from_array(np.full((1,), 1e-10, np.float32), "scale")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "tiny", [x], [y], [scale])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    config = BuildConfig(precision="fp16", verify_shapes=True,
+                         profiles=(ShapeProfile({"x": ShapeRange((1, 4), (2, 4), (8, 4))}),))
+    with pytest.raises(BuildError, match="every verified shape differs, so fp16 itself loses this model"):
+        streamrt.build(path, config, tmp_path / "tiny.plan", cache=False)
+    assert not (tmp_path / "tiny.plan").exists()

@@ -324,11 +324,18 @@ def verify_build(
     failed = [c for c in checks if c.problem is not None]
     if failed:
         problem = str(failed[0].problem)
-        hint = (
-            "rebuild with that constraint (min/opt/max on its grid)"
-            if "it passes with --shape-multiple" in problem
-            else "narrow the profile to sizes the model supports, or add --shape-multiple NAME:1x1xNxN"
-        )
+        values_only = all("differs from the reference" in str(c.problem) for c in failed)
+        if "it passes with --shape-multiple" in problem:
+            hint = "rebuild with that constraint (min/opt/max on its grid)"
+        elif values_only and len(failed) == len(checks) and manifest.precision not in ("fp32", "tf32"):
+            # Every shape is wrong by value, none by shape: the precision, not the profile, is at fault.
+            hint = (
+                f"every verified shape differs, so {manifest.precision} itself loses this model (see the accuracy "
+                "line above: values out of the type's range); build at --precision fp32, or keep the affected "
+                "ops in fp32 with --fp32-ops"
+            )
+        else:
+            hint = "narrow the profile to sizes the model supports, or add --shape-multiple NAME:1x1xNxN"
         raise BuildError(f"shape verification failed: {problem}", hint=f"{hint}; --no-verify-shapes skips this check")
     worst = max((v for c in checks for v in c.rel_l2.values()), default=0.0)
     progress(f"verified {len(checks)} shapes in {seconds:.1f} s (worst relative L2 error {worst:.1e})")
