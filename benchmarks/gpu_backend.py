@@ -113,7 +113,7 @@ def model_rows(
             cfg,
             input_names=["images"],
             output_names=["out"],
-        )
+        ).path
         build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         streamrt.load(plans[precision])

@@ -10,6 +10,7 @@ import streamrt
 from helpers import catalogue_file
 from streamrt.backends import get_backend
 from streamrt.config import BuildConfig
+from streamrt.errors import OutOfMemoryError
 from streamrt.plan import read_plan
 
 
@@ -55,7 +56,7 @@ def test_failed_build_leaves_no_files(tmp_path: Path, monkeypatch: pytest.Monkey
         raise MemoryError("simulated out of memory during build")
 
     monkeypatch.setattr(backend, "build", out_of_memory)
-    with pytest.raises(MemoryError):
+    with pytest.raises(OutOfMemoryError):  # issue 20 item 4: one typed error, not a bare MemoryError
         streamrt.build(src, BuildConfig(), tmp_path / "out" / "m.plan", cache_dir=tmp_path / "c")
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "matmul.onnx"]
     assert leftovers == []

@@ -112,3 +112,42 @@ def test_mismatch_names_field_values_and_rebuild_command() -> None:
     text = str(info.value)
     assert "onnxruntime version='0.9'" in text and "'1.0'" in text
     assert "streamrt build m.onnx -o m.plan" in text
+
+
+def test_plan_file_mode_follows_the_umask(tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = write_plan(tmp_path / "m.plan", _manifest(), b"p")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_bad_magic_names_the_first_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "g.plan"
+    path.write_bytes(b"garbage\n")
+    with pytest.raises(PlanFormatError, match=r"not a StreamRT plan: it starts with b'garbage\\n'"):
+        read_plan(path)
+
+
+def test_unknown_format_version_hint_is_the_rebuild_command(tmp_path: Path) -> None:
+    path = write_plan(tmp_path / "m.plan", _manifest(), b"p")
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 8, FORMAT_VERSION + 1)
+    path.write_bytes(bytes(data))
+    for reader in (read_plan, read_manifest):
+        with pytest.raises(PlanFormatError) as info:
+            reader(path)
+        assert f"rebuild it: streamrt build m.onnx -o {path}" in str(info.value)
+
+
+def test_rebuild_command_names_the_loaded_file_and_the_original() -> None:
+    from streamrt.plan import rebuild_command
+
+    recorded = "streamrt build /src/m.onnx -o /build/m.plan --backend onnxruntime"
+    assert rebuild_command(recorded, "/build/m.plan") == recorded
+    moved = rebuild_command(recorded, "/deploy/copy.plan")
+    assert moved.startswith("streamrt build /src/m.onnx -o /deploy/copy.plan --backend onnxruntime")
+    assert "built from /src/m.onnx as /build/m.plan" in moved

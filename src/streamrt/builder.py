@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt._version import __version__
-from streamrt.backends import get_backend
+from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.config import BuildConfig, default_cache_dir
-from streamrt.errors import ConfigError, PlanError
+from streamrt.errors import ConfigError, PlanError, StreamRTError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
@@ -111,6 +112,20 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
     return shlex.join(args)
 
 
+def backends_running(op_type: str, domain: str, *, exclude: str = "") -> tuple[str, ...]:
+    """The installed backends (other than ``exclude``) that say they can run ``op_type`` of ``domain``."""
+    names = []
+    for name in available_backends():
+        if name == exclude:
+            continue
+        try:
+            if get_backend(name).runs_operator(op_type, domain):
+                names.append(name)
+        except StreamRTError:
+            continue
+    return tuple(names)
+
+
 def make_manifest(
     backend_name: str,
     target: dict[str, Any],
@@ -165,9 +180,26 @@ def build(
         cache: reuse an identical earlier build and store this one.
         cache_dir: defaults to ``$STREAMRT_CACHE`` or ``~/.cache/streamrt``.
         progress: receives one line per long step (default: logged at INFO).
+
+    Raises:
+        OutOfMemoryError: host or device memory ran out; no plan is written.
     """
-    started = time.perf_counter()
     config = config or BuildConfig()
+    name = model.name if isinstance(model, OnnxModel) else Path(model).name
+    with out_of_memory_guard(f"building {name} with {config.backend}", BUILD_HINT):
+        return _build(model, config, output, cache=cache, cache_dir=cache_dir, progress=progress)
+
+
+def _build(
+    model: str | Path | OnnxModel,
+    config: BuildConfig,
+    output: str | Path | None,
+    *,
+    cache: bool,
+    cache_dir: str | Path | None,
+    progress: Progress | None,
+) -> BuildResult:
+    started = time.perf_counter()
     report = progress or _log_progress
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = model if isinstance(model, OnnxModel) else load_model(model)
@@ -202,7 +234,12 @@ def build(
         precision = PrecisionStep(source, config, profiles, backend, cache_root, report)
         transformed = precision.transform()
     report(f"building with {backend.name} {backend.version()}")
-    built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
+    try:
+        built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
+    except UnsupportedOperatorError as exc:
+        if exc.alternatives is not None:
+            raise
+        raise exc.with_alternatives(backends_running(exc.op_type, exc.domain, exclude=backend.name)) from exc
     manifest = make_manifest(
         backend.name,
         target,

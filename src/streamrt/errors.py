@@ -2,7 +2,8 @@
 
 Every error StreamRT raises on purpose derives from :class:`StreamRTError`, carries the
 offending value in its message and, where there is one, a hint that says how to fix it.
-The CLI prints ``str(error)`` on one line and exits with status 2.
+The CLI prints ``str(error)`` on one line and exits with status 2. ``docs/errors.md`` has one row per
+class: its message shape, exit status and what a failure leaves on disk.
 
 Hierarchy::
 
@@ -19,7 +20,9 @@ Hierarchy::
     │   └── AccuracyError           the low-precision plan misses --accuracy-threshold
     ├── PlanError                   a plan file cannot be used
     │   ├── PlanFormatError         truncated, tampered, not a plan, unknown format version
-    │   └── PlanMismatchError       built for another backend version, device or library
+    │   ├── PlanMismatchError       built for another backend version, device or library
+    │   └── PlanRequirementsError   this machine lacks the plan's backend library or its device
+    │                               (also a MissingDependencyError)
     ├── InputError                  bad inference inputs
     │   ├── UnknownInputError       a name the engine does not have
     │   ├── MissingInputError       an input the engine needs was not given
@@ -28,6 +31,7 @@ Hierarchy::
     │   └── (video.sources.SourceError  a video/image source cannot be opened or decoded)
     ├── InferenceError              the backend failed while running
     │   └── OutputMismatchError     an output's batch rows, dtype or shape disagree with the model's config
+    ├── OutOfMemoryError            host or device memory ran out (build, load or inference)
     ├── PipelineError               the stream/pipeline layer failed
     │   ├── StageError              a stage raised for one item (the item's result carries it)
     │   ├── StageTimeoutError       a stage did not finish in time
@@ -63,6 +67,7 @@ __all__ = [
     "ModelError",
     "ModelNotFoundError",
     "ModelNotReadyError",
+    "OutOfMemoryError",
     "OutputMismatchError",
     "PayloadTooLargeError",
     "PipelineClosedError",
@@ -70,6 +75,7 @@ __all__ = [
     "PlanError",
     "PlanFormatError",
     "PlanMismatchError",
+    "PlanRequirementsError",
     "ProfileError",
     "QueueFullError",
     "RequestError",
@@ -142,18 +148,43 @@ class InvalidModelError(ModelError):
 
 
 class UnsupportedOperatorError(ModelError):
-    """A node uses an operator the chosen backend cannot run."""
+    """A node uses an operator the chosen backend cannot run.
 
-    def __init__(self, node: str, op_type: str, opset: int, backend: str, *, detail: str = "") -> None:
+    The message names the node, its op type, its domain when it is not the default ONNX domain,
+    and, once :func:`streamrt.build` has asked the other backends (``alternatives``), which of
+    them could run it.
+    """
+
+    def __init__(self, node: str, op_type: str, opset: int, backend: str, *, detail: str = "",
+                 domain: str = "", alternatives: tuple[str, ...] | None = None) -> None:
         extra = f": {detail}" if detail else ""
+        where = f" from domain '{domain}'" if domain not in ("", "ai.onnx") else ""
+        if alternatives is None:
+            others, hint = "", "pick another backend with --backend, or re-export the model without this operator"
+        elif alternatives:
+            others = f"; backends that can run it: {', '.join(alternatives)}"
+            hint = f"rebuild with --backend {alternatives[0]}"
+        else:
+            others = "; no StreamRT backend installed here can run it"
+            hint = ("re-export the model without this operator, or register an implementation with the backend "
+                    "(an ONNX Runtime custom-op library, a TensorRT plugin)")
         super().__init__(
-            f"node '{node}' uses operator {op_type} (opset {opset}) which backend '{backend}' "
-            f"cannot run{extra}",
-            hint="pick another backend with --backend, or re-export the model without this operator",
+            f"node '{node}' uses operator {op_type}{where} (opset {opset}) which backend '{backend}' "
+            f"cannot run{extra}{others}",
+            hint=hint,
         )
         self.node = node
         self.op_type = op_type
         self.opset = opset
+        self.backend = backend
+        self.detail = detail
+        self.domain = domain
+        self.alternatives = alternatives
+
+    def with_alternatives(self, alternatives: tuple[str, ...]) -> UnsupportedOperatorError:
+        """The same error, naming the backends that could run the operator."""
+        return UnsupportedOperatorError(self.node, self.op_type, self.opset, self.backend, detail=self.detail,
+                                        domain=self.domain, alternatives=alternatives)
 
 
 class CalibrationError(StreamRTError):
@@ -190,6 +221,19 @@ class PlanMismatchError(PlanError):
         self.rebuild_command = rebuild_command
 
 
+class PlanRequirementsError(PlanError, MissingDependencyError):
+    """A plan needs a library or a device this machine lacks (TensorRT, a CUDA GPU).
+
+    The message says what is missing here and what the plan needs (backend and versions, GPU,
+    compute capability); the hint says where it runs and how to rebuild for this machine.
+    """
+
+    def __init__(self, message: str, *, package: str, extra: str, hint: str) -> None:
+        StreamRTError.__init__(self, message, hint=hint)
+        self.package = package
+        self.extra = extra
+
+
 class InputError(StreamRTError, ValueError):
     """Inference inputs do not match the engine."""
 
@@ -221,6 +265,21 @@ class OutputMismatchError(InferenceError):
     first dimension is not the batch's total rows (it would hand one request another's data), or
     whose dtype or trailing shape differs from the model config.
     """
+
+
+class OutOfMemoryError(StreamRTError):
+    """Host or device memory ran out while building, loading or running.
+
+    The message names what was being allocated, on which memory, and how much when the library
+    said; the hint says what to try. See :func:`streamrt._oom.out_of_memory_guard`.
+    """
+
+    def __init__(self, what: str, *, memory: str, requested: str | None, hint: str) -> None:
+        amount = f" (tried to allocate {requested})" if requested else ""
+        super().__init__(f"out of {memory} memory while {what}{amount}", hint=hint)
+        self.what = what
+        self.memory = memory
+        self.requested = requested
 
 
 class PipelineError(StreamRTError):

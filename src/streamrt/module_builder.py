@@ -10,17 +10,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt.backends.base import Progress
 from streamrt.backends.torch_inductor.builder import TorchInductorBackend
 from streamrt.backends.torch_inductor.cache import inductor_cache
 from streamrt.backends.torch_inductor.target import device_kind, device_target
-from streamrt.builder import make_manifest
+from streamrt.builder import BuildResult, make_manifest
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError
 from streamrt.onnx.profiles import resolve_profiles
@@ -68,8 +70,11 @@ def build_module(
     output_names: Sequence[str] | None = None,
     progress: Progress | None = None,
     cache_dir: str | Path | None = None,
-) -> Path:
+) -> BuildResult:
     """Build a torch_inductor plan straight from a PyTorch module, for users who start in PyTorch.
+
+    Returns the same :class:`~streamrt.builder.BuildResult` as :func:`streamrt.build` (module builds
+    are never cached: ``cached`` is False).
 
     Shapes come from ``config.profiles`` (by input name) or, when there are none, are static at
     the example inputs' shapes. fp16/bf16 cast the module's weights (inputs and outputs stay
@@ -79,6 +84,7 @@ def build_module(
         >>> build_module(net, [torch.randn(8, 3, 224, 224)], "net.plan",
         ...              BuildConfig(backend="torch_inductor", precision="fp16"))      # doctest: +SKIP
     """
+    started = time.perf_counter()
     config = config or BuildConfig(backend="torch_inductor")
     if config.backend != "torch_inductor":
         config = config.replace(backend="torch_inductor")
@@ -124,7 +130,8 @@ def build_module(
     outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
     dtypes = [t.dtype for t in example_inputs]
     backend = TorchInductorBackend()
-    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()):
+    with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()), \
+            out_of_memory_guard(f"building {type(module).__qualname__} with torch_inductor", BUILD_HINT):
         built = backend.build_from_module(net, names, dtypes, config, profiles, report, kind)
     out_path = Path(output)
     manifest = make_manifest(
@@ -141,4 +148,4 @@ def build_module(
     )
     write_plan(out_path, manifest, built.payload)
     report(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.2f} MiB)")
-    return out_path
+    return BuildResult(out_path, manifest, False, time.perf_counter() - started)

@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import struct
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -45,8 +46,10 @@ __all__ = [
     "atomic_write",
     "check_field",
     "is_plan_file",
+    "new_file_mode",
     "read_manifest",
     "read_plan",
+    "rebuild_command",
     "write_plan",
 ]
 
@@ -156,6 +159,8 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
     tmp = Path(tmp_name)
     try:
+        # mkstemp creates 0600; the final file gets the mode any other new file would get.
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -164,6 +169,24 @@ def atomic_write(path: str | Path) -> Iterator[IO[bytes]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0o666 less the process umask."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _encode(manifest: PlanManifest, payload: bytes) -> list[bytes]:
@@ -183,27 +206,72 @@ def write_plan(path: str | Path, manifest: PlanManifest, payload: bytes) -> Path
     return Path(path)
 
 
+#: File names read as plans even when the magic is wrong, so that a damaged ``model.plan`` is
+#: reported as a bad plan (with its first bytes), not as "not an ONNX model".
+PLAN_SUFFIXES = (".plan", ".engine")
+
+
 def is_plan_file(path: str | Path) -> bool:
-    """True when the file starts with the plan magic (cheap: reads 8 bytes)."""
+    """True when the file starts with the plan magic, or is an existing file named ``*.plan``/``*.engine``.
+
+    Cheap: reads 8 bytes. Callers then read it with :func:`read_plan`, which names what is wrong.
+    """
     try:
         with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
+            return f.read(len(MAGIC)) == MAGIC or Path(path).suffix.lower() in PLAN_SUFFIXES
     except OSError:
         return False
 
 
-def _parse_header(data: bytes, name: str) -> tuple[int, int]:
+def _parse_header(data: bytes, name: str, rest: IO[bytes] | None = None) -> tuple[int, int]:
     if len(data) < _HEADER.size or data[: len(MAGIC)] != MAGIC:
         raise PlanFormatError(
-            f"{name} is not a StreamRT plan (bad magic)", hint="build one with 'streamrt build'"
+            f"{name} is not a StreamRT plan: it starts with {data[: len(MAGIC)]!r}, a plan starts with {MAGIC!r}",
+            hint="build one with 'streamrt build MODEL.onnx -o PLAN'",
         )
     _, version, meta_len = _HEADER.unpack_from(data)
     if version != FORMAT_VERSION:
+        command = _recorded_command(data[_HEADER.size : _HEADER.size + meta_len] if rest is None
+                                    else rest.read(meta_len))
+        rebuild = f"rebuild it: {rebuild_command(command, name)}" if command else (
+            "rebuild it from its model with 'streamrt build MODEL.onnx -o PLAN'")
         raise PlanFormatError(
             f"{name} has plan format version {version}, this StreamRT reads version {FORMAT_VERSION}",
-            hint="rebuild the plan with this StreamRT version",
+            hint=rebuild,
         )
     return version, meta_len
+
+
+def _recorded_command(meta: bytes) -> str | None:
+    """The build command of a manifest this version cannot parse in full (best effort, for the hint)."""
+    try:
+        command = json.loads(meta).get("build_command")
+    except (ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) and command else None
+
+
+def rebuild_command(recorded: str, plan_path: str | Path | None) -> str:
+    """The recorded build command, writing to ``plan_path`` (the file being loaded).
+
+    A plan copied or renamed after its build still records the original ``-o`` path; the command
+    then writes the loaded file and says where the plan was first built.
+    """
+    if plan_path is None:
+        return recorded
+    try:
+        args = shlex.split(recorded)
+    except ValueError:
+        return recorded
+    if "-o" not in args or args.index("-o") + 1 >= len(args):
+        return recorded
+    at = args.index("-o") + 1
+    original, loaded = args[at], str(plan_path)
+    if Path(original).resolve() == Path(loaded).resolve():
+        return recorded
+    args[at] = loaded
+    source = args[2] if len(args) > 2 else "?"
+    return f"{shlex.join(args)} ({loaded} was built from {source} as {original})"
 
 
 def read_plan(path: str | Path) -> Plan:
@@ -241,7 +309,7 @@ def read_manifest(path: str | Path) -> PlanManifest:
     p = Path(path)
     with open(p, "rb") as f:
         head = f.read(_HEADER.size)
-        _, meta_len = _parse_header(head, str(p))
+        _, meta_len = _parse_header(head, str(p), f)
         meta = f.read(meta_len)
     if len(meta) != meta_len:
         raise PlanFormatError(f"{p} is truncated inside the manifest")

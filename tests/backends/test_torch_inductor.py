@@ -14,6 +14,7 @@ import pytest
 
 import streamrt
 from helpers import catalogue_file
+from streamrt.builder import BuildResult
 from streamrt.config import BuildConfig
 from streamrt.errors import PlanMismatchError, ShapeError
 from streamrt.plan import read_plan, write_plan
@@ -79,7 +80,7 @@ def test_build_from_pytorch_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
     profile = ShapeProfile({"features": ShapeRange((1, 12), (4, 12), (32, 12))})
-    path = build_module(
+    result = build_module(
         net,
         [torch.randn(4, 12)],
         tmp_path / "net.plan",
@@ -88,6 +89,9 @@ def test_build_from_pytorch_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         output_names=["scores"],
         cache_dir=tmp_path / "cache",
     )
+    # The same result type as streamrt.build (issue 20 item 9: it was a bare Path).
+    assert isinstance(result, BuildResult) and not result.cached and result.manifest.backend == "torch_inductor"
+    path = result.path
     # Inductor compiled into the cache the caller named, and the process environment is as before.
     assert any((tmp_path / "cache" / "inductor").iterdir()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     engine = streamrt.load(path)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from streamrt._oom import INFER_HINT, as_out_of_memory
 from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
 from streamrt.onnx.profiles import check_shapes
 from streamrt.plan import Plan, PlanManifest, check_field
@@ -124,6 +125,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def load(self, plan: Plan) -> Engine:
         """Turn a verified, compatible plan into an engine."""
+
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        """Whether this backend can run ``op_type`` of ``domain``; None when it cannot tell without trying.
+
+        Asked after another backend refused a node, to name the backends that could run it.
+        """
+        return None
 
     def describe_payload(self, payload: bytes) -> dict[str, Any]:
         """Extra facts for ``streamrt inspect`` read from a payload without loading it (e.g. ops)."""
@@ -259,9 +267,22 @@ class ExecutionContext(abc.ABC):
             check_inputs: check names, dtypes and ranks (:meth:`Engine.validate`). Turn it off only
                 when the caller has checked them already: a wrong input then fails inside the backend
                 or, worse, runs. The profile is picked by shape either way (:meth:`Engine.select_profile`).
+
+        Raises:
+            OutOfMemoryError: host or device memory ran out while running.
         """
         profile = self.engine.validate(inputs) if check_inputs else self.engine.select_profile(inputs)
-        return self._infer_impl(inputs, profile, stream)
+        try:
+            return self._infer_impl(inputs, profile, stream)
+        except Exception as exc:
+            oom = as_out_of_memory(exc, self._describe_call(inputs), INFER_HINT)
+            if oom is None or oom is exc:
+                raise
+            raise oom from exc
+
+    def _describe_call(self, inputs: Mapping[str, Any]) -> str:
+        shapes = ", ".join(f"{name} {format_shape(_shape_of(value))}" for name, value in inputs.items())
+        return f"running {self.engine.manifest.backend} inference on {shapes}"
 
     @abc.abstractmethod
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
+    from streamrt.video.sources import FrameSource
     from streamrt.video.workload import Detections, Frame
 
 __all__ = ["add_detect_arguments", "register", "run"]
@@ -145,10 +146,7 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
 
 def run(args: argparse.Namespace) -> int:
     from streamrt.cli.common import check_output
-    from streamrt.video.report import write_report_files
-    from streamrt.video.runner import run_detection
-    from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
-    from streamrt.video.sources import Prefetch, open_source
+    from streamrt.video.sources import open_source
 
     for path in (args.output, args.jsonl):
         if path is not None:
@@ -156,14 +154,33 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_output(args.report, directory=True)
     config = detect_config(args, paced=args.paced)
-    detector = open_model(args, args.model, args.labels, config.pipeline)
-    sources = [open_source(s) for s in args.sources]
+    # Sources next: a missing or unreadable video must fail before minutes of building.
+    sources = []
+    try:
+        for spec in args.sources:
+            sources.append(open_source(spec))
+        detector = open_model(args, args.model, args.labels, config.pipeline)
+    except BaseException:
+        for source in sources:
+            source.close()
+        raise
+    return _detect(args, detector, sources, config)
+
+
+def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],
+            config: DetectConfig) -> int:
+    from streamrt.video.report import write_report_files
+    from streamrt.video.runner import run_detection
+    from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
+    from streamrt.video.sources import Prefetch
+
     sinks: list[Sink] = []
+    feeds: list[Prefetch] = []
     try:
         names = detector.names
         first = sources[0].info
         if args.jsonl is not None:
-            sinks.append(ThreadedSink(JsonlSink(args.jsonl, names)))
+            sinks.append(ThreadedSink(JsonlSink(args.jsonl, names, [s.info for s in sources])))
         if args.output is not None:
             size = (first.width, first.height)
             sinks.append(ThreadedSink(VideoSink(args.output, fps=args.fps or first.fps, size=size,
@@ -179,11 +196,19 @@ def run(args: argparse.Namespace) -> int:
             report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar)
         finally:
             bar.close()
-            for feed in feeds:
-                feed.close()
-    finally:
+    except BaseException:
+        # A failed run leaves no output behind: each sink deletes its temporary file.
         for sink in sinks:
-            sink.close()
+            sink.abort()
+        raise
+    finally:
+        for feed in feeds:
+            feed.close()
+        if not feeds:
+            for source in sources:
+                source.close()
+    for sink in sinks:
+        sink.close()
     print(report.format_text())
     for label, path in (("annotated video", args.output), ("detections", args.jsonl)):
         if path is not None:

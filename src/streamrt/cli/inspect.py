@@ -40,8 +40,15 @@ def describe(path: Path) -> dict[str, Any]:
             **plan.manifest.to_dict(),
         }
         from streamrt.backends import get_backend
+        from streamrt.errors import MissingDependencyError
 
-        info.update(get_backend(plan.manifest.backend).describe_payload(plan.payload))
+        try:
+            info.update(get_backend(plan.manifest.backend).describe_payload(plan.payload))
+        except MissingDependencyError as exc:
+            # The manifest needs no backend library: show it, and say what running the plan takes.
+            from streamrt.runtime import requirements_error
+
+            info["runnable_here"] = str(requirements_error(plan.manifest, path, exc))
         return info
     from streamrt.onnx.model import load_model
 
@@ -66,6 +73,8 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"  created      {info['created_at']} by streamrt {info['streamrt_version']}")
         lines.append(f"  runtime      {', '.join(f'{k} {v}' for k, v in info['runtime_versions'].items())}")
         lines.append(f"  rebuild      {info['build_command']}")
+        if "runnable_here" in info:
+            lines.append(f"  cannot run here: {info['runnable_here']}")
     else:
         lines.append(f"onnx model {info['path']}")
         lines.append(f"  opset {info['opset']}, ir {info['ir_version']}, producer {info['producer'] or '?'}")

@@ -109,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.exception("streamrt %s failed", args.command)
         print(f"streamrt {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError as exc:  # an allocation outside the guarded build/load/inference paths
+        if args.verbose:
+            log.exception("streamrt %s failed", args.command)
+        detail = f": {exc}" if str(exc) else ""
+        print(f"streamrt {args.command}: error: out of host memory{detail} (hint: use smaller inputs or "
+              "shapes, or a machine with more free memory)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"streamrt {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -141,7 +141,8 @@ def quantize_int8(
         prepared = _prepare(work, tmp, progress, notes)
         ranges_path = tmp / "ranges.json"
         if ranges is not None:
-            logger.info("reusing calibration cache %s", cache_path)
+            # One channel per message: ``progress`` is what the CLI shows; the log only records it.
+            logger.debug("reusing calibration cache %s", cache_path)
             progress(f"int8: reusing calibration cache {cache_path}")
             ranges_path.write_text(json.dumps(ranges))
         else:
@@ -150,7 +151,8 @@ def quantize_int8(
                 _calibrate(ort_q, prepared, dataset, calib, op_types, tmp / "augmented.onnx", ranges_path, progress)
             write_calibration_cache(cache_path, key, json.loads(ranges_path.read_text()))
             _write_trt_table(ranges_path, cache_path, tmp)
-            logger.info("wrote calibration cache %s", cache_path)
+            logger.debug("wrote calibration cache %s", cache_path)
+            progress(f"int8: wrote calibration cache {cache_path}")
         progress(f"int8: inserting Q/DQ nodes into {', '.join(op_types)} (per_channel={per_channel})")
         bias_lines: list[str] = []
 
@@ -407,8 +409,8 @@ def _calibrate(
     progress: Progress,
 ) -> None:
     """Run ORT's calibrator over the dataset and save the ranges (ORT's JSON) to ``ranges_path``."""
-    logger.info("calibrating with %s on %d samples from %s", calib.method.value, len(dataset), dataset.folder)
-    progress(f"int8: calibrating ({calib.method.value}) on {len(dataset)} samples")
+    logger.debug("calibrating with %s on %d samples from %s", calib.method.value, len(dataset), dataset.folder)
+    progress(f"int8: calibrating ({calib.method.value}) on {len(dataset)} samples from {dataset.folder}")
     feeds = _Feeds(dataset, progress)
     with _guard("calibration"):
         with _quiet():

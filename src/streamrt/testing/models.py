@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -385,4 +386,7 @@ if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in _WRITERS:
         sys.stderr.write(f"usage: python -m streamrt.testing.models {{{','.join(_WRITERS)}}} OUT.onnx\n")
         raise SystemExit(2)
-    onnx.save(_WRITERS[sys.argv[1]](), sys.argv[2])
+    written = _WRITERS[sys.argv[1]]()
+    onnx.save(written, sys.argv[2])
+    size = Path(sys.argv[2]).stat().st_size
+    print(f"wrote {sys.argv[2]}: {sys.argv[1]}, {len(written.graph.node)} nodes, {size / 1024:.1f} KiB")

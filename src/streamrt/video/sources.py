@@ -65,13 +65,17 @@ class SourceError(InputError):
 
 @dataclass(frozen=True)
 class SourceInfo:
-    """What a source delivers: ``frames`` is None when unknown (a stream)."""
+    """What a source delivers: ``frames`` is None when unknown (a stream).
+
+    ``files`` names the image of each frame index for image sources (empty for videos and clips).
+    """
 
     name: str
     width: int
     height: int
     fps: float
     frames: int | None
+    files: tuple[str, ...] = ()
 
 
 class FrameSource(Protocol):
@@ -112,7 +116,11 @@ class _SkipByReading:
 
 
 class VideoFileSource(_SkipByReading):
-    """A video file decoded by OpenCV; the first frame is decoded at open so a bad file fails early."""
+    """A video file decoded by OpenCV; the first frame is decoded at open so a bad file fails early.
+
+    Frames that fail to decode inside the container's frame count (a damaged stretch of the file)
+    are skipped and counted in ``bad_frames``; a file where no frame decodes raises at open.
+    """
 
     def __init__(self, path: str | Path) -> None:
         cv2 = import_cv2()
@@ -124,33 +132,47 @@ class VideoFileSource(_SkipByReading):
             raise SourceError(f"cannot open video {self.path}: not a video file OpenCV can decode "
                               "(corrupt, truncated, or an unsupported codec)",
                               hint="check it with ffprobe; re-encode to H.264 MP4 if needed")
-        ok, first = self._cap.read()
-        if not ok or first is None:
-            self._cap.release()
-            raise SourceError(f"video {self.path} opened but has no decodable frames (corrupt or truncated)")
         count = int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        self._expected = count if count > 0 else None
+        self._read = 0
+        self.bad_frames = 0
+        first = self._decode()
+        if first is None:
+            self._cap.release()
+            raise SourceError(f"video {self.path} opened but none of its {count if count > 0 else '?'} frames "
+                              "decodes (corrupt or truncated)",
+                              hint=f"check it with: ffprobe -v error -count_frames {self.path}")
         fps = float(self._cap.get(cv2.CAP_PROP_FPS)) or 30.0
         self._first: np.ndarray | None = first
-        self._read = 0
-        self._info = SourceInfo(self.path.name, first.shape[1], first.shape[0], fps, count if count > 0 else None)
+        self._info = SourceInfo(self.path.name, first.shape[1], first.shape[0], fps, self._expected)
 
     @property
     def info(self) -> SourceInfo:
         return self._info
 
+    def _decode(self) -> np.ndarray | None:
+        """The next frame that decodes; failures before the container's frame count are bad frames."""
+        while True:
+            ok, frame = self._cap.read()
+            if ok and frame is not None:
+                return np.asarray(frame)
+            if self._expected is None or self._read + self.bad_frames + 1 >= self._expected:
+                return None
+            self.bad_frames += 1
+
     def read(self) -> np.ndarray | None:
         if self._first is not None:
             frame, self._first = self._first, None
         else:
-            ok, frame = self._cap.read()
-            if not ok:
-                expected = self._info.frames
-                if expected and self._read < expected:
-                    log.warning("%s: decoding stopped after %d of %d frames (truncated or corrupt)",
-                                self.path, self._read, expected)
+            decoded = self._decode()
+            if decoded is None:
+                if self.bad_frames:
+                    log.warning("%s: %d of %d frames could not be decoded (corrupt or truncated) and were skipped",
+                                self.path, self.bad_frames, self._read + self.bad_frames)
                 return None
+            frame = decoded
         self._read += 1
-        return np.asarray(frame)
+        return frame
 
     def close(self) -> None:
         self._cap.release()
@@ -172,7 +194,8 @@ class ImageFolderSource(_SkipByReading):
         self._files = files
         self._next = 0
         first = self._load(files[0])
-        self._info = SourceInfo(self.path.name, first.shape[1], first.shape[0], fps, len(files))
+        self._info = SourceInfo(self.path.name, first.shape[1], first.shape[0], fps, len(files),
+                                files=tuple(p.name for p in files))
         self._first: np.ndarray | None = first
         self._warned = False
 
@@ -330,11 +353,14 @@ class Prefetch(_SkipByReading):
 
 
 _SYNTHETIC = re.compile(r"^synthetic(?::(\d+)x(\d+)(?:x(\d+))?(?:@([\d.]+))?)?(?::seed=(\d+))?$")
+SYNTHETIC_GRAMMAR = "synthetic[:WxH[xFRAMES][@FPS]][:seed=N], e.g. synthetic:1920x1080x150@30"
 
 
 def _synthetic(spec: str, fps: float | None) -> FrameSource | None:
     match = _SYNTHETIC.match(spec)
     if match is None:
+        if spec.startswith("synthetic:") and not Path(spec).exists():
+            raise SourceError(f"cannot parse source {spec!r}: a generated clip is written {SYNTHETIC_GRAMMAR}")
         return None
     w, h, n, rate, seed = match.groups()
     clip = SyntheticClip(width=int(w or 1280), height=int(h or 720), frames=int(n or 90),

@@ -25,7 +25,14 @@ import onnxruntime as ort
 
 from streamrt._features import cpu_simd_level
 from streamrt.backends.base import Backend, BuildJob, BuildOutput
-from streamrt.backends.onnxruntime.session import MODES, PROVIDERS, session_options, session_providers, translate
+from streamrt.backends.onnxruntime.session import (
+    DOMAINS,
+    MODES,
+    PROVIDERS,
+    session_options,
+    session_providers,
+    translate,
+)
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 from streamrt.plan import Plan
@@ -77,6 +84,9 @@ class OnnxRuntimeBackend(Backend):
 
     def version(self) -> str:
         return str(ort.__version__)
+
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        return domain in DOMAINS
 
     def runtime_versions(self) -> dict[str, str]:
         import onnx

@@ -26,6 +26,10 @@ _LEVELS = {
 MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 # "Could not find an implementation for Foo(13) node with name 'bar'"
 _NOT_IMPLEMENTED = re.compile(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+# "Fatal error: com.acme:FancyOp(-1) is not a registered function/op"
+_NOT_REGISTERED = re.compile(r"(?:([\w.]+):)?(\w+)\((-?\d+)\) is not a registered function/op")
+# Domains ONNX Runtime ships kernels for (the ONNX standard, ONNX-ML and its own contrib operators).
+DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 
 def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptions:
@@ -57,6 +61,16 @@ def translate(exc: Exception, model: OnnxModel | None) -> Exception:
         op, opset, node = match.groups()
         return UnsupportedOperatorError(
             node, op, int(opset), "onnxruntime", detail=text.splitlines()[0][:200]
+        )
+    match = _NOT_REGISTERED.search(text)
+    if match and model is not None:
+        domain, op, _ = match.groups()
+        domain = domain or ""
+        node = next((n for n in model.proto.graph.node if n.op_type == op and n.domain == domain), None)
+        opsets = {imp.domain: int(imp.version) for imp in model.proto.opset_import}
+        return UnsupportedOperatorError(
+            (node.name or f"{op} #{list(model.proto.graph.node).index(node)}") if node is not None else "?",
+            op, opsets.get(domain, 0), "onnxruntime", detail="no kernel registered for this operator", domain=domain,
         )
     where = f" for {model.name}" if model else ""
     return BuildError(f"onnxruntime could not create a session{where}: {text.splitlines()[0][:300]}")

@@ -75,6 +75,10 @@ class TensorRTBackend(Backend):
         torch = _torch()
         return {"tensorrt": self.version(), "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
 
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        # Its ONNX parser covers the standard domain; anything else needs a plugin.
+        return None if domain in ("", "ai.onnx") else False
+
     def target_device(self, config: BuildConfig) -> dict[str, Any]:
         device = local_gpu()
         if device is None:

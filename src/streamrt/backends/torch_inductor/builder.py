@@ -16,10 +16,13 @@ mismatch message. See ``docs/gpu-backend.md``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+import re
 import tempfile
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,30 @@ def _export_max(lo: int, hi: int) -> int:
     return 3 if lo <= 1 and hi == 2 else hi
 
 
+_SPECIALIZED = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\].*?specialized it to be a constant \((\d+)\)", re.S)
+_WHAT_TO_CHANGE = ("suggested fix", "inferred a static shape", "specialized it to be a constant")
+
+
+def _export_failure(exc: Exception, names: Sequence[str]) -> tuple[str, str]:
+    """torch.export's message on one line, keeping the part that says what to change, and a hint."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
+    keep = [lines[0][:400]]
+    for i, line in enumerate(lines):
+        if any(key in line.lower() for key in _WHAT_TO_CHANGE):
+            keep += [part[:300] for part in lines[i: i + 3]]
+            break
+    hint = "change the shape profile (--min-shapes/--max-shapes), or report the model's failing operator"
+    match = _SPECIALIZED.search(text)
+    if match:
+        arg, axis, size = match.groups()
+        by_arg = {re.sub(r"\W", "_", n): n for n in names}
+        name = by_arg.get(arg, arg)
+        hint = (f"the model fixes axis {axis} of input '{name}' to {size}: build with that axis at {size} "
+                f"in --min-shapes, --opt-shapes and --max-shapes")
+    return " ".join(dict.fromkeys(keep))[:1200], hint
+
+
 def export_profiles(
     module: torch.nn.Module,
     names: Sequence[str],
@@ -114,11 +141,8 @@ def export_profiles(
     try:
         return torch.export.export(module, tuple(examples), dynamic_shapes=shapes, strict=False)
     except Exception as exc:
-        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-        raise BuildError(
-            f"torch.export failed: {type(exc).__name__}: {' '.join(lines[:3])[:400]}",
-            hint="narrow the shape profile, or report the model's failing operator",
-        ) from exc
+        message, hint = _export_failure(exc, names)
+        raise BuildError(f"torch.export failed: {type(exc).__name__}: {message}", hint=hint) from exc
 
 
 def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
@@ -136,6 +160,26 @@ def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: st
         configs["cpp.dynamic_threads"] = True
     return configs
 
+
+
+@contextlib.contextmanager
+def torch_warnings_logged() -> Iterator[None]:
+    """torch's own deprecation warnings during a build go to the DEBUG log, not the user's terminal.
+
+    torch.export and AOTInductor raise FutureWarnings about torch internals (pytree's ``LeafSpec``)
+    that the user can do nothing about; ``streamrt -v`` still shows them.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        warnings.simplefilter("always", DeprecationWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, FutureWarning | DeprecationWarning):
+                    log.debug("torch: %s: %s", w.category.__name__, w.message)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
@@ -175,6 +219,11 @@ class TorchInductorBackend(Backend):
 
     def target_device(self, config: BuildConfig) -> dict[str, Any]:
         return device_target(device_kind(config))
+
+    def runs_operator(self, op_type: str, domain: str) -> bool | None:
+        from streamrt.onnx.importer.registry import converter_table
+
+        return domain in ("", "ai.onnx") and op_type in converter_table()
 
     def check_compatible(self, manifest: PlanManifest) -> None:
         check_field(manifest, "torch version", manifest.backend_version, self.version())
@@ -221,7 +270,7 @@ class TorchInductorBackend(Backend):
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
         inductor_configs = _inductor_configs(config, meta, kind)
         packages = []
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for i, profile in enumerate(profiles):
                 progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
                 ep = export_profiles(module, names, dtypes, profile, kind)

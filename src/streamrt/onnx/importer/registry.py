@@ -152,7 +152,8 @@ def check_node(node: Node, domain: str) -> None:
     """
     if domain not in ("", "ai.onnx"):
         raise UnsupportedOperatorError(
-            node.name, node.op_type, node.opset, BACKEND, detail=f"domain '{domain}' is not supported"
+            node.name, node.op_type, node.opset, BACKEND, detail="the importer converts default-domain operators only",
+            domain=domain,
         )
     spec = converter_table().get(node.op_type)
     if spec is None:
