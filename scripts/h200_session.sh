@@ -32,10 +32,10 @@ run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
 IFS=, read -ra wanted <<< "$parts"
 for part in "${wanted[@]}"; do
     case $part in
-        tests) run tests 360 python3 -m pytest -q -p no:cacheprovider -m gpu tests -o junit_family=xunit2 \
+        tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -q -p no:cacheprovider -m gpu tests -o junit_family=xunit2 \
                    --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
-        examples) run examples 300 bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
+        examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
         zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
