@@ -32,7 +32,7 @@ run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
 IFS=, read -ra wanted <<< "$parts"
 for part in "${wanted[@]}"; do
     case $part in
-        tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -q -p no:cacheprovider -m gpu tests --timeout "${TEST_TIMEOUT:-600}" -o junit_family=xunit2 \
+        tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -v -p no:cacheprovider -m gpu tests --timeout "${TEST_TIMEOUT:-600}" -o junit_family=xunit2 \
                    --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
         examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
