@@ -33,6 +33,7 @@ import logging
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,50 @@ class TorchInductorEngine(Engine):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+class _CaptureGate:
+    """Many CUDA runs at once, or one CUDA-graph capture alone, across every context in the process.
+
+    A capture while another thread launches work (a server's second GPU instance replaying its
+    graph) aborted the process on the H200 (2026-12-01, the batch-integrity property test with two
+    GPU instances). Runs share the gate; a capture waits for running calls to finish and holds new
+    ones back, and captures in thread-local mode so unrelated CUDA work elsewhere cannot break it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._capturing = False
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        with self._cond:
+            while self._capturing:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        with self._cond:
+            while self._capturing or self._running:
+                self._cond.wait()
+            self._capturing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._capturing = False
+                self._cond.notify_all()
+
+
+_GATE = _CaptureGate()
+
+
 class _Graphs:
     """``buffers`` CUDA-graph captures of one runner at one set of input shapes."""
 
@@ -205,7 +250,7 @@ class _Graphs:
         self.outputs: list[Any] = []
         for _ in range(buffers):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 out = runner(*self.static_inputs)
             self.graphs.append(graph)
             self.outputs.append(out)
@@ -282,22 +327,27 @@ class TorchInductorContext(ExecutionContext):
         return result
 
     def _run_cuda(self, runner: Any, profile: int, args: list[torch.Tensor]) -> Any:
-        if not self.cuda_graph or torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing():  # inside the caller's own capture: record plainly
             return runner(*args)
+        if not self.cuda_graph:
+            with _GATE.run():
+                return runner(*args)
         key = (profile, tuple(tuple(a.shape) for a in args))
         graphs = self._graphs.get(key)
         if graphs is None:
-            graphs = self._capture(runner, key, args)
+            with _GATE.capture():
+                graphs = self._capture(runner, key, args)
         else:
             self._graphs.move_to_end(key)
-        if graphs is _UNCAPTURABLE:
-            return runner(*args)
-        outs = graphs.run(args)
-        if self.share_outputs:
-            return outs
-        if isinstance(outs, torch.Tensor):
-            return outs.clone()
-        return [o.clone() for o in outs]
+        with _GATE.run():
+            if graphs is _UNCAPTURABLE:
+                return runner(*args)
+            outs = graphs.run(args)
+            if self.share_outputs:
+                return outs
+            if isinstance(outs, torch.Tensor):
+                return outs.clone()
+            return [o.clone() for o in outs]
 
     def _capture(self, runner: Any, key: tuple[int, tuple[tuple[int, ...], ...]], args: list[torch.Tensor]) -> Any:
         log.debug("capturing CUDA graphs for shapes %s", key[1])
