@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from streamrt.backends.torch_inductor.engine import _CaptureGate  # noqa: E402
+from streamrt.backends.torch_inductor.engine import _CaptureGate
 
 
 def test_capture_waits_for_runs_and_holds_new_runs_back() -> None:
