@@ -30,6 +30,8 @@ _DISTRIBUTIONS = {
     "PIL": "pillow",
     "PyNvVideoCodec": "pynvvideocodec",
     "av": "av",
+    "google": "protobuf",
+    "cuda": "cuda-python",
 }
 
 

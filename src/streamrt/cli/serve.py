@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from streamrt._optional import available, require
 from streamrt.cli.args import ServerArgs
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.config import ServerConfig
@@ -137,15 +138,11 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event-loop factory for ``--event-loop`` (None: asyncio's default loop)."""
     if choice == "asyncio":
         return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            from streamrt.errors import MissingDependencyError
-
-            raise MissingDependencyError("uvloop", "serve", purpose="--event-loop uvloop") from None
+    if choice != "uvloop" and not available("uvloop"):
         return None
-    return uvloop.new_event_loop
+    uvloop = require("uvloop", extra="serve", purpose="--event-loop uvloop")
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _port_in_use(exc: OSError, config: ServerConfig) -> StreamRTError:

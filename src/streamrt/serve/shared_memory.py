@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from streamrt.errors import MissingDependencyError, SharedMemoryError
+from streamrt._optional import available, require
+from streamrt.errors import SharedMemoryError
 
 __all__ = ["DeviceTensor", "RegionRef", "SharedMemoryRegistry", "region_ref"]
 
@@ -179,16 +180,10 @@ class _SystemRegion(_Region):
 
 
 def _cudart() -> Any:
-    try:
-        import cuda.bindings.runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # cuda-python < 12.6
-        except ImportError:
-            raise MissingDependencyError(
-                "cuda-python", "cuda-shm", purpose="CUDA shared memory (opening CUDA IPC handles)",
-            ) from None
-    return cudart
+    if available("cuda.bindings.runtime"):
+        return require("cuda.bindings.runtime", extra="cuda-shm")
+    # cuda-python < 12.6 named the module cuda.cudart
+    return require("cuda.cudart", extra="cuda-shm", purpose="CUDA shared memory (opening CUDA IPC handles)")
 
 
 def _check_cuda(result: Any, what: str) -> Any:

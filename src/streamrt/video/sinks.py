@@ -33,6 +33,7 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
+from streamrt._optional import available, require
 from streamrt.errors import ConfigError
 from streamrt.plan import new_file_mode
 from streamrt.video._cv2 import import_cv2
@@ -147,10 +148,9 @@ def video_codec(path: str | Path) -> str:
 
 def _h264_encoder() -> str | None:
     """The name of an H.264 *encoder* PyAV's FFmpeg has (``codecs_available`` also lists decoders)."""
-    try:
-        import av
-    except ImportError:
+    if not available("av"):
         return None
+    av = require("av", extra="video")
     for name in ("libx264", "libopenh264", "h264"):
         try:
             return str(av.Codec(name, "w").name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from streamrt.errors import MissingDependencyError
+from streamrt._optional import require
 
 __all__ = ["SERVICE", "messages"]
 
@@ -26,10 +26,9 @@ SERVICE = "inference.GRPCInferenceService"
 
 
 def _build() -> SimpleNamespace:
-    try:
-        from google.protobuf import descriptor_pool, message_factory
-    except ImportError as exc:  # pragma: no cover - protobuf comes with onnx
-        raise MissingDependencyError("protobuf", "serve", purpose="the gRPC front end") from exc
+    require("google.protobuf", extra="serve", purpose="the gRPC front end")
+    from google.protobuf import descriptor_pool, message_factory
+
     from streamrt.serve.proto import _descriptor, _model_config_descriptor
 
     pool = descriptor_pool.DescriptorPool()
