@@ -139,7 +139,7 @@ class _NoisyEngine:
     """An engine whose two identical calls differ (as a plan reading memory it does not own)."""
 
     inputs = (TensorSpec("x", DType.FLOAT32, (1, 3, -1, -1)),)
-    device = "cpu"
+    device_kind = "cpu"
 
     def create_context(self) -> _NoisyContext:
         return _NoisyContext()

@@ -104,10 +104,10 @@ def _runner(target: Any) -> Runner:
 def _run_engine(engine: Engine, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     from streamrt.inputs import cast_inputs, to_device, to_numpy
 
-    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device)
+    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device_kind)
     with engine.create_context() as ctx:
         outputs = ctx.infer(values)
-        if engine.device == "cuda":
+        if engine.device_kind == "cuda":
             _synchronize()  # the outputs are valid once the engine's stream gets there
         return {name: to_numpy(value) for name, value in outputs.items()}
 
@@ -271,7 +271,7 @@ class PrecisionStep:
             log.warning("%s", line)
         else:
             self.progress(line)
-        return {"low_ms": low_ms, "fp32_ms": fp32_ms, "speedup": speedup, "device": engine.device}
+        return {"low_ms": low_ms, "fp32_ms": fp32_ms, "speedup": speedup, "device": engine.device_kind}
 
 
 def _hint(config: BuildConfig) -> str:
@@ -283,8 +283,8 @@ def _hint(config: BuildConfig) -> str:
 def _median_ms(engine: Engine, feeds: Mapping[str, np.ndarray]) -> float:
     from streamrt.inputs import cast_inputs, to_device
 
-    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device)
-    sync = _synchronize if engine.device == "cuda" else (lambda: None)
+    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device_kind)
+    sync = _synchronize if engine.device_kind == "cuda" else (lambda: None)
     times: list[float] = []
     with engine.create_context() as ctx:
         for _ in range(2):

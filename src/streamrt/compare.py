@@ -277,10 +277,10 @@ def format_diffs(diffs: list[OutputDiff]) -> str:
 
 def run_numpy(engine: Engine, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run ``engine`` once on host arrays and return host arrays (moving data to a CUDA engine and back)."""
-    feeds = to_device(inputs, engine.device)
+    feeds = to_device(inputs, engine.device_kind)
     with engine.create_context() as ctx:
         outputs = ctx.infer(feeds)
-        if engine.device == "cuda":
+        if engine.device_kind == "cuda":
             import torch
 
             torch.cuda.synchronize()  # the outputs are valid once the engine's stream gets there

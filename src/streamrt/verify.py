@@ -255,9 +255,9 @@ class _PlanRunner:
         self.ctx = self.engine.create_context()
 
     def __call__(self, inputs: Arrays) -> Arrays:
-        feeds = to_device(cast_inputs(inputs, self.engine.inputs), self.engine.device)
+        feeds = to_device(cast_inputs(inputs, self.engine.inputs), self.engine.device_kind)
         outputs = self.ctx.infer(feeds)
-        if self.engine.device == "cuda":
+        if self.engine.device_kind == "cuda":
             import torch
 
             torch.cuda.synchronize()

@@ -71,7 +71,7 @@ def test_catalogue_matches_numpy_reference(plans: dict[str, Path], name: str) ->
 
     model = CATALOGUE[name]
     engine = streamrt.load(plans[name])
-    assert engine.device == "cuda"
+    assert engine.device_kind == "cuda"
     ctx = engine.create_context()
     stream = _stream()
     rng = np.random.default_rng()

@@ -40,7 +40,7 @@ def two_profile_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_runs_across_both_profiles_against_reference(two_profile_plan: Path) -> None:
     model = CATALOGUE["dynamic_batch"]
     engine = streamrt.load(two_profile_plan)
-    assert engine.device == "cpu" and len(engine.profiles) == 2
+    assert engine.device_kind == "cpu" and len(engine.profiles) == 2
     ctx = engine.create_context()
     rng = np.random.default_rng()
     for batch in (1, 3, 4, 5, 11, 16):

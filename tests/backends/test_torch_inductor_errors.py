@@ -40,12 +40,12 @@ def test_batch_profile_1_to_2_builds_and_runs_without_torch_warnings(
     engine = ctx.engine
     for batch in (1, 2):
         inputs = model.inputs(rng, batch)
-        got = to_numpy(ctx.infer(to_device(inputs, engine.device))["y"])
+        got = to_numpy(ctx.infer(to_device(inputs, engine.device_kind))["y"])
         # fp32 with TF32 off (the plan's default), against NumPy's float64 reference
         np.testing.assert_allclose(got, model.reference(model.make(), inputs)["y"], rtol=1e-4, atol=1e-4)
     # The export bound (3) is wider than the profile (1..2): the profile still rules.
     with pytest.raises(ShapeError, match="outside every profile"):
-        ctx.infer(to_device(model.inputs(rng, 3), engine.device))
+        ctx.infer(to_device(model.inputs(rng, 3), engine.device_kind))
 
 
 def _fixed_batch_model() -> onnx.ModelProto:

@@ -50,7 +50,7 @@ def test_catalogue_on_gpu(plans: dict[str, Path], name: str) -> None:
 
     model = CATALOGUE[name]
     engine = streamrt.load(plans[name])
-    assert engine.device == "cuda"
+    assert engine.device_kind == "cuda"
     ctx = engine.create_context()
     rng = np.random.default_rng()
     lo, hi = (1, 16) if model.profiles else (1, 1)

@@ -194,7 +194,7 @@ class _MatmulEngine(Engine):
         import torch
 
         super().__init__(_manifest("cuda"))
-        self.device = "cuda"
+        self.device_kind = "cuda"
         self.weight = torch.randn(256, 256, device="cuda")
         self.streams: set[Any] = set()
 

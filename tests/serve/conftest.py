@@ -49,7 +49,7 @@ class FakeEngine(Engine):
 
     def __init__(self, inner: Engine, behaviour: Behaviour) -> None:
         super().__init__(inner.manifest)
-        self.inner, self.behaviour, self.device = inner, behaviour, inner.device
+        self.inner, self.behaviour, self.device_kind = inner, behaviour, inner.device_kind
 
     def create_context(self) -> ExecutionContext:
         return FakeContext(self)

@@ -59,7 +59,7 @@ class RollingEngine(Engine):
 
     def __init__(self, inner: Engine) -> None:
         super().__init__(inner.manifest)
-        self.inner, self.device = inner, inner.device
+        self.inner, self.device_kind = inner, inner.device_kind
 
     def create_context(self) -> ExecutionContext:
         return RollingContext(self)

@@ -147,7 +147,7 @@ class LateReducingEngine(Engine):
 
     def __init__(self, inner: Engine) -> None:
         super().__init__(inner.manifest)
-        self.inner, self.device = inner, inner.device
+        self.inner, self.device_kind = inner, inner.device_kind
 
     def create_context(self) -> ExecutionContext:
         return LateReducingContext(self)

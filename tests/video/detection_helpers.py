@@ -88,7 +88,7 @@ class ImportedEngine:
 
         self.torch = torch
         self.module = import_onnx(onnx.load(str(bundled_model()))).to(device).eval()
-        self.device = device
+        self.device_kind = device
         self.inputs = (TensorSpec("images", DType.FLOAT32, (-1, 3, 320, 320)),)
         self.outputs = (TensorSpec("output0", DType.FLOAT32, (-1, 9, 2100)),)
         self.profiles = (ShapeProfile({"images": ShapeRange((1, 3, 320, 320), (1, 3, 320, 320),

@@ -160,12 +160,12 @@ class Engine(abc.ABC):
 
     Attributes:
         manifest: the plan's manifest (precision, provenance, build settings).
-        device: ``"cpu"`` or ``"cuda"``: where inputs and outputs live.
+        device_kind: ``"cpu"`` or ``"cuda"``: where inputs and outputs live.
     """
 
     def __init__(self, manifest: PlanManifest) -> None:
         self.manifest = manifest
-        self.device: str = "cpu"
+        self.device_kind: str = "cpu"
         self._closed = False
 
     @property

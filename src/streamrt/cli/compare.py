@@ -85,7 +85,7 @@ def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
 
 def _label(path: Path, engine: Any) -> str:
     m = engine.manifest
-    return f"{path} ({m.backend} {m.backend_version}, {m.precision}, {engine.device})"
+    return f"{path} ({m.backend} {m.backend_version}, {m.precision}, {engine.device_kind})"
 
 
 def run(args: argparse.Namespace) -> int:

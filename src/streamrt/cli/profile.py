@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_path(args.engine, args)
     with engine:
         arrays, source = inputs_from_args(engine, args)
-        timings = engine.profile_layers(to_device(arrays, engine.device), args.iterations)
+        timings = engine.profile_layers(to_device(arrays, engine.device_kind), args.iterations)
         m = engine.manifest
     profile = LayerProfile.from_timings(timings, args.iterations)
     top = args.top or None

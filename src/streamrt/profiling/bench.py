@@ -8,11 +8,11 @@ trtexec's warnings.
 
 How each kind of engine is timed:
 
-- **CPU engines** (``engine.device == "cpu"``): inputs and outputs live in host memory, so H2D
+- **CPU engines** (``engine.device_kind == "cpu"``): inputs and outputs live in host memory, so H2D
   and D2H are zero-length. Compute is the host time of the ``infer`` call, which on a CPU
   engine is synchronous, so enqueue time equals compute time and the enqueue-bound check
   does not apply.
-- **CUDA engines** (``engine.device == "cuda"``): inputs start in pinned host memory and are
+- **CUDA engines** (``engine.device_kind == "cuda"``): inputs start in pinned host memory and are
   copied with ``non_blocking=True`` on a dedicated ``torch.cuda.Stream`` (never the default
   stream); H2D, compute and D2H are measured with ``torch.cuda.Event(enable_timing=True)`` on
   that stream; enqueue is the host time of the ``infer`` call. As in trtexec, the next query is
@@ -236,7 +236,7 @@ def benchmark(
     name = label or _label(engine)
     info = dict(info or {})
     with engine.create_context() as ctx:
-        if engine.device == "cuda":
+        if engine.device_kind == "cuda":
             from streamrt.profiling.cuda_timing import cuda_loop
             from streamrt.profiling.launches import describe_launches
 
@@ -248,7 +248,7 @@ def benchmark(
         else:
             feeds = dict(inputs)
             run = host_loop(lambda: ctx.infer(feeds), settings)
-    return _finish(name, engine.device, shapes, settings, items, run, info)
+    return _finish(name, engine.device_kind, shapes, settings, items, run, info)
 
 
 def benchmark_function(

@@ -32,7 +32,7 @@ def _plain_context(engine: Any) -> Any:
 
 def count_kernel_launches(engine: Any, inputs: Mapping[str, Any], calls: int = 5) -> float | None:
     """Mean kernels per ``infer`` call (copies and memsets excluded); ``None`` off CUDA or without CUPTI."""
-    if engine.device != "cuda":
+    if engine.device_kind != "cuda":
         return None
     import torch
     from torch.autograd import DeviceType

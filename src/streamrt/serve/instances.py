@@ -251,15 +251,15 @@ class InstanceGroup:
         """
         instances: list[Instance] = []
         for group in groups:
-            wanted = {"KIND_GPU": "cuda", "KIND_CPU": "cpu"}.get(group.kind, engine.device)
-            if wanted != engine.device:
+            wanted = {"KIND_GPU": "cuda", "KIND_CPU": "cpu"}.get(group.kind, engine.device_kind)
+            if wanted != engine.device_kind:
                 raise ConfigError(
-                    f"model '{name}': instance_group kind {group.kind} but the engine runs on {engine.device}",
+                    f"model '{name}': instance_group kind {group.kind} but the engine runs on {engine.device_kind}",
                     hint="use KIND_AUTO, or build the plan for the device you want",
                 )
             if any(g != 0 for g in group.gpus):
                 raise ConfigError(f"model '{name}': only gpus [0] is supported, got {list(group.gpus)}")
-            device = get_device(engine.device)
+            device = get_device(engine.device_kind)
             for _ in range(group.count):
                 instances.append(
                     Instance(f"{name}_{len(instances)}", engine, device, batched=batched,

@@ -206,7 +206,7 @@ def describe_engine(engine: Any, *, device: str | None = None, labels: Sequence[
     if min(hw) < 1:
         hw = imgsz or _imgsz_from_metadata(metadata) or (640, 640)
         log.info("input %s has dynamic height/width; using %dx%d", spec.name, *hw)
-    dev = device or str(getattr(engine, "device", "cpu"))
+    dev = device or engine.device_kind
     in_dtype = spec.dtype.numpy
     raw = _probe(engine, dev, spec.name, (int(hw[0]), int(hw[1])), in_dtype)
     out_name = outputs[0].name if outputs else next(iter(raw))

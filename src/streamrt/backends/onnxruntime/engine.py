@@ -32,7 +32,7 @@ class OnnxRuntimeEngine(Engine):
         self._settings = dict(manifest.build_settings.get("backend", {}))
         if "providers" not in self._settings:
             self._settings["providers"] = ["CPUExecutionProvider"]
-        self.device = "cpu" if self._settings["providers"][0] == "CPUExecutionProvider" else "cuda"
+        self.device_kind = "cpu" if self._settings["providers"][0] == "CPUExecutionProvider" else "cuda"
         self._session = self._new_session(profiling=False)
         self._output_names = [o.name for o in manifest.outputs]
 
@@ -109,7 +109,7 @@ class OnnxRuntimeContext(ExecutionContext):
 
     def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
         engine = self.engine
-        if engine.device == "cuda" and not isinstance(next(iter(inputs.values())), np.ndarray):
+        if engine.device_kind == "cuda" and not isinstance(next(iter(inputs.values())), np.ndarray):
             return self._infer_bound(inputs)
         feeds = {k: _strings(v) if v.dtype == object else np.ascontiguousarray(v) for k, v in inputs.items()}
         try:

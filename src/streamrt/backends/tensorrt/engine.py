@@ -61,7 +61,7 @@ class TensorRTEngine(Engine):
 
     def __init__(self, manifest: PlanManifest, payload: bytes) -> None:
         super().__init__(manifest)
-        self.device = "cuda"
+        self.device_kind = "cuda"
         self._settings = dict(manifest.build_settings.get("backend", {}))
         self._runtime = trt.Runtime(compat.get_logger(trt))
         if manifest.extra.get("tensorrt", {}).get("version_compatible"):

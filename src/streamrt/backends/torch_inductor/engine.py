@@ -96,7 +96,7 @@ class TorchInductorEngine(Engine):
 
     def __init__(self, manifest: PlanManifest, payload: bytes) -> None:
         super().__init__(manifest)
-        self.device = str(manifest.device.get("kind", "cpu"))
+        self.device_kind = str(manifest.device.get("kind", "cpu"))
         self._dir = Path(tempfile.mkdtemp(prefix="streamrt-pt2-"))
         try:
             meta, self._packages = extract_payload(payload, len(manifest.profiles), self._dir)
@@ -118,7 +118,7 @@ class TorchInductorEngine(Engine):
         """
         from torch._inductor.package import load_package
 
-        index = torch.cuda.current_device() if self.device == "cuda" else -1
+        index = torch.cuda.current_device() if self.device_kind == "cuda" else -1
         return load_package(
             str(self._packages[profile]), run_single_threaded=True, device_index=index
         )
@@ -146,13 +146,13 @@ class TorchInductorEngine(Engine):
         if cuda_graph is None:
             cuda_graph = bool(settings.get("cuda_graphs", False))
         cpu_threads = None
-        if self.device == "cpu":
+        if self.device_kind == "cpu":
             from streamrt.device.threads import resolve_cpu_threads
 
             cpu_threads = resolve_cpu_threads(threads if threads is not None else settings.get("threads"))
         return TorchInductorContext(
             self,
-            cuda_graph=cuda_graph and self.device == "cuda",
+            cuda_graph=cuda_graph and self.device_kind == "cuda",
             buffers=graph_buffers,
             share_outputs=share_outputs,
             graph_cache=graph_cache,
@@ -165,23 +165,23 @@ class TorchInductorEngine(Engine):
 
         ctx = self.create_context(cuda_graph=False)
         ctx.infer(inputs)  # warm-up outside the profile
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device_kind == "cuda" else [])
         with profile(activities=activities) as prof:
             for _ in range(iterations):
                 ctx.infer(inputs)
-            if self.device == "cuda":
+            if self.device_kind == "cuda":
                 torch.cuda.synchronize()
         rows = []
         for event in prof.key_averages():
             device_us = float(getattr(event, "device_time_total", 0.0) or 0.0)
-            if self.device == "cuda" and device_us <= 0:
+            if self.device_kind == "cuda" and device_us <= 0:
                 continue
-            total_us = device_us if self.device == "cuda" else float(event.self_cpu_time_total)
+            total_us = device_us if self.device_kind == "cuda" else float(event.self_cpu_time_total)
             if total_us <= 0:
                 continue
             rows.append(
                 LayerTiming(
-                    event.key, "kernel" if self.device == "cuda" else "op", total_us / 1e3, event.count
+                    event.key, "kernel" if self.device_kind == "cuda" else "op", total_us / 1e3, event.count
                 )
             )
         return sorted(rows, key=lambda r: r.total_ms, reverse=True)
@@ -311,7 +311,7 @@ class TorchInductorContext(ExecutionContext):
         runner = self._runner(profile)
         torch_stream = getattr(stream, "torch", stream)
         try:
-            if engine.device == "cuda":
+            if engine.device_kind == "cuda":
                 with torch.cuda.stream(torch_stream) if torch_stream is not None else _null():
                     outs = self._run_cuda(runner, profile, args)
             else:
