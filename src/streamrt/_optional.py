@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-from functools import cache
 from types import ModuleType
 
 from streamrt.errors import MissingDependencyError
@@ -35,11 +34,6 @@ _DISTRIBUTIONS = {
 }
 
 
-@cache
-def _import(module: str) -> ModuleType:
-    return importlib.import_module(module)
-
-
 def require(module: str, *, extra: str, purpose: str = "") -> ModuleType:
     """Import ``module`` or raise :class:`MissingDependencyError` naming ``extra``.
 
@@ -54,9 +48,9 @@ def require(module: str, *, extra: str, purpose: str = "") -> ModuleType:
 
 
 def available(module: str) -> bool:
-    """True when ``module`` imports (the result is cached: a probe costs one import at most)."""
+    """True when ``module`` imports; not cached, for the same reason as :func:`require`."""
     try:
-        _import(module)
+        importlib.import_module(module)
     except ImportError:
         return False
     return True
