@@ -140,3 +140,18 @@ def test_histograms_agree_with_the_statistics_api(server: ServerThread) -> None:
         b["batch_size"] for b in stats["batch_stats"]) == 1
     assert value("streamrt_model_ready", "", version="1") == 1
     assert value("nv_inference_pending_request_count", "") == 0
+
+
+@pytest.mark.gpu
+def test_gpu_series_have_samples_through_nvml(server: ServerThread) -> None:
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    families = scrape(server.metrics_port)
+
+    def values(name: str) -> dict[str, float]:
+        return {s.labels["gpu_uuid"]: s.value for s in families[name].samples}
+
+    total, used = values("nv_gpu_memory_total_bytes"), values("nv_gpu_memory_used_bytes")
+    assert total and set(total) == set(used), "NVML sees a GPU, so every GPU series needs a sample"
+    assert all(0 < used[g] <= total[g] for g in total)
+    assert all(0 <= u <= 1 for u in values("nv_gpu_utilization").values())
+    assert all(0 < p <= values("nv_gpu_power_limit")[g] * 1.5 for g, p in values("nv_gpu_power_usage").items())
