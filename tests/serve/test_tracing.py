@@ -79,10 +79,6 @@ def test_trace_rate_samples_one_request_in_n(make_server: Any, tmp_path: Path) -
     assert [t["request_id"] for t in read_traces(path)] == ["r0", "r3", "r6"]
 
 
-def test_no_trace_file_no_tracing(server: Any) -> None:
-    assert server.server.tracer is None
-
-
 def test_trace_flags_and_their_errors(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     ServerArgs().add_to(parser)
@@ -108,6 +104,7 @@ def test_json_logs_carry_the_request_id_model_and_version(make_server: Any, beha
     core_log.setLevel(logging.DEBUG)
     try:
         with make_server(startup_models=("cnn", "flaky"), grpc_port=None, metrics_port=None) as running:
+            assert running.server.tracer is None  # no --trace-file: no tracing
             infer(running, "cnn", "ok-1")
             behaviours["flaky"].fail = True
             with pytest.raises(InferenceError):
