@@ -392,6 +392,10 @@ SERVER_OPTIONS = (
            value=lambda mb: int(mb * 2**20)),
     Option("max_tensor_elements", ("--max-tensor-elements",), "largest element count of one input (default 2^24)",
            {"type": int}),
+    Option("trace_file", ("--trace-file",), "append one JSON line per traced request to PATH (Triton's trace "
+           "timestamps: received, queued, compute start/end, response); default: no tracing", {"metavar": "PATH"}),
+    Option("trace_rate", ("--trace-rate",), "trace one request in N (default 1: all, when --trace-file is given)",
+           {"type": int, "metavar": "N"}),
     Option("exit_timeout_s", ("--exit-timeout",), "shutdown waits this long for in-flight requests (default 30)",
            {"type": float, "metavar": "S"}),
 )

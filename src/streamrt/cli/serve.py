@@ -25,6 +25,7 @@ from streamrt._optional import available, require
 from streamrt.cli.args import ServerArgs
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.config import ServerConfig
+from streamrt.serve.tracing import REQUEST_CONTEXT
 
 __all__ = ["JsonFormatter", "config_from_args", "register", "run"]
 
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logs.add_argument("--log-format", default="text", choices=["text", "json"],
-                      help="json: one JSON object per line (time, level, logger, message)")
+                      help="json: one JSON object per line (time, level, logger, message; request_id, model, "
+                      "version while a request is handled)")
     parser.set_defaults(func=run)
 
 
@@ -53,7 +55,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 class JsonFormatter(logging.Formatter):
-    """Structured logs: one JSON object per line with time, level, logger and message."""
+    """Structured logs: one JSON object per line with time, level, logger and message, plus
+    ``request_id``, ``model`` and ``version`` for lines written while a request is handled."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -62,6 +65,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        context = REQUEST_CONTEXT.get()
+        if context is not None:
+            entry.update(request_id=context.request_id, model=context.model, version=context.version)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

@@ -294,6 +294,9 @@ class ServerConfig:
         model_control: allow load/unload through the repository API.
         startup_models: models loaded at start (None: every model in the repository).
         load_threads: models loaded in parallel at start.
+        trace_file: append a JSON line per traced request here (Triton's trace timestamps, see
+            :mod:`streamrt.serve.tracing`); None: no tracing.
+        trace_rate: trace one request in this many (1: every request).
     """
 
     host: str = "127.0.0.1"
@@ -309,6 +312,8 @@ class ServerConfig:
     model_control: bool = True
     startup_models: tuple[str, ...] | None = None
     load_threads: int = 2
+    trace_file: str | None = None
+    trace_rate: int = 1
 
     def __post_init__(self) -> None:
         for name in ("http_port", "grpc_port", "metrics_port"):
@@ -326,6 +331,9 @@ class ServerConfig:
             raise ConfigError(f"exit_timeout_s must be >= 0, got {self.exit_timeout_s}")
         if self.load_threads < 1:
             raise ConfigError(f"load_threads must be an integer >= 1, got {self.load_threads}")
+        if self.trace_rate < 1:
+            raise ConfigError(f"trace_rate must be an integer >= 1, got {self.trace_rate}",
+                              hint="--trace-rate 1 traces every request")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ConfigError("auth_token must not be empty", hint="omit it to disable authentication")
         if self.startup_models is not None:

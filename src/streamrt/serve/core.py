@@ -30,11 +30,12 @@ from typing import Any
 from streamrt._version import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
-from streamrt.serve.model import EngineLoader
+from streamrt.serve.model import EngineLoader, ServedModel
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
 from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
 from streamrt.serve.status import status_for
+from streamrt.serve.tracing import REQUEST_CONTEXT, RequestContext, Tracer
 
 __all__ = ["EXTENSIONS", "ServerCore"]
 
@@ -69,6 +70,7 @@ class ServerCore:
         self._loading: asyncio.Task[Any] | None = None
         self._open = False  # from start until stop finished: what stop has to undo
         self.shared_memory = SharedMemoryRegistry()
+        self.tracer: Tracer | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -79,6 +81,8 @@ class ServerCore:
             self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
             engine_loader=self.engine_loader,
         )
+        if cfg.trace_file is not None:
+            self.tracer = Tracer(cfg.trace_file, cfg.trace_rate)
         self._open = True
         self._idle = asyncio.Event()
         self._idle.set()
@@ -135,6 +139,9 @@ class ServerCore:
             await self.repository.close()
         await self._close_listeners()
         self.shared_memory.close()
+        if self.tracer is not None:
+            self.tracer.close()
+            self.tracer = None
         self._open = False
         _release_gpu_memory()
         log.info("server stopped")
@@ -186,10 +193,20 @@ class ServerCore:
             raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
         assert self._idle is not None
         model = self.repository.get(request.model, request.version)
+        context = REQUEST_CONTEXT.set(RequestContext(request.id, model.name, str(model.version)))
+        try:
+            return await self._infer_model(model, request)
+        finally:
+            REQUEST_CONTEXT.reset(context)
+
+    async def _infer_model(self, model: ServedModel, request: InferRequest) -> InferResponse:
+        assert self._idle is not None
+        version = str(model.version)
+        trace = self.tracer.start(model.name, version, request.id, request.received_ns) if self.tracer else None
         self._inflight += 1
         self._idle.clear()
         try:
-            response = await model.infer(request)
+            response = await model.infer(request, trace)
             targets = [(o.region, response.outputs[o.name], f"output '{o.name}'")
                        for o in request.outputs if o.region is not None and o.name in response.outputs]
             if targets:
@@ -198,15 +215,25 @@ class ServerCore:
                     (o.name, RegionRef(o.region.name, o.region.offset, response.outputs[o.name].nbytes))
                     for o in request.outputs if o.region is not None and o.name in response.outputs)
         except BaseException as exc:
-            model.stats.record_failure(status_for(exc).reason, time.perf_counter_ns() - request.received_ns)
+            reason = status_for(exc).reason
+            model.stats.record_failure(reason, time.perf_counter_ns() - request.received_ns)
+            if trace is not None:
+                trace.error = f"{reason}: {exc}"
             if not isinstance(exc, (StreamRTError, asyncio.CancelledError)):
                 log.exception("model '%s': unexpected error", request.model)
+            else:
+                log.log(logging.WARNING if reason == "BACKEND" else logging.DEBUG,
+                        "request failed (%s): %s", reason, exc)
             raise
         finally:
             self._inflight -= 1
             if not self._inflight:
                 self._idle.set()
-        model.stats.record_success(time.perf_counter_ns() - request.received_ns)
+            if trace is not None and self.tracer is not None:
+                self.tracer.finish(trace)
+        elapsed_ns = time.perf_counter_ns() - request.received_ns
+        model.stats.record_success(elapsed_ns)
+        log.debug("request done in %.0f us", elapsed_ns / 1e3)
         return response
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

@@ -11,14 +11,24 @@ and ``nv_model_load_duration_secs``. Per GPU (label ``gpu_uuid``), through NVML 
 ``nvidia-ml-py`` package and a GPU are present: ``nv_gpu_utilization`` (0..1),
 ``nv_gpu_memory_total_bytes``, ``nv_gpu_memory_used_bytes``, ``nv_gpu_power_usage`` (W),
 ``nv_gpu_power_limit`` (W), ``nv_energy_consumption`` (J).
+
+Histograms (Triton exposes quantile *summaries* ``nv_inference_*_summary_us``, which cannot be
+aggregated across servers; these histograms can, so they carry StreamRT names), per model and
+version: ``streamrt_request_duration_us`` (per request, receipt to response, success or failure),
+``streamrt_queue_duration_us`` (per request), ``streamrt_compute_duration_us`` (per execution:
+input + infer + output) and ``streamrt_batch_size`` (rows per execution). Buckets are in
+:mod:`streamrt.serve.stats`. ``streamrt_model_ready`` (1 per served version) lets alerts see a
+version that disappears.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from streamrt._optional import available, require
+from streamrt.serve.stats import Histogram
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -88,8 +98,28 @@ def _gpu_readings() -> list[tuple[str, list[float]]]:
         return []
 
 
-Family = tuple[str, str, str, list[tuple[dict[str, str], float]]]
-"""(name, type, help, samples of (labels, value))."""
+Sample = tuple[dict[str, str], float] | tuple[str, dict[str, str], float]
+Family = tuple[str, str, str, list[Sample]]
+"""(name, type, help, samples of (labels, value) or (name suffix, labels, value))."""
+
+# (name, help, key in ModelStats.histograms()).
+_HISTOGRAMS = (
+    ("streamrt_request_duration_us", "Inference request duration (receipt to response) in microseconds",
+     "request"),
+    ("streamrt_queue_duration_us", "Time a request waited in the queue, in microseconds", "queue"),
+    ("streamrt_compute_duration_us", "Duration of one model execution (input + infer + output) in microseconds",
+     "compute"),
+    ("streamrt_batch_size", "Rows per model execution", "batch_size"),
+)
+
+
+def _histogram_samples(labels: dict[str, str], histogram: Histogram) -> list[Sample]:
+    samples: list[Sample] = [
+        ("_bucket", {**labels, "le": "+Inf" if math.isinf(le) else f"{le:g}"}, float(count))
+        for le, count in histogram.cumulative()
+    ]
+    samples += [("_sum", labels, histogram.sum), ("_count", labels, float(histogram.count))]
+    return samples
 
 
 def collect(server: ServerCore) -> list[Family]:
@@ -115,6 +145,16 @@ def collect(server: ServerCore) -> list[Family]:
         "nv_model_load_duration_secs", "gauge", "Model load time in seconds",
         [(ids(m), m.load_seconds) for m in served],
     ))
+    families.append((
+        "streamrt_model_ready", "gauge", "1 for every model version loaded and serving",
+        [(ids(m), 1.0) for m in served],
+    ))
+    histograms = [(ids(m), m.stats.histograms()) for m in served]
+    for name, text, key in _HISTOGRAMS:
+        samples: list[Sample] = []
+        for labels, per_model in histograms:
+            samples += _histogram_samples(labels, per_model[key])
+        families.append((name, "histogram", text, samples))
     readings = _gpu_readings()
     for i, (name, text) in enumerate(_GPU):
         families.append((name, "gauge", text, [({"gpu_uuid": uuid}, values[i]) for uuid, values in readings]))
@@ -130,10 +170,11 @@ def render(server: ServerCore) -> bytes:
     lines = []
     for name, kind, text, samples in collect(server):
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        for labels, value in samples:
+        for sample in samples:
+            suffix, labels, value = sample if len(sample) == 3 else ("", *sample)
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
             number = repr(value) if value != int(value) else str(int(value))
-            lines.append(f"{name}{{{label_text}}} {number}")
+            lines.append(f"{name}{suffix}{{{label_text}}} {number}")
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -44,6 +44,7 @@ from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_out
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.stats import ModelStats
+from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
 
 __all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
@@ -381,8 +382,9 @@ class ServedModel:
             (n, inputs[n].dtype.str, inputs[n].shape[1:] if self.batched else inputs[n].shape) for n in self._inputs
         )
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, queue, wait for the batch, and shape the response (outputs as requested)."""
+    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
+        """Validate, queue, wait for the batch, and shape the response (outputs as requested);
+        ``trace`` gets the queue and compute timestamps."""
         if self._scheduler is None:
             raise ModelNotReadyError(f"model '{self.name}' version {self.version} is not started")
         for out in request.outputs:
@@ -392,7 +394,7 @@ class ServedModel:
         rows = self.validate(request.inputs)
         outputs = await self._scheduler.submit(
             self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
-            priority=request.priority, timeout_us=request.timeout_us,
+            priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )
         result = {}
         for out in request.outputs or self._all_outputs:

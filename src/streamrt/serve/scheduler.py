@@ -28,6 +28,7 @@ from streamrt.serve.batcher import BatchQueue, Pending
 from streamrt.serve.config import BatchingConfig
 from streamrt.serve.instances import BatchResult, Instance, InstanceGroup
 from streamrt.serve.stats import ModelStats
+from streamrt.serve.tracing import RequestTrace
 
 __all__ = ["ModelScheduler"]
 
@@ -41,6 +42,7 @@ class _Job:
     inputs: Mapping[str, np.ndarray]
     future: asyncio.Future[Outputs]
     enqueued_ns: int
+    trace: RequestTrace | None = None
 
 
 class ModelScheduler:
@@ -86,7 +88,8 @@ class ModelScheduler:
         return self._queue.level_for(priority)
 
     async def submit(
-        self, inputs: Mapping[str, np.ndarray], *, rows: int, key: Hashable, priority: int = 0, timeout_us: int = 0
+        self, inputs: Mapping[str, np.ndarray], *, rows: int, key: Hashable, priority: int = 0, timeout_us: int = 0,
+        trace: RequestTrace | None = None,
     ) -> Outputs:
         """Queue one request and wait for its outputs.
 
@@ -99,7 +102,9 @@ class ModelScheduler:
         if self._closing:
             raise ModelNotReadyError(f"model '{self.name}' is unloading and accepts no new requests")
         future: asyncio.Future[Outputs] = self._loop.create_future()
-        job = _Job(inputs, future, time.perf_counter_ns())
+        job = _Job(inputs, future, time.perf_counter_ns(), trace)
+        if trace is not None:
+            trace.mark("QUEUE_START", job.enqueued_ns)
         item = Pending(job, rows=rows, key=key, enqueued=time.monotonic())
         self._queue.push(item, priority=priority, timeout_us=timeout_us)
         self._wakeup.set()
@@ -137,6 +142,8 @@ class ModelScheduler:
         start = time.perf_counter_ns()
         for item in batch:
             self.stats.record_queue(start - item.payload.enqueued_ns)
+            if item.payload.trace is not None:
+                item.payload.trace.mark("COMPUTE_START", start)
         self._running += 1
         self._active[id(batch)] = batch
 
@@ -160,9 +167,26 @@ class ModelScheduler:
                 self._fail(item, result)
             return
         self.stats.record_batch(result.rows, len(batch), result.input_ns, result.infer_ns, result.output_ns)
+        self._trace_compute(batch, result)
         for item, outputs in zip(batch, result.outputs, strict=True):
             if not item.payload.future.done():
                 item.payload.future.set_result(outputs)
+
+    @staticmethod
+    def _trace_compute(batch: list[Pending], result: BatchResult) -> None:
+        """COMPUTE_INPUT_END, COMPUTE_OUTPUT_START and COMPUTE_END of the traced requests of a batch.
+
+        The instance reports durations, not times: the engine run is placed so that it ends
+        ``output_ns`` before now (the hand-back to the loop is counted in COMPUTE_END only)."""
+        traces = [item.payload.trace for item in batch if item.payload.trace is not None]
+        if not traces:
+            return
+        end = time.perf_counter_ns()
+        output_start = end - result.output_ns
+        for trace in traces:
+            trace.mark("COMPUTE_INPUT_END", output_start - result.infer_ns)
+            trace.mark("COMPUTE_OUTPUT_START", output_start)
+            trace.mark("COMPUTE_END", end)
 
     @staticmethod
     def _fail(item: Pending, error: BaseException) -> None:

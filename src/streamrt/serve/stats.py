@@ -9,6 +9,10 @@ Semantics (Triton's ``extension_statistics.md`` and ``metrics.md``):
 * ``inference_count``: rows inferred (a batch of 8 counts 8); ``execution_count``: batches run.
 * ``failures``: failed requests by reason (REJECTED, CANCELED, BACKEND, OTHER).
 
+Histograms for ``/metrics`` (cumulative buckets, Prometheus' convention): request duration
+(per request, success or failure), queue duration (per request), compute duration (per execution:
+input + infer + output) and batch size (rows per execution).
+
 Example:
     >>> s = ModelStats()
     >>> s.record_batch(rows=4, requests=2, input_ns=10, infer_ns=100, output_ns=5)
@@ -18,13 +22,22 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import collections
+import copy
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Duration", "ModelStats"]
+__all__ = ["BATCH_BUCKETS", "DURATION_BUCKETS_US", "Duration", "Histogram", "ModelStats"]
+
+DURATION_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+                       500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000)
+"""Upper bounds (microseconds) of the duration histograms: 100 us to 10 s, about x2.5 apart."""
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Upper bounds of the batch-size histogram (rows per execution)."""
 
 
 @dataclass
@@ -40,6 +53,30 @@ class Duration:
 
     def to_dict(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
+
+
+class Histogram:
+    """Observations counted into fixed buckets (``le`` upper bounds), with their sum; not locked
+    (the owning :class:`ModelStats` holds its lock around every call)."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(le, observations <= le)`` for every bound and +Inf, as Prometheus exposes them."""
+        out, total = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
 
 
 class ModelStats:
@@ -58,6 +95,17 @@ class ModelStats:
         self.last_inference_ms = 0
         self.failures: collections.Counter[str] = collections.Counter()
         self.batches: dict[int, tuple[Duration, Duration, Duration]] = {}
+        self.request_us = Histogram(DURATION_BUCKETS_US)
+        self.queue_us = Histogram(DURATION_BUCKETS_US)
+        self.compute_us = Histogram(DURATION_BUCKETS_US)
+        self.batch_size = Histogram(BATCH_BUCKETS)
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Copies of the four histograms (request, queue, compute, batch_size), taken under the lock."""
+        with self._lock:
+            return {name: copy.deepcopy(h) for name, h in (
+                ("request", self.request_us), ("queue", self.queue_us), ("compute", self.compute_us),
+                ("batch_size", self.batch_size))}
 
     def record_batch(self, rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One engine execution of ``rows`` rows serving ``requests`` requests."""
@@ -72,18 +120,23 @@ class ModelStats:
             per[0].add(input_ns)
             per[1].add(infer_ns)
             per[2].add(output_ns)
+            self.compute_us.observe((input_ns + infer_ns + output_ns) / 1000)
+            self.batch_size.observe(rows)
 
     def record_queue(self, ns: int) -> None:
         with self._lock:
             self.queue.add(ns)
+            self.queue_us.observe(ns / 1000)
 
     def record_success(self, ns: int) -> None:
         with self._lock:
             self.success.add(ns)
+            self.request_us.observe(ns / 1000)
 
     def record_failure(self, reason: str, ns: int) -> None:
         with self._lock:
             self.fail.add(ns)
+            self.request_us.observe(ns / 1000)
             self.failures[reason] += 1
 
     def to_kserve(self, name: str, version: str) -> dict[str, Any]:
