@@ -4,8 +4,9 @@ A replica owns one in-process server core (no listeners) on its own event-loop t
 repository's models with their instance groups, dynamic batcher and streams stay inside the
 replica, exactly as in ``streamrt serve``. Ray Serve provides the replicas, autoscaling, the HTTP
 proxy and the restarts; the edge speaks the KServe v2 protocol (``/v2/health/{live,ready}``,
-``/v2/models/{m}[/versions/{v}]/ready``, ``/v2/models/{m}[/versions/{v}]/infer``, JSON or JSON +
-binary tensors), so the same clients (tritonclient, ``streamrt perf``) work against it.
+``/v2/models/{m}[/versions/{v}]`` metadata, ``.../ready``, ``.../infer`` with JSON or JSON + binary
+tensors, and ``.../stats`` of the replica that answers), so the same clients (tritonclient,
+``streamrt perf``) work against it.
 
 Every replica opens the repository path itself: on a multi-node cluster it must be on a shared
 file system (or the same path on every node). Needs the ``ray`` extra (``pip install 'streamrt[ray]'``).
@@ -34,7 +35,7 @@ from streamrt.serve.status import status_for
 
 __all__ = ["StreamRTReplica", "streamrt_app"]
 
-_MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/(infer|ready)$")
+_MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(infer|ready|stats))?$")
 
 
 class StreamRTReplica:
@@ -80,12 +81,17 @@ class StreamRTReplica:
             return 200, _json(core.metadata()), {}
         found = _MODEL_ROUTE.match(path)
         if found is None:
-            return 404, _json({"error": f"no route {method} {path} (KServe v2: health, ready, infer)"}), {}
-        model, version, action = found.group(1), found.group(2) or "", found.group(3)
-        if action == "ready" and method == "GET":
-            assert core.repository is not None  # set by start()
-            core.repository.get(model, version)  # raises the server's not-found / not-ready error
-            return 200, _json({"ready": True}), {}
+            return 404, _json({"error": f"no route {method} {path} (KServe v2: health, metadata, ready, infer)"}), {}
+        model, version, action = found.group(1), found.group(2) or "", found.group(3) or ""
+        repository = core.repository
+        assert repository is not None  # set by start()
+        if method == "GET" and action != "infer":
+            served = repository.get(model, version)  # raises the server's not-found / not-ready error
+            if action == "ready":
+                return 200, _json({"ready": True}), {}
+            if action == "stats":
+                return 200, _json(core.statistics(model, version)), {}
+            return 200, _json(served.metadata(repository.versions(model))), {}
         if action != "infer" or method != "POST":
             return 405, _json({"error": f"{method} not allowed on {path}"}), {}
         if not core.accepting:
