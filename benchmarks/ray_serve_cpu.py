@@ -122,7 +122,8 @@ def main() -> int:
     finally:
         serve.shutdown()
         ray.shutdown()
-    table = ["| server: model, concurrency | req/s | p50 ms | p99 ms | requests | errors |", "|---|---|---|---|---|---|"]
+    table = ["| server: model, concurrency | req/s | p50 ms | p99 ms | requests | errors |",
+             "|---|---|---|---|---|---|"]
     table += [row(name, result) for name, result in rows.items()]
     one, two = (rows[f"ray serve, {n} replica(s): heavy c=4"].throughput for n in (1, 2))
     light_serve, light_ray = rows["streamrt serve: light c=1"], rows["ray serve, 1 replica: light c=1"]
