@@ -19,13 +19,15 @@ Each kept node comes with its reason, for the build's report and the plan's mani
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from streamrt.onnx.model import subgraphs
 
 __all__ = ["DATA_MAX", "KeptNode", "init_max", "large_activations", "name_nodes", "overflowing_constants"]
 
@@ -65,9 +67,9 @@ def init_max(elem_type: int) -> float:
 
 def name_nodes(graph: onnx.GraphProto) -> None:
     """Give every unnamed node (in subgraphs too) a unique name: the converter blocks nodes by name."""
-    taken = {n.name for g in _graphs(graph) for n in g.node if n.name}
+    taken = {n.name for g in subgraphs(graph) for n in g.node if n.name}
     counter = 0
-    for g in _graphs(graph):
+    for g in subgraphs(graph):
         for node in g.node:
             if not node.name:
                 while f"{node.op_type}_streamrt_{counter}" in taken:
@@ -203,18 +205,8 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
-
-
 def summary(kept: Sequence[KeptNode], op_types: Sequence[str], model: onnx.ModelProto) -> dict[str, Any]:
     """The manifest entry: kept nodes with reasons, and how many nodes the op-type list keeps."""
     listed = set(op_types)
-    by_type = sum(1 for g in _graphs(model.graph) for n in g.node if n.op_type in listed)
+    by_type = sum(1 for g in subgraphs(model.graph) for n in g.node if n.op_type in listed)
     return {"kept_nodes": [k.to_dict() for k in kept], "kept_by_op_type": by_type, "fp32_op_types": list(op_types)}

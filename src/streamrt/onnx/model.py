@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import onnx
 from streamrt.errors import InvalidModelError, ModelNotFoundError
 from streamrt.types import DType, TensorSpec
 
-__all__ = ["OnnxModel", "load_model", "model_from_proto", "tensor_specs"]
+__all__ = ["OnnxModel", "load_model", "model_from_proto", "subgraphs", "tensor_specs"]
 
 # Models above 2 GiB keep their weights in external files; the checker must then get a path.
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -161,3 +162,14 @@ def load_model(path: str | Path, *, check: bool = True) -> OnnxModel:
     if check:
         _check(proto, p)
     return OnnxModel(proto=proto, data=data, sha256=hashlib.sha256(data).hexdigest(), path=p)
+
+
+def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every graph nested in its nodes' attributes (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from subgraphs(attr.g)
+            for sub in attr.graphs:
+                yield from subgraphs(sub)

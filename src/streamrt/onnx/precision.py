@@ -46,6 +46,7 @@ from streamrt.onnx.autocast import (
     summary,
 )
 from streamrt.onnx.lowering import PrecisionResult
+from streamrt.onnx.model import subgraphs
 
 __all__ = [
     "FP32_OPS",
@@ -357,7 +358,7 @@ def _bf16_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
         except Exception as exc:  # the converter lacks adapters for some ops and patterns
             logger.info("bf16: kept opset %d (upgrade to %d failed: %s)", _opset(work), _BF16_OPSET, exc)
     opset = _opset(work)
-    ops = {n.op_type for g in _subgraphs(work.graph) for n in g.node if n.domain in ("", "ai.onnx")}
+    ops = {n.op_type for g in subgraphs(work.graph) for n in g.node if n.domain in ("", "ai.onnx")}
     return work, sorted(op for op in ops if not _allows_bf16(op, opset))
 
 
@@ -374,18 +375,8 @@ def _allows_bf16(op_type: str, opset: int) -> bool:
     return "tensor(float)" not in allowed or "tensor(bfloat16)" in allowed
 
 
-def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _subgraphs(attr.g)
-            for sub in attr.graphs:
-                yield from _subgraphs(sub)
-
-
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    for g in _subgraphs(graph):
+    for g in subgraphs(graph):
         yield from g.initializer
         for node in g.node:
             for attr in node.attribute:
@@ -396,7 +387,7 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 def _has_float16(graph: onnx.GraphProto) -> bool:
     fp16 = onnx.TensorProto.FLOAT16
-    for g in _subgraphs(graph):
+    for g in subgraphs(graph):
         for value in (*g.input, *g.output, *g.value_info):
             if value.type.tensor_type.elem_type == fp16:
                 return True
@@ -416,7 +407,7 @@ def _set_bf16(tensor: onnx.TensorProto, values: np.ndarray) -> None:
 
 def _retype_graph(graph: onnx.GraphProto) -> None:
     fp16, bf16 = onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
-    for g in _subgraphs(graph):
+    for g in subgraphs(graph):
         for value in (*g.input, *g.output, *g.value_info):
             if value.type.tensor_type.elem_type == fp16:
                 value.type.tensor_type.elem_type = bf16
