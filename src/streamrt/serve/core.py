@@ -30,9 +30,10 @@ from typing import Any
 from streamrt._version import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
-from streamrt.serve.model import EngineLoader, ServedModel
+from streamrt.serve.model import EngineLoader
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
+from streamrt.serve.servable import Servable
 from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
 from streamrt.serve.status import status_for
 from streamrt.serve.tracing import REQUEST_CONTEXT, RequestContext, Tracer
@@ -199,7 +200,7 @@ class ServerCore:
         finally:
             REQUEST_CONTEXT.reset(context)
 
-    async def _infer_model(self, model: ServedModel, request: InferRequest) -> InferResponse:
+    async def _infer_model(self, model: Servable, request: InferRequest) -> InferResponse:
         assert self._idle is not None
         version = str(model.version)
         trace = self.tracer.start(model.name, version, request.id, request.received_ns) if self.tracer else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,12 @@ from streamrt.serve.instances import InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
+from streamrt.serve.servable import EngineLoader, LoadContext, Servable
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
 
-__all__ = ["EngineLoader", "ServedModel", "load_engine", "resolve_config"]
+__all__ = ["EngineLoader", "ServedModel", "load_engine", "load_served_model", "resolve_config"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,6 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
     return engine
 
 
-EngineLoader = Callable[[Path, int, ModelConfig], Engine]
 """Loads the engine of one model version: ``(model_dir, version, config) -> Engine``."""
 
 
@@ -427,3 +427,10 @@ class ServedModel:
         from streamrt.serve.config_message import to_message
 
         return to_message(self.config, self.platform)
+
+
+def load_served_model(context: LoadContext) -> Servable:
+    """The engine kind's loader (:data:`streamrt.serve.servable.KINDS`); mypy checks here that
+    :class:`ServedModel` keeps the :class:`~streamrt.serve.servable.Servable` contract."""
+    served: Servable = ServedModel.load(context.model_dir, context.version, context.config, context.engine_loader)
+    return served

@@ -31,8 +31,9 @@ from typing import Any
 from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.config_message import from_mapping, read_config_file
-from streamrt.serve.model import EngineLoader, ServedModel
+from streamrt.serve.model import EngineLoader
 from streamrt.serve.model_files import remove_model_files, write_model_files
+from streamrt.serve.servable import LoadContext, Servable, load_servable
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
 
@@ -55,7 +56,7 @@ class ModelEntry:
     name: str
     state: ModelState = ModelState.UNAVAILABLE
     reason: str = "unloaded"
-    versions: dict[int, ServedModel] = field(default_factory=dict)
+    versions: dict[int, Servable] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     files: Path | None = None  # the directory of a load request's files, while it is loaded from them
 
@@ -167,7 +168,7 @@ class ModelRepository:
 
     async def _load_versions(
         self, name: str, override: Mapping[str, Any] | None, files: Path | None = None
-    ) -> dict[int, ServedModel]:
+    ) -> dict[int, Servable]:
         config = self.read_config(name, override, files)
         folder = files or self.root / name
         versions = config.version_policy.select(_versions(folder))
@@ -177,11 +178,11 @@ class ModelRepository:
                 hint=f"put the model in {folder}/1/model.plan (or model.onnx)",
             )
         loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._executor, ServedModel.load, folder, v, config, self._loader)
-                for v in versions]
+        jobs = [loop.run_in_executor(self._executor, load_servable,
+                                     LoadContext(folder, v, config, self._loader, self.get)) for v in versions]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        loaded = {s.version: s for s in results if isinstance(s, ServedModel)}
+        loaded = {s.version: s for s in results if not isinstance(s, BaseException)}
         if errors:
             for served in loaded.values():
                 await loop.run_in_executor(self._executor, served.release)
@@ -210,7 +211,7 @@ class ModelRepository:
 
     # --- lookups ------------------------------------------------------------------------------
 
-    def get(self, name: str, version: str = "") -> ServedModel:
+    def get(self, name: str, version: str = "") -> Servable:
         """The served version (``""``: the highest loaded one).
 
         Raises:
@@ -248,7 +249,7 @@ class ModelRepository:
         entry = self._entries.get(name)
         return [str(v) for v in sorted(entry.versions)] if entry else []
 
-    def served(self) -> list[ServedModel]:
+    def served(self) -> list[Servable]:
         """Every loaded model version (for statistics and metrics)."""
         return [s for e in self._entries.values() for _, s in sorted(e.versions.items())]
 

@@ -1,0 +1,121 @@
+"""What the server serves: the :class:`Servable` contract and how a model's config picks its kind.
+
+Every loaded model version the repository holds is a :class:`Servable`: an engine model
+(:class:`streamrt.serve.model.ServedModel`: a plan or ONNX file run by a backend), an ensemble
+(:mod:`streamrt.serve.ensemble`: a DAG of other models' steps) or a Python model
+(:mod:`streamrt.serve.python_backend`: a ``model.py`` in the shape of Triton's
+``TritonPythonModel``). The core, the front ends, statistics and metrics see only this contract.
+
+A config picks its kind as Triton's does: ``platform: "ensemble"`` is an ensemble,
+``backend: "python"`` a Python model, anything else an engine model. Each kind's loader takes a
+:class:`LoadContext`; ``lookup`` lets an ensemble reach the models it composes at request time
+(so a reloaded step is picked up without reloading the ensemble).
+
+Example:
+    >>> kind_of(ModelConfig(name="m", platform="ensemble"))
+    'ensemble'
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from streamrt.serve.config import ModelConfig
+
+if TYPE_CHECKING:
+    from streamrt.backends.base import Engine
+    from streamrt.serve.protocol import InferRequest, InferResponse
+    from streamrt.serve.stats import ModelStats
+    from streamrt.serve.tracing import RequestTrace
+
+__all__ = ["KINDS", "EngineLoader", "LoadContext", "Servable", "kind_of", "load_servable"]
+
+
+EngineLoader = Callable[[Path, int, ModelConfig], "Engine"]
+"""Loads an engine model's engine: ``(model_dir, version, config) -> Engine`` (tests replace it)."""
+
+
+class Servable(Protocol):
+    """A loaded model version as the server core, front ends, statistics and metrics use it."""
+
+    version: int
+    config: ModelConfig
+    stats: ModelStats
+    platform: str
+    load_seconds: float
+    labels: dict[str, list[str]]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet running."""
+        ...
+
+    def start(self) -> None:
+        """Begin serving (called on the event loop once every version of the load is warm)."""
+
+    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse: ...
+
+    async def stop(self, timeout: float) -> None:
+        """Finish in-flight work (bounded by ``timeout``) and release everything."""
+
+    def release(self) -> None:
+        """Release what a load took when the load failed after this version was created."""
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        """The KServe model metadata response."""
+        ...
+
+    def triton_config(self) -> Any:
+        """The resolved config as Triton's ``inference.ModelConfig`` message."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """What a kind's loader gets: the version to load and the repository's services.
+
+    Attributes:
+        model_dir: the model's directory (``<repo>/<name>``, or a load request's files).
+        version: the version directory to load.
+        config: the model's config as read (each kind resolves it further).
+        engine_loader: replaces how engine models load their engine (tests).
+        lookup: ``lookup(name, version)`` returns the served version of another model (for
+            ensembles; raises as :meth:`ModelRepository.get` does).
+    """
+
+    model_dir: Path
+    version: int
+    config: ModelConfig
+    engine_loader: EngineLoader | None = None
+    lookup: Callable[[str, str], Servable] | None = None
+
+
+KINDS = {
+    "engine": "streamrt.serve.model:load_served_model",
+    "ensemble": "streamrt.serve.ensemble:load_ensemble",
+    "python": "streamrt.serve.python_backend:load_python_model",
+}
+"""Each kind's loader as ``module:function`` (imported when a model of that kind loads)."""
+
+
+def kind_of(config: ModelConfig) -> str:
+    """``"ensemble"``, ``"python"`` or ``"engine"``, from the config's platform and backend."""
+    if config.platform == "ensemble":
+        return "ensemble"
+    if config.backend == "python":
+        return "python"
+    return "engine"
+
+
+def load_servable(context: LoadContext) -> Servable:
+    """Load one model version of whatever kind its config names (blocking: call from a thread)."""
+    module, function = KINDS[kind_of(context.config)].split(":")
+    loader: Callable[[LoadContext], Servable] = getattr(importlib.import_module(module), function)
+    return loader(context)
