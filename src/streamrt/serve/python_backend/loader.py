@@ -1,0 +1,101 @@
+"""Finding and importing a Python model's ``model.py``, and the ``args`` its ``initialize`` receives.
+
+Each instance imports ``model.py`` as a module of its own (``streamrt_python_models.<model>_v<version>_
+<instance>``), so module-level state is per instance, as it is in Triton, where every instance is a
+process. ``triton_python_backend_utils`` is registered in ``sys.modules`` (as
+:mod:`.pb_utils`) before the import, and the version directory is put on ``sys.path`` so that
+helper modules next to ``model.py`` import as they do in Triton.
+
+Example:
+    >>> find_model_file(Path("repo/add_sub"), 1, "")              # doctest: +SKIP
+    PosixPath('repo/add_sub/1/model.py')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from streamrt.errors import ModelError, ModelNotFoundError
+from streamrt.serve.python_backend import pb_utils
+
+__all__ = ["MODULE_PREFIX", "UTILS_MODULE", "find_model_file", "forget_module", "import_model_class", "initialize_args"]
+
+UTILS_MODULE = "triton_python_backend_utils"
+"""The name user code imports the utilities by."""
+MODULE_PREFIX = "streamrt_python_models"
+"""Package-like prefix of the imported ``model.py`` modules (they are not importable by it)."""
+
+_import_lock = threading.Lock()  # sys.path and sys.modules changes of concurrent loads
+
+
+def find_model_file(model_dir: Path, version: int, default_model_filename: str) -> Path:
+    """``<model_dir>/<version>/model.py`` (or ``default_model_filename``).
+
+    Raises:
+        ModelNotFoundError: the file is not there.
+    """
+    path = model_dir / str(version) / (default_model_filename or "model.py")
+    if not path.is_file():
+        raise ModelNotFoundError(f"Python model '{model_dir.name}' version {version}: no {path.name} in {path.parent}",
+                                 hint="a Python model is <repo>/<name>/<version>/model.py defining "
+                                      "class TritonPythonModel")
+    return path
+
+
+def import_model_class(path: Path, model: str, version: int, instance: str) -> type:
+    """Import ``path`` as a fresh module and return its ``TritonPythonModel`` class.
+
+    Raises:
+        ModelError: the import raised, or the module defines no ``TritonPythonModel`` with ``execute``.
+    """
+    safe = re.sub(r"\W", "_", f"{model}_v{version}_{instance}")
+    name = f"{MODULE_PREFIX}.{safe}"
+    with _import_lock:
+        sys.modules.setdefault(UTILS_MODULE, pb_utils)
+        folder = str(path.parent)
+        if folder not in sys.path:
+            sys.path.append(folder)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ModelError(f"Python model '{model}': cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            raise ModelError(f"Python model '{model}' version {version}: importing {path.name} raised "
+                             f"{type(exc).__name__}: {exc}") from exc
+    cls = getattr(module, "TritonPythonModel", None)
+    if not isinstance(cls, type) or not callable(getattr(cls, "execute", None)):
+        sys.modules.pop(name, None)
+        raise ModelError(f"Python model '{model}' version {version}: {path.name} defines no class "
+                         "TritonPythonModel with an execute(self, requests) method",
+                         hint="see Triton's python_backend README for the class to write")
+    return cls
+
+
+def forget_module(model: str, version: int, instance: str) -> None:
+    """Drop an instance's module from ``sys.modules`` (after its ``finalize``)."""
+    safe = re.sub(r"\W", "_", f"{model}_v{version}_{instance}")
+    sys.modules.pop(f"{MODULE_PREFIX}.{safe}", None)
+
+
+def initialize_args(model_config: dict[str, Any], *, model_dir: Path, version: int, instance: str, kind: str,
+                    device_id: int) -> dict[str, str]:
+    """The ``args`` dict of ``initialize``: every key and value a string, as Triton gives them."""
+    return {
+        "model_config": json.dumps(model_config),
+        "model_instance_kind": kind,
+        "model_instance_name": instance,
+        "model_instance_device_id": str(device_id),
+        "model_repository": str(model_dir),
+        "model_version": str(version),
+        "model_name": str(model_config.get("name", model_dir.name)),
+    }
