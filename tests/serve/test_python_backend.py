@@ -250,7 +250,8 @@ def test_add_sub_http_and_grpc(http: Any, grpc: Any) -> None:
 
 def test_metadata_and_config(http: Any, grpc: Any) -> None:
     meta = http.get_model_metadata("add_sub")
-    assert meta["platform"] == "python" and meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}
+    assert meta["platform"] == "python"
+    assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}
     cfg = http.get_model_config("add_sub")
     assert cfg["backend"] == "python" and cfg["max_batch_size"] == 8 and cfg["instance_group"][0]["count"] == 2
     assert grpc.get_model_config("picky", as_json=True)["config"]["backend"] == "python"

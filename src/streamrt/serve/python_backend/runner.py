@@ -219,7 +219,7 @@ class PythonInstance:
         tensors = []
         for name, value in sub.inputs.items():
             if isinstance(value, DeviceTensor):
-                data: Any = np.asarray(value) if self.spec.cpu_inputs else value.tensor.view(value.shape)
+                data: Any = np.asarray(value) if self.spec.cpu_inputs else value.tensor
             else:
                 data = value
             tensors.append(pb_utils.Tensor(name, data))
