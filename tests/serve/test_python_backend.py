@@ -378,6 +378,21 @@ def test_initialize_error_makes_model_unavailable(http: Any) -> None:
     assert http.is_server_live() and not http.is_model_ready("broken_init")
 
 
+def test_import_error_is_the_load_error(http: Any, repo: Path) -> None:
+    write_model(repo, "syntax_error", SIMPLE_CONFIG, "def execute(self, requests)\n    return []\n")
+    with pytest.raises(InferenceServerException) as info:
+        http.load_model("syntax_error")
+    assert "importing model.py raised SyntaxError" in info.value.message()
+    assert http.is_server_live() and http.is_model_ready("add_sub")
+
+
+def test_reload_while_serving_swaps_instances(http: Any) -> None:
+    a = np.random.default_rng().standard_normal((2, 4)).astype(np.float32)
+    http.load_model("add_sub")  # READY: the new instances load beside the old, which finalize after the swap
+    np.testing.assert_array_equal(http.infer("add_sub", add_sub_inputs(thttp, a, a)).as_numpy("OUTPUT0"), 2 * a)
+    assert http.is_model_ready("add_sub")
+
+
 def test_unload_calls_finalize_on_every_instance(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     with ServerThread(repo, config(startup_models=("add_sub",)), start_timeout=60) as running:

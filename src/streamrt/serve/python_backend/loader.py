@@ -1,7 +1,7 @@
 """Finding and importing a Python model's ``model.py``, and the ``args`` its ``initialize`` receives.
 
 Each instance imports ``model.py`` as a module of its own (``streamrt_python_models.<model>_v<version>_
-<instance>``), so module-level state is per instance, as it is in Triton, where every instance is a
+<instance>_<n>``), so module-level state is per instance, as it is in Triton, where every instance is a
 process. ``triton_python_backend_utils`` is registered in ``sys.modules`` (as
 :mod:`.pb_utils`) before the import, and the version directory is put on ``sys.path`` so that
 helper modules next to ``model.py`` import as they do in Triton.
@@ -14,7 +14,9 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
+import logging
 import re
 import sys
 import threading
@@ -31,7 +33,10 @@ UTILS_MODULE = "triton_python_backend_utils"
 MODULE_PREFIX = "streamrt_python_models"
 """Package-like prefix of the imported ``model.py`` modules (they are not importable by it)."""
 
+log = logging.getLogger(__name__)
+
 _import_lock = threading.Lock()  # sys.path and sys.modules changes of concurrent loads
+_imports = itertools.count()  # a reload imports beside the version still serving: names never repeat
 
 
 def find_model_file(model_dir: Path, version: int, default_model_filename: str) -> Path:
@@ -49,14 +54,15 @@ def find_model_file(model_dir: Path, version: int, default_model_filename: str) 
 
 
 def import_model_class(path: Path, model: str, version: int, instance: str) -> type:
-    """Import ``path`` as a fresh module and return its ``TritonPythonModel`` class.
+    """Import ``path`` as a fresh module and return its ``TritonPythonModel`` class (the module's
+    name is the class's ``__module__``: :func:`forget_module` takes it).
 
     Raises:
         ModelError: the import raised, or the module defines no ``TritonPythonModel`` with ``execute``.
     """
     safe = re.sub(r"\W", "_", f"{model}_v{version}_{instance}")
-    name = f"{MODULE_PREFIX}.{safe}"
     with _import_lock:
+        name = f"{MODULE_PREFIX}.{safe}_{next(_imports)}"
         sys.modules.setdefault(UTILS_MODULE, pb_utils)
         folder = str(path.parent)
         if folder not in sys.path:
@@ -70,6 +76,7 @@ def import_model_class(path: Path, model: str, version: int, instance: str) -> t
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(name, None)
+            log.error("Python model '%s': importing %s raised", model, path, exc_info=True)
             raise ModelError(f"Python model '{model}' version {version}: importing {path.name} raised "
                              f"{type(exc).__name__}: {exc}") from exc
     cls = getattr(module, "TritonPythonModel", None)
@@ -81,10 +88,10 @@ def import_model_class(path: Path, model: str, version: int, instance: str) -> t
     return cls
 
 
-def forget_module(model: str, version: int, instance: str) -> None:
-    """Drop an instance's module from ``sys.modules`` (after its ``finalize``)."""
-    safe = re.sub(r"\W", "_", f"{model}_v{version}_{instance}")
-    sys.modules.pop(f"{MODULE_PREFIX}.{safe}", None)
+def forget_module(name: str) -> None:
+    """Drop an instance's ``model.py`` module from ``sys.modules`` (after its ``finalize``)."""
+    if name.startswith(MODULE_PREFIX + "."):
+        sys.modules.pop(name, None)
 
 
 def initialize_args(model_config: dict[str, Any], *, model_dir: Path, version: int, instance: str, kind: str,

@@ -145,7 +145,7 @@ class PythonInstance:
             if callable(getattr(model, "initialize", None)):
                 model.initialize(args)
         except Exception as exc:
-            loader.forget_module(spec.name, spec.version, self.name)
+            loader.forget_module(model_class.__module__)
             log.error("Python model '%s' instance %s: initialize() raised", spec.name, self.name, exc_info=True)
             raise ModelError(f"Python model '{spec.name}' version {spec.version}: initialize() of instance "
                              f"{self.name} raised {type(exc).__name__}: {exc}") from exc
@@ -281,7 +281,8 @@ class PythonInstance:
         except Exception:
             log.error("Python model '%s' instance %s: finalize() raised", self.spec.name, self.name, exc_info=True)
         finally:
-            loader.forget_module(self.spec.name, self.spec.version, self.name)
+            if model is not None:
+                loader.forget_module(type(model).__module__)
 
 
 def _to_host(value: Any) -> Any:
