@@ -125,3 +125,24 @@ def test_device_tensor_to_host_copies_typed_tensors() -> None:
     wrapped = on_device(torch.from_numpy(x))  # what an ensemble caller gets for a device output
     assert wrapped.dtype == np.float32 and wrapped.shape == (2, 3)
     np.testing.assert_array_equal(np.asarray(wrapped), x)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"output": []}, "must list its inputs and outputs"),
+    ({"max_batch_size": 0}, "dynamic_batching needs max_batch_size >= 1"),
+    ({"parameters": {"EXECUTION_ENV_PATH": {"string_value": "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}}},
+     "EXECUTION_ENV_PATH is not supported"),
+    ({"input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4], "reshape": {"shape": [2, 2]}}]},
+     "reshape is not supported"),
+])
+def test_python_configs_that_cannot_run_are_refused(changes: dict, words: str) -> None:
+    from streamrt.errors import ConfigError
+    from streamrt.serve.config_message import from_mapping
+    from streamrt.serve.python_backend import resolve_python_config
+
+    base = {"backend": "python", "max_batch_size": 4, "dynamic_batching": {},
+            "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],
+            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]}]}
+    assert resolve_python_config(from_mapping(base, "m")).max_batch_size == 4
+    with pytest.raises(ConfigError, match=words):
+        resolve_python_config(from_mapping({**base, **changes}, "m"))

@@ -53,8 +53,8 @@ def resolve_python_config(config: ModelConfig) -> ModelConfig:
     """Check a Python model's config and fill in its defaults (``max_batch_size`` 0 when unset).
 
     Raises:
-        ConfigError: no inputs or outputs, ``reshape``, warm-up, or batching settings that contradict
-            ``max_batch_size``.
+        ConfigError: no inputs or outputs, ``reshape``, warm-up, ``EXECUTION_ENV_PATH``, or batching
+            settings that contradict ``max_batch_size``.
     """
     where = f"Python model '{config.name}'"
     if not config.input or not config.output:
@@ -67,6 +67,10 @@ def resolve_python_config(config: ModelConfig) -> ModelConfig:
     if config.model_warmup:
         raise ConfigError(f"{where}: model_warmup is not supported for Python models",
                           hint="warm up inside initialize(), which runs before the model is READY")
+    if "EXECUTION_ENV_PATH" in {k.upper() for k in config.parameters}:
+        raise ConfigError(f"{where}: EXECUTION_ENV_PATH is not supported: StreamRT runs Python models in the "
+                          "server's own interpreter", hint="install the model's packages into the server's "
+                          "environment and remove the parameter")
     mbs = config.max_batch_size or 0
     if config.dynamic_batching is not None and mbs == 0:
         raise ConfigError(f"{where}: dynamic_batching needs max_batch_size >= 1")
