@@ -5,6 +5,7 @@ reach only their request, load failures, and finalize at unload."""
 from __future__ import annotations
 
 import textwrap
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -395,10 +396,13 @@ def test_reload_while_serving_swaps_instances(http: Any) -> None:
 
 def test_unload_calls_finalize_on_every_instance(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
-    with ServerThread(repo, config(startup_models=("add_sub",)), start_timeout=60) as running:
+    with ServerThread(repo, config(startup_models=("add_sub",), metrics_port=0), start_timeout=60) as running:
         client = thttp.InferenceServerClient(f"127.0.0.1:{running.http_port}")
         a = np.ones((2, 4), np.float32)
         assert client.infer("add_sub", add_sub_inputs(thttp, a, a)).as_numpy("OUTPUT0").tolist() == (2 * a).tolist()
+        with urllib.request.urlopen(f"http://127.0.0.1:{running.metrics_port}/metrics", timeout=10) as page:
+            metrics = page.read().decode()
+        assert 'nv_inference_count{model="add_sub",version="1"} 2' in metrics  # rows, as for engine models
         assert not list((repo / "add_sub").glob("finalized_*"))
         client.unload_model("add_sub")
         finalized = sorted(p.name for p in (repo / "add_sub").glob("finalized_*"))
