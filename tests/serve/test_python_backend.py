@@ -168,6 +168,34 @@ class TritonPythonModel:
         return []  # one response per request is missing
 '''
 
+AUTO_COMPLETE_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+LOADED = []  # module state: auto_complete_config's import is dropped, so initialize sees a fresh module
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        LOADED.append("auto_complete")
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_INT64", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "SQUARE", "data_type": "TYPE_INT64", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def initialize(self, args):
+        assert LOADED == [], LOADED
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SQUARE", x * x)]))
+        return out
+'''
+
 SIMPLE_CONFIG = """
 backend: "python"
 max_batch_size: 8
@@ -175,7 +203,7 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
-STARTUP = ("add_sub", "picky", "strings")
+STARTUP = ("add_sub", "picky", "strings", "autocomplete")
 
 
 def write_model(repo: Path, name: str, config: str, model: str) -> Path:
@@ -190,6 +218,7 @@ def make_repo(root: Path) -> Path:
     write_model(root, "picky", PICKY_CONFIG, PICKY_MODEL)
     write_model(root, "strings", STRINGS_CONFIG, STRINGS_MODEL)
     write_model(root, "broken_init", SIMPLE_CONFIG, BROKEN_INIT_MODEL)
+    write_model(root, "autocomplete", 'backend: "python"', AUTO_COMPLETE_MODEL)
     write_model(root, "wrong_count", SIMPLE_CONFIG, WRONG_COUNT_MODEL)
     return root
 
@@ -377,6 +406,16 @@ def test_initialize_error_makes_model_unavailable(http: Any) -> None:
     row = next(r for r in http.get_model_repository_index() if r["name"] == "broken_init")
     assert row["state"] == "UNAVAILABLE" and "initialize() of instance broken_init_0_0 raised" in row["reason"]
     assert http.is_server_live() and not http.is_model_ready("broken_init")
+
+
+def test_auto_complete_config_fills_in_the_config(http: Any) -> None:
+    cfg = http.get_model_config("autocomplete")
+    assert cfg["max_batch_size"] == 4 and "dynamic_batching" in cfg
+    assert [t["name"] for t in cfg["input"]] == ["X"] and cfg["output"][0]["data_type"] == "TYPE_INT64"
+    x = np.random.default_rng().integers(-1000, 1000, (3, 2), dtype=np.int64)
+    item = thttp.InferInput("X", [3, 2], "INT64")
+    item.set_data_from_numpy(x)
+    np.testing.assert_array_equal(http.infer("autocomplete", [item]).as_numpy("SQUARE"), x * x)
 
 
 def test_import_error_is_the_load_error(http: Any, repo: Path) -> None:

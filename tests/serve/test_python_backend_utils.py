@@ -146,3 +146,21 @@ def test_python_configs_that_cannot_run_are_refused(changes: dict, words: str) -
     assert resolve_python_config(from_mapping(base, "m")).max_batch_size == 4
     with pytest.raises(ConfigError, match=words):
         resolve_python_config(from_mapping({**base, **changes}, "m"))
+
+
+def test_auto_complete_model_config_checks_conflicts_as_triton() -> None:
+    import json
+
+    given = {"name": "m", "max_batch_size": 8, "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]}
+    config = pb_utils.ModelConfig(json.dumps(given))
+    config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [4]})  # agrees: nothing added
+    config.add_output({"name": "Y", "data_type": "TYPE_INT8", "dims": [-1]})
+    assert [t["name"] for t in config.as_dict()["input"]] == ["X"] and config.as_dict()["output"][0]["dims"] == [-1]
+    with pytest.raises(ValueError, match="expects datatype TYPE_FP32"):
+        config.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [4]})
+    with pytest.raises(ValueError, match="the model expects dims"):
+        config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [5]})
+    with pytest.raises(ValueError, match="missing 'dims'"):
+        config.add_output({"name": "Z", "data_type": "TYPE_FP32"})
+    with pytest.raises(ValueError, match="configuration specified max_batch_size 8"):
+        config.set_max_batch_size(4)

@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.errors import ModelError, ModelNotFoundError
+from streamrt.serve.config import ModelConfig
 from streamrt.serve.python_backend import pb_utils
 
-__all__ = ["MODULE_PREFIX", "UTILS_MODULE", "find_model_file", "forget_module", "import_model_class", "initialize_args"]
+__all__ = [
+    "MODULE_PREFIX", "UTILS_MODULE", "auto_complete", "find_model_file", "forget_module", "import_model_class",
+    "initialize_args",
+]
 
 UTILS_MODULE = "triton_python_backend_utils"
 """The name user code imports the utilities by."""
@@ -92,6 +96,41 @@ def forget_module(name: str) -> None:
     """Drop an instance's ``model.py`` module from ``sys.modules`` (after its ``finalize``)."""
     if name.startswith(MODULE_PREFIX + "."):
         sys.modules.pop(name, None)
+
+
+def auto_complete(path: Path, config: ModelConfig) -> ModelConfig:
+    """``config`` as the model's ``auto_complete_config`` completes it (unchanged without one).
+
+    The module imported to call it is dropped afterwards: as in Triton, nothing created there is
+    seen by ``initialize`` or ``execute``.
+
+    Raises:
+        ModelError: ``auto_complete_config`` raised or returned no ``pb_utils.ModelConfig``.
+        ConfigError: the completed config is not one StreamRT can serve.
+    """
+    from streamrt.serve.config_message import from_mapping, to_message
+    from streamrt.serve.triton_config import message_json
+
+    cls = import_model_class(path, config.name, 0, "auto_complete")
+    try:
+        complete = getattr(cls, "auto_complete_config", None)
+        if not callable(complete):
+            return config
+        given = pb_utils.ModelConfig(json.dumps(message_json(to_message(config, ""))))
+        try:
+            result = complete(given)
+        except Exception as exc:
+            log.error("Python model '%s': auto_complete_config raised", config.name, exc_info=True)
+            raise ModelError(f"Python model '{config.name}': auto_complete_config raised {type(exc).__name__}: "
+                             f"{exc}") from exc
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise ModelError(f"Python model '{config.name}': auto_complete_config returned "
+                             f"{type(result).__name__}, not the pb_utils.ModelConfig it was given")
+        data = {k: v for k, v in result.as_dict().items() if v not in ({}, [], "", None) or k == "dynamic_batching"}
+        completed = from_mapping(data, config.name)
+        return completed.replace(build=config.build)
+    finally:
+        forget_module(cls.__module__)
 
 
 def initialize_args(model_config: dict[str, Any], *, model_dir: Path, version: int, instance: str, kind: str,

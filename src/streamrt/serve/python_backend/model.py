@@ -3,7 +3,7 @@
 :class:`PythonModel` keeps the :class:`~streamrt.serve.servable.Servable` contract, so the core,
 the front ends, statistics and metrics treat it as any other model. Loading (in a worker thread)
 checks the config (a Python model has no engine to derive inputs and outputs from, so the config
-names them, as Triton requires without ``auto_complete_config``), finds ``model.py`` and starts
+names them, or the model's ``auto_complete_config`` adds them, as in Triton), finds ``model.py`` and starts
 one instance per ``instance_group`` count, each running its ``initialize``; if one raises, the
 ones started are finalized and the load fails with that message (the model is UNAVAILABLE).
 :meth:`PythonModel.stop` drains the scheduler, then every instance runs ``finalize``.
@@ -31,7 +31,7 @@ from streamrt.errors import (
 )
 from streamrt.serve.config import ModelConfig, TensorConfig
 from streamrt.serve.protocol import InferRequest, InferResponse
-from streamrt.serve.python_backend.loader import find_model_file
+from streamrt.serve.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.servable import LoadContext, Servable
@@ -118,8 +118,8 @@ class PythonModel:
             ModelError: importing ``model.py`` or an ``initialize`` raised.
         """
         started = time.perf_counter()
-        config = resolve_python_config(context.config)
-        path = find_model_file(context.model_dir, context.version, config.default_model_filename)
+        path = find_model_file(context.model_dir, context.version, context.config.default_model_filename)
+        config = resolve_python_config(auto_complete(path, context.config))
         from streamrt.serve.config_message import to_message
         from streamrt.serve.triton_config import message_json
 

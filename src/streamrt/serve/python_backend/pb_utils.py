@@ -11,6 +11,9 @@ A :class:`Tensor` holds a NumPy array or, when created with :meth:`Tensor.from_d
 device tensor (torch on CUDA), that device tensor: a step can hand GPU tensors on without a host
 round trip (:meth:`Tensor.as_numpy` on such a tensor raises, as Triton's does).
 
+``auto_complete_config(auto_complete_model_config)`` is called with a :class:`ModelConfig` at load,
+before ``initialize``, as Triton calls it.
+
 Not provided (they raise :class:`TritonModelException` when called): business logic scripting
 (``InferenceRequest.exec``), decoupled response senders, request rescheduling, custom metrics.
 
@@ -35,6 +38,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "Logger",
+    "ModelConfig",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -375,3 +379,73 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
     """Always False here: StreamRT refuses decoupled configs at load."""
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class ModelConfig:
+    """The config ``auto_complete_config`` may complete: ``max_batch_size``, inputs, outputs, dynamic batching.
+
+    Args:
+        model_config: the config as Triton's JSON string.
+    """
+
+    def __init__(self, model_config: str) -> None:
+        self._model_config: dict[str, Any] = json.loads(model_config)
+        self._model_config.setdefault("input", [])
+        self._model_config.setdefault("output", [])
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _where(self) -> str:
+        return f"in auto-complete-config function for model '{self._model_config.get('name', '')}'"
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = int(self._model_config.get("max_batch_size", 0) or 0)
+        if current > max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {current}, but {self._where()} "
+                             f"specified max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(f"Configuration specified scheduling_choice as '{scheduler}', but "
+                                 f"{self._where()} tries to set scheduling_choice as 'dynamic_batching'")
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        self._model_config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output)
+
+    def _add(self, kind: str, tensor: dict[str, Any]) -> None:
+        allowed = {"name", "data_type", "dims", "optional"} if kind == "input" else {"name", "data_type", "dims"}
+        extra = set(tensor) - allowed
+        if extra:
+            raise ValueError(f"{kind} '{tensor.get('name')}' {self._where()} contains properties {sorted(extra)}")
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{kind} '{tensor.get('name', '')}' {self._where()} is missing '{key}' property.")
+        for current in self._model_config[kind]:
+            if current["name"] != tensor["name"]:
+                continue
+            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(f"unable to load model '{self._model_config.get('name', '')}', configuration "
+                                 f"expects datatype {current['data_type']} for {kind} '{tensor['name']}', "
+                                 f"model provides {tensor['data_type']}")
+            if current.get("dims") and [int(d) for d in current["dims"]] != [int(d) for d in tensor["dims"]]:
+                raise ValueError(f"model '{self._model_config.get('name', '')}', tensor '{tensor['name']}': the "
+                                 f"model expects dims {tensor['dims']} but the model configuration specifies dims "
+                                 f"{current['dims']}")
+            current.update(data_type=tensor["data_type"], dims=list(tensor["dims"]))
+            return
+        self._model_config[kind].append(dict(tensor))
