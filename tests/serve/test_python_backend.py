@@ -203,7 +203,7 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
-STARTUP = ("add_sub", "picky", "strings", "autocomplete")
+STARTUP = ("add_sub", "picky", "picky_strict", "strings", "autocomplete")
 
 
 def write_model(repo: Path, name: str, config: str, model: str) -> Path:
@@ -216,6 +216,8 @@ def write_model(repo: Path, name: str, config: str, model: str) -> Path:
 def make_repo(root: Path) -> Path:
     write_model(root, "add_sub", ADD_SUB_CONFIG, ADD_SUB_MODEL)
     write_model(root, "picky", PICKY_CONFIG, PICKY_MODEL)
+    strict = PICKY_CONFIG + 'parameters { key: "ISOLATE_FAILED_BATCHES" value: { string_value: "no" } }\n'
+    write_model(root, "picky_strict", strict, PICKY_MODEL)
     write_model(root, "strings", STRINGS_CONFIG, STRINGS_MODEL)
     write_model(root, "broken_init", SIMPLE_CONFIG, BROKEN_INIT_MODEL)
     write_model(root, "autocomplete", 'backend: "python"', AUTO_COMPLETE_MODEL)
@@ -312,9 +314,9 @@ def test_dynamic_batching_gives_execute_several_requests(server: ServerThread, h
     assert executions < 6
 
 
-def _infer_concurrently(http: Any, xs: list[np.ndarray]) -> list[Any]:
+def _infer_concurrently(http: Any, xs: list[np.ndarray], model: str = "picky") -> list[Any]:
     """Send all of ``xs`` at once (they arrive within the 300 ms queue delay); results or errors, in order."""
-    pending = [http.async_infer("picky", x_input(thttp, x)) for x in xs]
+    pending = [http.async_infer(model, x_input(thttp, x)) for x in xs]
     results = []
     for p in pending:
         try:
@@ -360,6 +362,13 @@ def test_exception_in_execute_reaches_only_its_request(server: ServerThread, htt
     traces = [r for r in caplog.records if r.exc_info and "marker 666" in str(r.exc_info[1])]
     assert traces, "the traceback of the user's exception belongs in the server log"
     assert http.is_server_live() and http.is_model_ready("picky")
+
+
+def test_without_isolation_an_exception_fails_the_whole_batch_as_in_triton(http: Any) -> None:
+    rng = np.random.default_rng()
+    results = _infer_concurrently(http, [_good(rng), np.array([[666, 1, 2, 3, 4]], np.float32), _good(rng)],
+                                  "picky_strict")
+    assert all(isinstance(r, InferenceServerException) and "marker 666 found" in r.message() for r in results)
 
 
 @pytest.mark.parametrize("marker, words", [(555, "has datatype FP64, the config says TYPE_FP32"),

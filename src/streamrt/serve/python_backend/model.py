@@ -59,7 +59,8 @@ def resolve_python_config(config: ModelConfig) -> ModelConfig:
     where = f"Python model '{config.name}'"
     if not config.input or not config.output:
         raise ConfigError(f"{where}: the config must list its inputs and outputs (a Python model has no engine "
-                          "to take them from)", hint="add input [...] and output [...] to config.pbtxt")
+                          "to take them from)", hint="add input [...] and output [...] to config.pbtxt, or let "
+                          "TritonPythonModel.auto_complete_config add them")
     reshaped = [t.name for t in (*config.input, *config.output) if t.reshape is not None]
     if reshaped:
         raise ConfigError(f"{where}: reshape is not supported for Python models ({', '.join(reshaped)})",
