@@ -18,15 +18,19 @@ Errors in user code never stop the worker:
   batch fails (a bug in the model, not in one request's data).
 
 Each instance's ``initialize`` and ``finalize`` run on its worker too, so thread-local state the
-model creates (CUDA streams, sessions) belongs to the thread that uses it.
+model creates belongs to the thread that uses it. GPU instances (``model_instance_kind`` "GPU") run
+``initialize``, ``execute`` and ``finalize`` with a CUDA stream of their own current, so the
+kernels of two instances overlap as two Triton stub processes' would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -114,6 +118,7 @@ class PythonInstance:
         self._worker = worker
         self._model: Any = None
         self._closed = False
+        self._stream: Any = None  # GPU instances: a CUDA stream of their own (see _on_stream)
 
     def __repr__(self) -> str:
         return f"PythonInstance({self.name!r})"
@@ -140,16 +145,30 @@ class PythonInstance:
         model_class = loader.import_model_class(spec.path, spec.name, spec.version, self.name)
         args = loader.initialize_args(spec.config_json, model_dir=spec.model_dir, version=spec.version,
                                       instance=self.name, kind=kind, device_id=device_id)
+        if kind == "GPU":
+            import torch
+
+            self._stream = torch.cuda.Stream()
         try:
-            model = model_class()
-            if callable(getattr(model, "initialize", None)):
-                model.initialize(args)
+            with self._on_stream():
+                model = model_class()
+                if callable(getattr(model, "initialize", None)):
+                    model.initialize(args)
         except Exception as exc:
             loader.forget_module(model_class.__module__)
             log.error("Python model '%s' instance %s: initialize() raised", spec.name, self.name, exc_info=True)
             raise ModelError(f"Python model '{spec.name}' version {spec.version}: initialize() of instance "
                              f"{self.name} raised {type(exc).__name__}: {exc}") from exc
         self._model = model
+
+    def _on_stream(self) -> AbstractContextManager[Any]:
+        """GPU instances run the model with their own CUDA stream current: threads share one CUDA
+        context, and on the default stream the instances' kernels would run one after another."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.stream(self._stream)
 
     def _call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run ``fn`` on the worker and wait for its result."""
@@ -184,7 +203,18 @@ class PythonInstance:
         self._worker.launch(job)
 
     def run(self, requests: Sequence[Mapping[str, Any]]) -> BatchResult:
-        """Build the requests, ``execute`` them, check every response (in the calling thread)."""
+        """Build the requests, ``execute`` them, check every response (in the calling thread).
+
+        On a GPU instance, everything runs on the instance's stream, which is synchronised before
+        the result leaves: outputs kept on the device are complete when another stream reads them.
+        """
+        with self._on_stream():
+            result = self._run(requests)
+            if self._stream is not None:
+                self._stream.synchronize()
+        return result
+
+    def _run(self, requests: Sequence[Mapping[str, Any]]) -> BatchResult:
         t0 = time.perf_counter_ns()
         subs = [r if isinstance(r, Submitted) else Submitted(r, "", tuple(self.spec.outputs)) for r in requests]
         built = [self._request(s) for s in subs]
@@ -277,7 +307,8 @@ class PythonInstance:
         model, self._model = self._model, None
         try:
             if model is not None and callable(getattr(model, "finalize", None)):
-                model.finalize()
+                with self._on_stream():
+                    model.finalize()
         except Exception:
             log.error("Python model '%s' instance %s: finalize() raised", self.spec.name, self.name, exc_info=True)
         finally:
