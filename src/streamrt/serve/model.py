@@ -39,7 +39,7 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
@@ -392,8 +392,11 @@ class ServedModel:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
+        inputs = self.to_engine(request.inputs)
+        if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+            inputs = DeviceOutputs(inputs)
         outputs = await self._scheduler.submit(
-            self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
+            inputs, rows=rows, key=self.batching_key(request.inputs),
             priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )
         result = {}

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 from collections.abc import Mapping
@@ -38,6 +39,10 @@ from streamrt.serve.servable import LoadContext, Servable, load_servable
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
 
 log = logging.getLogger(__name__)
+
+# The ensembles whose step models this task is loading (an ensemble that names itself again would wait
+# for its own lock).
+_LOADING_ENSEMBLES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ensembles", default=())
 
 
 class ModelState(enum.Enum):
@@ -170,6 +175,8 @@ class ModelRepository:
         self, name: str, override: Mapping[str, Any] | None, files: Path | None = None
     ) -> dict[int, Servable]:
         config = self.read_config(name, override, files)
+        if config.ensemble_scheduling is not None:
+            await self._load_steps(name, [s.model_name for s in config.ensemble_scheduling.steps])
         folder = files or self.root / name
         versions = config.version_policy.select(_versions(folder))
         if not versions:
@@ -188,6 +195,36 @@ class ModelRepository:
                 await loop.run_in_executor(self._executor, served.release)
             raise errors[0]
         return loaded
+
+    async def _load_steps(self, ensemble: str, models: list[str]) -> None:
+        """Triton's rule: an ensemble's load first loads the models its steps name (those not READY);
+        unloading the ensemble later leaves them loaded.
+
+        Raises:
+            ConfigError: a step model is not in the repository, fails to load, or contains the ensemble.
+        """
+        chain = (*_LOADING_ENSEMBLES.get(), ensemble)
+        token = _LOADING_ENSEMBLES.set(chain)
+        try:
+            for model in dict.fromkeys(models):
+                where = f"ensemble '{ensemble}': step model '{model}'"
+                if model in chain:
+                    raise ConfigError(f"{where} contains the ensemble again ({' -> '.join((*chain, model))})")
+                entry = self._entries.get(model)
+                if entry is not None and entry.lock.locked():
+                    async with entry.lock:  # being loaded (e.g. at start-up): wait for that load
+                        pass
+                if self.is_ready(model):
+                    continue
+                if entry is None and not (self.root / model).is_dir():
+                    raise ConfigError(f"{where} is not in the repository {self.root}",
+                                      hint=f"add {self.root / model}/1/ or fix the step's model_name")
+                try:
+                    await self.load(model)
+                except StreamRTError as exc:
+                    raise ConfigError(f"{where} failed to load: {exc}") from None
+        finally:
+            _LOADING_ENSEMBLES.reset(token)
 
     async def unload(self, name: str) -> None:
         """Stop accepting requests for ``name``, drain in-flight ones, release it (UNAVAILABLE)."""
