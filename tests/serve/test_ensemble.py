@@ -441,3 +441,11 @@ def test_independent_steps_of_one_request_run_concurrently() -> None:
         await model.stop(1.0)
 
     asyncio.run(main())
+
+
+def test_cpu_instances_ignore_the_device_output_flag(server: ServerThread) -> None:
+    x = _image(np.random.default_rng(), 2)
+    plain = server.call(server.server.infer(InferRequest("cnn", inputs={"x": x})), 60)
+    flagged = server.call(server.server.infer(InferRequest("cnn", inputs={"x": x}, outputs_on_device=True)), 60)
+    assert isinstance(flagged.outputs["logits"], np.ndarray)
+    np.testing.assert_array_equal(flagged.outputs["logits"], plain.outputs["logits"])
