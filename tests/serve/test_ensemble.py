@@ -22,7 +22,9 @@ from streamrt.serve.config import ModelConfig, ServerConfig, TensorConfig
 from streamrt.serve.config_message import from_mapping, read_config_file
 from streamrt.serve.ensemble import EnsembleModel
 from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
+from streamrt.serve.model import load_engine
 from streamrt.serve.protocol import InferRequest, InferResponse
+from streamrt.serve.repository import ModelRepository
 from streamrt.serve.server import ServerThread
 from streamrt.serve.stats import ModelStats
 from streamrt.testing.models import CATALOGUE
@@ -449,3 +451,43 @@ def test_cpu_instances_ignore_the_device_output_flag(server: ServerThread) -> No
     flagged = server.call(server.server.infer(InferRequest("cnn", inputs={"x": x}, outputs_on_device=True)), 60)
     assert isinstance(flagged.outputs["logits"], np.ndarray)
     np.testing.assert_array_equal(flagged.outputs["logits"], plain.outputs["logits"])
+
+
+def test_every_model_loads_once_when_the_repository_starts(tmp_path: Path) -> None:
+    """At start-up the ensembles' loads and the step models' own loads meet; none loads twice."""
+    repo = write_repo(tmp_path / "repo")
+    loads: list[str] = []
+
+    def counting(model_dir: Path, version: int, config: ModelConfig) -> Any:
+        loads.append(config.name)
+        return load_engine(model_dir, version, config)
+
+    config = ServerConfig(http_port=None, grpc_port=None, metrics_port=None, exit_timeout_s=5.0)
+    with ServerThread(repo, config, engine_loader=counting, start_timeout=150) as running:
+        assert running.repository.all_ready()
+    assert sorted(loads) == sorted(MODELS)
+
+
+def test_ensembles_that_contain_each_other_are_refused_not_deadlocked(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "affine_a" / "1").mkdir(parents=True)
+    onnx.save(MODELS["affine_a"], str(repo / "affine_a" / "1" / "model.onnx"))
+    (repo / "affine_a" / "config.pbtxt").write_text(ENGINE_CONFIG)
+    e1 = _ensemble([_step("affine_a", {"x": "IN"}, {"y": "MID"}), _step("e2", {"IN": "MID"}, {"OUT": "OUT"})])
+    e2 = _ensemble([_step("e1", {"IN": "IN"}, {"OUT": "OUT"})])
+    for name, config in (("e1", e1), ("e2", e2)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.json").write_text(json.dumps(config))
+
+    async def main() -> list[dict[str, str]]:
+        repository = ModelRepository(repo)
+        results = await asyncio.wait_for(asyncio.gather(
+            *(repository.load(n, reload=False) for n in ("e1", "e2", "affine_a")), return_exceptions=True), 60)
+        assert isinstance(results[0], ConfigError) and isinstance(results[1], ConfigError)
+        index = repository.index()
+        await repository.close()
+        return index
+
+    states = {row["name"]: row for row in asyncio.run(main())}
+    assert "step model 'e2' contains the ensemble again (e1 -> e2 -> e1)" in states["e1"]["reason"]
+    assert "(e2 -> e1 -> e2)" in states["e2"]["reason"] and states["affine_a"]["state"] == "READY"

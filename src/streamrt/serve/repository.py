@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import enum
 import logging
 from collections.abc import Mapping
@@ -39,10 +38,6 @@ from streamrt.serve.servable import LoadContext, Servable, load_servable
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
 
 log = logging.getLogger(__name__)
-
-# The ensembles whose step models this task is loading (an ensemble that names itself again would wait
-# for its own lock).
-_LOADING_ENSEMBLES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ensembles", default=())
 
 
 class ModelState(enum.Enum):
@@ -127,9 +122,13 @@ class ModelRepository:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def load(
-        self, name: str, config: Mapping[str, Any] | None = None, files: Mapping[str, bytes] | None = None
+        self, name: str, config: Mapping[str, Any] | None = None, files: Mapping[str, bytes] | None = None,
+        *, reload: bool = True,
     ) -> None:
         """Load (or reload) every version the policy selects; READY once all are warm.
+
+        ``reload=False`` leaves a model that is READY by the time this load's turn comes as it is
+        (start-up loads, and an ensemble's loads of its step models, which may meet).
 
         ``files`` (``{"file:1/model.onnx": data}``) replace the model directory for this load
         (see :mod:`.model_files`); they need ``config``.
@@ -145,6 +144,8 @@ class ModelRepository:
                                hint="pass config=... with files=... to load_model")
         entry = self._entry(name, new=bool(files))
         async with entry.lock:
+            if not reload and entry.state is ModelState.READY:
+                return  # loaded by another load while this one waited (an ensemble's, at start-up)
             reload = entry.state is ModelState.READY
             if not reload:
                 entry.state, entry.reason = ModelState.LOADING, ""
@@ -197,34 +198,43 @@ class ModelRepository:
         return loaded
 
     async def _load_steps(self, ensemble: str, models: list[str]) -> None:
-        """Triton's rule: an ensemble's load first loads the models its steps name (those not READY);
-        unloading the ensemble later leaves them loaded.
+        """Triton's rule: an ensemble's load first loads the models its steps name (those not READY,
+        concurrently); unloading the ensemble later leaves them loaded.
 
         Raises:
             ConfigError: a step model is not in the repository, fails to load, or contains the ensemble.
         """
-        chain = (*_LOADING_ENSEMBLES.get(), ensemble)
-        token = _LOADING_ENSEMBLES.set(chain)
+        for model in dict.fromkeys(models):
+            if model not in self._entries and not (self.root / model).is_dir():
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' is not in the repository {self.root}",
+                                  hint=f"add {self.root / model}/1/ or fix the step's model_name")
+            path = self._path_to(model, ensemble, (ensemble,))
+            if path:  # else two ensembles' loads would each wait for the other's lock
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' contains the ensemble again "
+                                  f"({' -> '.join((ensemble, *path))})")
+        results = await asyncio.gather(*(self.load(m, reload=False) for m in dict.fromkeys(models)),
+                                       return_exceptions=True)
+        for model, result in zip(dict.fromkeys(models), results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, StreamRTError):
+                    raise result
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' failed to load: {result}") from None
+
+    def _path_to(self, model: str, target: str, seen: tuple[str, ...]) -> tuple[str, ...]:
+        """The chain of ensemble steps from ``model`` to ``target`` (empty: none), read from the configs."""
+        if model == target:
+            return (model,)
+        if model in seen:
+            return ()
         try:
-            for model in dict.fromkeys(models):
-                where = f"ensemble '{ensemble}': step model '{model}'"
-                if model in chain:
-                    raise ConfigError(f"{where} contains the ensemble again ({' -> '.join((*chain, model))})")
-                entry = self._entries.get(model)
-                if entry is not None and entry.lock.locked():
-                    async with entry.lock:  # being loaded (e.g. at start-up): wait for that load
-                        pass
-                if self.is_ready(model):
-                    continue
-                if entry is None and not (self.root / model).is_dir():
-                    raise ConfigError(f"{where} is not in the repository {self.root}",
-                                      hint=f"add {self.root / model}/1/ or fix the step's model_name")
-                try:
-                    await self.load(model)
-                except StreamRTError as exc:
-                    raise ConfigError(f"{where} failed to load: {exc}") from None
-        finally:
-            _LOADING_ENSEMBLES.reset(token)
+            config = self.read_config(model)
+        except StreamRTError:
+            return ()  # its own load reports a bad config
+        for step in config.ensemble_scheduling.steps if config.ensemble_scheduling else ():
+            path = self._path_to(step.model_name, target, (*seen, model))
+            if path:
+                return (model, *path)
+        return ()
 
     async def unload(self, name: str) -> None:
         """Stop accepting requests for ``name``, drain in-flight ones, release it (UNAVAILABLE)."""
