@@ -27,6 +27,7 @@ from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
 from streamrt.serve.server import ServerThread
 from streamrt.serve.stats import ModelStats
+from streamrt.serve.tracing import RequestTrace
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import DType
 
@@ -375,7 +376,7 @@ LOAD_ERRORS = [
     (_ensemble([_step("affine_a", {"x": "IN"}, {"y": "MID"}), _step("bad_self", {"x": "MID"}, {"y": "OUT"})]),
      "step model 'bad_self' contains the ensemble again (bad_self -> bad_self)"),
     (_ensemble([{**_step("affine_a", {"x": "IN"}, {"y": "OUT"}), "model_version": 3}]),
-     "step 0 (model 'affine_a')"),
+     "step 0 (model 'affine_a'): Request for unknown model: 'affine_a' version 3 is not found"),
 ]
 
 
@@ -408,6 +409,9 @@ class _Step:
             if len(self.running) >= self.expected:
                 break
             await asyncio.sleep(0.005)
+        if trace is not None:
+            for mark in ("QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
+                trace.mark(mark)
         x = request.inputs["x"]
         if x.shape[-1] != 2:
             raise ShapeError(f"input 'x' of model '{self.name}' has shape {list(x.shape)}")
@@ -429,7 +433,13 @@ def test_independent_steps_of_one_request_run_concurrently() -> None:
                               lambda name, version: models[name])
         model.start()
         x = np.random.default_rng().standard_normal((3, 2)).astype(np.float32)
-        response = await model.infer(InferRequest("e", id="r1", inputs={"IN": x}, priority=2, timeout_us=500))
+        trace = RequestTrace(1, "e", "1", "r1")
+        response = await model.infer(InferRequest("e", id="r1", inputs={"IN": x}, priority=2, timeout_us=500), trace)
+        names = [name for name, _ in trace.timestamps]
+        assert {"STEP0_COMPUTE_END", "STEP1_QUEUE_START", "STEP2_COMPUTE_INPUT_END"} <= set(names)
+        stats = model.stats.to_kserve("e", "1")
+        assert stats["inference_count"] == 3 and stats["execution_count"] == 1
+        assert stats["inference_stats"]["compute_infer"]["count"] == 1
         np.testing.assert_array_equal(response.outputs["OUT"], (x + 1) + 1)
         assert sorted(running[:2]) == ["left", "right"] and running[2] == "join"  # both before the join
         sent = models["left"].requests[0]
