@@ -26,6 +26,7 @@ from streamrt.serve.model import load_engine
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.repository import ModelRepository
 from streamrt.serve.server import ServerThread
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.testing.models import CATALOGUE
@@ -501,3 +502,16 @@ def test_ensembles_that_contain_each_other_are_refused_not_deadlocked(tmp_path: 
     states = {row["name"]: row for row in asyncio.run(main())}
     assert "step model 'e2' contains the ensemble again (e1 -> e2 -> e1)" in states["e1"]["reason"]
     assert "(e2 -> e1 -> e2)" in states["e2"]["reason"] and states["affine_a"]["state"] == "READY"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.uint8])
+def test_device_tensors_come_to_the_host_with_their_values(dtype: Any) -> None:
+    """What a mixed batch (device and host requests) and CPU steps do with a device output."""
+    torch = pytest.importorskip("torch")
+    array = (np.random.default_rng().standard_normal((4, 3)) * 50).astype(dtype)
+    tensor = torch.from_numpy(array.copy())
+    whole = DeviceTensor(tensor, array.dtype, array.shape)
+    rows = DeviceTensor(tensor[1:3], array.dtype, (2, 3))
+    np.testing.assert_array_equal(np.asarray(whole), array)
+    np.testing.assert_array_equal(np.asarray(rows), array[1:3])
+    np.testing.assert_array_equal(np.asarray(DeviceTensor(tensor.t(), array.dtype, (3, 4))), array.T)
