@@ -44,6 +44,7 @@ from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_out
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -367,7 +368,7 @@ class ServedModel:
         """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
             return inputs
-        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+        return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
     def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -430,6 +431,13 @@ class ServedModel:
         from streamrt.serve.config_message import to_message
 
         return to_message(self.config, self.platform)
+
+
+def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` in ``shape``: a NumPy view, or a view of a device tensor (an ensemble step's input)."""
+    if isinstance(array, DeviceTensor):
+        return DeviceTensor(array.tensor.reshape(shape), array.dtype, shape)
+    return array.reshape(shape)
 
 
 def load_served_model(context: LoadContext) -> Servable:
