@@ -97,7 +97,7 @@ class DeviceTensor:
         import torch
 
         host = np.empty(self.shape, self.dtype)
-        _torch_view(host).copy_(self.tensor.contiguous().view(-1).view(torch.uint8))  # byte for byte
+        _torch_view(host).copy_(self.tensor.contiguous().reshape(-1).view(torch.uint8))  # bytes to bytes
         return host if dtype is None else host.astype(dtype)
 
 

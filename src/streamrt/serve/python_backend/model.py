@@ -226,8 +226,9 @@ class PythonModel:
                      for n in self._inputs)
 
     async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
-        """Validate, queue for the batcher, wait for this request's response; outputs on the host."""
-        return await self.infer_tensors(request, trace, on_device=False)
+        """Validate, queue for the batcher, wait for this request's response; outputs on the host unless
+        the request asks for device outputs (``outputs_on_device``: an ensemble step feeding other steps)."""
+        return await self.infer_tensors(request, trace, on_device=request.outputs_on_device)
 
     async def infer_tensors(self, request: InferRequest, trace: RequestTrace | None = None, *,
                             on_device: bool = True) -> InferResponse:
