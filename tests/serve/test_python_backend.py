@@ -203,7 +203,24 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
-STARTUP = ("add_sub", "picky", "picky_strict", "strings", "autocomplete")
+# Two Python steps in a Triton ensemble: QUAD = 2 (2 X).
+PY_CHAIN = """
+name: "py_chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "QUAD" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "picky" input_map { key: "X" value: "X" }
+      output_map [ { key: "Y" value: "DOUBLED" }, { key: "SEEN" value: "SEEN1" } ] },
+    { model_name: "picky_strict" input_map { key: "X" value: "DOUBLED" }
+      output_map [ { key: "Y" value: "QUAD" }, { key: "SEEN" value: "SEEN2" } ] }
+  ]
+}
+"""
+
+STARTUP = ("add_sub", "picky", "picky_strict", "strings", "autocomplete", "py_chain")
 
 
 def write_model(repo: Path, name: str, config: str, model: str) -> Path:
@@ -221,6 +238,8 @@ def make_repo(root: Path) -> Path:
     write_model(root, "strings", STRINGS_CONFIG, STRINGS_MODEL)
     write_model(root, "broken_init", SIMPLE_CONFIG, BROKEN_INIT_MODEL)
     write_model(root, "autocomplete", 'backend: "python"', AUTO_COMPLETE_MODEL)
+    (root / "py_chain" / "1").mkdir(parents=True)
+    (root / "py_chain" / "config.pbtxt").write_text(PY_CHAIN)
     write_model(root, "wrong_count", SIMPLE_CONFIG, WRONG_COUNT_MODEL)
     return root
 
@@ -425,6 +444,18 @@ def test_auto_complete_config_fills_in_the_config(http: Any) -> None:
     item = thttp.InferInput("X", [3, 2], "INT64")
     item.set_data_from_numpy(x)
     np.testing.assert_array_equal(http.infer("autocomplete", [item]).as_numpy("SQUARE"), x * x)
+
+
+def test_python_steps_in_an_ensemble_and_an_error_in_a_step(http: Any, grpc: Any) -> None:
+    rng = np.random.default_rng()
+    xs = [_good(rng), np.array([[1, 777, 3, 4, 5]], np.float32), _good(rng)]
+    results = _infer_concurrently(http, xs, "py_chain")
+    assert isinstance(results[1], InferenceServerException) and results[1].status() == "400"
+    assert "value 777 is not allowed" in results[1].message()
+    for i in (0, 2):
+        np.testing.assert_allclose(results[i].as_numpy("QUAD"), xs[i] * 4, rtol=1e-6)
+    x = _good(rng)
+    np.testing.assert_allclose(grpc.infer("py_chain", x_input(tgrpc, x)).as_numpy("QUAD"), x * 4, rtol=1e-6)
 
 
 def test_import_error_is_the_load_error(http: Any, repo: Path) -> None:
