@@ -88,6 +88,8 @@ class Instance:
         # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it.
         self.worker: Stream = device.host_stream(f"{name}-worker") if device.is_cuda else self.stream
         self._cuda = device.is_cuda
+        self.device_outputs: frozenset[str] = frozenset()
+        """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
 
     def __repr__(self) -> str:
@@ -212,9 +214,12 @@ class Instance:
         with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
             host: dict[str, Any] = {}
+            kept: dict[str, Any] = {}
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
                     host[key] = value
+                elif value.is_cuda and key in self.device_outputs:
+                    kept[key] = value.clone()  # off the engine's output buffers, which the next run reuses
                 elif value.is_cuda:
                     pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                     pinned.copy_(value, non_blocking=True)
@@ -222,7 +227,7 @@ class Instance:
                 else:
                     host[key] = value
         self.stream.record().synchronize()  # the worker thread waits; the event loop does not
-        return {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in host.items()}
+        return {**{k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in host.items()}, **kept}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work (up to ``timeout``), stop the worker and release the context."""
