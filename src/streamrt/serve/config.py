@@ -191,7 +191,8 @@ class SequenceControl:
         if self.kind == "CONTROL_SEQUENCE_CORRID":
             if self.data_type not in _CORRID_TYPES:
                 raise ConfigError(f"control '{self.name}': CONTROL_SEQUENCE_CORRID needs data_type TYPE_INT32, "
-                                  f"TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING, got TYPE_{self.data_type.kserve}")
+                                  "TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING, "
+                                  f"got TYPE_{self.data_type.kserve}")
         elif len(self.false_true) != 2:
             raise ConfigError(f"control '{self.name}': {self.kind} needs exactly two false_true values "
                               f"(false, true), got {list(self.false_true)}")

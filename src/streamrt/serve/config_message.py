@@ -221,7 +221,7 @@ def _control(name: str, control: Any, where: str) -> SequenceControl:
                           f"or bool_false_true, got {[f for f, _ in given] or 'none'}")
     field, dtype = given[0]
     values = tuple(getattr(control, field))
-    return _located(where, lambda: SequenceControl(name, kind, dtype, values))  # type: ignore[arg-type]
+    return _located(where, lambda: SequenceControl(name, kind, dtype, values))
 
 
 def _state(state: Any, where: str) -> SequenceState:

@@ -51,7 +51,7 @@ from streamrt.serve.protocol import SequenceFlags
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
-from streamrt.types import TensorSpec
+from streamrt.types import DType, TensorSpec
 
 __all__ = ["SequenceScheduler", "check_sequence_io", "sequence_warmup_inputs"]
 
@@ -88,7 +88,8 @@ def check_sequence_io(config: ModelConfig, inputs: Sequence[TensorSpec], outputs
         if name in given:
             raise ConfigError(f"{where}: '{name}' is a control or state input; leave it out of 'input' "
                               "(the batcher fills it, clients never send it)")
-    checks = [(c.name, c.data_type, (1,), by_in, "control input") for c in sb.controls]
+    checks: list[tuple[str, DType, tuple[int, ...], dict[str, TensorSpec], str]] = [
+        (c.name, c.data_type, (1,), by_in, "control input") for c in sb.controls]
     for s in sb.states:
         checks += [(s.input_name, s.data_type, s.dims, by_in, "state input"),
                    (s.output_name, s.data_type, s.dims, by_out, "state output")]
@@ -433,7 +434,8 @@ class SequenceScheduler:
         inputs = {}
         for name, value in template.items():
             dtype = np.dtype(value.dtype)
-            inputs[name] = np.full(value.shape, b"", dtype=object) if dtype == object else np.zeros(value.shape, dtype)
+            blank_row = np.full(value.shape, b"", dtype=object) if dtype.kind == "O" else np.zeros(value.shape, dtype)
+            inputs[name] = blank_row
         corrid = self._controls.get("CONTROL_SEQUENCE_CORRID")
         blank = "" if corrid is not None and corrid.data_type.kserve == "BYTES" else 0
         return {**inputs, **self._control_inputs(SequenceFlags(blank), blank, ready=False),

@@ -1,0 +1,345 @@
+"""The sequence batcher through the real server and tritonclient (HTTP and gRPC): interleaved
+sequences from several clients, each answer checked against a NumPy running sum of its sequence;
+state released at END and after the idle timeout; direct and oldest strategies; control inputs;
+Triton's refusals."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+
+pytest.importorskip("tritonclient.http")
+pytest.importorskip("tritonclient.grpc")
+
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from tritonclient.utils import InferenceServerException
+
+from streamrt.errors import ConfigError
+from streamrt.serve.config import ServerConfig
+from streamrt.serve.config_message import from_mapping
+from streamrt.serve.sequence import check_sequence_io
+from streamrt.serve.server import ServerThread
+from streamrt.testing.sequence_models import (
+    accumulator,
+    accumulator_config,
+    controlled_accumulator,
+    controlled_config,
+)
+from streamrt.types import DType, TensorSpec
+
+pytestmark = pytest.mark.timeout(120)
+
+WIDTH = 4
+IDLE_US = 400_000
+MODELS = {
+    # 2 instances x 4 slots
+    "acc_direct": (accumulator(WIDTH), accumulator_config(WIDTH, instances=2)),
+    # 2 candidate slots on 1 instance: a backlog forms; batches of 2 are preferred
+    "acc_oldest": (accumulator(WIDTH), accumulator_config(WIDTH, strategy={"oldest": {
+        "max_candidate_sequences": 2, "preferred_batch_size": [2], "max_queue_delay_microseconds": 3000}})),
+    "acc_idle": (accumulator(WIDTH), accumulator_config(WIDTH, max_batch_size=2, idle_us=IDLE_US)),
+    "acc_controls": (controlled_accumulator(WIDTH), controlled_config(WIDTH)),
+    # the same graph without sequence_batching: a stateless model whose client sends the state
+    "plain": (accumulator(WIDTH), {"max_batch_size": 4}),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    repo = tmp_path_factory.mktemp("sequence_repo")
+    for name, (model, config) in MODELS.items():
+        (repo / name / "1").mkdir(parents=True)
+        onnx.save(model, str(repo / name / "1" / "model.onnx"))
+        (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0)
+    with ServerThread(repo, config, start_timeout=120) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerThread) -> Iterator[Any]:
+    client = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", concurrency=8, network_timeout=30)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc(server: ServerThread) -> Iterator[Any]:
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    yield client
+    client.close()
+
+
+def _step(client: Any, model: str, x: np.ndarray, sequence_id: int | str, *, start: bool = False,
+          end: bool = False) -> Any:
+    """One request of a sequence through either client (tritonclient's sequence arguments)."""
+    module = tgrpc if isinstance(client, tgrpc.InferenceServerClient) else thttp
+    tensor = module.InferInput("INPUT", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+
+
+def _client(server: ServerThread, protocol: str) -> Any:
+    """A client of its own for one thread (tritonclient's HTTP client must stay on the thread that made it)."""
+    if protocol == "http":
+        return thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30)
+    return tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+
+def _drive(server: ServerThread, protocol: str, model: str, ids: list[int | str], steps: int, seed: int,
+           failures: list[str]) -> None:
+    """Send ``steps`` requests to each sequence of ``ids``, interleaved, and check every answer
+    against the running sum of that sequence's inputs (float64 reference)."""
+    rng = np.random.default_rng(seed)
+    sums = {i: np.zeros((1, WIDTH)) for i in ids}
+    client = _client(server, protocol)
+    try:
+        for k in range(steps):
+            for sequence_id in ids:
+                x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+                sums[sequence_id] += x
+                result = _step(client, model, x, sequence_id, start=k == 0, end=k == steps - 1)
+                got = result.as_numpy("OUTPUT")
+                if not np.allclose(got, sums[sequence_id], rtol=1e-5, atol=1e-5):
+                    failures.append(f"{model} sequence {sequence_id} step {k}: {got} != {sums[sequence_id]}")
+    except Exception as exc:  # reported by the test thread, not lost in this one
+        failures.append(f"{model} sequences {ids}: {type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+
+
+def _run_clients(jobs: list[tuple[Any, ...]]) -> list[str]:
+    failures: list[str] = []
+    threads = [threading.Thread(target=_drive, args=(*job, failures)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+    return failures
+
+
+def _stats(http: Any, model: str) -> dict[str, Any]:
+    return http.get_inference_statistics(model)["model_stats"][0]  # type: ignore[no-any-return]
+
+
+def test_interleaved_sequences_direct(server: ServerThread) -> None:
+    """4 clients (2 HTTP, 2 gRPC) each interleave 2 sequences (integer and string ids) over the
+    8 slots of 2 instances; each answer is its own sequence's running sum."""
+    protocols = ["http", "http", "grpc", "grpc"]
+    jobs = [(server, p, "acc_direct", [100 + 2 * i, f"seq-{i}"], 6, i) for i, p in enumerate(protocols)]
+    failures = _run_clients(jobs)
+    assert not failures, "\n".join(failures)
+
+
+def test_oldest_strategy_with_backlog(server: ServerThread, http: Any) -> None:
+    """8 sequences from 4 clients through 2 candidate slots: the others wait in the backlog, each
+    sequence still sees only its own state, in order."""
+    before = _stats(http, "acc_oldest")["inference_count"]
+    protocols = ["http", "http", "grpc", "grpc"]
+    failures = _run_clients([(server, p, "acc_oldest", [1000 + i], 5, 10 + i) for i, p in enumerate(protocols)])
+    failures += _run_clients([(server, p, "acc_oldest", [2000 + i], 5, 20 + i) for i, p in enumerate(protocols)])
+    assert not failures, "\n".join(failures)
+    stats = _stats(http, "acc_oldest")
+    assert stats["inference_count"] - before == 8 * 5
+    assert max(b["batch_size"] for b in stats["batch_stats"]) <= 2  # never more rows than candidate sequences
+
+
+def test_control_inputs_per_row(server: ServerThread) -> None:
+    """START/END/READY/CORRID reach each row as configured (FP32, INT32, BOOL, UINT64), while the
+    READY-driven accumulator keeps each sequence's sum; empty slots get not-ready filler rows."""
+    failures: list[str] = []
+
+    def drive(protocol: str, sequence_id: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        total = np.zeros((1, WIDTH))
+        client = _client(server, protocol)
+        try:
+            for k in range(5):
+                x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+                total += x
+                start, end = k == 0, k == 4
+                result = _step(client, "acc_controls", x, sequence_id, start=start, end=end)
+                flags = result.as_numpy("FLAGS").tolist()
+                if flags != [[float(start), float(end), 1.0]]:
+                    failures.append(f"sequence {sequence_id} step {k}: flags {flags}")
+                if result.as_numpy("CORRID_OUT").tolist() != [[sequence_id]]:
+                    failures.append(f"sequence {sequence_id} step {k}: CORRID {result.as_numpy('CORRID_OUT')}")
+                if not np.allclose(result.as_numpy("OUTPUT"), total, rtol=1e-5, atol=1e-5):
+                    failures.append(f"sequence {sequence_id} step {k}: sum {result.as_numpy('OUTPUT')} != {total}")
+        except Exception as exc:
+            failures.append(f"sequence {sequence_id}: {type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=drive, args=(p, 2**40 + i, i)) for i, p in enumerate(["http", "grpc", "http"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+    assert not failures, "\n".join(failures)
+
+
+def test_end_releases_the_state(http: Any, grpc: Any) -> None:
+    """After END the id is unknown again; a new START begins from zero, not from the old sum."""
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(3))
+    _step(http, "acc_direct", a, 77, start=True)
+    assert np.allclose(_step(grpc, "acc_direct", b, 77, end=True).as_numpy("OUTPUT"), a + b, atol=1e-6)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        _step(http, "acc_direct", c, 77)
+    assert np.allclose(_step(http, "acc_direct", c, 77, start=True, end=True).as_numpy("OUTPUT"), c, atol=1e-6)
+
+
+def test_start_again_restarts_a_live_sequence(http: Any) -> None:
+    rng = np.random.default_rng(8)
+    a, b = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(2))
+    _step(http, "acc_direct", a, "restart", start=True)
+    assert np.allclose(_step(http, "acc_direct", b, "restart", start=True).as_numpy("OUTPUT"), b, atol=1e-6)
+    assert np.allclose(_step(http, "acc_direct", a, "restart", end=True).as_numpy("OUTPUT"), a + b, atol=1e-6)
+
+
+def test_idle_sequence_expires(http: Any, grpc: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A sequence idle for max_sequence_idle_microseconds loses its slot and state (logged); one
+    that keeps sending inside that time keeps both."""
+    rng = np.random.default_rng(9)
+    a, b, c = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(3))
+    caplog.set_level(logging.INFO, logger="streamrt.serve.sequence")
+    _step(http, "acc_idle", a, 5, start=True)
+    _step(grpc, "acc_idle", a, 6, start=True)
+    for _ in range(3):  # sequence 6 stays active, each gap well under the idle time
+        time.sleep(IDLE_US / 1e6 / 4)
+        _step(grpc, "acc_idle", np.zeros_like(a), 6)
+    time.sleep(IDLE_US / 1e6 * 1.5)
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        _step(http, "acc_idle", b, 5)
+    assert "sequence 5 was idle" in caplog.text
+    assert np.allclose(_step(http, "acc_idle", c, 5, start=True, end=True).as_numpy("OUTPUT"), c, atol=1e-6)
+    # sequence 6 idled out too by now; the 2 slots of the model are free for new sequences
+    for sequence_id in (7, 8):
+        assert np.allclose(_step(http, "acc_idle", b, sequence_id, start=True, end=True).as_numpy("OUTPUT"), b)
+
+
+def test_refusals(http: Any, grpc: Any) -> None:
+    x = np.ones((1, WIDTH), np.float32)
+    with pytest.raises(InferenceServerException, match="sequence 4242 to model 'acc_direct' must specify the START"):
+        _step(http, "acc_direct", x, 4242)
+    with pytest.raises(InferenceServerException, match="must specify the START flag") as grpc_error:
+        _step(grpc, "acc_direct", x, "never-started")
+    assert grpc_error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException, match="must specify a non-zero or non-empty correlation ID"):
+        tensor = thttp.InferInput("INPUT", [1, WIDTH], "FP32")
+        tensor.set_data_from_numpy(x)
+        http.infer("acc_direct", [tensor])
+    with pytest.raises(InferenceServerException, match="batch-size 1"):
+        _step(http, "acc_direct", np.ones((2, WIDTH), np.float32), 1, start=True)
+    with pytest.raises(InferenceServerException, match="integer sequence ids"):
+        _step(grpc, "acc_controls", x, "text-id", start=True)
+    state = thttp.InferInput("STATE_IN", [1, WIDTH], "FP32")
+    state.set_data_from_numpy(x)
+    tensor = thttp.InferInput("INPUT", [1, WIDTH], "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException, match="has no sequence_batching") as plain:
+        http.infer("plain", [tensor, state], sequence_id=3, sequence_start=True)
+    assert plain.value.status() == "400"
+    assert np.allclose(http.infer("plain", [tensor, state]).as_numpy("OUTPUT"), 2 * x)  # without: served
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"sequence_id": -1}, "must be in 0..2**64-1"),
+    ({"sequence_id": 1.5}, "unsigned integer or a string"),
+    ({"sequence_id": "x" * 129}, "at most 128"),
+    ({"sequence_id": 3, "sequence_start": "yes"}, "'sequence_start' must be a boolean"),
+    ({"sequence_end": True}, "need a non-zero or non-empty sequence_id"),
+])
+def test_bad_sequence_parameters_over_raw_http(server: ServerThread, parameters: dict[str, Any],
+                                              message: str) -> None:
+    body = json.dumps({"parameters": parameters, "inputs": [
+        {"name": "INPUT", "shape": [1, WIDTH], "datatype": "FP32", "data": [0.0] * WIDTH}]}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/acc_direct/infer", body,
+                                     {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert error.value.code == 400
+    assert message in json.loads(error.value.read())["error"]
+
+
+def test_config_and_metadata(http: Any, grpc: Any) -> None:
+    """The batcher's inputs and outputs are not the client's; the config reply shows the batcher."""
+    meta = http.get_model_metadata("acc_controls")
+    assert [t["name"] for t in meta["inputs"]] == ["INPUT"]
+    assert [t["name"] for t in meta["outputs"]] == ["OUTPUT", "FLAGS", "CORRID_OUT"]
+    config = http.get_model_config("acc_controls")["sequence_batching"]
+    assert [c["name"] for c in config["control_input"]] == ["START", "END", "READY", "CORRID"]
+    assert config["control_input"][3]["control"][0]["data_type"] == "TYPE_UINT64"
+    assert config["state"][0]["input_name"] == "STATE_IN" and config["state"][0]["dims"] == [WIDTH]
+    assert config["max_sequence_idle_microseconds"] == 1_000_000  # Triton's default
+    oldest = grpc.get_model_config("acc_oldest", as_json=True)["config"]["sequence_batching"]["oldest"]
+    assert oldest["max_candidate_sequences"] == 2 and oldest["preferred_batch_size"] == [2]
+    assert "sequence" in http.get_server_metadata()["extensions"]
+
+
+# --- config checks without a server -------------------------------------------------------------------
+
+
+def _state_config(**changes: Any) -> dict[str, Any]:
+    base = accumulator_config(WIDTH)
+    base["sequence_batching"]["state"][0].update(changes)
+    return base
+
+
+def test_engine_must_have_the_controls_and_states() -> None:
+    specs_in = [TensorSpec("INPUT", DType.FLOAT32, (-1, WIDTH)), TensorSpec("STATE_IN", DType.FLOAT32, (-1, WIDTH))]
+    specs_out = [TensorSpec("OUTPUT", DType.FLOAT32, (-1, WIDTH)), TensorSpec("STATE_OUT", DType.FLOAT32, (-1, WIDTH))]
+    check_sequence_io(from_mapping(accumulator_config(WIDTH), "m"), specs_in, specs_out)
+    with pytest.raises(ConfigError, match="state input 'S' is not in the engine"):
+        check_sequence_io(from_mapping(_state_config(input_name="S"), "m"), specs_in, specs_out)
+    with pytest.raises(ConfigError, match="state output 'STATE_OUT' is TYPE_FP32 in the config but TYPE_FP16"):
+        check_sequence_io(from_mapping(accumulator_config(WIDTH), "m"), specs_in,
+                          [specs_out[0], TensorSpec("STATE_OUT", DType.FLOAT16, (-1, WIDTH))])
+    with pytest.raises(ConfigError, match="has dims \\[5\\] in the config but \\[4\\]"):
+        cfg = _state_config(dims=[5], initial_state=[{"data_type": "TYPE_FP32", "dims": [5], "zero_data": True}])
+        check_sequence_io(from_mapping(cfg, "m"), specs_in, specs_out)
+    controlled = from_mapping(controlled_config(WIDTH), "m")
+    with pytest.raises(ConfigError, match="control input 'START' is not in the engine"):
+        check_sequence_io(controlled, specs_in, specs_out)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}]},
+     "needs exactly one of int32_false_true"),
+    ({"control_input": [{"name": "C", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_FP32"}]}]},
+     "CORRID needs data_type TYPE_INT32"),
+    ({"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]},
+                        {"name": "T", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}]},
+     "given twice"),
+    ({"iterative_sequence": True}, "iterative sequences"),
+    ({"oldest": {"max_candidate_sequences": -1}}, "max_candidate_sequences must be an integer >= 0"),
+    ({"direct": {"minimum_slot_utilization": 1.5}}, "minimum_slot_utilization must be in 0..1"),
+])
+def test_config_errors(change: dict[str, Any], message: str) -> None:
+    config: dict[str, Any] = {"max_batch_size": 4, "sequence_batching": change}
+    with pytest.raises(ConfigError, match=message):
+        from_mapping(config, "m")
+
+
+def test_state_with_variable_dims_needs_initial_dims(tmp_path: Path) -> None:
+    cfg = _state_config(dims=[-1], initial_state=[])
+    with pytest.raises(ConfigError, match="variable size; give initial_state"):
+        from_mapping(cfg, "m")
+    cfg = _state_config(dims=[-1])
+    assert from_mapping(cfg, "m").sequence_batching.states[0].start_dims == (WIDTH,)  # type: ignore[union-attr]
