@@ -27,9 +27,11 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
+from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.errors import ConfigError
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.config import ModelConfig, ServerConfig
 from streamrt.serve.config_message import from_mapping
+from streamrt.serve.model import load_engine
 from streamrt.serve.sequence import check_sequence_io
 from streamrt.serve.server import ServerThread
 from streamrt.testing.sequence_models import (
@@ -57,6 +59,42 @@ MODELS = {
 }
 
 
+ROWS: list[tuple[list[bool], list[int]]] = []
+"""(READY column, CORRID column) of every execution of acc_controls, in order."""
+
+
+class RecordingEngine(Engine):
+    """The real engine, with each execution's READY and CORRID columns written to :data:`ROWS`."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner.manifest)
+        self.inner, self.device_kind = inner, inner.device_kind
+
+    def create_context(self) -> ExecutionContext:
+        return RecordingContext(self)
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+class RecordingContext(ExecutionContext):
+    engine: RecordingEngine
+
+    def __init__(self, engine: RecordingEngine) -> None:
+        super().__init__(engine)
+        self.inner = engine.inner.create_context()
+
+    def _infer_impl(self, inputs: Any, profile: int, stream: Any) -> dict[str, Any]:
+        ROWS.append((np.asarray(inputs["READY"]).ravel().tolist(), np.asarray(inputs["CORRID"]).ravel().tolist()))
+        return self.inner.infer(inputs, stream)
+
+
+def recording_loader(model_dir: Path, version: int, config: ModelConfig) -> Engine:
+    engine = load_engine(model_dir, version, config)
+    return RecordingEngine(engine) if config.name == "acc_controls" else engine
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     repo = tmp_path_factory.mktemp("sequence_repo")
@@ -65,7 +103,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0)
-    with ServerThread(repo, config, start_timeout=120) as running:
+    with ServerThread(repo, config, engine_loader=recording_loader, start_timeout=120) as running:
         yield running
 
 
@@ -192,6 +230,25 @@ def test_control_inputs_per_row(server: ServerThread) -> None:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "a client thread hung"
     assert not failures, "\n".join(failures)
+
+
+def test_direct_rows_keep_their_slot_positions(http: Any) -> None:
+    """Direct strategy with a READY control: a row is its sequence's slot; empty slots below the
+    last used one run as not-ready fillers (CORRID 0), and they leave every state alone."""
+    rng = np.random.default_rng(11)
+    xs = {i: rng.standard_normal((1, WIDTH)).astype(np.float32) for i in (31, 32, 33)}
+    for sequence_id, x in xs.items():  # bound to free slots in START order: 33 is not in slot 0
+        _step(http, "acc_controls", x, sequence_id, start=True)
+    ROWS.clear()
+    y = rng.standard_normal((1, WIDTH)).astype(np.float32)
+    assert np.allclose(_step(http, "acc_controls", y, 33).as_numpy("OUTPUT"), xs[33] + y, atol=1e-6)
+    (ready, corrid), = ROWS
+    assert len(ready) >= 3 and ready == [False] * (len(ready) - 1) + [True]
+    assert corrid == [0] * (len(ready) - 1) + [33]
+    for sequence_id, x in xs.items():  # the fillers did not touch the states of 31 and 32
+        expected = x + y if sequence_id == 33 else x
+        got = _step(http, "acc_controls", np.zeros_like(x), sequence_id, end=True).as_numpy("OUTPUT")
+        assert np.allclose(got, expected, atol=1e-6)
 
 
 def test_end_releases_the_state(http: Any, grpc: Any) -> None:
