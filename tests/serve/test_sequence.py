@@ -251,6 +251,36 @@ def test_direct_rows_keep_their_slot_positions(http: Any) -> None:
         assert np.allclose(got, expected, atol=1e-6)
 
 
+def test_grpc_stream_carries_interleaved_sequences(server: ServerThread) -> None:
+    """Triton's sequence examples stream: two sequences interleaved on one ModelStreamInfer
+    stream, each response its own sequence's running sum, in the order sent."""
+    import queue
+
+    client = _client(server, "grpc")
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    rng = np.random.default_rng(12)
+    expected = []
+    sums = {"left": np.zeros((1, WIDTH)), 9001: np.zeros((1, WIDTH))}
+    try:
+        for k in range(4):
+            for sequence_id in sums:
+                x = rng.standard_normal((1, WIDTH)).astype(np.float32)
+                sums[sequence_id] += x
+                expected.append(sums[sequence_id].copy())
+                tensor = tgrpc.InferInput("INPUT", [1, WIDTH], "FP32")
+                tensor.set_data_from_numpy(x)
+                client.async_stream_infer("acc_direct", [tensor], sequence_id=sequence_id, sequence_start=k == 0,
+                                          sequence_end=k == 3)
+        for want in expected:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            assert np.allclose(result.as_numpy("OUTPUT"), want, atol=1e-5)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
 def test_end_releases_the_state(http: Any, grpc: Any) -> None:
     """After END the id is unknown again; a new START begins from zero, not from the old sum."""
     rng = np.random.default_rng(7)
