@@ -54,6 +54,9 @@ MODELS = {
         "max_candidate_sequences": 2, "preferred_batch_size": [2], "max_queue_delay_microseconds": 3000}})),
     "acc_idle": (accumulator(WIDTH), accumulator_config(WIDTH, max_batch_size=2, idle_us=IDLE_US)),
     "acc_controls": (controlled_accumulator(WIDTH), controlled_config(WIDTH)),
+    # direct, 2 slots: a batch waits (up to WAIT_US) until both slots have a request
+    "acc_wait": (accumulator(WIDTH), accumulator_config(WIDTH, max_batch_size=2, strategy={"direct": {
+        "max_queue_delay_microseconds": 300_000, "minimum_slot_utilization": 1.0}})),
     # the same graph without sequence_batching: a stateless model whose client sends the state
     "plain": (accumulator(WIDTH), {"max_batch_size": 4}),
 }
@@ -194,6 +197,32 @@ def test_oldest_strategy_with_backlog(server: ServerThread, http: Any) -> None:
     stats = _stats(http, "acc_oldest")
     assert stats["inference_count"] - before == 8 * 5
     assert max(b["batch_size"] for b in stats["batch_stats"]) <= 2  # never more rows than candidate sequences
+
+
+def test_direct_waits_for_minimum_slot_utilization(server: ServerThread, http: Any) -> None:
+    """With minimum_slot_utilization 1.0 and a delay, two sequences' requests run as one batch at
+    once, while one request alone waits for the delay before it runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(13)
+    a, b = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(2))
+
+    def start(sequence_id: int, x: np.ndarray) -> float:
+        client = _client(server, "grpc")
+        try:
+            began = time.perf_counter()
+            assert np.allclose(_step(client, "acc_wait", x, sequence_id, start=True).as_numpy("OUTPUT"), x)
+            return time.perf_counter() - began
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(start, (1, 2), (a, b)))  # list: a failure in a thread is raised here
+    assert [s["batch_size"] for s in _stats(http, "acc_wait")["batch_stats"]] == [2]
+    began = time.perf_counter()
+    assert np.allclose(_step(http, "acc_wait", b, 1, end=True).as_numpy("OUTPUT"), a + b, atol=1e-6)
+    assert time.perf_counter() - began >= 0.25  # alone: it waited for the 0.3 s delay
+    assert np.allclose(_step(http, "acc_wait", a, 2, end=True).as_numpy("OUTPUT"), a + b, atol=1e-6)
 
 
 def test_control_inputs_per_row(server: ServerThread) -> None:
