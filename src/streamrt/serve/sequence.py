@@ -44,7 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, ServerShuttingDownError
+from streamrt.errors import (
+    ConfigError,
+    InferenceError,
+    ModelNotReadyError,
+    OutputMismatchError,
+    RequestError,
+    ServerShuttingDownError,
+)
 from streamrt.serve.config import ModelConfig, SequenceBatchingConfig, SequenceControl
 from streamrt.serve.instances import BatchResult, Instance, InstanceGroup
 from streamrt.serve.protocol import SequenceFlags
@@ -306,7 +313,12 @@ class SequenceScheduler:
                     continue
                 rows, wake = self._form(batcher, now)
                 if rows:
-                    self._dispatch(batcher, rows)
+                    try:
+                        self._dispatch(batcher, rows)
+                    except Exception as exc:  # e.g. no device memory for a state: fail the batch, keep serving
+                        log.warning("model '%s': a batch could not be prepared: %s", self.name, exc)
+                        self._complete(batcher, rows, InferenceError(
+                            f"model '{self.model}': the batch could not be prepared: {type(exc).__name__}: {exc}"))
                 elif wake is not None:
                     wakes.append(wake)
             idle = [s.last_active + self._idle_s for s in self._held if not s.steps and not s.running]
@@ -456,19 +468,25 @@ class SequenceScheduler:
         for index, (sequence, step) in real:
             sequence.running = False
             sequence.last_active = now
-            if isinstance(result, BaseException):
-                outputs = None
-            else:
-                outputs = result.outputs[index]
-                sequence.state = {s.input_name: _keep(outputs.pop(s.output_name)) for s in self.config.states}
+            outcome = result if isinstance(result, BaseException) else self._advance(sequence, result.outputs[index])
             if step.flags.end:
                 self._release(sequence)
             if step.future.done():
                 continue
-            if outputs is None:
-                step.future.set_exception(result)  # type: ignore[arg-type]
+            if isinstance(outcome, BaseException):
+                step.future.set_exception(outcome)
             else:
-                step.future.set_result(outputs)
+                step.future.set_result(outcome)
+
+    def _advance(self, sequence: _Sequence, outputs: Outputs) -> Outputs | BaseException:
+        """Take the state outputs of one row as the sequence's next state; the rest is the answer
+        (an error, and the state left as it was, when the engine returned no state output)."""
+        missing = [s.output_name for s in self.config.states if s.output_name not in outputs]
+        if missing:
+            return OutputMismatchError(f"model '{self.model}': the engine returned no state output {missing}; "
+                                       f"sequence {sequence.id} keeps its previous state")
+        sequence.state = {s.input_name: _keep(outputs.pop(s.output_name)) for s in self.config.states}
+        return outputs
 
     async def close(self, timeout: float) -> None:
         """Stop accepting; let queued and running requests finish for up to ``timeout`` seconds;
