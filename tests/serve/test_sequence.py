@@ -28,7 +28,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from streamrt.backends.base import Engine, ExecutionContext
-from streamrt.errors import ConfigError
+from streamrt.errors import ConfigError, InferenceError
 from streamrt.serve.config import ModelConfig, ServerConfig
 from streamrt.serve.config_message import from_mapping
 from streamrt.serve.model import load_engine
@@ -64,6 +64,8 @@ MODELS = {
 
 ROWS: list[tuple[list[bool], list[int]]] = []
 """(READY column, CORRID column) of every execution of acc_controls, in order."""
+FAIL_NEXT = threading.Event()
+"""Set: the next execution of acc_controls fails (then it clears)."""
 
 
 class RecordingEngine(Engine):
@@ -90,6 +92,9 @@ class RecordingContext(ExecutionContext):
 
     def _infer_impl(self, inputs: Any, profile: int, stream: Any) -> dict[str, Any]:
         ROWS.append((np.asarray(inputs["READY"]).ravel().tolist(), np.asarray(inputs["CORRID"]).ravel().tolist()))
+        if FAIL_NEXT.is_set():
+            FAIL_NEXT.clear()
+            raise InferenceError("injected engine failure")
         return self.inner.infer(inputs, stream)
 
 
@@ -308,6 +313,19 @@ def test_grpc_stream_carries_interleaved_sequences(server: ServerThread) -> None
     finally:
         client.stop_stream()
         client.close()
+
+
+def test_failed_step_leaves_the_state(http: Any, grpc: Any) -> None:
+    """An engine failure reaches only the requests of that batch (500); the sequence keeps the
+    state it had before the failed step and goes on."""
+    rng = np.random.default_rng(14)
+    x, y, z = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(3))
+    _step(http, "acc_controls", x, 61, start=True)
+    FAIL_NEXT.set()
+    with pytest.raises(InferenceServerException, match="injected engine failure") as failed:
+        _step(http, "acc_controls", y, 61)
+    assert failed.value.status() == "500"
+    assert np.allclose(_step(grpc, "acc_controls", z, 61, end=True).as_numpy("OUTPUT"), x + z, atol=1e-6)
 
 
 def test_end_releases_the_state(http: Any, grpc: Any) -> None:
