@@ -46,6 +46,8 @@ pytestmark = pytest.mark.timeout(120)
 
 WIDTH = 4
 IDLE_US = 400_000
+UNBATCHED_STATE = {"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_FP32", "dims": [-1, WIDTH],
+                   "initial_state": [{"data_type": "TYPE_FP32", "dims": [1, WIDTH], "zero_data": True}]}
 MODELS = {
     # 2 instances x 4 slots
     "acc_direct": (accumulator(WIDTH), accumulator_config(WIDTH, instances=2)),
@@ -57,6 +59,9 @@ MODELS = {
     # direct, 2 slots: a batch waits (up to WAIT_US) until both slots have a request
     "acc_wait": (accumulator(WIDTH), accumulator_config(WIDTH, max_batch_size=2, strategy={"direct": {
         "max_queue_delay_microseconds": 300_000, "minimum_slot_utilization": 1.0}})),
+    # no batch dimension: one slot per instance, the state's dims are the whole tensor
+    "acc_unbatched": (accumulator(WIDTH), {"max_batch_size": 0, "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+                                           "sequence_batching": {"state": [UNBATCHED_STATE]}}),
     # the same graph without sequence_batching: a stateless model whose client sends the state
     "plain": (accumulator(WIDTH), {"max_batch_size": 4}),
 }
@@ -188,6 +193,13 @@ def test_interleaved_sequences_direct(server: ServerThread) -> None:
     protocols = ["http", "http", "grpc", "grpc"]
     jobs = [(server, p, "acc_direct", [100 + 2 * i, f"seq-{i}"], 6, i) for i, p in enumerate(protocols)]
     failures = _run_clients(jobs)
+    assert not failures, "\n".join(failures)
+
+
+def test_unbatched_model_runs_one_sequence_per_instance(server: ServerThread) -> None:
+    """max_batch_size 0: each instance has one slot; 3 sequences over 2 instances (one waits)."""
+    failures = _run_clients([(server, p, "acc_unbatched", [500 + i], 4, 30 + i)
+                             for i, p in enumerate(["http", "grpc", "http"])])
     assert not failures, "\n".join(failures)
 
 
