@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 import urllib.error
@@ -71,14 +72,17 @@ ROWS: list[tuple[list[bool], list[int]]] = []
 """(READY column, CORRID column) of every execution of acc_controls, in order."""
 FAIL_NEXT = threading.Event()
 """Set: the next execution of acc_controls fails (then it clears)."""
+SLOW = {"acc_direct": 0.01}
+"""Seconds each execution of these models takes longer, so that requests queue and share batches."""
 
 
 class RecordingEngine(Engine):
-    """The real engine, with each execution's READY and CORRID columns written to :data:`ROWS`."""
+    """The real engine; acc_controls writes each execution's READY and CORRID columns to
+    :data:`ROWS`, the models in :data:`SLOW` take a little longer."""
 
-    def __init__(self, inner: Engine) -> None:
+    def __init__(self, inner: Engine, name: str) -> None:
         super().__init__(inner.manifest)
-        self.inner, self.device_kind = inner, inner.device_kind
+        self.inner, self.device_kind, self.name = inner, inner.device_kind, name
 
     def create_context(self) -> ExecutionContext:
         return RecordingContext(self)
@@ -96,6 +100,9 @@ class RecordingContext(ExecutionContext):
         self.inner = engine.inner.create_context()
 
     def _infer_impl(self, inputs: Any, profile: int, stream: Any) -> dict[str, Any]:
+        time.sleep(SLOW.get(self.engine.name, 0.0))
+        if self.engine.name != "acc_controls":
+            return self.inner.infer(inputs, stream)
         ROWS.append((np.asarray(inputs["READY"]).ravel().tolist(), np.asarray(inputs["CORRID"]).ravel().tolist()))
         if FAIL_NEXT.is_set():
             FAIL_NEXT.clear()
@@ -105,7 +112,7 @@ class RecordingContext(ExecutionContext):
 
 def recording_loader(model_dir: Path, version: int, config: ModelConfig) -> Engine:
     engine = load_engine(model_dir, version, config)
-    return RecordingEngine(engine) if config.name == "acc_controls" else engine
+    return RecordingEngine(engine, config.name) if config.name in ("acc_controls", *SLOW) else engine
 
 
 @pytest.fixture(scope="module")
@@ -146,26 +153,52 @@ def _step(client: Any, model: str, x: np.ndarray, sequence_id: int | str, *, sta
 def _client(server: ServerThread, protocol: str) -> Any:
     """A client of its own for one thread (tritonclient's HTTP client must stay on the thread that made it)."""
     if protocol == "http":
-        return thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30)
+        return thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30, concurrency=4)
     return tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+
+def _send(client: Any, model: str, x: np.ndarray, sequence_id: int | str, *, start: bool, end: bool) -> Any:
+    """Send one request of a sequence without waiting; returns a function that waits for its result."""
+    if isinstance(client, tgrpc.InferenceServerClient):
+        tensor = tgrpc.InferInput("INPUT", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        done: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.async_infer(model, [tensor], callback=lambda result, error: done.put((result, error)),
+                           sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+
+        def wait_grpc() -> Any:
+            result, error = done.get(timeout=30)
+            if error is not None:
+                raise error
+            return result
+
+        return wait_grpc
+    tensor = thttp.InferInput("INPUT", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    handle = client.async_infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return handle.get_result
 
 
 def _drive(server: ServerThread, protocol: str, model: str, ids: list[int | str], steps: int, seed: int,
            failures: list[str]) -> None:
-    """Send ``steps`` requests to each sequence of ``ids``, interleaved, and check every answer
-    against the running sum of that sequence's inputs (float64 reference)."""
+    """Run ``steps`` steps of each sequence of ``ids``: each step sends one request per sequence
+    at once (so sequences share batches), then checks every answer against the running sum of
+    that sequence's inputs (float64 reference). One request per sequence is in flight at a time."""
     rng = np.random.default_rng(seed)
     sums = {i: np.zeros((1, WIDTH)) for i in ids}
     client = _client(server, protocol)
     try:
         for k in range(steps):
+            waiting = []
             for sequence_id in ids:
                 x = rng.standard_normal((1, WIDTH)).astype(np.float32)
                 sums[sequence_id] += x
-                result = _step(client, model, x, sequence_id, start=k == 0, end=k == steps - 1)
-                got = result.as_numpy("OUTPUT")
-                if not np.allclose(got, sums[sequence_id], rtol=1e-5, atol=1e-5):
-                    failures.append(f"{model} sequence {sequence_id} step {k}: {got} != {sums[sequence_id]}")
+                wait = _send(client, model, x, sequence_id, start=k == 0, end=k == steps - 1)
+                waiting.append((sequence_id, sums[sequence_id].copy(), wait))
+            for sequence_id, want, wait in waiting:
+                got = wait().as_numpy("OUTPUT")
+                if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+                    failures.append(f"{model} sequence {sequence_id} step {k}: {got} != {want}")
     except Exception as exc:  # reported by the test thread, not lost in this one
         failures.append(f"{model} sequences {ids}: {type(exc).__name__}: {exc}")
     finally:
@@ -194,6 +227,12 @@ def test_interleaved_sequences_direct(server: ServerThread) -> None:
     jobs = [(server, p, "acc_direct", [100 + 2 * i, f"seq-{i}"], 6, i) for i, p in enumerate(protocols)]
     failures = _run_clients(jobs)
     assert not failures, "\n".join(failures)
+    http = _client(server, "http")
+    try:
+        sizes = [b["batch_size"] for b in _stats(http, "acc_direct")["batch_stats"]]
+    finally:
+        http.close()
+    assert max(sizes) >= 2, sizes  # states of several sequences went through one batch
 
 
 def test_unbatched_model_runs_one_sequence_per_instance(server: ServerThread) -> None:
@@ -300,8 +339,6 @@ def test_direct_rows_keep_their_slot_positions(http: Any) -> None:
 def test_grpc_stream_carries_interleaved_sequences(server: ServerThread) -> None:
     """Triton's sequence examples stream: two sequences interleaved on one ModelStreamInfer
     stream, each response its own sequence's running sum, in the order sent."""
-    import queue
-
     client = _client(server, "grpc")
     results: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
