@@ -54,7 +54,7 @@ MODELS = {
     "acc_direct": (accumulator(WIDTH), accumulator_config(WIDTH, instances=2)),
     # 2 candidate slots on 1 instance: a backlog forms; batches of 2 are preferred
     "acc_oldest": (accumulator(WIDTH), accumulator_config(WIDTH, strategy={"oldest": {
-        "max_candidate_sequences": 2, "preferred_batch_size": [2], "max_queue_delay_microseconds": 3000}})),
+        "max_candidate_sequences": 2, "preferred_batch_size": [2], "max_queue_delay_microseconds": 20_000}})),
     "acc_idle": (accumulator(WIDTH), accumulator_config(WIDTH, max_batch_size=2, idle_us=IDLE_US)),
     "acc_controls": (controlled_accumulator(WIDTH), controlled_config(WIDTH)),
     # direct, 2 slots: a batch waits (up to WAIT_US) until both slots have a request
@@ -252,7 +252,8 @@ def test_oldest_strategy_with_backlog(server: ServerThread, http: Any) -> None:
     assert not failures, "\n".join(failures)
     stats = _stats(http, "acc_oldest")
     assert stats["inference_count"] - before == 8 * 5
-    assert max(b["batch_size"] for b in stats["batch_stats"]) <= 2  # never more rows than candidate sequences
+    sizes = {b["batch_size"] for b in stats["batch_stats"]}
+    assert sizes <= {1, 2} and 2 in sizes, sizes  # the two candidates share batches, never more rows than them
 
 
 def test_direct_waits_for_minimum_slot_utilization(server: ServerThread, http: Any) -> None:
