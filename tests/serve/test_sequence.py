@@ -47,6 +47,15 @@ pytestmark = pytest.mark.timeout(120)
 
 WIDTH = 4
 IDLE_US = 400_000
+def _state_not_batched() -> onnx.ModelProto:
+    """An accumulator whose STATE_OUT sums over the batch: one row whatever the batch size."""
+    model = accumulator(WIDTH)
+    graph = model.graph
+    graph.node[1].CopyFrom(onnx.helper.make_node("ReduceSum", ["OUTPUT", "axes"], ["STATE_OUT"], keepdims=1))
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "axes"))
+    return model
+
+
 UNBATCHED_STATE = {"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_FP32", "dims": [-1, WIDTH],
                    "initial_state": [{"data_type": "TYPE_FP32", "dims": [1, WIDTH], "zero_data": True}]}
 MODELS = {
@@ -63,6 +72,8 @@ MODELS = {
     # no batch dimension: one slot per instance, the state's dims are the whole tensor
     "acc_unbatched": (accumulator(WIDTH), {"max_batch_size": 0, "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
                                            "sequence_batching": {"state": [UNBATCHED_STATE]}}),
+    # refused at load: its state output does not follow the batch
+    "acc_bad_state": (_state_not_batched(), accumulator_config(WIDTH)),
     # the same graph without sequence_batching: a stateless model whose client sends the state
     "plain": (accumulator(WIDTH), {"max_batch_size": 4}),
 }
@@ -460,6 +471,13 @@ def test_bad_sequence_parameters_over_raw_http(server: ServerThread, parameters:
         urllib.request.urlopen(request, timeout=10)
     assert error.value.code == 400
     assert message in json.loads(error.value.read())["error"]
+
+
+def test_state_output_that_ignores_the_batch_is_refused(http: Any) -> None:
+    """The load-time batch probe covers state outputs: a state that would hand one sequence the
+    rows of others refuses the model."""
+    entry = next(e for e in http.get_model_repository_index() if e["name"] == "acc_bad_state")
+    assert entry["state"] == "UNAVAILABLE" and "STATE_OUT" in entry["reason"], entry
 
 
 def test_config_and_metadata(http: Any, grpc: Any) -> None:

@@ -236,7 +236,8 @@ class ServedModel:
             return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
 
         mbs = self.config.max_batch_size or 1
-        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        states = list(self.config.sequence_batching.hidden_outputs) if self.config.sequence_batching else []
+        offenders = probe_batch_outputs(run, self._outputs + states, probe_sizes(mbs))
         if not offenders:
             return self
         hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \

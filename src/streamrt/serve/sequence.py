@@ -481,10 +481,17 @@ class SequenceScheduler:
     def _advance(self, sequence: _Sequence, outputs: Outputs) -> Outputs | BaseException:
         """Take the state outputs of one row as the sequence's next state; the rest is the answer
         (an error, and the state left as it was, when the engine returned no state output)."""
-        missing = [s.output_name for s in self.config.states if s.output_name not in outputs]
-        if missing:
-            return OutputMismatchError(f"model '{self.model}': the engine returned no state output {missing}; "
-                                       f"sequence {sequence.id} keeps its previous state")
+        lead = (1,) if self._batched else ()
+        for s in self.config.states:
+            value = outputs.get(s.output_name)
+            shape = None if value is None else tuple(value.shape)
+            if shape is None or len(shape) != len(lead + s.dims) or shape[:len(lead)] != lead or \
+                    any(d not in (-1, n) for n, d in zip(shape[len(lead):], s.dims, strict=True)):
+                want = list(lead + s.dims)
+                return OutputMismatchError(
+                    f"model '{self.model}': state output '{s.output_name}' of sequence {sequence.id} has shape "
+                    f"{'none' if shape is None else list(shape)}, the state needs {want} (-1: any size); the "
+                    "sequence keeps its previous state")
         sequence.state = {s.input_name: _keep(outputs.pop(s.output_name)) for s in self.config.states}
         return outputs
 
