@@ -58,7 +58,7 @@ def _state_not_batched() -> onnx.ModelProto:
 
 UNBATCHED_STATE = {"input_name": "STATE_IN", "output_name": "STATE_OUT", "data_type": "TYPE_FP32", "dims": [-1, WIDTH],
                    "initial_state": [{"data_type": "TYPE_FP32", "dims": [1, WIDTH], "zero_data": True}]}
-MODELS = {
+MODELS: dict[str, tuple[onnx.ModelProto | None, dict[str, Any]]] = {
     # 2 instances x 4 slots
     "acc_direct": (accumulator(WIDTH), accumulator_config(WIDTH, instances=2)),
     # 2 candidate slots on 1 instance: a backlog forms; batches of 2 are preferred
@@ -74,6 +74,13 @@ MODELS = {
                                            "sequence_batching": {"state": [UNBATCHED_STATE]}}),
     # refused at load: its state output does not follow the batch
     "acc_bad_state": (_state_not_batched(), accumulator_config(WIDTH)),
+    # an ensemble whose one step is the stateful acc_direct
+    "acc_ensemble": (None, {"platform": "ensemble", "max_batch_size": 4,
+                            "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+                            "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [WIDTH]}],
+                            "ensemble_scheduling": {"step": [{"model_name": "acc_direct", "model_version": -1,
+                                                              "input_map": {"INPUT": "IN"},
+                                                              "output_map": {"OUTPUT": "SUM"}}]}}),
     # the same graph without sequence_batching: a stateless model whose client sends the state
     "plain": (accumulator(WIDTH), {"max_batch_size": 4}),
 }
@@ -131,7 +138,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     repo = tmp_path_factory.mktemp("sequence_repo")
     for name, (model, config) in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
-        onnx.save(model, str(repo / name / "1" / "model.onnx"))
+        if model is not None:  # an ensemble's version directory is empty
+            onnx.save(model, str(repo / name / "1" / "model.onnx"))
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0)
     with ServerThread(repo, config, engine_loader=recording_loader, start_timeout=120) as running:
@@ -387,6 +395,20 @@ def test_failed_step_leaves_the_state(http: Any, grpc: Any) -> None:
         _step(http, "acc_controls", y, 61)
     assert failed.value.status() == "500"
     assert np.allclose(_step(grpc, "acc_controls", z, 61, end=True).as_numpy("OUTPUT"), x + z, atol=1e-6)
+
+
+def test_sequence_through_an_ensemble(http: Any) -> None:
+    """An ensemble hands the request's sequence to its stateful step."""
+    rng = np.random.default_rng(15)
+    xs = [rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(3)]
+    total = np.zeros((1, WIDTH))
+    for k, x in enumerate(xs):
+        total += x
+        tensor = thttp.InferInput("IN", [1, WIDTH], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = http.infer("acc_ensemble", [tensor], sequence_id="through-ensemble", sequence_start=k == 0,
+                            sequence_end=k == 2)
+        assert np.allclose(result.as_numpy("SUM"), total, atol=1e-5)
 
 
 def test_end_releases_the_state(http: Any, grpc: Any) -> None:

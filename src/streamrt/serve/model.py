@@ -39,12 +39,13 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -380,7 +381,7 @@ class ServedModel:
         """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
             return inputs
-        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+        return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
     def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -413,8 +414,11 @@ class ServedModel:
                     f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
                     f"the request names sequence {request.sequence.id}",
                     hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
+            inputs = self.to_engine(request.inputs)
+            if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+                inputs = DeviceOutputs(inputs)
             outputs = await self._scheduler.submit(
-                self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
+                inputs, rows=rows, key=self.batching_key(request.inputs),
                 priority=request.priority, timeout_us=request.timeout_us, trace=trace,
             )
         result = {}
@@ -463,6 +467,13 @@ class ServedModel:
         from streamrt.serve.config_message import to_message
 
         return to_message(self.config, self.platform)
+
+
+def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` in ``shape``: a NumPy view, or a view of a device tensor (an ensemble step's input)."""
+    if isinstance(array, DeviceTensor):
+        return DeviceTensor(array.tensor.reshape(shape), array.dtype, shape)
+    return array.reshape(shape)
 
 
 def load_served_model(context: LoadContext) -> Servable:

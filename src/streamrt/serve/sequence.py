@@ -524,12 +524,11 @@ class SequenceScheduler:
 
 
 def _keep(value: Any) -> Any:
-    """A row of a state output as the sequence's next state: device tensors stay on the device
-    (the instance cloned the batch's output off the engine's buffers); host rows are copied so
-    the batch's output array is not kept alive by one row."""
-    if isinstance(value, np.ndarray):
-        return value.copy()
-    return DeviceTensor(value, np.dtype(str(value.dtype).removeprefix("torch.")), tuple(value.shape))
+    """A row of a state output as the sequence's next state: a device row (a
+    :class:`DeviceTensor` view of the batch's output, which the instance cloned off the engine's
+    buffers) stays on the device; host rows are copied so one row does not keep the batch's
+    output array alive."""
+    return value if isinstance(value, DeviceTensor) else np.array(value, copy=True)
 
 
 def _on_device(array: np.ndarray, instance: Instance) -> DeviceTensor:
