@@ -20,6 +20,8 @@ Data path of a batch, with as few host copies as the wire allows:
   :class:`~streamrt.serve.shared_memory.DeviceTensor` views of the engine's outputs, with no copy
   to the host; the instance still waits for its stream, so the tensors are complete when handed
   on, and the next step's CUDA instance gathers them on the device. CPU instances ignore the mark.
+  Outputs named in ``Instance.device_outputs`` (the sequence batcher's states) stay on the device
+  for every request, cloned off the engine's buffers.
 
 Example:
     >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
@@ -98,6 +100,8 @@ class Instance:
         # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it.
         self.worker: Stream = device.host_stream(f"{name}-worker") if device.is_cuda else self.stream
         self._cuda = device.is_cuda
+        self.device_outputs: frozenset[str] = frozenset()
+        """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
 
     def __repr__(self) -> str:
@@ -138,7 +142,7 @@ class Instance:
             split = [outputs]
         else:
             bounds = list(itertools.accumulate(rows, initial=0))
-            split = [{k: _rows_of(v, a, b, keep) for k, v in outputs.items()}
+            split = [{k: _rows_of(v, a, b, keep or k in self.device_outputs) for k, v in outputs.items()}
                      for (a, b), keep in zip(itertools.pairwise(bounds), wanted, strict=True)]
         t3 = time.perf_counter_ns()
         return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
@@ -227,6 +231,8 @@ class Instance:
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
                     host[key] = value
+                elif value.is_cuda and key in self.device_outputs:  # cloned: the next run reuses engine buffers
+                    host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
                 elif value.is_cuda and on_device:
                     host[key] = DeviceTensor(value, DType.from_any(value.dtype).numpy, tuple(value.shape))
                 elif value.is_cuda:
