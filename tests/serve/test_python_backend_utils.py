@@ -134,6 +134,8 @@ def test_device_tensor_to_host_copies_typed_tensors() -> None:
      "EXECUTION_ENV_PATH is not supported"),
     ({"input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4], "reshape": {"shape": [2, 2]}}]},
      "reshape is not supported"),
+    ({"dynamic_batching": None, "sequence_batching": {"max_sequence_idle_microseconds": 1000000}},
+     "sequence_batching is not supported"),
 ])
 def test_python_configs_that_cannot_run_are_refused(changes: dict, words: str) -> None:
     from streamrt.errors import ConfigError

@@ -43,7 +43,8 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
-              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory"]
+              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory", "sequence",
+              "sequence(string_id)"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
 

@@ -43,6 +43,7 @@ from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
+from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
@@ -151,8 +152,14 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
         if size > mbs:
             raise ConfigError(f"model '{config.name}': preferred_batch_size {size} exceeds max_batch_size {mbs}")
 
-    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:
-        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items]
+    sequence = config.sequence_batching
+    hidden = set(sequence.hidden_inputs + sequence.hidden_outputs) if sequence else set()
+    if sequence is not None:
+        check_sequence_io(config.replace(max_batch_size=mbs), engine.inputs, engine.outputs)
+
+    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:  # the batcher's controls and states left out
+        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items
+                if s.name not in hidden]
 
     inputs = _tensors_from_engine(config.input, derived(engine.inputs), "input", config.name)
     outputs = _tensors_from_engine(config.output, derived(engine.outputs), "output", config.name)
@@ -177,7 +184,7 @@ class ServedModel:
         self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
         self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
         self.labels: dict[str, list[str]] = {}
-        self._scheduler: ModelScheduler | None = None
+        self._scheduler: ModelScheduler | SequenceScheduler | None = None
 
     @property
     def name(self) -> str:
@@ -230,7 +237,8 @@ class ServedModel:
             return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
 
         mbs = self.config.max_batch_size or 1
-        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        states = list(self.config.sequence_batching.hidden_outputs) if self.config.sequence_batching else []
+        offenders = probe_batch_outputs(run, self._outputs + states, probe_sizes(mbs))
         if not offenders:
             return self
         hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
@@ -284,7 +292,7 @@ class ServedModel:
         for spec in specs:
             if spec.name in zeros:
                 arrays[spec.name] = np.zeros(spec.shape, spec.dtype.numpy)
-        return arrays
+        return {**arrays, **sequence_warmup_inputs(self.config, warmup.batch_size)}
 
     def warm_up(self) -> None:
         """Run the warm-up requests on every instance (Triton: not READY before this succeeds)."""
@@ -294,7 +302,7 @@ class ServedModel:
             if inputs is None:
                 log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
                 continue
-            self.validate(inputs)
+            self.validate({k: v for k, v in inputs.items() if k in self._inputs})
             inputs = self.to_engine(inputs)
             for instance in self.instances.instances:
                 for _ in range(warmup.count):
@@ -304,7 +312,12 @@ class ServedModel:
     # --- serving ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Put the scheduler in front of the instances (call on the event loop)."""
+        """Put the scheduler in front of the instances (call on the event loop): the sequence
+        batcher when the config has ``sequence_batching``, else the dynamic batcher."""
+        if self.config.sequence_batching is not None:
+            self._scheduler = SequenceScheduler(f"{self.name}:{self.version}", self.instances, self.config,
+                                                self.stats)
+            return
         self._scheduler = ModelScheduler(
             f"{self.name}:{self.version}", self.instances,
             max_batch_size=self.config.max_batch_size or 1,
@@ -393,13 +406,21 @@ class ServedModel:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
-        inputs = self.to_engine(request.inputs)
-        if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
-            inputs = DeviceOutputs(inputs)
-        outputs = await self._scheduler.submit(
-            inputs, rows=rows, key=self.batching_key(request.inputs),
-            priority=request.priority, timeout_us=request.timeout_us, trace=trace,
-        )
+        if isinstance(self._scheduler, SequenceScheduler):
+            outputs = await self._submit_sequence(self._scheduler, request, rows, trace)
+        else:
+            if request.sequence is not None:
+                raise RequestError(
+                    f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
+                    f"the request names sequence {request.sequence.id}",
+                    hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
+            inputs = self.to_engine(request.inputs)
+            if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+                inputs = DeviceOutputs(inputs)
+            outputs = await self._scheduler.submit(
+                inputs, rows=rows, key=self.batching_key(request.inputs),
+                priority=request.priority, timeout_us=request.timeout_us, trace=trace,
+            )
         result = {}
         for out in request.outputs or self._all_outputs:
             array = self._from_engine(out.name, outputs[out.name])
@@ -407,6 +428,21 @@ class ServedModel:
                 array = top_k_classes(array, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
             result[out.name] = array
         return InferResponse(self.name, str(self.version), request.id, result)
+
+    async def _submit_sequence(
+        self, scheduler: SequenceScheduler, request: InferRequest, rows: int, trace: RequestTrace | None
+    ) -> dict[str, np.ndarray]:
+        """Triton's checks for a stateful model's request, then the sequence batcher."""
+        if request.sequence is None:
+            raise RequestError(f"inference request to model '{self.name}' must specify a non-zero or non-empty "
+                               "correlation ID (it has sequence_batching)",
+                               hint="send the request parameter sequence_id (and sequence_start on the first one)")
+        if rows != 1:
+            raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                               f"requirements of sequence batcher, got {rows}",
+                               hint="send one row per request; the batcher batches the sequences")
+        return await scheduler.submit(self.to_engine(request.inputs), flags=request.sequence,
+                                      key=self.batching_key(request.inputs), trace=trace)
 
     async def stop(self, timeout: float) -> None:
         """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""

@@ -53,8 +53,8 @@ def resolve_python_config(config: ModelConfig) -> ModelConfig:
     """Check a Python model's config and fill in its defaults (``max_batch_size`` 0 when unset).
 
     Raises:
-        ConfigError: no inputs or outputs, ``reshape``, warm-up, ``EXECUTION_ENV_PATH``, or batching
-            settings that contradict ``max_batch_size``.
+        ConfigError: no inputs or outputs, ``reshape``, warm-up, ``sequence_batching``,
+            ``EXECUTION_ENV_PATH``, or batching settings that contradict ``max_batch_size``.
     """
     where = f"Python model '{config.name}'"
     if not config.input or not config.output:
@@ -68,6 +68,9 @@ def resolve_python_config(config: ModelConfig) -> ModelConfig:
     if config.model_warmup:
         raise ConfigError(f"{where}: model_warmup is not supported for Python models",
                           hint="warm up inside initialize(), which runs before the model is READY")
+    if config.sequence_batching is not None:
+        raise ConfigError(f"{where}: sequence_batching is not supported for Python models",
+                          hint="keep per-sequence state in an engine model, or serve this model with Triton")
     if "EXECUTION_ENV_PATH" in {k.upper() for k in config.parameters}:
         raise ConfigError(f"{where}: EXECUTION_ENV_PATH is not supported: StreamRT runs Python models in the "
                           "server's own interpreter", hint="install the model's packages into the server's "
@@ -243,6 +246,11 @@ class PythonModel:
             if out.class_count:
                 raise RequestError(f"model '{self.name}': the classification extension is not supported "
                                    "for Python models", hint="return the top classes from model.py")
+        if request.sequence is not None:
+            raise RequestError(
+                f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
+                f"the request names sequence {request.sequence.id}",
+                hint="drop sequence_id/sequence_start/sequence_end")
         rows = self.validate(request.inputs)
         requested = tuple(o.name for o in request.outputs) or self._outputs
         payload = Submitted(request.inputs, request.id, requested, on_device=on_device)
