@@ -35,7 +35,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,13 +64,15 @@ class DeviceOutputs(dict[str, Any]):
 
 @dataclass
 class BatchResult:
-    """Per-request outputs of one batch and how long its phases took (ns)."""
+    """Per-request outputs of one batch and how long its phases took (ns); ``errors`` maps the index
+    of a request that failed on its own (the others of the batch succeeded) to its error."""
 
     outputs: list[dict[str, np.ndarray]]
     rows: int
     input_ns: int
     infer_ns: int
     output_ns: int
+    errors: dict[int, BaseException] = field(default_factory=dict)
 
 
 class Instance:

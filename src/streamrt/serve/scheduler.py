@@ -18,15 +18,16 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from streamrt.errors import ModelNotReadyError, RequestTimeoutError, ServerShuttingDownError
 from streamrt.serve.batcher import BatchQueue, Pending
 from streamrt.serve.config import BatchingConfig
-from streamrt.serve.instances import BatchResult, Instance, InstanceGroup
+from streamrt.serve.instances import BatchResult
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 
@@ -35,6 +36,24 @@ __all__ = ["ModelScheduler"]
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
+
+
+class Executor(Protocol):
+    """What runs a batch: an engine :class:`~streamrt.serve.instances.Instance`, or a Python model's."""
+
+    name: str
+
+    def submit(self, requests: Sequence[Mapping[str, np.ndarray]],
+               done: Callable[[BatchResult | BaseException], None]) -> None: ...
+
+
+class Executors(Protocol):
+    """A model version's executors (:class:`~streamrt.serve.instances.InstanceGroup` or a Python model's)."""
+
+    @property
+    def instances(self) -> Sequence[Executor]: ...
+
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -59,7 +78,7 @@ class ModelScheduler:
     def __init__(
         self,
         name: str,
-        instances: InstanceGroup,
+        instances: Executors,
         *,
         max_batch_size: int,
         batching: BatchingConfig | None,
@@ -69,7 +88,7 @@ class ModelScheduler:
         self.stats = stats
         self._instances = instances
         self._queue = BatchQueue(max_batch_size, batching, is_dead=lambda p: p.payload.future.done())
-        self._idle: deque[Instance] = deque(instances.instances)
+        self._idle: deque[Executor] = deque(instances.instances)
         self._running = 0
         self._active: dict[int, list[Pending]] = {}
         self._closing = False
@@ -138,7 +157,7 @@ class ModelScheduler:
             if handle is not None:
                 handle.cancel()
 
-    def _dispatch(self, instance: Instance, batch: list[Pending]) -> None:
+    def _dispatch(self, instance: Executor, batch: list[Pending]) -> None:
         start = time.perf_counter_ns()
         for item in batch:
             self.stats.record_queue(start - item.payload.enqueued_ns)
@@ -155,7 +174,7 @@ class ModelScheduler:
 
         instance.submit([item.payload.inputs for item in batch], done)
 
-    def _complete(self, instance: Instance, batch: list[Pending], result: BatchResult | BaseException) -> None:
+    def _complete(self, instance: Executor, batch: list[Pending], result: BatchResult | BaseException) -> None:
         self._running -= 1
         self._active.pop(id(batch), None)
         self._idle.append(instance)
@@ -168,8 +187,11 @@ class ModelScheduler:
             return
         self.stats.record_batch(result.rows, len(batch), result.input_ns, result.infer_ns, result.output_ns)
         self._trace_compute(batch, result)
-        for item, outputs in zip(batch, result.outputs, strict=True):
-            if not item.payload.future.done():
+        for index, (item, outputs) in enumerate(zip(batch, result.outputs, strict=True)):
+            error = result.errors.get(index) if result.errors else None
+            if error is not None:
+                self._fail(item, error)  # this request alone failed (a Python model's response error)
+            elif not item.payload.future.done():
                 item.payload.future.set_result(outputs)
 
     @staticmethod

@@ -45,6 +45,7 @@ PLATFORMS = {
     "": "onnxruntime", "onnxruntime": "onnxruntime", "onnxruntime_onnx": "onnxruntime",
     "tensorrt": "tensorrt", "tensorrt_plan": "tensorrt",
     "pytorch": "torch_inductor", "pytorch_libtorch": "torch_inductor", "torch_inductor": "torch_inductor",
+    "python": "python",  # a model.py served by streamrt.serve.python_backend, not an engine
 }
 
 # Field paths StreamRT implements ("[]" marks a repeated field, "{}" a map value).
