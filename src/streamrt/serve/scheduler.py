@@ -7,6 +7,10 @@ the loop with one ``call_soon_threadsafe`` per batch. The loop sleeps until the 
 can change a decision: an arrival, a completion, the batching delay running out, or the earliest
 queued request's timeout, so timeouts fire on time even while every instance is busy.
 
+With the server's rate limiter on (:mod:`streamrt.serve.rate_limiter`), a cut batch waits for its
+instance's grant before it runs (that wait counts as queue time), and the instance returns its
+resources on the worker thread as soon as the batch finished.
+
 Every queued request gets exactly one outcome: its outputs, the batch's error, a timeout, or a
 shutdown error; a request whose client went away is dropped from the queue unanswered.
 """
@@ -73,6 +77,7 @@ class ModelScheduler:
         self._running = 0
         self._active: dict[int, list[Pending]] = {}
         self._closing = False
+        self._stopped = False
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -139,15 +144,41 @@ class ModelScheduler:
                 handle.cancel()
 
     def _dispatch(self, instance: Instance, batch: list[Pending]) -> None:
+        self._running += 1
+        self._active[id(batch)] = batch
+        if instance.rate_limit is None:
+            self._launch(instance, batch)
+        else:
+            self._stage(instance, batch)
+
+    def _stage(self, instance: Instance, batch: list[Pending]) -> None:
+        """Run ``batch`` once the rate limiter grants ``instance`` (the grant may come from another thread)."""
+        ticket = instance.rate_limit
+        assert ticket is not None
+
+        def granted() -> None:
+            try:
+                self._loop.call_soon_threadsafe(self._launch, instance, batch)
+            except RuntimeError:  # the loop is closed: nothing will run, give the resources back
+                ticket.release()
+
+        ticket.stage(granted)
+
+    def _launch(self, instance: Instance, batch: list[Pending]) -> None:
+        ticket = instance.rate_limit
+        if self._stopped:  # granted after close gave up on this batch and closed the instances
+            if ticket is not None:
+                ticket.release()
+            return
         start = time.perf_counter_ns()
         for item in batch:
             self.stats.record_queue(start - item.payload.enqueued_ns)
             if item.payload.trace is not None:
                 item.payload.trace.mark("COMPUTE_START", start)
-        self._running += 1
-        self._active[id(batch)] = batch
 
         def done(result: BatchResult | BaseException) -> None:
+            if ticket is not None:
+                ticket.release()
             try:
                 self._loop.call_soon_threadsafe(self._complete, instance, batch, result)
             except RuntimeError:  # the loop is closed: the server is gone, nobody waits
@@ -212,4 +243,5 @@ class ModelScheduler:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self._stopped = True
         await asyncio.get_running_loop().run_in_executor(None, self._instances.close, max(timeout, 1.0))
