@@ -22,7 +22,8 @@ Unlike Triton, every grant that fits is made as soon as resources free up (Trito
 most one per event). Instances register at load (:meth:`RateLimiter.register`, which is where a
 resource conflict refuses the model) and hold a :class:`Ticket`; the scheduler calls
 :meth:`Ticket.stage` with a callback that runs the batch, and :meth:`Ticket.release` when it
-finished. :meth:`Ticket.acquire` is the blocking form for plain threads.
+finished (with ``then=`` when the instance has its next batch ready: it waits again in the same
+step, as Triton's instances do). :meth:`Ticket.acquire` is the blocking form for plain threads.
 
 Example:
     >>> from streamrt.serve.config import RateLimiterConfig, parse_rate_limit_resource, RateLimiterResource
@@ -97,9 +98,14 @@ class Ticket:
             return True
         return not self._limiter._cancel(self)  # not cancelled: granted between the timeout and the cancel
 
-    def release(self) -> None:
-        """Return the resources after an execution; counts the execution; grants whoever fits next."""
-        self._limiter._release(self)
+    def release(self, then: Callable[[], None] | None = None) -> None:
+        """Return the resources after an execution, count the execution, and grant whoever fits next.
+
+        ``then``: the instance has more work; it waits for its next grant in the same step, with its
+        new execution count (Triton's ``OnRelease`` stages an instance with pending requests before
+        allocating), so a released instance competes by priority instead of always yielding.
+        """
+        self._limiter._release(self, then)
 
     def close(self) -> None:
         """Leave the limiter (the instance is closed): stop waiting, return anything held."""
@@ -224,7 +230,7 @@ class RateLimiter:
             self._allocated[key] -= count
         ticket.held = False
 
-    def _release(self, ticket: Ticket) -> None:
+    def _release(self, ticket: Ticket, then: Callable[[], None] | None) -> None:
         with self._lock:
             if id(ticket) not in self._tickets:
                 return  # closed while executing: unregistering gave everything back
@@ -232,6 +238,9 @@ class RateLimiter:
                 raise RuntimeError(f"rate limiter: {ticket.name} released resources it does not hold")
             self._give_back(ticket)
             ticket.executions += 1
+            if then is not None:
+                ticket._on_grant = then
+                heapq.heappush(self._staged, (ticket.scaled_priority, next(self._order), ticket))
             callbacks = self._grant_locked()
         _run(callbacks)
 

@@ -9,7 +9,7 @@ queued request's timeout, so timeouts fire on time even while every instance is 
 
 With the server's rate limiter on (:mod:`streamrt.serve.rate_limiter`), a cut batch waits for its
 instance's grant before it runs (that wait counts as queue time), and the instance returns its
-resources on the worker thread as soon as the batch finished.
+resources when the batch's completion reaches the loop (waiting again at once when its next batch is ready).
 
 Every queued request gets exactly one outcome: its outputs, the batch's error, a timeout, or a
 shutdown error; a request whose client went away is dropped from the queue unanswered.
@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +153,10 @@ class ModelScheduler:
 
     def _stage(self, instance: Instance, batch: list[Pending]) -> None:
         """Run ``batch`` once the rate limiter grants ``instance`` (the grant may come from another thread)."""
+        assert instance.rate_limit is not None
+        instance.rate_limit.stage(self._on_grant(instance, batch))
+
+    def _on_grant(self, instance: Instance, batch: list[Pending]) -> Callable[[], None]:
         ticket = instance.rate_limit
         assert ticket is not None
 
@@ -162,7 +166,23 @@ class ModelScheduler:
             except RuntimeError:  # the loop is closed: nothing will run, give the resources back
                 ticket.release()
 
-        ticket.stage(granted)
+        return granted
+
+    def _release(self, instance: Instance) -> None:
+        """Return a finished instance's resources; when its next batch is ready, it waits for the next
+        grant in the same step (so it competes by priority, as in Triton), else it goes idle."""
+        ticket = instance.rate_limit
+        assert ticket is not None
+        batch = None
+        if len(self._queue):
+            batch, _ = self._queue.next_batch(time.monotonic())
+        if batch is None:
+            ticket.release()
+            self._idle.append(instance)
+            return
+        self._running += 1
+        self._active[id(batch)] = batch
+        ticket.release(then=self._on_grant(instance, batch))
 
     def _launch(self, instance: Instance, batch: list[Pending]) -> None:
         ticket = instance.rate_limit
@@ -177,8 +197,6 @@ class ModelScheduler:
                 item.payload.trace.mark("COMPUTE_START", start)
 
         def done(result: BatchResult | BaseException) -> None:
-            if ticket is not None:
-                ticket.release()
             try:
                 self._loop.call_soon_threadsafe(self._complete, instance, batch, result)
             except RuntimeError:  # the loop is closed: the server is gone, nobody waits
@@ -189,7 +207,10 @@ class ModelScheduler:
     def _complete(self, instance: Instance, batch: list[Pending], result: BatchResult | BaseException) -> None:
         self._running -= 1
         self._active.pop(id(batch), None)
-        self._idle.append(instance)
+        if instance.rate_limit is not None and not self._stopped:
+            self._release(instance)
+        else:
+            self._idle.append(instance)
         self._wakeup.set()
         if isinstance(result, BaseException):
             log.warning("model '%s': a batch of %d requests failed on %s: %s", self.name, len(batch),
