@@ -159,7 +159,8 @@ def test_rate_limiter_config_round_trip() -> None:
     assert group.rate_limiter == needs(("gpu_slot", 1), ("memory", 3, True), priority=2)
     reply = message_json(to_message(cfg, "onnxruntime"))
     assert reply["instance_group"][0]["rate_limiter"] == {
-        "resources": [{"name": "gpu_slot", "count": 1, "global": False}, {"name": "memory", "global": True, "count": 3}],
+        "resources": [{"name": "gpu_slot", "count": 1, "global": False},
+                      {"name": "memory", "global": True, "count": 3}],
         "priority": 2,
     }
     again = from_mapping({"max_batch_size": 4, "instance_group": reply["instance_group"]}, "m")
