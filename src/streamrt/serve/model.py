@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streamrt._features import cuda_available
 from streamrt._oom import LOAD_HINT, as_out_of_memory
 from streamrt.backends.base import Engine
 from streamrt.errors import (
@@ -216,6 +218,7 @@ class ServedModel:
             oom = as_out_of_memory(exc, f"loading model {key}", LOAD_HINT)
             if oom is None:
                 raise
+            traceback.clear_frames(exc.__traceback__)  # the failed load's locals (tensors, engine) go now
             release_device_memory()
             free = budget.describe_free()
             raise OutOfMemoryError(f"loading model {key}" + (f" ({free} after releasing it)" if free else ""),
@@ -499,7 +502,7 @@ def _load_estimate(model_dir: Path, version: int, config: ModelConfig) -> tuple[
     path = _model_file(model_dir, version, config)
     if path is None:
         return 0, "cpu"  # nothing to estimate (an injected loader, or the load will say what is missing)
-    device = "cpu"
+    device = "cuda" if cuda_available() else "cpu"  # when the file does not say: measure if there is a GPU
     try:
         if path.suffix == ".onnx":
             from streamrt.backends import get_backend
