@@ -279,3 +279,24 @@ def test_two_models_sharing_a_resource_higher_priority_runs_more(tmp_path: Path,
     assert SHARED.peak == 1  # one copy of "gpu": never two executions at once, across both models
     print(f"executions: high {high}, low {low}")
     assert low > 10 and high >= 2.5 * low, (high, low)  # priority 4 vs 1 while both wait: ~4x
+
+
+def test_a_model_asking_more_than_the_explicit_count_is_refused_at_load(tmp_path: Path, plans: dict[str, Path]) -> None:
+    from streamrt.serve.model import ServedModel
+
+    greedy = {"max_batch_size": 8, "instance_group": [
+        {"count": 1, "rate_limiter": {"resources": [{"name": "gpu", "count": 1}]}},
+        {"count": 1, "rate_limiter": {"resources": [{"name": "gpu", "count": 2}]}}]}
+    _write(tmp_path, "greedy", greedy, plans["small_cnn"])
+    limiter = RateLimiter(["gpu:1"])
+    config = from_mapping(greedy, "greedy")
+    with pytest.raises(ConfigError, match=r"model 'greedy_1': rate limiter resource count for \"gpu\" is limited "
+                                          r"to 1 .* minimum required count is 2 \(hint: --rate-limit-resource gpu:2\)"):
+        ServedModel.load(tmp_path / "greedy", 1, config, limiter=limiter)
+    assert limiter.available("gpu") == 0  # the first group's instance was unregistered again: no resource left
+    served = ServedModel.load(tmp_path / "greedy", 1, config, limiter=RateLimiter(["gpu:2"]))
+    try:
+        assert [i.rate_limit.needs for i in served.instances.instances if i.rate_limit] == [
+            {(0, "gpu"): 1}, {(0, "gpu"): 2}]
+    finally:
+        served.release()
