@@ -2,7 +2,8 @@
 
 Three models are served by one ``streamrt serve`` process and driven at the same time, each by its
 own client process (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``; HTTP, binary
-tensors, one image per request) at a concurrency that keeps the device saturated:
+tensors, 4 images per request on CUDA) at a concurrency meant to keep the device saturated (the
+table gives NVML's GPU utilisation, so a run bound by the front end or the clients shows as such):
 
 * ``large``: a ResNet-18-shaped classifier at 224x224 (``streamrt.testing.models.resnet_like``);
 * ``medium``: the small CNN at 128x128; ``small``: the small CNN at 32x32.
@@ -39,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
@@ -141,19 +143,57 @@ def start_server(repo: Path, port: int, rate_limit: str, log: Path) -> subproces
     raise SystemExit(f"the server was not ready after 180 s; see {log}")
 
 
-def drive(port: int, models: tuple[Model, ...], concurrency: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """Load every model at once, each from its own client process; the LevelResult per model."""
+class UtilisationSampler:
+    """Mean GPU utilisation (NVML, device 0) while the measurement runs; None without pynvml or a GPU."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, delay: float) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            return
+
+        def sample() -> None:
+            if self._stop.wait(delay):
+                return
+            while not self._stop.wait(0.2):
+                self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def drive(port: int, models: tuple[Model, ...], args: argparse.Namespace) -> tuple[dict[str, Any], float | None]:
+    """Load every model at once, each from its own client process: the LevelResult per model, and the
+    mean GPU utilisation over the measured window."""
     from streamrt.client.loadgen import LoadConfig, run_load
 
-    configs = {m.name: LoadConfig(url=f"127.0.0.1:{port}", model=m.name, concurrency=(concurrency,),
-                                  duration_s=seconds, warmup_s=warmup, timeout_s=120) for m in models}
+    configs = {m.name: LoadConfig(url=f"127.0.0.1:{port}", model=m.name, concurrency=(args.concurrency,),
+                                  batch_size=args.request_batch, duration_s=args.seconds, warmup_s=args.warmup,
+                                  timeout_s=120) for m in models}
+    sampler = UtilisationSampler()
     with ProcessPoolExecutor(len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {name: pool.submit(run_load, cfg) for name, cfg in configs.items()}
-        return {name: future.result()[0] for name, future in futures.items()}
+        sampler.start(delay=args.warmup + 2.0)  # + the client processes' start
+        results = {name: future.result()[0] for name, future in futures.items()}
+    return results, sampler.stop()
 
 
 def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tuple[Model, ...],
-                 args: argparse.Namespace, work: Path) -> dict[str, Any]:
+                 args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float | None]:
     repo = work / f"repo-{rate_limit}"
     write_repo(repo, plans, models, limited=rate_limit != "off")
     port = free_port()
@@ -162,7 +202,7 @@ def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tu
     say(f"{label}: server ready in {time.perf_counter() - started:.1f} s; driving {len(models)} models "
         f"at concurrency {args.concurrency} each for {args.seconds:.0f} s")
     try:
-        return drive(port, models, args.concurrency, args.seconds, args.warmup)
+        return drive(port, models, args)
     finally:
         process.terminate()
         try:
@@ -179,8 +219,8 @@ def device_name(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def render(results: dict[str, dict[str, Any]], models: tuple[Model, ...], builds: dict[str, float],
-           args: argparse.Namespace) -> str:
+def render(results: dict[str, tuple[dict[str, Any], float | None]], models: tuple[Model, ...],
+           builds: dict[str, float], args: argparse.Namespace) -> str:
     lines = [
         f"# Sharing one {args.device.upper()} between three models: throughput and latency with and without "
         "priorities", "",
@@ -188,16 +228,18 @@ def render(results: dict[str, dict[str, Any]], models: tuple[Model, ...], builds
         f"device: {device_name(args.device)}",
         "- command: `python benchmarks/gpu_sharing.py " + " ".join(sys.argv[1:]) + "`",
         f"- load: every model at once, concurrency {args.concurrency} each (one client process per model, "
-        f"HTTP binary tensors, 1 image per request), {args.warmup:g} s warm-up, {args.seconds:g} s measured",
+        f"HTTP binary tensors, {args.request_batch} images per request), {args.warmup:g} s warm-up, "
+        f"{args.seconds:g} s measured; `GPU util` is NVML's mean over the measured window (- without NVML)",
         "- serving: dynamic batching (max 16, 500 us), one instance per model; `priorities` runs with "
         "`--rate-limit execution_count`, a resource `device: 1` for every instance group and the "
         "`rate_limiter.priority` shown (lower value: granted more often)",
         "- build seconds (0: from the build cache): "
         + ", ".join(f"{name} {seconds:.1f}" for name, seconds in builds.items()), "",
-        "| scenario | model | input | priority | infer/s | p50 ms | p99 ms | errors |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| scenario | model | input | priority | infer/s | images/s | p50 ms | p99 ms | errors | GPU util % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for label, per_model in results.items():
+    for label, (per_model, utilisation) in results.items():
+        util = f"{utilisation:.0f}" if utilisation is not None else "-"
         for model in models:
             r = per_model[model.name]
             lat = r.latency_ms
@@ -206,7 +248,8 @@ def render(results: dict[str, dict[str, Any]], models: tuple[Model, ...], builds
             p50 = f"{lat.median:.2f}" if lat else "-"
             p99 = f"{lat.p99:.2f}" if lat else "-"
             lines.append(f"| {label} | {model.name} | {what} {model.size}x{model.size} | {priority} | "
-                         f"{r.throughput:.1f} | {p50} | {p99} | {r.errors} |")
+                         f"{r.throughput:.1f} | {r.throughput * args.request_batch:.1f} | {p50} | {p99} | "
+                         f"{r.errors} | {util} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -216,16 +259,19 @@ def main() -> int:
     parser.add_argument("out", type=Path, help="folder for the markdown report (and the server log)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--seconds", type=float, default=None, help="measured seconds per scenario "
-                        "(default 20 on CUDA, 5 on the CPU)")
+                        "(default 15 on CUDA, 5 on the CPU)")
     parser.add_argument("--warmup", type=float, default=None, help="warm-up seconds (default 3 on CUDA, 1 on the CPU)")
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight per model "
                         "(default 32 on CUDA, 4 on the CPU)")
+    parser.add_argument("--request-batch", type=int, default=None, help="images per request "
+                        "(default 4 on CUDA, 1 on the CPU)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: the user's)")
     args = parser.parse_args()
     cuda = args.device == "cuda"
-    args.seconds = args.seconds or (20.0 if cuda else 5.0)
+    args.seconds = args.seconds or (15.0 if cuda else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (3.0 if cuda else 1.0)
     args.concurrency = args.concurrency or (32 if cuda else 4)
+    args.request_batch = args.request_batch or (4 if cuda else 1)
     args.out.mkdir(parents=True, exist_ok=True)
     models = MODELS[args.device]
     with tempfile.TemporaryDirectory(prefix="streamrt-sharing-") as tmp:

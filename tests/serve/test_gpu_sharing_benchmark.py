@@ -27,9 +27,10 @@ def test_gpu_sharing_benchmark_cpu_mode_writes_a_row_per_model(tmp_path: Path) -
     report = (out / "gpu-sharing-cpu.md").read_text()
     rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ") and "---" not in line]
     header, body = [c.strip() for c in rows[0]], [[c.strip() for c in r] for r in rows[1:]]
-    assert header == ["scenario", "model", "input", "priority", "infer/s", "p50 ms", "p99 ms", "errors"]
+    assert header == ["scenario", "model", "input", "priority", "infer/s", "images/s", "p50 ms", "p99 ms", "errors",
+                      "GPU util %"]
     seen = {(r[0], r[1]) for r in body}
     assert seen == {(s, m) for s in ("no priorities", "priorities") for m in ("large", "medium", "small")}
     for row in body:
-        assert float(row[4]) > 0 and float(row[6]) >= float(row[5]) > 0 and row[7] == "0", row
+        assert float(row[4]) == float(row[5]) > 0 and float(row[7]) >= float(row[6]) > 0 and row[8] == "0", row
     assert {r[1]: r[3] for r in body if r[0] == "priorities"} == {"large": "4", "medium": "1", "small": "2"}
