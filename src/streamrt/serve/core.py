@@ -45,7 +45,8 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
-              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory"]
+              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory", "sequence",
+              "sequence(string_id)"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
 
@@ -118,7 +119,8 @@ class ServerCore:
 
     async def _load_startup(self) -> None:
         assert self.repository is not None
-        results = await asyncio.gather(*(self.repository.load(n) for n in self._startup), return_exceptions=True)
+        results = await asyncio.gather(*(self.repository.load(n, reload=False) for n in self._startup),
+                                       return_exceptions=True)
         for name, result in zip(self._startup, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("model '%s' is UNAVAILABLE: %s", name, result)

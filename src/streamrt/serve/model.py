@@ -43,13 +43,15 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.memory_budget import MemoryBudget, model_limit, release_device_memory
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.scheduler import ModelScheduler
+from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -156,8 +158,14 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
         if size > mbs:
             raise ConfigError(f"model '{config.name}': preferred_batch_size {size} exceeds max_batch_size {mbs}")
 
-    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:
-        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items]
+    sequence = config.sequence_batching
+    hidden = set(sequence.hidden_inputs + sequence.hidden_outputs) if sequence else set()
+    if sequence is not None:
+        check_sequence_io(config.replace(max_batch_size=mbs), engine.inputs, engine.outputs)
+
+    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:  # the batcher's controls and states left out
+        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items
+                if s.name not in hidden]
 
     inputs = _tensors_from_engine(config.input, derived(engine.inputs), "input", config.name)
     outputs = _tensors_from_engine(config.output, derived(engine.outputs), "output", config.name)
@@ -182,7 +190,7 @@ class ServedModel:
         self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
         self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
         self.labels: dict[str, list[str]] = {}
-        self._scheduler: ModelScheduler | None = None
+        self._scheduler: ModelScheduler | SequenceScheduler | None = None
         self._limiter: RateLimiter | None = None
         self._budget: tuple[MemoryBudget, str] | None = None
 
@@ -261,6 +269,12 @@ class ServedModel:
         cls, version: int, resolved: ModelConfig, engine: Engine, limiter: RateLimiter | None = None
     ) -> ServedModel:
         batched = bool(resolved.max_batch_size)
+        if limiter is not None and resolved.sequence_batching is not None:
+            # The sequence batcher runs its slots without the rate limiter's grants (not implemented
+            # there): its instances stay out of the limiter rather than pretend to take part.
+            if any(g.rate_limiter for g in resolved.instance_group):
+                log.warning("model '%s': rate_limiter is ignored for sequence_batching models", resolved.name)
+            limiter = None
         instances = InstanceGroup.create(
             f"{resolved.name}_{version}", engine, resolved.instance_group,
             batched=batched, max_batch_size=resolved.max_batch_size or 1,
@@ -282,7 +296,8 @@ class ServedModel:
             return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
 
         mbs = self.config.max_batch_size or 1
-        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        states = list(self.config.sequence_batching.hidden_outputs) if self.config.sequence_batching else []
+        offenders = probe_batch_outputs(run, self._outputs + states, probe_sizes(mbs))
         if not offenders:
             return self
         hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
@@ -343,7 +358,7 @@ class ServedModel:
         for spec in specs:
             if spec.name in zeros:
                 arrays[spec.name] = np.zeros(spec.shape, spec.dtype.numpy)
-        return arrays
+        return {**arrays, **sequence_warmup_inputs(self.config, warmup.batch_size)}
 
     def warm_up(self) -> None:
         """Run the warm-up requests on every instance (Triton: not READY before this succeeds)."""
@@ -353,7 +368,7 @@ class ServedModel:
             if inputs is None:
                 log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
                 continue
-            self.validate(inputs)
+            self.validate({k: v for k, v in inputs.items() if k in self._inputs})
             inputs = self.to_engine(inputs)
             for instance in self.instances.instances:
                 for _ in range(warmup.count):
@@ -363,7 +378,12 @@ class ServedModel:
     # --- serving ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Put the scheduler in front of the instances (call on the event loop)."""
+        """Put the scheduler in front of the instances (call on the event loop): the sequence
+        batcher when the config has ``sequence_batching``, else the dynamic batcher."""
+        if self.config.sequence_batching is not None:
+            self._scheduler = SequenceScheduler(f"{self.name}:{self.version}", self.instances, self.config,
+                                                self.stats)
+            return
         self._scheduler = ModelScheduler(
             f"{self.name}:{self.version}", self.instances,
             max_batch_size=self.config.max_batch_size or 1,
@@ -427,7 +447,7 @@ class ServedModel:
         """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
             return inputs
-        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+        return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
     def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -452,10 +472,21 @@ class ServedModel:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
-        outputs = await self._scheduler.submit(
-            self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
-            priority=request.priority, timeout_us=request.timeout_us, trace=trace,
-        )
+        if isinstance(self._scheduler, SequenceScheduler):
+            outputs = await self._submit_sequence(self._scheduler, request, rows, trace)
+        else:
+            if request.sequence is not None:
+                raise RequestError(
+                    f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
+                    f"the request names sequence {request.sequence.id}",
+                    hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
+            inputs = self.to_engine(request.inputs)
+            if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+                inputs = DeviceOutputs(inputs)
+            outputs = await self._scheduler.submit(
+                inputs, rows=rows, key=self.batching_key(request.inputs),
+                priority=request.priority, timeout_us=request.timeout_us, trace=trace,
+            )
         result = {}
         for out in request.outputs or self._all_outputs:
             array = self._from_engine(out.name, outputs[out.name])
@@ -463,6 +494,21 @@ class ServedModel:
                 array = top_k_classes(array, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
             result[out.name] = array
         return InferResponse(self.name, str(self.version), request.id, result)
+
+    async def _submit_sequence(
+        self, scheduler: SequenceScheduler, request: InferRequest, rows: int, trace: RequestTrace | None
+    ) -> dict[str, np.ndarray]:
+        """Triton's checks for a stateful model's request, then the sequence batcher."""
+        if request.sequence is None:
+            raise RequestError(f"inference request to model '{self.name}' must specify a non-zero or non-empty "
+                               "correlation ID (it has sequence_batching)",
+                               hint="send the request parameter sequence_id (and sequence_start on the first one)")
+        if rows != 1:
+            raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                               f"requirements of sequence batcher, got {rows}",
+                               hint="send one row per request; the batcher batches the sequences")
+        return await scheduler.submit(self.to_engine(request.inputs), flags=request.sequence,
+                                      key=self.batching_key(request.inputs), trace=trace)
 
     async def stop(self, timeout: float) -> None:
         """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
@@ -515,6 +561,13 @@ def _load_estimate(model_dir: Path, version: int, config: ModelConfig) -> tuple[
     except Exception:  # the load itself reports an unusable file; the measurement after it still applies
         log.debug("model '%s': no device known before loading %s", config.name, path, exc_info=True)
     return path.stat().st_size, device
+
+
+def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` in ``shape``: a NumPy view, or a view of a device tensor (an ensemble step's input)."""
+    if isinstance(array, DeviceTensor):
+        return DeviceTensor(array.tensor.reshape(shape), array.dtype, shape)
+    return array.reshape(shape)
 
 
 def load_served_model(context: LoadContext) -> Servable:

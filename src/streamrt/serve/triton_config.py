@@ -18,8 +18,8 @@ with dynamic dims).
 
 Example:
     >>> msg = parse_text('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]')
-    >>> list(msg.input[0].dims), unsupported_fields(parse_text("sequence_batching { }"))[0][0]
-    ([3], 'sequence_batching')
+    >>> list(msg.input[0].dims), unsupported_fields(parse_text("response_cache { enable: true }"))[0][0]
+    ([3], 'response_cache.enable')
 """
 
 from __future__ import annotations
@@ -68,6 +68,22 @@ HONOURED = frozenset({
     "model_warmup[].name", "model_warmup[].batch_size", "model_warmup[].count",
     "model_warmup[].inputs{}.data_type", "model_warmup[].inputs{}.dims",
     "model_warmup[].inputs{}.zero_data", "model_warmup[].inputs{}.random_data",
+    "ensemble_scheduling.step[].model_name", "ensemble_scheduling.step[].model_version",
+    "ensemble_scheduling.step[].input_map{}", "ensemble_scheduling.step[].output_map{}",
+}) | frozenset({  # the sequence batcher (streamrt.serve.sequence)
+    "sequence_batching.max_sequence_idle_microseconds",
+    "sequence_batching.direct.max_queue_delay_microseconds", "sequence_batching.direct.minimum_slot_utilization",
+    "sequence_batching.oldest.max_candidate_sequences", "sequence_batching.oldest.preferred_batch_size",
+    "sequence_batching.oldest.max_queue_delay_microseconds", "sequence_batching.oldest.preserve_ordering",
+    "sequence_batching.control_input[].name", "sequence_batching.control_input[].control[].kind",
+    "sequence_batching.control_input[].control[].int32_false_true",
+    "sequence_batching.control_input[].control[].fp32_false_true",
+    "sequence_batching.control_input[].control[].bool_false_true",
+    "sequence_batching.control_input[].control[].data_type",
+    "sequence_batching.state[].input_name", "sequence_batching.state[].output_name",
+    "sequence_batching.state[].data_type", "sequence_batching.state[].dims",
+    "sequence_batching.state[].initial_state[].data_type", "sequence_batching.state[].initial_state[].dims",
+    "sequence_batching.state[].initial_state[].zero_data", "sequence_batching.state[].initial_state[].name",
 })
 
 # Performance hints: accepted, they cannot change a result, and StreamRT decides these itself.
@@ -76,14 +92,17 @@ HINTS = frozenset({
     "optimization.gather_kernel_buffer_threshold", "optimization.eager_batching",
     "optimization.priority", "optimization.graph.level",
     "optimization.cuda.busy_wait_events", "optimization.cuda.output_copy_stream",
+    "sequence_batching.state[].use_same_buffer_for_input_output", "sequence_batching.state[].use_growable_memory",
 })
 
 # Messages whose mere presence changes semantics (proto3 cannot say "set but empty" otherwise).
-_PRESENCE = {"sequence_batching", "ensemble_scheduling"}
+_PRESENCE: set[str] = set()
 
 _WHY = {
-    "sequence_batching": "the sequence batcher (stateful models) is not implemented",
-    "ensemble_scheduling": "ensembles are not implemented",
+    "iterative_sequence": "iterative sequences (continuous batching) are not implemented",
+    "data_file": "initial state data files are not implemented; use zero_data",
+    "model_namespace": "model namespaces are not implemented",
+    "max_inflight_responses": "bounding an ensemble's in-flight responses is not implemented",
     "batch_input": "batch inputs are not implemented",
     "batch_output": "batch outputs are not implemented",
     "model_transaction_policy": "decoupled models are not implemented",
