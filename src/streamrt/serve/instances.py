@@ -17,11 +17,12 @@ Data path of a batch, with as few host copies as the wire allows:
   rows (and the config's dtype and dims): a batch that fails it fails for every request in it.
 * **Device outputs (opt-in)**: a request whose inputs come as :class:`DeviceOutputs` (an ensemble
   step whose outputs feed only other steps) gets its outputs from a CUDA instance as
-  :class:`~streamrt.serve.shared_memory.DeviceTensor` views of the engine's outputs, with no copy
-  to the host; the instance still waits for its stream, so the tensors are complete when handed
-  on, and the next step's CUDA instance gathers them on the device. CPU instances ignore the mark.
-  Outputs named in ``Instance.device_outputs`` (the sequence batcher's states) stay on the device
-  for every request, cloned off the engine's buffers.
+  :class:`~streamrt.serve.shared_memory.DeviceTensor` copies of the engine's outputs made on the
+  device (the engine's own output buffers, CUDA graphs' static ones, are overwritten by the
+  instance's next batch), with no copy to the host; the instance still waits for its stream, so
+  the tensors are complete when handed on, and the next step's CUDA instance gathers them on the
+  device. CPU instances ignore the mark. Outputs named in ``Instance.device_outputs`` (the
+  sequence batcher's states) stay on the device for every request, copied the same way.
 
 Example:
     >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
@@ -235,10 +236,11 @@ class Instance:
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
                     host[key] = value
-                elif value.is_cuda and key in self.device_outputs:  # cloned: the next run reuses engine buffers
+                elif value.is_cuda and (on_device or key in self.device_outputs):
+                    # Cloned (a device-to-device copy): engine outputs are its own buffers (CUDA graphs'
+                    # static outputs), which the instance's next batch overwrites while the next
+                    # ensemble step or sequence step may not have read them yet.
                     host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
-                elif value.is_cuda and on_device:
-                    host[key] = DeviceTensor(value, DType.from_any(value.dtype).numpy, tuple(value.shape))
                 elif value.is_cuda:
                     pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                     pinned.copy_(value, non_blocking=True)
