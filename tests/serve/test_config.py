@@ -118,12 +118,12 @@ def test_pbtxt_list_syntax_hints_and_refusals() -> None:
     assert cfg.input[0].data_type.kserve == "UINT32" and cfg.input[0].dims == (-1,) and cfg.max_batch_size == 4
     refused = parse_text('name: "m" sequence_batching { control_input [ { name: "S" control [ { kind: '
                          "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] iterative_sequence: true }\n"
-                         "instance_group [ { count: 1 rate_limiter { priority: 2 } } ]\n"
+                         'instance_group [ { count: 1 host_policy: "numa0" } ]\n'
                          "optimization { cuda { graphs: true } }\nresponse_cache { enable: true }", "m")
     paths = [p for p, _ in unsupported_fields(refused)]
-    assert paths == ["instance_group[0].rate_limiter", "optimization.cuda.graphs",
+    assert paths == ["instance_group[0].host_policy", "optimization.cuda.graphs",
                      "sequence_batching.iterative_sequence", "response_cache.enable"]
-    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.rate_limiter' is not supported"):
+    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.host_policy' is not supported"):
         from_message(refused, "m")
     with pytest.raises(ConfigError, match="does not follow Triton's schema"):
         parse_text('name: "m" max_batch_size: 4 colour: "red"', "m")

@@ -32,6 +32,8 @@ __all__ = [
     "InstanceGroupConfig",
     "ModelConfig",
     "QueuePolicy",
+    "RateLimiterConfig",
+    "RateLimiterResource",
     "SequenceBatchingConfig",
     "SequenceControl",
     "SequenceState",
@@ -39,12 +41,16 @@ __all__ = [
     "TensorConfig",
     "VersionPolicy",
     "WarmupConfig",
+    "parse_rate_limit_resource",
 ]
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.json", "config.pbtxt")
 """File names a model directory's config may have, in the order they are looked for."""
 
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
+
+RATE_LIMIT_MODES = ("off", "execution_count")
+"""Values of ``--rate-limit`` (Triton's)."""
 
 
 def _at_least(value: int, name: str, minimum: int) -> None:
@@ -159,6 +165,60 @@ class BatchingConfig:
             raise ConfigError(f"default_priority_level must be in 1..{levels}, got {default}")
 
 
+def parse_rate_limit_resource(spec: str) -> tuple[str, int, int | None]:
+    """``NAME:COUNT[:DEVICE]`` (tritonserver's ``--rate-limit-resource``) as ``(name, count, device)``.
+
+    Raises:
+        ConfigError: not of that form, or a negative count or device.
+    """
+    parts = spec.split(":")
+    hint = "--rate-limit-resource NAME:COUNT or NAME:COUNT:DEVICE, e.g. R1:4 or R1:4:0"
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ConfigError(f"rate limit resource must be NAME:COUNT[:DEVICE], got {spec!r}", hint=hint)
+    try:
+        count = int(parts[1])
+        device = int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ConfigError(f"rate limit resource {spec!r}: COUNT and DEVICE must be integers", hint=hint) from None
+    if count < 0 or (device is not None and device < 0):
+        raise ConfigError(f"rate limit resource {spec!r}: COUNT and DEVICE must be >= 0", hint=hint)
+    return parts[0], count, device
+
+
+@dataclass(frozen=True)
+class RateLimiterResource:
+    """One resource an instance needs to execute (Triton's ``rate_limiter.resources[]``).
+
+    ``is_global`` is Triton's ``global``: one pool for the whole server instead of one per device.
+    """
+
+    name: str
+    count: int = 1
+    is_global: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("rate_limiter resources need a name")
+        _at_least(self.count, f"rate_limiter resource '{self.name}' count", 0)
+
+
+@dataclass(frozen=True)
+class RateLimiterConfig:
+    """Triton's ``instance_group.rate_limiter``: resources held while executing, and a priority weight.
+
+    ``priority`` weights scheduling chances across instances when several wait: an instance of
+    priority 2 gets half the chances of one of priority 1 (0 counts as 1). Used only when the
+    server runs with ``--rate-limit execution_count``.
+    """
+
+    resources: tuple[RateLimiterResource, ...] = ()
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        _at_least(self.priority, "rate_limiter priority", 0)
+        names = [r.name for r in self.resources]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"rate_limiter lists a resource twice: {names}")
 # --- sequence batching (stateful models) -----------------------------------------------------
 
 CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_END",
@@ -302,12 +362,14 @@ class SequenceBatchingConfig:
 class InstanceGroupConfig:
     """``count`` instances, each with its own execution context, stream and worker thread.
 
-    ``kind`` takes Triton's ``KIND_CPU`` or the short ``cpu``.
+    ``kind`` takes Triton's ``KIND_CPU`` or the short ``cpu``. ``rate_limiter`` is what the
+    group's instances need from the server's rate limiter (None: no resources, priority 1).
     """
 
     count: int = 1
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
+    rate_limiter: RateLimiterConfig | None = None
 
     def __post_init__(self) -> None:
         _at_least(self.count, "count", 1)
@@ -447,6 +509,12 @@ class ServerConfig:
         trace_file: append a JSON line per traced request here (Triton's trace timestamps, see
             :mod:`streamrt.serve.tracing`); None: no tracing.
         trace_rate: trace one request in this many (1: every request).
+        rate_limit: ``"off"`` (Triton's default) or ``"execution_count"``: instances acquire their
+            ``rate_limiter`` resources before each execution, granted by priority
+            (:mod:`streamrt.serve.rate_limiter`).
+        rate_limit_resources: ``--rate-limit-resource`` values, ``NAME:COUNT[:DEVICE]``.
+        gpu_memory_budget_mb: GPU memory the loaded models may take together (MiB); a model that
+            would exceed it, or the GPU's free memory, is refused at load (None: free memory only).
     """
 
     host: str = "127.0.0.1"
@@ -464,8 +532,12 @@ class ServerConfig:
     load_threads: int = 2
     trace_file: str | None = None
     trace_rate: int = 1
+    rate_limit: str = "off"
+    rate_limit_resources: tuple[str, ...] = ()
+    gpu_memory_budget_mb: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_sharing()
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
@@ -488,6 +560,18 @@ class ServerConfig:
             raise ConfigError("auth_token must not be empty", hint="omit it to disable authentication")
         if self.startup_models is not None:
             object.__setattr__(self, "startup_models", tuple(self.startup_models))
+
+    def _check_sharing(self) -> None:
+        """The GPU-sharing settings (rate limiter, memory budget)."""
+        if self.rate_limit not in RATE_LIMIT_MODES:
+            raise ConfigError(f"rate_limit must be one of {', '.join(RATE_LIMIT_MODES)}, got {self.rate_limit!r}",
+                              hint="--rate-limit execution_count")
+        object.__setattr__(self, "rate_limit_resources", tuple(self.rate_limit_resources))
+        for spec in self.rate_limit_resources:
+            parse_rate_limit_resource(spec)
+        if self.gpu_memory_budget_mb is not None and not self.gpu_memory_budget_mb > 0:
+            raise ConfigError(f"gpu_memory_budget_mb must be > 0, got {self.gpu_memory_budget_mb}",
+                              hint="leave --gpu-memory-budget-mb out to check against free memory only")
 
     def replace(self, **changes: Any) -> ServerConfig:
         return dataclasses.replace(self, **changes)

@@ -26,6 +26,8 @@ from streamrt.serve.config import (
     InstanceGroupConfig,
     ModelConfig,
     QueuePolicy,
+    RateLimiterConfig,
+    RateLimiterResource,
     SequenceBatchingConfig,
     SequenceControl,
     SequenceState,
@@ -310,7 +312,31 @@ def _group(g: Any, where: str) -> InstanceGroupConfig:
     if g.count < 0:
         raise ConfigError(f"{where}: count must be an integer >= 1, got {g.count}")
     kind = messages.ModelInstanceGroup.Kind.Name(g.kind)
-    return _located(where, lambda: InstanceGroupConfig(count=g.count or 1, kind=kind, gpus=tuple(g.gpus)))
+    limiter = _rate_limiter(g, where)
+    return _located(where, lambda: InstanceGroupConfig(count=g.count or 1, kind=kind, gpus=tuple(g.gpus),
+                                                       rate_limiter=limiter))
+
+
+def _rate_limiter(g: Any, where: str) -> RateLimiterConfig | None:
+    """An instance group's ``rate_limiter`` (None when the group has none)."""
+    if not g.HasField("rate_limiter"):
+        return None
+    rl = g.rate_limiter
+    return _located(f"{where} rate_limiter", lambda: RateLimiterConfig(
+        resources=tuple(RateLimiterResource(r.name, r.count, getattr(r, "global")) for r in rl.resources),
+        priority=rl.priority,
+    ))
+
+
+def _rate_limiter_message(group: Any, config: RateLimiterConfig | None) -> None:
+    """Write an instance group's ``rate_limiter`` back into its message."""
+    if config is None:
+        return
+    group.rate_limiter.SetInParent()
+    group.rate_limiter.priority = config.priority
+    for r in config.resources:
+        item = group.rate_limiter.resources.add(name=r.name, count=r.count)
+        setattr(item, "global", r.is_global)
 
 
 def _version_policy(message: Any, where: str) -> VersionPolicy:
@@ -404,8 +430,9 @@ def to_message(config: ModelConfig, platform: str) -> Any:
             item.input_map.update(step.input_map)
             item.output_map.update(step.output_map)
     for i, g in enumerate(() if config.ensemble_scheduling else config.instance_group):
-        m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
-                             kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
+        group = m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
+                                     kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
+        _rate_limiter_message(group, g.rate_limiter)
     for key, value in config.parameters.items():
         m.parameters[key].string_value = value
     types = {t.name: t.data_type for t in config.input}

@@ -36,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.types import DType
+
+if TYPE_CHECKING:
+    from streamrt.serve.rate_limiter import RateLimiter, Ticket
 
 __all__ = ["BatchResult", "DeviceOutputs", "Instance", "InstanceGroup"]
 
@@ -106,6 +109,7 @@ class Instance:
         self.device_outputs: frozenset[str] = frozenset()
         """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
+        self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
     def __repr__(self) -> str:
         return f"Instance({self.name!r}, {self.device!r})"
@@ -255,6 +259,8 @@ class Instance:
             self.stream.close(timeout=timeout)
         self.context.close()
         self._slots.clear()
+        if self.rate_limit is not None:
+            self.rate_limit.close()
 
 
 def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
@@ -274,12 +280,14 @@ class InstanceGroup:
     @classmethod
     def create(
         cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int,
-        check: OutputCheck | None = None,
+        check: OutputCheck | None = None, limiter: RateLimiter | None = None,
     ) -> InstanceGroup:
-        """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``).
+        """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``),
+        each registered with ``limiter`` under its group's ``rate_limiter`` when there is one.
 
         Raises:
-            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), or a GPU other than 0.
+            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), a GPU other than 0, or
+                rate limiter resources the server cannot give.
         """
         instances: list[Instance] = []
         for group in groups:
@@ -297,6 +305,12 @@ class InstanceGroup:
                     Instance(f"{name}_{len(instances)}", engine, device, batched=batched,
                              max_batch_size=max_batch_size, check=check)
                 )
+                if limiter is not None:
+                    try:
+                        instances[-1].rate_limit = limiter.register(instances[-1].name, group.rate_limiter)
+                    except ConfigError as exc:
+                        cls(instances).close()
+                        raise ConfigError(f"model '{name}': {exc.message}", hint=exc.hint) from None
         return cls(instances)
 
     def close(self, timeout: float | None = None) -> None:

@@ -63,6 +63,8 @@ HONOURED = frozenset({
     "dynamic_batching.default_queue_policy.allow_timeout_override",
     "dynamic_batching.default_queue_policy.max_queue_size",
     "instance_group[].name", "instance_group[].kind", "instance_group[].count", "instance_group[].gpus",
+    "instance_group[].rate_limiter.resources[].name", "instance_group[].rate_limiter.resources[].global",
+    "instance_group[].rate_limiter.resources[].count", "instance_group[].rate_limiter.priority",
     "parameters{}.string_value",
     "model_warmup[].name", "model_warmup[].batch_size", "model_warmup[].count",
     "model_warmup[].inputs{}.data_type", "model_warmup[].inputs{}.dims",
@@ -110,7 +112,6 @@ _WHY = {
     "allow_ragged_batch": "ragged batching is not implemented",
     "is_shape_tensor": "shape tensors are not implemented",
     "priority_queue_policy": "per-priority queue policies are not implemented",
-    "rate_limiter": "the rate limiter is not implemented",
     "input_data_file": "warm-up data files are not implemented",
     "execution_accelerators": "backend execution accelerators are not configurable here; use build settings",
 }

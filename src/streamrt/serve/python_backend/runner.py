@@ -43,6 +43,7 @@ from streamrt.serve.config import TensorConfig
 from streamrt.serve.instances import BatchResult
 from streamrt.serve.python_backend import loader, pb_utils
 from streamrt.serve.python_backend.responses import check_response
+from streamrt.serve.rate_limiter import Ticket
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.types import DType
 
@@ -114,6 +115,7 @@ class PythonInstance:
 
     def __init__(self, name: str, spec: ModelSpec, worker: HostStream) -> None:
         self.name = name
+        self.rate_limit: Ticket | None = None  # Python models are not rate limited (yet)
         self.spec = spec
         self._worker = worker
         self._model: Any = None
