@@ -214,9 +214,11 @@ def test_gpu_report_json_keeps_layers_and_adds_kernels() -> None:
 
 def test_plan_precision_reads_tf32() -> None:
     class Manifest:
-        precision = "fp32"
-        build_settings: dict[str, object] = {"backend": {"fp32_precision": "tf32"}, "config": {}}
+        def __init__(self, precision: str, settings: dict[str, object]) -> None:
+            self.precision, self.build_settings = precision, settings
 
-    assert plan_precision(Manifest()) == "tf32"
-    Manifest.build_settings = {"backend": {"fp32_precision": "ieee"}, "config": {"tf32": False}}
-    assert plan_precision(Manifest()) == "fp32"
+    ieee = {"fp32_precision": "ieee"}
+    assert plan_precision(Manifest("fp32", {"backend": {"fp32_precision": "tf32"}, "config": {}})) == "tf32"
+    assert plan_precision(Manifest("fp32", {"backend": ieee, "config": {"tf32": True}})) == "tf32"  # optlevels' field
+    assert plan_precision(Manifest("fp32", {"backend": ieee, "config": {"tf32": False}})) == "fp32"
+    assert plan_precision(Manifest("fp16", {"backend": {}, "config": {}})) == "fp16"

@@ -104,7 +104,9 @@ def _run_cuda(engine: Any, arrays: dict[str, Any], source: str, args: argparse.N
 
     flops_model = args.flops_model or (None if is_plan_file(args.engine) else args.engine)
     if flops_model is not None and not Path(flops_model).is_file():
-        raise ConfigError(f"--flops-model {flops_model} is not a file", hint="pass the ONNX model the plan was built from")
+        raise ConfigError(
+            f"--flops-model {flops_model} is not a file", hint="pass the ONNX model the plan was built from"
+        )
     feeds = to_device(arrays, "cuda")
     profile = profile_cuda_kernels(engine, feeds, args.iterations, timed_runs=args.timed_runs, trace_path=args.trace)
     flops = count_onnx_flops(flops_model, arrays, device="cuda") if flops_model is not None else None

@@ -59,7 +59,8 @@ def count_flops(module: Any, inputs: Sequence[Any]) -> FlopCount:
         module(*inputs)
     counts = counter.get_flop_counts().get("Global", {})
     by_op = {str(op).removeprefix("aten.").split(".")[0]: int(n) for op, n in counts.items() if n}
-    batch = int(inputs[0].shape[0]) if inputs and getattr(inputs[0], "ndim", 0) else 1
+    first = inputs[0] if inputs else None
+    batch = int(first.shape[0]) if first is not None and first.ndim > 0 else 1
     return FlopCount(int(counter.get_total_flops()), by_op, batch)
 
 
