@@ -24,8 +24,10 @@ output with eager fp32 (TF32 off) on the same input.
 
 ``--budget SECONDS`` stops starting new builds when the time already spent plus the expected
 build time (measured earlier in the run, else a prior for a ResNet-50-sized model on an H200)
-would pass the budget; skipped rows say so. Cheap variants (eager, levels <= 3, compile) run for
-every batch before the autotuning ones (level >= 4, max-autotune).
+would pass the budget; skipped rows say so. Each batch's comparison runs whole before the next
+batch's (the first batch named is the one that gets measured when time is short), and within a
+batch eager, then the cheap builds (levels <= 3, compile), then the autotuning ones (level >= 4,
+max-autotune).
 
 Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
@@ -130,7 +132,7 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
     "yolo": [("StreamRT yolo_like (YOLOv8n-sized, 80 classes)", _yolo, (3, 640, 640))],
     "transformer": [("timm vit_small_patch16_224", _timm("vit_small_patch16_224"), (3, 224, 224)),
                     ("StreamRT zoo ViTLike (2 layers, 32x32)", _zoo("vit"), (3, 32, 32))],
-    "tiny": [("StreamRT zoo ResNetLike at 32x32", _zoo("resnet"), (3, 32, 32))],
+    "tiny": [("StreamRT zoo MTCNNPNet (3 convs, 2 outputs)", _zoo("mtcnn"), (3, 48, 48))],
 }
 
 
@@ -263,10 +265,11 @@ class Task:
 
 
 def tasks_in_order(models: list[str], precisions: list[str], batches: list[int], variants: list[str]) -> list[Task]:
-    """Every (model, precision, batch, variant), cheap tiers first for every batch, then the autotuning ones."""
+    """Every (model, precision, batch, variant): one batch's whole comparison before the next batch's,
+    and within it eager, then the cheap builds, then the autotuning ones (level >= 4, max-autotune)."""
     tasks = [Task(m, p, b, v) for m in models for p in precisions for b in batches for v in variants]
     order = {t: i for i, t in enumerate(tasks)}
-    return sorted(tasks, key=lambda t: (models.index(t.model), t.tier, order[t]))
+    return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier, order[t]))
 
 
 def run_variant(task: Task, model: Model, inputs: list[torch.Tensor], args: argparse.Namespace,
@@ -357,7 +360,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
         # torch) costs more than the parallel compiles save; GPU runs keep Inductor's default.
         import torch._inductor.config as inductor_config
 
+        from streamrt.device.threads import resolve_cpu_threads
+
         inductor_config.compile_threads = 1
+        torch.set_num_threads(resolve_cpu_threads(None))  # eager and torch.compile get the plans' thread count
     variants = [*args.baselines, *(f"L{level}" for level in args.levels)]
     tasks = tasks_in_order(args.models, args.precisions, args.batches, variants)
     peaks = peaks_for(torch.cuda.get_device_name()) if device == "cuda" else None
@@ -462,7 +468,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], device: str) -> s
         "- pairings: StreamRT L0-L3 (CUDA graphs) vs torch.compile mode='reduce-overhead' (CUDA graphs, default "
         "kernels); StreamRT L4-L5 vs mode='max-autotune' (autotuned matmul/conv, CUDA graphs by default)"
         if device == "cuda" else "- pairings: CPU: no CUDA graphs anywhere; torch.compile default mode; Inductor "
-        "compiles in-process (compile_threads=1) for every build",
+        "compiles in-process (compile_threads=1) for every build; eager and torch.compile use the plans' thread "
+        f"count ({torch.get_num_threads()})",
         f"- cudnn.benchmark = {meta['cudnn_benchmark']} for every variant" if device == "cuda" else "",
         "- roofline: FLOPs per image (torch.utils.flop_counter.FlopCounterMode) x images/s / "
         + (f"{peaks['name']} dense peak of the precision (fp16/bf16 {peaks['fp16_bf16_dense_tflops']}, tf32 "
