@@ -27,7 +27,8 @@ build time (measured earlier in the run, else a prior for a ResNet-50-sized mode
 would pass the budget; skipped rows say so. Each batch's comparison runs whole before the next
 batch's (the first batch named is the one that gets measured when time is short), and within a
 batch eager, then the cheap builds (levels <= 3, compile), then the autotuning ones (level >= 4,
-max-autotune).
+max-autotune), StreamRT's first in each group. ``--merge A.json B.json ...`` writes one table from
+several runs (e.g. two device calls that each fit the per-call limit).
 
 Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
@@ -69,9 +70,10 @@ from streamrt.profiling.peaks import peak_precision, peaks_for
 from streamrt.profiling.provenance import git_commit
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
-PRIORS_S = {"eager": 5.0, "compile": 60.0, "compile-plain": 40.0, "max-autotune": 300.0, "L0": 60.0, "L1": 70.0,
-            "L2": 80.0, "L3": 90.0, "L4": 250.0, "L5": 300.0}
-"""Expected build seconds of a ResNet-50-sized model on an H200 (2026-12-01 figures), until one is measured."""
+PRIORS_S = {"eager": 5.0, "compile": 30.0, "compile-plain": 20.0, "max-autotune": 260.0, "L0": 70.0, "L1": 70.0,
+            "L2": 80.0, "L3": 90.0, "L4": 260.0, "L5": 260.0}
+"""Expected seconds (build + timing) of a ResNet-50-sized model on an H200, until one is measured: from
+shared/reference/h200-2026-12-01.md (plan fp16 build 82 s; torch.compile default 13 s, max-autotune 246 s)."""
 PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
          "L5": "max-autotune"}
 """The torch.compile variant each StreamRT level is compared with (same CUDA-graph use, same tuning effort)."""
@@ -266,10 +268,12 @@ class Task:
 
 def tasks_in_order(models: list[str], precisions: list[str], batches: list[int], variants: list[str]) -> list[Task]:
     """Every (model, precision, batch, variant): one batch's whole comparison before the next batch's,
-    and within it eager, then the cheap builds, then the autotuning ones (level >= 4, max-autotune)."""
+    and within it eager, then the cheap builds, then the autotuning ones (level >= 4, max-autotune),
+    StreamRT before torch.compile within a tier."""
     tasks = [Task(m, p, b, v) for m in models for p in precisions for b in batches for v in variants]
     order = {t: i for i, t in enumerate(tasks)}
-    return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier, order[t]))
+    return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier,
+                                        not t.variant.startswith("L"), order[t]))
 
 
 def run_variant(task: Task, model: Model, inputs: list[torch.Tensor], args: argparse.Namespace,
@@ -341,6 +345,32 @@ def run_variant(task: Task, model: Model, inputs: list[torch.Tensor], args: argp
 def first_level(out: Any) -> int:
     """How many outputs a module returns (a tensor is one)."""
     return 1 if isinstance(out, torch.Tensor) else len(out)
+
+
+def add_x_eager(rows: list[dict[str, Any]]) -> None:
+    """Speed-up over eager of the same model, precision and batch, where eager was measured."""
+    for row in rows:
+        eager = next((r for r in rows if r.get("ms") and r["variant"] == "eager" and
+                      (r["model"], r["precision"], r["batch"]) == (row["model"], row["precision"], row["batch"])), None)
+        if eager and row.get("ms"):
+            row["x_eager"] = eager["ms"] / row["ms"]
+
+
+def merge(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One table from several runs' JSON files: rows in file order, the commands of every run."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    meta = dict(runs[0]["meta"])
+    devices = {r["meta"]["device"] for r in runs}
+    if len(devices) > 1:
+        raise SystemExit(f"--merge: runs from different devices {sorted(devices)}")
+    meta["command"] = " ; ".join(r["meta"]["command"] for r in runs)
+    meta["commit"] = " / ".join(dict.fromkeys(r["meta"]["commit"] for r in runs))
+    meta["models"] = {k: v for r in runs for k, v in r["meta"]["models"].items()}
+    meta["spent_s"] = sum(r["meta"]["spent_s"] for r in runs)
+    meta["budget_s"] = sum(r["meta"]["budget_s"] for r in runs)
+    rows = [row for r in runs for row in r["rows"]]
+    add_x_eager(rows)
+    return rows, meta
 
 
 def reference_output(model: Model, x: torch.Tensor, device: str) -> torch.Tensor:
@@ -415,12 +445,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]
             gc.collect()
             if device == "cuda":
                 torch.cuda.empty_cache()
-    for row in rows:
-        eager = next((r for r in rows if r.get("ms") and r["variant"] == "eager" and
-                      (r["model"], r["precision"], r["batch"]) == (row["model"], row["precision"], row["batch"])), None)
-        if eager and row.get("ms"):
-            row["x_eager"] = eager["ms"] / row["ms"]
+    add_x_eager(rows)
     meta = {
+        "device_kind": device,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": git_commit(Path(__file__).resolve().parent),
         "device": torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or 'unknown'})",
@@ -527,7 +554,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 10; quick 2)")
     p.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                    help="leave torch.backends.cudnn.benchmark off (default: on for every variant)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                   help="write one table from earlier runs' engine-speed.json files (runs nothing)")
     args = p.parse_args(argv)
+    if args.merge:
+        return args
     quick = args.quick
     args.models = args.models or (["tiny"] if quick else ["resnet50"])
     args.batches = args.batches or ([1] if quick else [32, 1])
@@ -555,8 +586,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rows, meta = run(args)
-    text = markdown(rows, meta, args.device)
+    rows, meta = merge(args.merge) if args.merge else run(args)
+    text = markdown(rows, meta, meta.get("device_kind", args.device))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "engine-speed.md").write_text(text)
     (args.out / "engine-speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
