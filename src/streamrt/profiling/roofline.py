@@ -170,5 +170,5 @@ def format_kind_rates(table: KernelTable, rates: list[KindRate]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["By kind (counted FLOPs credited to matmul/conv and attention kernels; per-kernel FLOPs unknown):"]
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-              for r in rows]
+              .rstrip() for r in rows]
     return "\n".join(lines)
