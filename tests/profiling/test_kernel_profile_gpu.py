@@ -60,3 +60,6 @@ def test_profile_cli_on_an_onnx_model_on_the_gpu(tmp_path: Path, capsys: pytest.
     assert sum(k["share_percent"] for k in data["kernel_kinds"]) == pytest.approx(100.0)
     assert data["roofline"]["flops"]["total"] > 0 and data["roofline"]["wall_ms"] > 0
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert main([*argv[:-5], "--json", "--per-node", "--cache-dir", str(tmp_path / "cache")]) == 0
+    per_node = json.loads(capsys.readouterr().out)
+    assert per_node["layers"] and "kernels" not in per_node

@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="CUDA engines: queries timed with CUDA events for the roofline's query time (default 50)",
     )
     parser.add_argument("--trace", type=Path, metavar="FILE", help="CUDA engines: keep the kernel trace (Chrome JSON)")
+    parser.add_argument(
+        "--per-node", action="store_true",
+        help="CUDA engines: the backend's own per-node profiler instead of the kernel table and roofline",
+    )
     add_input_arguments(parser)
     add_build_arguments(parser)
     parser.set_defaults(func=run)
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_path(args.engine, args)
     with engine:
         arrays, source = inputs_from_args(engine, args)
-        if engine.device_kind == "cuda":
+        if engine.device_kind == "cuda" and not args.per_node:
             return _run_cuda(engine, arrays, source, args)
         timings = engine.profile_layers(to_device(arrays, engine.device_kind), args.iterations)
         m = engine.manifest
