@@ -332,13 +332,14 @@ def run_variant(task: Task, model: Model, inputs: list[torch.Tensor], args: argp
                     fn(x[i % len(x)])
                 _sync(device)
                 row["build_s"] = time.perf_counter() - t0
-    with torch.no_grad():
-        row["ms"] = median_ms(fn, x, args.runs, args.warmup, device)
-        out = first_tensor(fn(x[0])).clone()
-        _sync(device)
-    row["output"] = out
-    for close in cleanup:
-        close()
+    try:
+        with torch.no_grad():
+            row["ms"] = median_ms(fn, x, args.runs, args.warmup, device)
+            row["output"] = first_tensor(fn(x[0])).clone()
+            _sync(device)
+    finally:
+        for close in cleanup:
+            close()
     return row
 
 
