@@ -297,6 +297,10 @@ class ServerConfig:
         trace_file: append a JSON line per traced request here (Triton's trace timestamps, see
             :mod:`streamrt.serve.tracing`); None: no tracing.
         trace_rate: trace one request in this many (1: every request).
+        frontend_processes: HTTP/gRPC front-end processes (1: the front ends run in the engine
+            process; N > 1: N worker processes share the ports, see docs/serving-frontends.md).
+        frontend_arena_bytes: shared memory per front-end process for tensors in flight
+            (larger requests still work, through the channel: slower).
     """
 
     host: str = "127.0.0.1"
@@ -314,6 +318,8 @@ class ServerConfig:
     load_threads: int = 2
     trace_file: str | None = None
     trace_rate: int = 1
+    frontend_processes: int = 1
+    frontend_arena_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
         for name in ("http_port", "grpc_port", "metrics_port"):
@@ -334,6 +340,10 @@ class ServerConfig:
         if self.trace_rate < 1:
             raise ConfigError(f"trace_rate must be an integer >= 1, got {self.trace_rate}",
                               hint="--trace-rate 1 traces every request")
+        if self.frontend_processes < 1:
+            raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
+        if self.frontend_arena_bytes < 2**20:
+            raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ConfigError("auth_token must not be empty", hint="omit it to disable authentication")
         if self.startup_models is not None:
