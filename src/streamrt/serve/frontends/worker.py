@@ -72,6 +72,25 @@ class EngineLink:
         self._next = 0
         self.closed = asyncio.Event()
         self.gone = False
+        self.active = 0  # inference calls between parsing and their response being handed to the listener
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if not self.active:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until no inference call is between request and response."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%d requests still being answered after %.0f s", self.active, timeout)
 
     async def run(self) -> None:
         """Read replies until STOP or the end of the channel."""
@@ -142,6 +161,13 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
     session: list[ClientSession] = []
 
     async def infer(request: web.Request) -> web.StreamResponse:
+        link.enter()
+        try:
+            return await answer(request)
+        finally:
+            link.leave()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         taken: list[int] = []
         try:
             check_auth(config, request.headers.get("Authorization"))
@@ -248,11 +274,14 @@ class WorkerGrpc:
         check_auth(self.config, dict(context.invocation_metadata() or ()).get("authorization"))
 
     async def ModelInfer(self, request: bytes, context: Any) -> Any:
+        self.link.enter()
         try:
             self._auth(context)
             return await self._infer(request)
         except StreamRTError as exc:
             await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+        finally:
+            self.link.leave()
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         from streamrt.serve.grpc_wire import encode_length_delimited
@@ -328,6 +357,7 @@ async def serve(spec: dict[str, Any]) -> None:
     write_frame(writer, (HELLO, os.getpid()))
     reading = loop.create_task(link.run())
     await link.closed.wait()
+    await link.drained(10.0)  # replies already received still reach their clients
     for close in closers:
         try:
             await close()
@@ -343,6 +373,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the engine process, which stops us in order
     logging.basicConfig(level=spec["log_level"], stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s frontend[{spec['index']}] %(name)s: %(message)s")
+    for noisy in ("aiohttp.access", "grpc", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     sys.setswitchinterval(0.0005)
     factory = None
     if spec.get("uvloop", True):
