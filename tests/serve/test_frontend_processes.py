@@ -8,11 +8,11 @@ shutdown drains, stops the workers and leaves no arena, /dev/shm entry or socket
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,11 @@ pytest.importorskip("tritonclient.grpc")
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tests.serve.conftest import fake_loader, make_repo, server_config
-from helpers import wait_until
 from tests.serve.test_lifecycle import test_soak_no_lost_or_duplicated_responses_and_flat_memory as lifecycle_soak
 from tests.serve.test_shared_memory import test_soak_over_shared_memory_every_request_answered_once as shm_soak
 from tritonclient.utils import InferenceServerException
 
+from helpers import wait_until
 from streamrt.serve.frontends.arena import Blocks
 from streamrt.serve.server import ServerThread
 
@@ -87,7 +87,7 @@ def test_http_and_grpc_inference_through_workers(server: Any, reference: Any) ->
         # errors keep their status through the worker
         bad = thttp.InferInput("x", [2, 3, 32, 32], "FP32")
         bad.set_data_from_numpy(np.zeros((2, 3, 32, 32), np.float32))
-        with pytest.raises(InferenceServerException, match="unknown model|not found"):
+        with pytest.raises(InferenceServerException, match=r"unknown model|not found"):
             http.infer("nope", [bad])
         bad = tgrpc.InferInput("x", [1, 5], "FP32")
         bad.set_data_from_numpy(np.zeros((1, 5), np.float32))
@@ -120,7 +120,7 @@ def test_control_endpoints_through_workers(server: Any) -> None:
         assert not grpc.is_model_ready("nobatch")
         grpc.load_model("nobatch")
         assert http.is_model_ready("nobatch")
-        with pytest.raises(InferenceServerException, match="not found|unknown"):
+        with pytest.raises(InferenceServerException, match=r"not found|unknown"):
             grpc.get_model_metadata("nope")
         with pytest.raises(InferenceServerException, match="trace"):
             http.get_trace_settings()
@@ -194,10 +194,8 @@ def _arena_fds() -> int:
     fds = Path("/proc/self/fd")
     count = 0
     for fd in fds.iterdir():
-        try:
+        with contextlib.suppress(OSError):
             count += "streamrt-frontend" in os.readlink(fd)
-        except OSError:
-            pass
     return count
 
 

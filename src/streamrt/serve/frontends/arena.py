@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import mmap
 import os
 
@@ -111,7 +112,7 @@ class Arena:
         if not array.flags.c_contiguous or array.dtype.hasobject:
             return None
         start = int(array.__array_interface__["data"][0]) - self.base
-        return start if 0 <= start and start + array.nbytes <= self.size else None
+        return start if start >= 0 and start + array.nbytes <= self.size else None
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset : offset + nbytes]
@@ -122,7 +123,5 @@ class Arena:
             os.close(self.fd)
             self.fd = -1
         self.array = np.empty(0, np.uint8)
-        try:
+        with contextlib.suppress(BufferError):  # arrays still view it: the mapping goes with the last of them
             self._map.close()
-        except BufferError:  # arrays still view it: the mapping goes with the last of them
-            pass

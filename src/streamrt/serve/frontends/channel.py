@@ -47,7 +47,7 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
     """The next message, or None at the end of the stream (the other process is gone)."""
     try:
         header = await reader.readexactly(4)
-        return pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))  # type: ignore[no-any-return]
+        return pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
 

@@ -21,6 +21,7 @@ of its own HTTP and gRPC listeners when ``ServerConfig.frontend_processes`` > 1:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -214,10 +215,8 @@ class FrontendSupervisor:
             reply = error_message(rid, exc)
         if worker.writer.is_closing():
             return
-        try:
+        with contextlib.suppress(ConnectionError, RuntimeError):
             write_frame(worker.writer, reply)
-        except (ConnectionError, RuntimeError):
-            pass
 
     async def _watch(self, worker: _Worker) -> None:
         code = await worker.process.wait()

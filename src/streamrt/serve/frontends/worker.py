@@ -376,16 +376,17 @@ def main() -> None:
     for noisy in ("aiohttp.access", "grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sys.setswitchinterval(0.0005)
-    factory = None
-    if spec.get("uvloop", True):
-        try:
-            import uvloop
+    try:  # as `streamrt serve --event-loop auto`: uvloop when it is installed
+        import uvloop
 
-            factory = uvloop.new_event_loop
-        except ImportError:
-            pass
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(serve(spec))
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(serve(spec))
+    finally:
+        loop.close()
 
 if __name__ == "__main__":
     main()
