@@ -6,7 +6,7 @@ protocol parser's tensors are then views of it: nothing more to copy); a gRPC me
 ``bytes`` object (gRPC's copy) and each tensor is copied once into the arena; JSON and BYTES
 tensors are small and encoded into it. The engine process views the arena: its batch gather is
 the next copy, as in the one-process server. Outputs: one copy into the output half by the engine,
-one out of it into the response by the worker.
+one out of it into the response by the worker (outputs up to 64 KiB travel in the reply instead).
 
 A client's own shared-memory regions stay the engine's business: the worker's parser records the
 region named by each input and output (:class:`DeferredRegions`) and the engine looks it up in its
@@ -34,6 +34,9 @@ from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
 
 __all__ = ["DeferredRegions", "RegionInput", "pack_outputs", "pack_request_tensors", "unpack_outputs",
            "unpack_request"]
+
+INLINE_OUTPUT_BYTES = 64 * 1024
+"""Outputs up to this size travel in the reply message (one copy either way, and no FREE message)."""
 
 Where = tuple[Any, ...]
 Entry = tuple[str, str, tuple[int, ...], Where]
@@ -150,7 +153,11 @@ def pack_outputs(response: InferResponse, arena: Arena, taken: list[int]) -> tup
         elif datatype == "BYTES":
             where = _place_bytes(serialize_bytes(value), arena, arena.outputs, taken)
         else:
-            where = _place(np.asarray(value), arena, arena.outputs, taken)
+            array = np.asarray(value)
+            if array.nbytes <= INLINE_OUTPUT_BYTES:  # in the reply itself: no block to give back later
+                where = ("b", np.ascontiguousarray(array).tobytes())
+            else:
+                where = _place(array, arena, arena.outputs, taken)
         outputs.append((name, datatype, tuple(value.shape), where))
     in_memory = [(name, ref.name, ref.offset, ref.byte_size) for name, ref in response.in_shared_memory.items()]
     return outputs, in_memory
