@@ -9,6 +9,7 @@ shutdown drains, stops the workers and leaves no arena, /dev/shm entry or socket
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 pytest.importorskip("tritonclient.http")
 pytest.importorskip("tritonclient.grpc")
@@ -37,6 +40,20 @@ from streamrt.serve.server import ServerThread
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux only")]
 
 
+ROW = 32768  # fp32 values per row of the "double" model: 128 KiB, above the inline-output limit
+
+
+def double_model() -> onnx.ModelProto:
+    """``y = 2 x`` over ``[N, ROW]`` fp32 (exact in fp32: results compare bit for bit)."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])], "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", ROW])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", ROW])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def frontends_server(root: Path, plans: dict[str, Path], **changes: Any) -> ServerThread:
     config = server_config(frontend_processes=2, **changes)
     return ServerThread(make_repo(root, plans), config, engine_loader=fake_loader, start_timeout=120)
@@ -44,7 +61,13 @@ def frontends_server(root: Path, plans: dict[str, Path], **changes: Any) -> Serv
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    with frontends_server(tmp_path_factory.mktemp("repo"), plans) as running:
+    """Two workers with 1 MiB arenas (512 KiB per half: large requests take the inline fallback)."""
+    root = tmp_path_factory.mktemp("repo")
+    (root / "double" / "1").mkdir(parents=True)
+    onnx.save(double_model(), str(root / "double" / "1" / "model.onnx"))
+    (root / "double" / "config.yaml").write_text("max_batch_size: 8\n")
+    startup = (*server_config().startup_models, "double")
+    with frontends_server(root, plans, frontend_arena_bytes=2**20, startup_models=startup) as running:
         assert running.frontends is not None and len(running.frontends.workers) == 2
         yield running
 
@@ -97,6 +120,29 @@ def test_http_and_grpc_inference_through_workers(server: Any, reference: Any) ->
     finally:
         http.close()
         grpc.close()
+
+
+@pytest.mark.parametrize("rows", [2, 5], ids=["arena", "arena-full-inline"])
+def test_large_outputs_through_the_arena_and_its_fallback(server: Any, rows: int) -> None:
+    """256 KiB tensors use arena blocks (given back after each response); 640 KiB ones do not fit
+    the 512 KiB halves and travel inline in the messages: same answers either way."""
+    rng = np.random.default_rng()
+    http = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30, concurrency=4)
+    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    try:
+        for _ in range(4):
+            x = rng.standard_normal((rows, ROW)).astype(np.float32)
+            inp = thttp.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(http.infer("double", [inp]).as_numpy("y"), 2 * x)
+            inp = tgrpc.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_array_equal(grpc.infer("double", [inp]).as_numpy("y"), 2 * x)
+    finally:
+        http.close()
+        grpc.close()
+    workers = list(server.frontends.workers.values())
+    wait_until(lambda: all(w.arena.outputs.used == 0 for w in workers), "every output block given back")
 
 
 def test_control_endpoints_through_workers(server: Any) -> None:
@@ -228,7 +274,8 @@ def test_shutdown_drains_then_releases_workers_and_arenas(tmp_path: Path, plans:
     thread.join(30)
     assert answers == [(1, 10)]  # the in-flight request finished before the workers stopped
     assert all(p.returncode is not None for p in processes)
-    assert _arena_fds() == fds_before  # the memfds (and their mappings' descriptors) are closed
+    # the memfds are closed; a mapping's own descriptor goes with the last array viewing it
+    wait_until(lambda: gc.collect() >= 0 and _arena_fds() == fds_before, "the arenas closed")
     assert not control.exists()
     assert set(os.listdir("/dev/shm")) - shm_before == set()
     for port in (server.http_port, server.grpc_port):  # the ports are free again
