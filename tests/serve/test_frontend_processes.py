@@ -277,7 +277,8 @@ def test_shutdown_drains_then_releases_workers_and_arenas(tmp_path: Path, plans:
     # the memfds are closed; a mapping's own descriptor goes with the last array viewing it
     wait_until(lambda: gc.collect() >= 0 and _arena_fds() == fds_before, "the arenas closed")
     assert not control.exists()
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    # nothing of ours under /dev/shm (other sessions on this machine may add their own entries meanwhile)
+    assert not [n for n in set(os.listdir("/dev/shm")) - shm_before if "frontend" in n or "streamrt" in n]
     for port in (server.http_port, server.grpc_port):  # the ports are free again
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))

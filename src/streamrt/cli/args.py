@@ -401,7 +401,8 @@ SERVER_OPTIONS = (
            "request rates one Python process cannot parse, see docs/serving-frontends.md",
            {"type": int, "metavar": "N"}),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
-           "shared memory per front-end process for tensors in flight (default 64)",
+           "shared memory per front-end process for tensors in flight (default 1024; pages are used "
+           "only as tensors arrive)",
            {"type": float, "metavar": "MB"}, value=lambda mb: int(mb * 2**20)),
     Option("exit_timeout_s", ("--exit-timeout",), "shutdown waits this long for in-flight requests (default 30)",
            {"type": float, "metavar": "S"}),

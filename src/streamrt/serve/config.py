@@ -299,8 +299,9 @@ class ServerConfig:
         trace_rate: trace one request in this many (1: every request).
         frontend_processes: HTTP/gRPC front-end processes (1: the front ends run in the engine
             process; N > 1: N worker processes share the ports, see docs/serving-frontends.md).
-        frontend_arena_bytes: shared memory per front-end process for tensors in flight
-            (larger requests still work, through the channel: slower).
+        frontend_arena_bytes: shared memory per front-end process for tensors in flight (address
+            space: the memory used is the peak of tensors in flight; beyond it requests still work,
+            their tensors travelling through the channel: slower).
     """
 
     host: str = "127.0.0.1"
@@ -319,7 +320,7 @@ class ServerConfig:
     trace_file: str | None = None
     trace_rate: int = 1
     frontend_processes: int = 1
-    frontend_arena_bytes: int = 64 * 2**20
+    frontend_arena_bytes: int = 2**30
 
     def __post_init__(self) -> None:
         for name in ("http_port", "grpc_port", "metrics_port"):

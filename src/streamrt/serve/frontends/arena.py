@@ -1,9 +1,10 @@
 """The shared-memory arena of one front-end worker, and the block allocator of each half.
 
 The engine process creates the arena as an anonymous ``memfd`` (no ``/dev/shm`` name that could
-leak; the memory goes when the last process holding it exits or unmaps it), reserves its pages
-with ``posix_fallocate`` (a full tmpfs fails here, at start, instead of a SIGBUS mid-request) and
-passes the descriptor to the worker. The worker writes request inputs into the first half (and
+leak, and not bound by the size of ``/dev/shm``; the memory goes when the last process holding it
+exits or unmaps it) and passes the descriptor to the worker. Pages are used as tensors first land
+on them: the allocator reuses the lowest free offsets, so the memory an arena uses is its peak of
+tensors in flight, not its size. The worker writes request inputs into the first half (and
 frees a block when the engine's reply arrives: the engine replies only after ``core.infer``
 returned, so nothing still reads it); the engine writes outputs into the second half (and frees a
 block when the worker says it has serialised the response). Each side allocates only in its own
@@ -93,18 +94,22 @@ class Arena:
 
     @classmethod
     def create(cls, size: int, name: str = "streamrt-frontend") -> Arena:
-        """A new arena of ``size`` bytes, its pages reserved now.
+        """A new arena of ``size`` bytes (address space: pages are used when written).
 
         Raises:
-            ConfigError: the memory cannot be reserved.
+            ConfigError: the memfd cannot be created or sized.
         """
-        fd = os.memfd_create(name)
         try:
-            os.posix_fallocate(fd, 0, size)
+            fd = os.memfd_create(name)
+        except OSError as exc:
+            raise ConfigError(f"cannot create a front-end arena: {exc}",
+                              hint="--frontend-processes 1 serves without one") from None
+        try:
+            os.ftruncate(fd, size)
         except OSError as exc:
             os.close(fd)
-            raise ConfigError(f"cannot reserve a {size >> 20} MiB front-end arena: {exc}",
-                              hint="lower --frontend-arena-mb or --frontend-processes") from None
+            raise ConfigError(f"cannot size a {size >> 20} MiB front-end arena: {exc}",
+                              hint="lower --frontend-arena-mb") from None
         return cls(fd, size)
 
     def offset_of(self, array: np.ndarray) -> int | None:

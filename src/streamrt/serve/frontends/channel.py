@@ -28,8 +28,7 @@ from typing import Any
 import streamrt.errors as errors_module
 from streamrt.errors import ServeError, StreamRTError
 
-__all__ = ["ERROR", "FREE", "HELLO", "INFER", "OK", "STOP", "error_message", "raise_error", "read_frame",
-           "write_frame"]
+__all__ = ["ERROR", "FREE", "HELLO", "INFER", "OK", "STOP", "FrameWriter", "error_message", "raise_error", "read_frame"]
 
 HELLO, INFER, FREE = 0, 1, 2
 OK, ERROR, STOP = 10, 11, 12
@@ -37,10 +36,32 @@ OK, ERROR, STOP = 10, 11, 12
 _LENGTH = struct.Struct("<I")
 
 
-def write_frame(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
-    """Queue one message on ``writer`` (one write of header and body)."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(_LENGTH.pack(len(body)) + body)
+class FrameWriter:
+    """Frames queued during one event-loop iteration leave in one write (one system call under load,
+    instead of one per message)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._parts: list[bytes] = []
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._parts:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._parts += (_LENGTH.pack(len(body)), body)
+
+    def _flush(self) -> None:
+        parts, self._parts = self._parts, []
+        if not self.writer.is_closing():
+            self.writer.write(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        if self._parts:
+            self._flush()
+        self.writer.close()
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:

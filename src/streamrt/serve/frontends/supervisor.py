@@ -37,7 +37,16 @@ from typing import TYPE_CHECKING, Any
 import streamrt
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import FREE, HELLO, INFER, OK, STOP, error_message, read_frame, write_frame
+from streamrt.serve.frontends.channel import (
+    FREE,
+    HELLO,
+    INFER,
+    OK,
+    STOP,
+    FrameWriter,
+    error_message,
+    read_frame,
+)
 from streamrt.serve.frontends.tensors import pack_outputs, unpack_request
 
 if TYPE_CHECKING:
@@ -56,11 +65,12 @@ class _Worker:
     index: int
     process: asyncio.subprocess.Process
     arena: Arena
-    writer: asyncio.StreamWriter
+    writer: FrameWriter
     hello: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     reading: asyncio.Task[None] | None = None
     started: float = field(default_factory=time.monotonic)
+    retired: bool = False  # failed to start: its exit is not restarted again by its own watcher
 
 
 class FrontendSupervisor:
@@ -163,7 +173,7 @@ class FrontendSupervisor:
         await process.stdin.drain()
         process.stdin.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        worker = _Worker(index, process, arena, writer)
+        worker = _Worker(index, process, arena, FrameWriter(writer))
         worker.reading = asyncio.get_running_loop().create_task(self._serve_worker(worker, reader))
         self.workers[index] = worker
         watcher = asyncio.get_running_loop().create_task(self._watch(worker))
@@ -174,8 +184,13 @@ class FrontendSupervisor:
                                      return_when=asyncio.FIRST_COMPLETED)
         if hello not in done:
             hello.cancel()
-            raise StreamRTError(f"front-end worker {index} (pid {process.pid}) did not start within "
-                                f"{START_TIMEOUT_S:.0f} s", hint="see its log lines above (frontend[N])")
+            worker.retired = True
+            if process.returncode is None:
+                process.kill()
+            what = "exited before it was ready" if worker.reading in done else \
+                f"did not start within {START_TIMEOUT_S:.0f} s"
+            raise StreamRTError(f"front-end worker {index} (pid {process.pid}) {what}",
+                                hint="see its log lines above (frontend[N]); a port in use?")
 
     # --- serve ----------------------------------------------------------------------------------
 
@@ -216,11 +231,11 @@ class FrontendSupervisor:
         if worker.writer.is_closing():
             return
         with contextlib.suppress(ConnectionError, RuntimeError):
-            write_frame(worker.writer, reply)
+            worker.writer.send(reply)
 
     async def _watch(self, worker: _Worker) -> None:
         code = await worker.process.wait()
-        if self._stopping:
+        if self._stopping or worker.retired:
             return
         log.error("front-end worker %d (pid %d) exited with status %s; its in-flight requests fail, "
                   "starting a new one", worker.index, worker.process.pid, code)
@@ -240,14 +255,15 @@ class FrontendSupervisor:
     async def stop(self, timeout: float = 10.0) -> None:
         """STOP every worker (SIGTERM, then SIGKILL after ``timeout``), close the control plane, release."""
         self._stopping = True
+        for watcher in list(self._watchers):  # no restart may race the stop
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         workers = list(self.workers.values())
         for worker in workers:
             if not worker.writer.is_closing():
-                write_frame(worker.writer, (STOP,))
+                worker.writer.send((STOP,))
         for worker in workers:
             await self._end(worker, timeout)
-        for watcher in list(self._watchers):
-            watcher.cancel()
         for worker in workers:
             if worker.reading is not None:
                 await asyncio.gather(worker.reading, return_exceptions=True)

@@ -37,7 +37,17 @@ from streamrt.errors import (
 )
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import ERROR, FREE, HELLO, INFER, OK, STOP, raise_error, read_frame, write_frame
+from streamrt.serve.frontends.channel import (
+    ERROR,
+    FREE,
+    HELLO,
+    INFER,
+    OK,
+    STOP,
+    FrameWriter,
+    raise_error,
+    read_frame,
+)
 from streamrt.serve.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
 from streamrt.serve.protocol import HEADER_LENGTH, InferRequest, InferResponse
 from streamrt.serve.status import status_for
@@ -67,7 +77,7 @@ class EngineLink:
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, arena: Arena) -> None:
-        self.reader, self.writer, self.arena = reader, writer, arena
+        self.reader, self.writer, self.arena = reader, FrameWriter(writer), arena
         self._pending: dict[int, tuple[asyncio.Future[tuple[Any, ...]], list[int]]] = {}
         self._next = 0
         self.closed = asyncio.Event()
@@ -129,7 +139,7 @@ class EngineLink:
         rid = self._next = self._next + 1
         future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (future, taken)
-        write_frame(self.writer, (INFER, rid, request.model, request.version, request.id, request.priority,
+        self.writer.send((INFER, rid, request.model, request.version, request.id, request.priority,
                                   request.timeout_us, request.binary_output, request.received_ns, inputs, outputs))
         reply = await future
         if reply[0] == ERROR:
@@ -138,7 +148,7 @@ class EngineLink:
 
     def free_outputs(self, blocks: list[int]) -> None:
         if blocks and not self.writer.is_closing():
-            write_frame(self.writer, (FREE, blocks))
+            self.writer.send((FREE, blocks))
 
 
 def _blocks(reply: tuple[Any, ...]) -> list[int]:
@@ -150,7 +160,7 @@ def _blocks(reply: tuple[Any, ...]) -> list[int]:
 
 def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) -> Any:
     """The worker's aiohttp app: inference here, every other route forwarded to the engine process."""
-    from aiohttp import ClientSession, UnixConnector, web
+    from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 
     from streamrt.serve.http import read_body
     from streamrt.serve.protocol import decode_http_request, encode_http_response
@@ -218,7 +228,9 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
 
     async def forward(request: web.Request) -> web.StreamResponse:
         if not session:
-            session.append(ClientSession(connector=UnixConnector(path=control_socket), auto_decompress=False))
+            # no timeout of our own: a load request may build an engine for minutes, as in one process
+            session.append(ClientSession(connector=UnixConnector(path=control_socket), auto_decompress=False,
+                                         timeout=ClientTimeout(total=None)))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         body = await request.read()
         try:
@@ -303,7 +315,7 @@ class WorkerGrpc:
             metadata = tuple((k, v) for k, v in (context.invocation_metadata() or ())
                              if not k.startswith((":", "grpc-")) and k != "user-agent")
             try:
-                return await call(request, metadata=metadata)
+                return await call(request, metadata=metadata, timeout=context.time_remaining())
             except self.grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "")
 
@@ -354,7 +366,7 @@ async def serve(spec: dict[str, Any]) -> None:
         closers.append(service.channel.close)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, link.closed.set)
-    write_frame(writer, (HELLO, os.getpid()))
+    link.writer.send((HELLO, os.getpid()))
     reading = loop.create_task(link.run())
     await link.closed.wait()
     await link.drained(10.0)  # replies already received still reach their clients
