@@ -145,6 +145,34 @@ def test_large_outputs_through_the_arena_and_its_fallback(server: Any, rows: int
     wait_until(lambda: all(w.arena.outputs.used == 0 for w in workers), "every output block given back")
 
 
+def test_grpc_stream_through_workers(server: Any, reference: Any) -> None:
+    rng = np.random.default_rng()
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append(error if error is not None else result)
+        if len(answers) == 3:
+            done.set()
+
+    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    xs = [_x(rng) for _ in range(3)]
+    try:
+        grpc.start_stream(callback=callback)
+        for i, x in enumerate(xs):
+            inp = tgrpc.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            grpc.async_stream_infer("cnn", [inp], request_id=str(i))
+        assert done.wait(30)
+        grpc.stop_stream()
+    finally:
+        grpc.close()
+    by_id = {a.get_response().id: a for a in answers}
+    for i, x in enumerate(xs):
+        np.testing.assert_allclose(by_id[str(i)].as_numpy("logits"), reference("small_cnn", {"x": x})["logits"],
+                                   rtol=1e-4, atol=1e-5)
+
+
 def test_control_endpoints_through_workers(server: Any) -> None:
     http = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30)
     grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -245,14 +273,30 @@ def _arena_fds() -> int:
     return count
 
 
-def test_shutdown_drains_then_releases_workers_and_arenas(tmp_path: Path, plans: dict[str, Path],
+def test_auth_then_shutdown_drains_and_releases_workers_and_arenas(tmp_path: Path, plans: dict[str, Path],
                                                          behaviours: Any) -> None:
     shm_before, fds_before = set(os.listdir("/dev/shm")), _arena_fds()
-    server = frontends_server(tmp_path / "repo", plans).start()
+    server = frontends_server(tmp_path / "repo", plans, auth_token="s3cret").start()
     frontends = server.frontends
     processes = [w.process for w in frontends.workers.values()]
     control = frontends._dir
     assert _arena_fds() > fds_before and control.is_dir()
+    auth = {"Authorization": "Bearer s3cret"}
+    http = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=30)
+    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    inp = thttp.InferInput("x", [1, 3, 32, 32], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 3, 32, 32), np.float32))
+    try:  # the token is checked by the workers (inference) and by the engine process (forwarded calls)
+        with pytest.raises(InferenceServerException, match="bearer token"):
+            http.infer("cnn", [inp])
+        with pytest.raises(InferenceServerException, match="bearer token"):
+            grpc.get_model_metadata("cnn")
+        assert http.infer("cnn", [inp], headers=auth).as_numpy("logits").shape == (1, 10)
+        assert grpc.get_model_metadata("cnn", headers={"authorization": "Bearer s3cret"}).name == "cnn"
+        assert http.is_server_ready()  # health stays open
+    finally:
+        http.close()
+        grpc.close()
     behaviours["slow"].reset()  # warm-up ran through it
     behaviours["slow"].sleep = 1.0
     answers: list[Any] = []
@@ -262,7 +306,7 @@ def test_shutdown_drains_then_releases_workers_and_arenas(tmp_path: Path, plans:
         inp = thttp.InferInput("x", [1, 3, 32, 32], "FP32")
         inp.set_data_from_numpy(np.ones((1, 3, 32, 32), np.float32))
         try:
-            answers.append(client.infer("slow", [inp]).as_numpy("logits").shape)
+            answers.append(client.infer("slow", [inp], headers=auth).as_numpy("logits").shape)
         except Exception as exc:
             answers.append(str(exc))
         client.close()
