@@ -107,6 +107,13 @@ def test_http_and_grpc_inference_through_workers(server: Any, reference: Any) ->
         expected = reference("two_io", {"a": a, "b": b})
         for name, value in expected.items():
             np.testing.assert_allclose(result.as_numpy(name), value, rtol=1e-5, atol=1e-6)
+        # classification: BYTES strings built in the engine process, carried back through the channel
+        x = _x(rng, 1)
+        inp = thttp.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        top = http.infer("cnn", [inp], outputs=[thttp.InferRequestedOutput("logits", class_count=3)])
+        expected = np.argsort(-reference("small_cnn", {"x": x})["logits"][0])[:3]
+        assert [int(t.split(b":")[1]) for t in top.as_numpy("logits").reshape(-1)] == expected.tolist()
         # errors keep their status through the worker
         bad = thttp.InferInput("x", [2, 3, 32, 32], "FP32")
         bad.set_data_from_numpy(np.zeros((2, 3, 32, 32), np.float32))
