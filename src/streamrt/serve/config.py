@@ -23,6 +23,7 @@ from typing import Any
 
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
+from streamrt.serve.ensemble_config import EnsembleConfig
 from streamrt.types import DType
 
 __all__ = [
@@ -248,6 +249,7 @@ class ModelConfig:
         default_model_filename: file inside a version directory (default model.plan, else model.onnx).
         build: BuildConfig fields used to build an ONNX model on load (through the build cache).
         parameters: free-form string parameters, reported back in the config.
+        ensemble_scheduling: the steps of an ensemble (``platform: "ensemble"``); None otherwise.
     """
 
     name: str
@@ -263,6 +265,7 @@ class ModelConfig:
     default_model_filename: str = ""
     build: BuildConfig = field(default_factory=BuildConfig)
     parameters: Mapping[str, str] = field(default_factory=dict)
+    ensemble_scheduling: EnsembleConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None:

@@ -31,6 +31,7 @@ from streamrt.serve.config import (
     WarmupConfig,
     datatype,
 )
+from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
 from streamrt.serve.triton_config import PLATFORMS, parse_mapping, parse_text, unsupported_fields
 from streamrt.types import DType
 
@@ -91,6 +92,7 @@ def from_message(
         raise ConfigError(f"{where}: config field '{path}' is not supported: {why}{more}",
                           hint="remove it from the config, or serve this model with Triton")
     backend = _backend(message, build, where)
+    ensemble = _ensemble(message, name, where)
     try:
         return ModelConfig(
             name=name,
@@ -107,6 +109,7 @@ def from_message(
             default_model_filename=message.default_model_filename,
             build=_build(build, backend, message, where),
             parameters={k: v.string_value for k, v in message.parameters.items()},
+            ensemble_scheduling=ensemble,
         )
     except ConfigError as exc:
         if exc.message.startswith("model '"):
@@ -121,8 +124,31 @@ def _located(where: str, make: Any) -> Any:
         raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
 
 
+def _ensemble(message: Any, name: str, where: str) -> EnsembleConfig | None:
+    """``ensemble_scheduling`` (only with ``platform: "ensemble"``, and then required), checked as a DAG."""
+    is_ensemble = message.platform == "ensemble"
+    if not message.HasField("ensemble_scheduling"):
+        if is_ensemble:
+            raise ConfigError(f"{where}: platform \"ensemble\" needs ensemble_scheduling {{ step [...] }}")
+        return None
+    if not is_ensemble:
+        raise ConfigError(f"{where}: ensemble_scheduling is set but platform is '{message.platform}'",
+                          hint='set platform: "ensemble"')
+    if message.instance_group or message.backend or message.model_warmup:
+        raise ConfigError(f"{where}: an ensemble cannot have instance_group, backend or model_warmup; "
+                          "its steps' models have their own")
+    if not message.input or not message.output:
+        raise ConfigError(f"{where}: an ensemble declares its inputs and outputs (name, data_type, dims)")
+    steps = tuple(_located(f"{where} ensemble_scheduling.step[{i}]", lambda s=s: EnsembleStep(
+        s.model_name, int(s.model_version) or -1, dict(s.input_map), dict(s.output_map)))
+        for i, s in enumerate(message.ensemble_scheduling.step))
+    config = _located(f"{where}", lambda: EnsembleConfig(steps))
+    config.order(name, [t.name for t in message.input], [t.name for t in message.output])
+    return config
+
+
 def _backend(message: Any, build: Mapping[str, Any] | None, where: str) -> str:
-    names = [n for n in (message.backend, message.platform) if n]
+    names = [n for n in (message.backend, message.platform) if n and n != "ensemble"]
     for n in names:
         if n not in PLATFORMS and not n.startswith("streamrt_"):
             known = ", ".join(sorted(k for k in PLATFORMS if k))
@@ -261,7 +287,13 @@ def to_message(config: ModelConfig, platform: str) -> Any:
         db.default_queue_policy.default_timeout_microseconds = q.default_timeout_microseconds
         db.default_queue_policy.allow_timeout_override = q.allow_timeout_override
         db.default_queue_policy.max_queue_size = q.max_queue_size
-    for i, g in enumerate(config.instance_group):
+    if config.ensemble_scheduling is not None:
+        m.backend = ""
+        for step in config.ensemble_scheduling.steps:
+            item = m.ensemble_scheduling.step.add(model_name=step.model_name, model_version=step.model_version)
+            item.input_map.update(step.input_map)
+            item.output_map.update(step.output_map)
+    for i, g in enumerate(() if config.ensemble_scheduling else config.instance_group):
         m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
                              kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
     for key, value in config.parameters.items():

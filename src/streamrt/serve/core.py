@@ -116,7 +116,8 @@ class ServerCore:
 
     async def _load_startup(self) -> None:
         assert self.repository is not None
-        results = await asyncio.gather(*(self.repository.load(n) for n in self._startup), return_exceptions=True)
+        results = await asyncio.gather(*(self.repository.load(n, reload=False) for n in self._startup),
+                                       return_exceptions=True)
         for name, result in zip(self._startup, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("model '%s' is UNAVAILABLE: %s", name, result)

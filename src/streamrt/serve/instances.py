@@ -15,6 +15,11 @@ Data path of a batch, with as few host copies as the wire allows:
   serialisation is the only further copy. CPU outputs are split as views. Before the split, the
   instance's :class:`~streamrt.serve.integrity.OutputCheck` makes sure every output has the batch's
   rows (and the config's dtype and dims): a batch that fails it fails for every request in it.
+* **Device outputs (opt-in)**: a request whose inputs come as :class:`DeviceOutputs` (an ensemble
+  step whose outputs feed only other steps) gets its outputs from a CUDA instance as
+  :class:`~streamrt.serve.shared_memory.DeviceTensor` views of the engine's outputs, with no copy
+  to the host; the instance still waits for its stream, so the tensors are complete when handed
+  on, and the next step's CUDA instance gathers them on the device. CPU instances ignore the mark.
 
 Example:
     >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
@@ -38,8 +43,9 @@ from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
 from streamrt.serve.shared_memory import DeviceTensor
+from streamrt.types import DType
 
-__all__ = ["BatchResult", "Instance", "InstanceGroup"]
+__all__ = ["BatchResult", "DeviceOutputs", "Instance", "InstanceGroup"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,10 @@ Inputs = Mapping[str, np.ndarray]
 
 # Input slots kept per instance for distinct (input, dtype, item shape) keys; older ones are dropped.
 _MAX_SLOT_KEYS = 8
+
+
+class DeviceOutputs(dict[str, Any]):
+    """A request's inputs, marked: its outputs may stay on the device (see the module docstring)."""
 
 
 @dataclass
@@ -119,15 +129,17 @@ class Instance:
         rows = [self._rows(r) for r in requests]
         inputs = self._gather(requests, sum(rows))
         t1 = time.perf_counter_ns()
-        outputs = self._execute(inputs)
+        wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
+        outputs = self._execute(inputs, on_device=any(wanted))
         t2 = time.perf_counter_ns()
         if self.check is not None:
             self.check(outputs, sum(rows))
-        if len(requests) == 1:
+        if len(requests) == 1 and wanted[0] == any(wanted):
             split = [outputs]
         else:
             bounds = list(itertools.accumulate(rows, initial=0))
-            split = [{k: v[a:b] for k, v in outputs.items()} for a, b in itertools.pairwise(bounds)]
+            split = [{k: _rows_of(v, a, b, keep) for k, v in outputs.items()}
+                     for (a, b), keep in zip(itertools.pairwise(bounds), wanted, strict=True)]
         t3 = time.perf_counter_ns()
         return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
 
@@ -139,9 +151,9 @@ class Instance:
     def _rows(self, request: Inputs) -> int:
         return next(iter(request.values())).shape[0] if self.batched else 1
 
-    def _execute(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _execute(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
         try:
-            return self._infer(inputs)
+            return self._infer(inputs, on_device)
         except StreamRTError:
             raise
         except Exception as exc:
@@ -202,7 +214,7 @@ class Instance:
         with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
             return source.to(self.device.torch_device, non_blocking=True)
 
-    def _infer(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _infer(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
         # The model validated every request once (ServedModel.validate); the engine does not again.
         if not self._cuda:
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
@@ -215,6 +227,8 @@ class Instance:
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
                     host[key] = value
+                elif value.is_cuda and on_device:
+                    host[key] = DeviceTensor(value, DType.from_any(value.dtype).numpy, tuple(value.shape))
                 elif value.is_cuda:
                     pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                     pinned.copy_(value, non_blocking=True)
@@ -222,7 +236,7 @@ class Instance:
                 else:
                     host[key] = value
         self.stream.record().synchronize()  # the worker thread waits; the event loop does not
-        return {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in host.items()}
+        return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work (up to ``timeout``), stop the worker and release the context."""
@@ -231,6 +245,14 @@ class Instance:
             self.stream.close(timeout=timeout)
         self.context.close()
         self._slots.clear()
+
+
+def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
+    """Rows ``start:stop`` of a batch output; a device output goes to the host unless ``keep_on_device``."""
+    if not isinstance(value, DeviceTensor):
+        return value[start:stop]
+    part = DeviceTensor(value.tensor[start:stop], value.dtype, (stop - start, *value.shape[1:]))
+    return part if keep_on_device else np.asarray(part)
 
 
 class InstanceGroup:

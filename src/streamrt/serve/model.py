@@ -39,11 +39,12 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -367,7 +368,7 @@ class ServedModel:
         """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
             return inputs
-        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+        return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
     def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -392,8 +393,11 @@ class ServedModel:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
+        inputs = self.to_engine(request.inputs)
+        if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+            inputs = DeviceOutputs(inputs)
         outputs = await self._scheduler.submit(
-            self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
+            inputs, rows=rows, key=self.batching_key(request.inputs),
             priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )
         result = {}
@@ -427,6 +431,13 @@ class ServedModel:
         from streamrt.serve.config_message import to_message
 
         return to_message(self.config, self.platform)
+
+
+def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` in ``shape``: a NumPy view, or a view of a device tensor (an ensemble step's input)."""
+    if isinstance(array, DeviceTensor):
+        return DeviceTensor(array.tensor.reshape(shape), array.dtype, shape)
+    return array.reshape(shape)
 
 
 def load_served_model(context: LoadContext) -> Servable:

@@ -72,6 +72,9 @@ class InferRequest:
         timeout_us: queue timeout asked by the client (0: the model's default).
         received_ns: ``time.perf_counter_ns()`` when the front end received it.
         leases: shared-memory regions this request reads or writes (released once it is answered).
+        outputs_on_device: return outputs a CUDA instance computed as device tensors
+            (:class:`~streamrt.serve.shared_memory.DeviceTensor`) instead of host arrays; set by
+            ensembles for steps that feed only other steps, never by the front ends.
     """
 
     model: str
@@ -84,6 +87,7 @@ class InferRequest:
     timeout_us: int = 0
     received_ns: int = field(default_factory=time.perf_counter_ns)
     leases: list[Any] = field(default_factory=list)
+    outputs_on_device: bool = False
 
 
 @dataclass(eq=False)

@@ -66,6 +66,8 @@ HONOURED = frozenset({
     "model_warmup[].name", "model_warmup[].batch_size", "model_warmup[].count",
     "model_warmup[].inputs{}.data_type", "model_warmup[].inputs{}.dims",
     "model_warmup[].inputs{}.zero_data", "model_warmup[].inputs{}.random_data",
+    "ensemble_scheduling.step[].model_name", "ensemble_scheduling.step[].model_version",
+    "ensemble_scheduling.step[].input_map{}", "ensemble_scheduling.step[].output_map{}",
 })
 
 # Performance hints: accepted, they cannot change a result, and StreamRT decides these itself.
@@ -77,11 +79,12 @@ HINTS = frozenset({
 })
 
 # Messages whose mere presence changes semantics (proto3 cannot say "set but empty" otherwise).
-_PRESENCE = {"sequence_batching", "ensemble_scheduling"}
+_PRESENCE = {"sequence_batching"}
 
 _WHY = {
     "sequence_batching": "the sequence batcher (stateful models) is not implemented",
-    "ensemble_scheduling": "ensembles are not implemented",
+    "model_namespace": "model namespaces are not implemented",
+    "max_inflight_responses": "bounding an ensemble's in-flight responses is not implemented",
     "batch_input": "batch inputs are not implemented",
     "batch_output": "batch outputs are not implemented",
     "model_transaction_policy": "decoupled models are not implemented",
