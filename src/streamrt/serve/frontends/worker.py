@@ -81,7 +81,6 @@ class EngineLink:
         self._pending: dict[int, tuple[asyncio.Future[tuple[Any, ...]], list[int]]] = {}
         self._next = 0
         self.closed = asyncio.Event()
-        self.gone = False
         self.active = 0  # inference calls between parsing and their response being handed to the listener
         self._idle = asyncio.Event()
         self._idle.set()
@@ -116,7 +115,6 @@ class EngineLink:
                     self.free_outputs(_blocks(message))
                 continue
             future.set_result(message)
-        self.gone = message is None
         for future, _ in self._pending.values():
             if not future.done():
                 future.set_exception(ServerShuttingDownError("the engine process is gone; retry"))
@@ -140,7 +138,7 @@ class EngineLink:
         future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (future, taken)
         self.writer.send((INFER, rid, request.model, request.version, request.id, request.priority,
-                                  request.timeout_us, request.binary_output, request.received_ns, inputs, outputs))
+                          request.timeout_us, request.binary_output, request.received_ns, inputs, outputs))
         reply = await future
         if reply[0] == ERROR:
             raise_error(*reply[2:5])
