@@ -3,6 +3,7 @@ and the results match the same models run by ONNX Runtime."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,16 @@ def test_device_tensors_pass_between_cuda_steps(tmp_path: Path, reference: Any,
             np.testing.assert_allclose(out.outputs["SUM"], expected["sum"], rtol=1e-3, atol=1e-3)
             np.testing.assert_allclose(out.outputs["PROBS"], expected["probs"], rtol=1e-3, atol=1e-3)
         assert len(gathered) == 3  # 'pair' gathered the cnn's device output on the device, every request
+
+        # Many requests at once, batched together on both instances of each step: every request gets
+        # its own answer (device outputs are copies, not the engine's buffers its next batch reuses).
+        images = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(48)]
+        bs = [rng.standard_normal((len(im), 10)).astype(np.float32) for im in images]
+
+        async def all_at_once() -> list[Any]:
+            return await asyncio.gather(*(server.server.infer(InferRequest("chain", inputs={"IMAGE": im, "B": b}))
+                                          for im, b in zip(images, bs, strict=True)))
+
+        for out, image, b in zip(server.call(all_at_once(), 120), images, bs, strict=True):
+            expected = reference("two_io", {"a": reference("small_cnn", {"x": image})["logits"], "b": b})
+            np.testing.assert_allclose(out.outputs["SUM"], expected["sum"], rtol=1e-3, atol=1e-3)

@@ -340,6 +340,8 @@ class EnsembleModel:
             outputs=tuple(RequestedOutput(key) for key in step.output_map),
             priority=request.priority, timeout_us=request.timeout_us, received_ns=started,
             outputs_on_device=self._on_device[index],
+            # Triton hands the correlation id to every step; here only stateful steps take it
+            sequence=request.sequence if model.config.sequence_batching is not None else None,
         )
         step_trace = RequestTrace(0, model.name, str(model.version), request.id)
         try:

@@ -31,8 +31,10 @@ from typing import Any
 from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.config_message import from_mapping, read_config_file
+from streamrt.serve.memory_budget import MemoryBudget
 from streamrt.serve.model import EngineLoader
 from streamrt.serve.model_files import remove_model_files, write_model_files
+from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.servable import LoadContext, Servable, load_servable
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
@@ -74,6 +76,8 @@ class ModelRepository:
         load_threads: models that may load at the same time.
         drain_timeout_s: how long an unload waits for the model's in-flight requests.
         engine_loader: replaces :func:`streamrt.serve.model.load_engine`.
+        rate_limiter: the server's rate limiter (None: ``--rate-limit off``).
+        memory_budget: the server's GPU memory ledger (None: each load checks free memory only).
     """
 
     def __init__(
@@ -83,6 +87,8 @@ class ModelRepository:
         load_threads: int = 2,
         drain_timeout_s: float = 30.0,
         engine_loader: EngineLoader | None = None,
+        rate_limiter: RateLimiter | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -90,6 +96,8 @@ class ModelRepository:
         self.drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
         self._loader = engine_loader
+        self.rate_limiter = rate_limiter
+        self.memory_budget = memory_budget
         self._executor = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="streamrt-load")
 
     # --- discovery ----------------------------------------------------------------------------
@@ -187,7 +195,8 @@ class ModelRepository:
             )
         loop = asyncio.get_running_loop()
         jobs = [loop.run_in_executor(self._executor, load_servable,
-                                     LoadContext(folder, v, config, self._loader, self.get)) for v in versions]
+                                     LoadContext(folder, v, config, self._loader, self.get,
+                                                 self.rate_limiter, self.memory_budget)) for v in versions]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         loaded = {s.version: s for s in results if not isinstance(s, BaseException)}
