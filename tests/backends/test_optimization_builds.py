@@ -57,3 +57,22 @@ def test_timing_cache_is_reused_by_a_rebuild(tmp_path: Path) -> None:
     assert two["hits"] == one["misses"] and two["misses"] == 0
     assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning)" in lines
     assert (cache / "streamrt-timing-cache.json").is_file()
+
+
+def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
+    import torch
+
+    from streamrt.backends.torch_inductor.builder import compile_package
+    from streamrt.backends.torch_inductor.levels import layout_knobs
+    from streamrt.backends.torch_inductor.memory_format import choose_memory_format
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        ep = torch.export.export(net, (torch.randn(2, 3, 16, 16),))
+        lines: list[str] = []
+        choice = choose_memory_format(
+            ep, lambda fmt: compile_package(ep, {"cpp.dynamic_threads": True, **layout_knobs(fmt)}), "cpu", lines.append
+        )
+    assert set(choice.timings_ms) == {"channels_last", "contiguous"} and all(t > 0 for t in choice.timings_ms.values())
+    assert choice.timings_ms[choice.memory_format] == min(choice.timings_ms.values())
+    assert choice.package[:2] == b"PK" and lines[-1].startswith(f"memory format: {choice.memory_format} (")

@@ -182,3 +182,11 @@ def test_optimization_lines_show_the_recipe_and_the_cache() -> None:
     assert "level 5: max_autotune on (ATEN,TRITON), coordinate descent on, freezing on" in first
     assert "memory format channels_last (measured: channels_last 1.000 ms, contiguous 1.500 ms)" in first
     assert first.endswith("cudnn benchmark on, tf32 on") and second == "  timing cache tc: 4 hits, 1 misses"
+
+
+def test_convolution_graphs_are_recognised() -> None:
+    from streamrt.backends.torch_inductor.memory_format import has_convolutions
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    assert has_convolutions(torch.export.export(conv, (torch.randn(1, 3, 8, 8),)))
+    assert not has_convolutions(torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),)))

@@ -39,7 +39,11 @@ class LayoutChoice:
 
 
 def has_convolutions(ep: torch.export.ExportedProgram) -> bool:
-    return any(node.target is torch.ops.aten.convolution.default for node in ep.graph.nodes)
+    """Whether the exported graph convolves (``aten.conv2d``, ``aten.convolution``, ``aten.conv_transpose2d``...)."""
+    return any(
+        node.op == "call_function" and str(node.target).startswith(("aten.conv", "aten._convolution"))
+        for node in ep.graph.nodes
+    )
 
 
 def median_ms(run: Callable[[], Any], device: str, runs: int = _RUNS) -> float:
