@@ -15,7 +15,9 @@ import pytest
 import streamrt
 from helpers import catalogue_file
 from streamrt.cli.inspect import _text, describe
+from streamrt.cli.main import main
 from streamrt.config import BuildConfig
+from streamrt.plan import read_plan
 from streamrt.testing.models import CATALOGUE
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -23,22 +25,29 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 CPU = {"device": "cpu"}
 
 
-def test_level_0_plan_records_its_recipe(tmp_path: Path) -> None:
-    config = BuildConfig(backend="torch_inductor", optimization_level=0, backend_options=CPU, verify_shapes=False)
-    result = streamrt.build(catalogue_file("conv_bn_relu", tmp_path), config, tmp_path / "m.plan", cache=False)
-    backend = result.manifest.build_settings["backend"]
+def test_level_0_plan_records_its_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "m.plan"
+    args = ["build", str(catalogue_file("conv_bn_relu", tmp_path)), "-o", str(plan), "--backend", "torch_inductor",
+            "--optimization-level", "0", "--option", "device=cpu", "--no-verify-shapes", "--no-cache",
+            "--cache-dir", str(tmp_path / "c")]
+    assert main(args) == 0
+    summary = capsys.readouterr().out
+    assert "optimization level 0: max_autotune off, coordinate descent off, freezing off, memory format inductor" \
+        in summary and "timing cache" in summary
+    manifest = read_plan(plan).manifest
+    backend = manifest.build_settings["backend"]
     recipe = backend["optimization"]
     assert recipe["level"] == 0 and recipe["memory_format"] == "inductor" and not recipe["cudnn_benchmark"]
     assert recipe["inductor"]["aot_inductor.compile_wrapper_opt_level"] == "O0"
     assert recipe["inductor"]["pattern_matcher"] is False and recipe["inductor"]["max_autotune"] is False
     assert backend["inductor"] == recipe["inductor"] and backend["fp32_precision"] == "ieee"
-    assert result.manifest.build_settings["config"]["optimization_level"] == 0
-    text = _text(describe(result.path))
-    assert "level 0: max_autotune off, coordinate descent off, freezing off, memory format inductor" in text
+    assert manifest.build_settings["config"]["optimization_level"] == 0
+    assert "--optimization-level 0" in manifest.build_command
+    assert "level 0: max_autotune off" in _text(describe(plan))  # streamrt inspect
     # The level-0 plan still computes the model (fresh random data vs the NumPy reference).
     model = CATALOGUE["conv_bn_relu"]
     inputs = model.inputs(np.random.default_rng(), 1)
-    with streamrt.load(result.path) as engine, engine.create_context() as ctx:
+    with streamrt.load(plan) as engine, engine.create_context() as ctx:
         got = ctx.infer(inputs)
     np.testing.assert_allclose(got["y"], model.reference(model.make(), inputs)["y"], rtol=1e-4, atol=1e-4)
 

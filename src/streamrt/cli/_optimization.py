@@ -17,8 +17,12 @@ def _on(value: Any) -> str:
     return "on" if value else "off"
 
 
-def optimization_lines(build_settings: Mapping[str, Any]) -> list[str]:
-    """``optimization ...`` and ``timing cache ...`` lines; empty for backends that record neither."""
+def optimization_lines(build_settings: Mapping[str, Any], *, timing_cache: bool = True) -> list[str]:
+    """``optimization ...`` and (``timing_cache``) ``timing cache ...`` lines; empty for backends that record neither.
+
+    A plan reused from the build cache prints no timing-cache line: its hits and misses are those
+    of the build that made it.
+    """
     config = build_settings.get("config", {})
     backend = build_settings.get("backend", {})
     lines = []
@@ -41,7 +45,7 @@ def optimization_lines(build_settings: Mapping[str, Any]) -> list[str]:
     elif "builder_optimization_level" in backend:
         lines.append(f"  optimization builder_optimization_level {backend['builder_optimization_level']}, "
                      f"tf32 {_on(backend.get('tf32'))}")
-    cache = backend.get("timing_cache")
+    cache = backend.get("timing_cache") if timing_cache else None
     if isinstance(cache, Mapping):
         state = f"ignored ({cache['ignored']})" if cache.get("ignored") else f"{cache.get('hits', 0)} hits"
         lines.append(f"  timing cache {cache.get('path')}: {state}, {cache.get('misses', 0)} misses")

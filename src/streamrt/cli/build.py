@@ -45,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
     m = result.manifest
     how = "reused from cache" if result.cached else f"built in {result.seconds:.1f} s"
     print(f"{result.path}: {m.backend} {m.backend_version}, {m.precision}, {how}")
-    for line in optimization_lines(m.build_settings):
+    for line in optimization_lines(m.build_settings, timing_cache=not result.cached):
         print(line)
     return 0
