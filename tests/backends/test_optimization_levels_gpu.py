@@ -101,5 +101,6 @@ def test_timing_cache_hits_on_a_level_4_rebuild(tmp_path: Path) -> None:
     for name in ("a", "b"):
         result = streamrt.build(path, config, tmp_path / f"{name}.plan", cache=False, cache_dir=tmp_path / "c")
         stats.append(result.manifest.build_settings["backend"]["timing_cache"])
-    assert stats[0]["misses"] >= 1 and stats[0]["hits"] == 0, stats
-    assert stats[1]["hits"] == stats[0]["misses"] and stats[1]["misses"] == 0, stats
+    # Both matmuls have one shape: the first build may already answer the second from the cache.
+    assert stats[0]["misses"] >= 1, stats
+    assert stats[1]["misses"] == 0 and stats[1]["hits"] >= stats[0]["misses"], stats
