@@ -94,7 +94,8 @@ def main() -> int:
     rows: dict[str, Any] = {}
     for instances in (1, 2):
         repo, port = make_repo(work / f"serve{instances}", instances), free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
+        env = {**os.environ, "PYTHONPATH": path}
         proc = subprocess.Popen([sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port",
                                  str(port), "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"],
                                 env=env)

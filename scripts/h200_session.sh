@@ -4,6 +4,7 @@
 #
 #   bash scripts/h200_session.sh COMMIT tests,examples      # first call (~6 min)
 #   bash scripts/h200_session.sh COMMIT zoo                 # second call (~8 min)
+#   bash scripts/h200_session.sh COMMIT tests+examples      # both at once (untimed work only)
 #
 # Parts: tests (every gpu-marked test), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests).
@@ -29,9 +30,8 @@ run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
     tail -n 25 "$out/$name/log"
 }
 
-IFS=, read -ra wanted <<< "$parts"
-for part in "${wanted[@]}"; do
-    case $part in
+part() {  # part NAME: one part of the session
+    case $1 in
         tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -v -p no:cacheprovider -m gpu tests --timeout "${TEST_TIMEOUT:-600}" -o junit_family=xunit2 \
                    --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
@@ -40,10 +40,23 @@ for part in "${wanted[@]}"; do
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
-        *) echo "unknown part $part" ;;
+        *) echo "unknown part $1" ;;
     esac
+}
+
+# Parts run one after the other; "a+b" runs a and b at the same time (untimed work only:
+# tests and examples build and check, they time nothing that is reported).
+IFS=, read -ra wanted <<< "$parts"
+for group in "${wanted[@]}"; do
+    IFS=+ read -ra together <<< "$group"
+    for name in "${together[@]}"; do part "$name" & done
+    wait
 done
 rm -rf "$out"/zoo/plans
+# Only what reports come back (files back are at most 16 MiB each): no plans, models or videos.
+find "$out" -type f \( -name '*.plan' -o -name '*.onnx' -o -name '*.pt2' -o -name '*.mp4' -o -name '*.npz' \
+    -o -name '*.npy' -o -name '*.avi' -o -name '*.h264' \) -delete
+find "$out" -type f -size +4M -printf 'dropped (over 4 MB): %p %s\n' -delete
 tar -czf /tmp/h200.tar.gz -C "$out" . && mv /tmp/h200.tar.gz "$out/h200.tar.gz"
 find "$out" -mindepth 1 -maxdepth 1 ! -name h200.tar.gz -exec rm -rf {} +
 ls -la "$out"

@@ -42,7 +42,8 @@ def test_the_course_is_complete() -> None:
 def test_example_runs_on_the_cpu(script: Path, tmp_path: Path, cache: Path) -> None:
     if script.stem.startswith("11_"):
         pytest.importorskip("cv2")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "STREAMRT_CACHE": str(cache), "MPLBACKEND": "Agg",
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
+    env = {**os.environ, "PYTHONPATH": path, "STREAMRT_CACHE": str(cache), "MPLBACKEND": "Agg",
            "STREAMRT_EXAMPLES_SMALL": "1"}
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--out", str(out)], cwd=tmp_path,

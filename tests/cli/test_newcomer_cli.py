@@ -20,7 +20,8 @@ raise SystemExit(main(["pipeline-bench", "--device", "cpu"]))
 
 
 def test_pipeline_bench_without_torch_is_one_line_with_the_cpu_wheel() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
+    env = {**os.environ, "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-c", _NO_TORCH], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -141,7 +141,8 @@ def served(docs: dict[str, dict[str, Any]], tmp_path_factory: pytest.TempPathFac
 
     onnx.save(CATALOGUE["small_cnn"].make(), str(repo / "cnn" / "1" / "model.onnx"))
     args = _local_args(_container(docs)["args"], repo)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "STREAMRT_SERVE_TOKEN": TOKEN}
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
+    env = {**os.environ, "PYTHONPATH": path, "STREAMRT_SERVE_TOKEN": TOKEN}
     proc = subprocess.Popen([sys.executable, "-m", "streamrt.cli.main", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -52,7 +52,8 @@ def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
         ({"dynamic_batching": {"priority_levels": 2, "default_priority_level": 3}}, "default_priority_level"),
         ({"dynamic_batching": {"default_queue_policy": {"timeout_action": "DELAY"}}}, "DELAY is not supported"),
         ({"version_policy": {"newest": {}}}, "newest"),
-        ({"sequence_batching": {}}, "config field 'sequence_batching' is not supported"),
+        ({"sequence_batching": {"iterative_sequence": True}},
+         "config field 'sequence_batching.iterative_sequence' is not supported"),
         ({"input": [{"name": "x", "data_type": "FP32", "dims": [1], "optional": True}]},
          "config field 'input[0].optional' is not supported: optional inputs"),
         ({"platform": "tensorflow_graphdef"}, "platform/backend 'tensorflow_graphdef' is not supported"),
@@ -116,13 +117,13 @@ def test_pbtxt_list_syntax_hints_and_refusals() -> None:
     cfg = from_message(parse_text(text, "m"), "m")
     assert cfg.input[0].data_type.kserve == "UINT32" and cfg.input[0].dims == (-1,) and cfg.max_batch_size == 4
     refused = parse_text('name: "m" sequence_batching { control_input [ { name: "S" control [ { kind: '
-                         "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }\n"
-                         "instance_group [ { count: 1 rate_limiter { priority: 2 } } ]\n"
+                         "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] iterative_sequence: true }\n"
+                         'instance_group [ { count: 1 host_policy: "numa0" } ]\n'
                          "optimization { cuda { graphs: true } }\nresponse_cache { enable: true }", "m")
     paths = [p for p, _ in unsupported_fields(refused)]
-    assert paths == ["instance_group[0].rate_limiter", "optimization.cuda.graphs", "sequence_batching",
-                     "response_cache.enable"]
-    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.rate_limiter' is not supported"):
+    assert paths == ["instance_group[0].host_policy", "optimization.cuda.graphs",
+                     "sequence_batching.iterative_sequence", "response_cache.enable"]
+    with pytest.raises(ConfigError, match=r"config field 'instance_group\[0\]\.host_policy' is not supported"):
         from_message(refused, "m")
     with pytest.raises(ConfigError, match="does not follow Triton's schema"):
         parse_text('name: "m" max_batch_size: 4 colour: "red"', "m")

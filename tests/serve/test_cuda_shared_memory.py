@@ -57,12 +57,15 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path])
         "max_batch_size: 16\ndynamic_batching: {max_queue_delay_microseconds: 500}\n"
         "instance_group: [{count: 2, kind: KIND_GPU}]\n")
     http, grpc = _port(), _port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
+    env = {**os.environ, "PYTHONPATH": path}
     server = subprocess.Popen([sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http),
                                "--grpc-port", str(grpc), "--metrics-port", "-1", "--log-level", "WARNING"], env=env)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
+            if server.poll() is not None:
+                pytest.fail(f"the server exited with status {server.returncode} before it was ready")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as r:
                     if r.status == 200:

@@ -292,10 +292,10 @@ def test_grpc_mixed_raw_and_typed_contents_is_refused(server: ServerThread) -> N
 def test_refused_config_names_the_field(http: Any) -> None:
     with pytest.raises(InferenceServerException) as err:
         http.load_model("sequence_refused")
-    assert "config field 'sequence_batching' is not supported" in str(err.value)
+    assert "sequence_batching: control input 'START' is not in the engine" in str(err.value)  # its ONNX has none
     override = '{"max_batch_size": 8, "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [16]}],' \
                ' "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [16]}]}'
-    http.load_model("sequence_refused", config=override)  # the same model without the unsupported field
+    http.load_model("sequence_refused", config=override)  # the same model without the sequence batcher
     assert http.is_model_ready("sequence_refused")
     http.unload_model("sequence_refused")
 

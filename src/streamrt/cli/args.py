@@ -405,6 +405,18 @@ SERVER_OPTIONS = (
            {"type": int, "metavar": "N"}),
     Option("exit_timeout_s", ("--exit-timeout",), "shutdown waits this long for in-flight requests (default 30)",
            {"type": float, "metavar": "S"}),
+    # sharing one GPU between models (streamrt.serve.rate_limiter, streamrt.serve.memory_budget)
+    Option("rate_limit", ("--rate-limit",), "off (default): instances run as soon as they have a batch; "
+           "execution_count: each execution first takes its instance group's rate_limiter resources, and "
+           "waiting instances go by rate_limiter priority (Triton's --rate-limit)",
+           {"choices": ("off", "execution_count")}),
+    Option("rate_limit_resources", ("--rate-limit-resource",), "copies of a rate limiter resource, NAME:COUNT "
+           "(every device) or NAME:COUNT:DEVICE (repeatable; default: the largest count any instance asks for; "
+           "once given, every resource the models use must be given)",
+           {"action": "append", "metavar": "NAME:COUNT[:DEVICE]"}, value=tuple),
+    Option("gpu_memory_budget_mb", ("--gpu-memory-budget-mb",), "GPU memory all loaded models may take together, "
+           "in MiB; a model that would exceed it (or the GPU's free memory) is refused at load (default: free "
+           "memory only)", {"type": float, "metavar": "MB"}),
 )
 
 

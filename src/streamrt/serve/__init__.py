@@ -24,9 +24,12 @@ from streamrt.serve.config import (
     VersionPolicy,
     WarmupConfig,
 )
+from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
 
 __all__ = [
     "BatchingConfig",
+    "EnsembleConfig",
+    "EnsembleStep",
     "InferenceServer",
     "InstanceGroupConfig",
     "ModelConfig",

@@ -23,6 +23,7 @@ from typing import Any
 
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
+from streamrt.serve.ensemble_config import EnsembleConfig
 from streamrt.types import DType
 
 __all__ = [
@@ -31,16 +32,25 @@ __all__ = [
     "InstanceGroupConfig",
     "ModelConfig",
     "QueuePolicy",
+    "RateLimiterConfig",
+    "RateLimiterResource",
+    "SequenceBatchingConfig",
+    "SequenceControl",
+    "SequenceState",
     "ServerConfig",
     "TensorConfig",
     "VersionPolicy",
     "WarmupConfig",
+    "parse_rate_limit_resource",
 ]
 
 CONFIG_FILES = ("config.yaml", "config.yml", "config.json", "config.pbtxt")
 """File names a model directory's config may have, in the order they are looked for."""
 
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
+
+RATE_LIMIT_MODES = ("off", "execution_count")
+"""Values of ``--rate-limit`` (Triton's)."""
 
 
 def _at_least(value: int, name: str, minimum: int) -> None:
@@ -155,16 +165,211 @@ class BatchingConfig:
             raise ConfigError(f"default_priority_level must be in 1..{levels}, got {default}")
 
 
+def parse_rate_limit_resource(spec: str) -> tuple[str, int, int | None]:
+    """``NAME:COUNT[:DEVICE]`` (tritonserver's ``--rate-limit-resource``) as ``(name, count, device)``.
+
+    Raises:
+        ConfigError: not of that form, or a negative count or device.
+    """
+    parts = spec.split(":")
+    hint = "--rate-limit-resource NAME:COUNT or NAME:COUNT:DEVICE, e.g. R1:4 or R1:4:0"
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise ConfigError(f"rate limit resource must be NAME:COUNT[:DEVICE], got {spec!r}", hint=hint)
+    try:
+        count = int(parts[1])
+        device = int(parts[2]) if len(parts) == 3 else None
+    except ValueError:
+        raise ConfigError(f"rate limit resource {spec!r}: COUNT and DEVICE must be integers", hint=hint) from None
+    if count < 0 or (device is not None and device < 0):
+        raise ConfigError(f"rate limit resource {spec!r}: COUNT and DEVICE must be >= 0", hint=hint)
+    return parts[0], count, device
+
+
+@dataclass(frozen=True)
+class RateLimiterResource:
+    """One resource an instance needs to execute (Triton's ``rate_limiter.resources[]``).
+
+    ``is_global`` is Triton's ``global``: one pool for the whole server instead of one per device.
+    """
+
+    name: str
+    count: int = 1
+    is_global: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("rate_limiter resources need a name")
+        _at_least(self.count, f"rate_limiter resource '{self.name}' count", 0)
+
+
+@dataclass(frozen=True)
+class RateLimiterConfig:
+    """Triton's ``instance_group.rate_limiter``: resources held while executing, and a priority weight.
+
+    ``priority`` weights scheduling chances across instances when several wait: an instance of
+    priority 2 gets half the chances of one of priority 1 (0 counts as 1). Used only when the
+    server runs with ``--rate-limit execution_count``.
+    """
+
+    resources: tuple[RateLimiterResource, ...] = ()
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        _at_least(self.priority, "rate_limiter priority", 0)
+        names = [r.name for r in self.resources]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"rate_limiter lists a resource twice: {names}")
+# --- sequence batching (stateful models) -----------------------------------------------------
+
+CONTROL_KINDS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_END",
+                 "CONTROL_SEQUENCE_CORRID")
+"""Triton's control kinds: the tensor the sequence batcher fills per batch row."""
+
+_CORRID_TYPES = (DType.INT32, DType.INT64, DType.UINT32, DType.UINT64, DType.BYTES)
+
+
+@dataclass(frozen=True)
+class SequenceControl:
+    """One control input: the model input ``name`` that the batcher fills with ``kind``'s value.
+
+    START, READY and END carry ``false_true`` (the values for false and true, in ``data_type``:
+    Triton's ``int32_false_true`` / ``fp32_false_true`` / ``bool_false_true``); CORRID carries the
+    sequence id in ``data_type`` (INT32, INT64, UINT32, UINT64 or BYTES for string ids). Each
+    control tensor has one element per batch row (shape ``[rows, 1]``, or ``[1]`` unbatched).
+    """
+
+    name: str
+    kind: str
+    data_type: DType
+    false_true: tuple[Any, Any] = (0, 1)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("control_input needs a name")
+        if self.kind not in CONTROL_KINDS:
+            raise ConfigError(f"control '{self.name}': kind must be one of {', '.join(CONTROL_KINDS)}, "
+                              f"got {self.kind!r}")
+        if self.kind == "CONTROL_SEQUENCE_CORRID":
+            if self.data_type not in _CORRID_TYPES:
+                raise ConfigError(f"control '{self.name}': CONTROL_SEQUENCE_CORRID needs data_type TYPE_INT32, "
+                                  "TYPE_INT64, TYPE_UINT32, TYPE_UINT64 or TYPE_STRING, "
+                                  f"got TYPE_{self.data_type.kserve}")
+        elif len(self.false_true) != 2:
+            raise ConfigError(f"control '{self.name}': {self.kind} needs exactly two false_true values "
+                              f"(false, true), got {list(self.false_true)}")
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """An implicit state: fed to the model as ``input_name``, replaced by its ``output_name``
+    after each step of a sequence, started from zeros of ``initial_dims`` (Triton's
+    ``initial_state { zero_data: true dims: [...] }``; ``dims`` when not given) at START.
+
+    ``dims`` exclude the batch dimension; -1 needs ``initial_dims``.
+    """
+
+    input_name: str
+    output_name: str
+    data_type: DType
+    dims: tuple[int, ...]
+    initial_dims: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.input_name or not self.output_name:
+            raise ConfigError("a state needs input_name and output_name")
+        if not all(d == -1 or d >= 1 for d in self.dims):
+            raise ConfigError(f"state '{self.input_name}': dims must be >= 1 or -1, got {list(self.dims)}")
+        start = self.start_dims
+        if any(d < 1 for d in start):
+            raise ConfigError(f"state '{self.input_name}': dims {list(self.dims)} have a variable size; give "
+                              "initial_state { zero_data: true dims: [...] } with concrete dims")
+        if len(start) != len(self.dims) or any(d not in (-1, s) for s, d in zip(start, self.dims, strict=True)):
+            raise ConfigError(f"state '{self.input_name}': initial_state dims {list(start)} do not match "
+                              f"the state dims {list(self.dims)}")
+
+    @property
+    def start_dims(self) -> tuple[int, ...]:
+        """The dims of the state a sequence starts from (batch dimension excluded)."""
+        return self.initial_dims if self.initial_dims is not None else self.dims
+
+
+@dataclass(frozen=True)
+class SequenceBatchingConfig:
+    """Triton's ``sequence_batching``: requests of one sequence (``sequence_id``) go, in order,
+    to the same batch slot of one instance, with control inputs and implicit state per slot.
+
+    Attributes:
+        strategy: ``direct`` (a sequence owns one slot = one batch row of one instance until its
+            END) or ``oldest`` (dynamic batching among up to ``max_candidate_sequences`` sequences
+            per instance, oldest request first, one request per sequence per batch).
+        max_sequence_idle_microseconds: a sequence that receives nothing for this long is ended
+            and its slot and state released (Triton's default: 1 s).
+        max_queue_delay_microseconds: how long a batch that is not full (direct: below
+            ``minimum_slot_utilization``; oldest: not a preferred size) waits for more requests.
+        minimum_slot_utilization: direct: the fraction of an instance's slots with a request that
+            runs a batch without waiting for the delay.
+        max_candidate_sequences: oldest: sequences bound to each instance (0: max_batch_size).
+        preferred_batch_size: oldest: sizes that run at once (empty: max_batch_size).
+        preserve_ordering: oldest: accepted; every request gets its own response anyway.
+        controls: the control inputs.
+        states: the implicit states.
+    """
+
+    strategy: str = "direct"
+    max_sequence_idle_microseconds: int = 1_000_000
+    max_queue_delay_microseconds: int = 0
+    minimum_slot_utilization: float = 0.0
+    max_candidate_sequences: int = 0
+    preferred_batch_size: tuple[int, ...] = ()
+    preserve_ordering: bool = False
+    controls: tuple[SequenceControl, ...] = ()
+    states: tuple[SequenceState, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("direct", "oldest"):
+            raise ConfigError(f"sequence_batching strategy must be direct or oldest, got {self.strategy!r}")
+        _at_least(self.max_sequence_idle_microseconds, "max_sequence_idle_microseconds", 1)
+        _at_least(self.max_queue_delay_microseconds, "max_queue_delay_microseconds", 0)
+        _at_least(self.max_candidate_sequences, "max_candidate_sequences", 0)
+        for size in self.preferred_batch_size:
+            _at_least(size, "preferred_batch_size", 1)
+        if not 0.0 <= self.minimum_slot_utilization <= 1.0:
+            raise ConfigError(f"minimum_slot_utilization must be in 0..1, got {self.minimum_slot_utilization}")
+        names = [c.name for c in self.controls] + [s.input_name for s in self.states]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"sequence_batching: inputs {twice} are given more than one control or state")
+        kinds = [c.kind for c in self.controls]
+        again = sorted({k for k in kinds if kinds.count(k) > 1})
+        if again:
+            raise ConfigError(f"sequence_batching: control kind {again[0]} is given twice")
+        outs = [s.output_name for s in self.states]
+        if len(set(outs)) != len(outs):
+            raise ConfigError(f"sequence_batching: state outputs {outs} repeat a name")
+
+    @property
+    def hidden_inputs(self) -> tuple[str, ...]:
+        """Model inputs the batcher fills (controls and states): clients never send them."""
+        return tuple(c.name for c in self.controls) + tuple(s.input_name for s in self.states)
+
+    @property
+    def hidden_outputs(self) -> tuple[str, ...]:
+        """Model outputs the batcher keeps as the next state: clients never receive them."""
+        return tuple(s.output_name for s in self.states)
+
+
 @dataclass(frozen=True)
 class InstanceGroupConfig:
     """``count`` instances, each with its own execution context, stream and worker thread.
 
-    ``kind`` takes Triton's ``KIND_CPU`` or the short ``cpu``.
+    ``kind`` takes Triton's ``KIND_CPU`` or the short ``cpu``. ``rate_limiter`` is what the
+    group's instances need from the server's rate limiter (None: no resources, priority 1).
     """
 
     count: int = 1
     kind: str = "KIND_AUTO"
     gpus: tuple[int, ...] = ()
+    rate_limiter: RateLimiterConfig | None = None
 
     def __post_init__(self) -> None:
         _at_least(self.count, "count", 1)
@@ -241,6 +446,7 @@ class ModelConfig:
         input: expected inputs (dims without batch); empty: taken from the engine.
         output: outputs; empty: taken from the engine.
         dynamic_batching: the dynamic batcher; None: every request runs on its own.
+        sequence_batching: the sequence batcher (stateful models); excludes dynamic_batching.
         instance_group: instances that run the model concurrently.
         version_policy: which version directories are served.
         model_warmup: warm-up runs before READY; None: one run at batch 1 and one at
@@ -248,6 +454,7 @@ class ModelConfig:
         default_model_filename: file inside a version directory (default model.plan, else model.onnx).
         build: BuildConfig fields used to build an ONNX model on load (through the build cache).
         parameters: free-form string parameters, reported back in the config.
+        ensemble_scheduling: the steps of an ensemble (``platform: "ensemble"``); None otherwise.
     """
 
     name: str
@@ -257,16 +464,21 @@ class ModelConfig:
     input: tuple[TensorConfig, ...] = ()
     output: tuple[TensorConfig, ...] = ()
     dynamic_batching: BatchingConfig | None = None
+    sequence_batching: SequenceBatchingConfig | None = None
     instance_group: tuple[InstanceGroupConfig, ...] = (InstanceGroupConfig(),)
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     model_warmup: tuple[WarmupConfig, ...] | None = None
     default_model_filename: str = ""
     build: BuildConfig = field(default_factory=BuildConfig)
     parameters: Mapping[str, str] = field(default_factory=dict)
+    ensemble_scheduling: EnsembleConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None:
             _at_least(self.max_batch_size, "max_batch_size", 0)
+        if self.dynamic_batching is not None and self.sequence_batching is not None:
+            raise ConfigError(f"model '{self.name}': dynamic_batching and sequence_batching exclude each other",
+                              hint="a stateful model takes sequence_batching only")
 
     @property
     def instance_count(self) -> int:
@@ -297,6 +509,12 @@ class ServerConfig:
         trace_file: append a JSON line per traced request here (Triton's trace timestamps, see
             :mod:`streamrt.serve.tracing`); None: no tracing.
         trace_rate: trace one request in this many (1: every request).
+        rate_limit: ``"off"`` (Triton's default) or ``"execution_count"``: instances acquire their
+            ``rate_limiter`` resources before each execution, granted by priority
+            (:mod:`streamrt.serve.rate_limiter`).
+        rate_limit_resources: ``--rate-limit-resource`` values, ``NAME:COUNT[:DEVICE]``.
+        gpu_memory_budget_mb: GPU memory the loaded models may take together (MiB); a model that
+            would exceed it, or the GPU's free memory, is refused at load (None: free memory only).
     """
 
     host: str = "127.0.0.1"
@@ -314,8 +532,12 @@ class ServerConfig:
     load_threads: int = 2
     trace_file: str | None = None
     trace_rate: int = 1
+    rate_limit: str = "off"
+    rate_limit_resources: tuple[str, ...] = ()
+    gpu_memory_budget_mb: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_sharing()
         for name in ("http_port", "grpc_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
@@ -338,6 +560,18 @@ class ServerConfig:
             raise ConfigError("auth_token must not be empty", hint="omit it to disable authentication")
         if self.startup_models is not None:
             object.__setattr__(self, "startup_models", tuple(self.startup_models))
+
+    def _check_sharing(self) -> None:
+        """The GPU-sharing settings (rate limiter, memory budget)."""
+        if self.rate_limit not in RATE_LIMIT_MODES:
+            raise ConfigError(f"rate_limit must be one of {', '.join(RATE_LIMIT_MODES)}, got {self.rate_limit!r}",
+                              hint="--rate-limit execution_count")
+        object.__setattr__(self, "rate_limit_resources", tuple(self.rate_limit_resources))
+        for spec in self.rate_limit_resources:
+            parse_rate_limit_resource(spec)
+        if self.gpu_memory_budget_mb is not None and not self.gpu_memory_budget_mb > 0:
+            raise ConfigError(f"gpu_memory_budget_mb must be > 0, got {self.gpu_memory_budget_mb}",
+                              hint="leave --gpu-memory-budget-mb out to check against free memory only")
 
     def replace(self, **changes: Any) -> ServerConfig:
         return dataclasses.replace(self, **changes)

@@ -26,11 +26,17 @@ from streamrt.serve.config import (
     InstanceGroupConfig,
     ModelConfig,
     QueuePolicy,
+    RateLimiterConfig,
+    RateLimiterResource,
+    SequenceBatchingConfig,
+    SequenceControl,
+    SequenceState,
     TensorConfig,
     VersionPolicy,
     WarmupConfig,
     datatype,
 )
+from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
 from streamrt.serve.triton_config import PLATFORMS, parse_mapping, parse_text, unsupported_fields
 from streamrt.types import DType
 
@@ -91,6 +97,7 @@ def from_message(
         raise ConfigError(f"{where}: config field '{path}' is not supported: {why}{more}",
                           hint="remove it from the config, or serve this model with Triton")
     backend = _backend(message, build, where)
+    ensemble = _ensemble(message, name, where)
     try:
         return ModelConfig(
             name=name,
@@ -100,6 +107,7 @@ def from_message(
             input=tuple(_tensor(t, f"{where} input[{i}]", True) for i, t in enumerate(message.input)),
             output=tuple(_tensor(t, f"{where} output[{i}]", False) for i, t in enumerate(message.output)),
             dynamic_batching=_batching(message, where),
+            sequence_batching=_sequence_batching(message, where),
             instance_group=tuple(_group(g, f"{where} instance_group[{i}]")
                                  for i, g in enumerate(message.instance_group)) or (InstanceGroupConfig(),),
             version_policy=_version_policy(message, where),
@@ -107,6 +115,7 @@ def from_message(
             default_model_filename=message.default_model_filename,
             build=_build(build, backend, message, where),
             parameters={k: v.string_value for k, v in message.parameters.items()},
+            ensemble_scheduling=ensemble,
         )
     except ConfigError as exc:
         if exc.message.startswith("model '"):
@@ -121,8 +130,31 @@ def _located(where: str, make: Any) -> Any:
         raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from None
 
 
+def _ensemble(message: Any, name: str, where: str) -> EnsembleConfig | None:
+    """``ensemble_scheduling`` (only with ``platform: "ensemble"``, and then required), checked as a DAG."""
+    is_ensemble = message.platform == "ensemble"
+    if not message.HasField("ensemble_scheduling"):
+        if is_ensemble:
+            raise ConfigError(f"{where}: platform \"ensemble\" needs ensemble_scheduling {{ step [...] }}")
+        return None
+    if not is_ensemble:
+        raise ConfigError(f"{where}: ensemble_scheduling is set but platform is '{message.platform}'",
+                          hint='set platform: "ensemble"')
+    if message.instance_group or message.backend or message.model_warmup:
+        raise ConfigError(f"{where}: an ensemble cannot have instance_group, backend or model_warmup; "
+                          "its steps' models have their own")
+    if not message.input or not message.output:
+        raise ConfigError(f"{where}: an ensemble declares its inputs and outputs (name, data_type, dims)")
+    steps = tuple(_located(f"{where} ensemble_scheduling.step[{i}]", lambda s=s: EnsembleStep(
+        s.model_name, int(s.model_version) or -1, dict(s.input_map), dict(s.output_map)))
+        for i, s in enumerate(message.ensemble_scheduling.step))
+    config = _located(f"{where}", lambda: EnsembleConfig(steps))
+    config.order(name, [t.name for t in message.input], [t.name for t in message.output])
+    return config
+
+
 def _backend(message: Any, build: Mapping[str, Any] | None, where: str) -> str:
-    names = [n for n in (message.backend, message.platform) if n]
+    names = [n for n in (message.backend, message.platform) if n and n != "ensemble"]
     for n in names:
         if n not in PLATFORMS and not n.startswith("streamrt_"):
             known = ", ".join(sorted(k for k in PLATFORMS if k))
@@ -170,13 +202,141 @@ def _batching(message: Any, where: str) -> BatchingConfig | None:
     ))
 
 
+# --- sequence batching -------------------------------------------------------------------------
+
+_FALSE_TRUE = (("int32_false_true", DType.INT32), ("fp32_false_true", DType.FLOAT32), ("bool_false_true", DType.BOOL))
+
+
+def _sequence_batching(message: Any, where: str) -> SequenceBatchingConfig | None:
+    """``sequence_batching`` as a :class:`SequenceBatchingConfig` (Triton's defaults filled in)."""
+    if not message.HasField("sequence_batching"):
+        return None
+    sb = message.sequence_batching
+    where = f"{where} sequence_batching"
+    controls = []
+    for i, item in enumerate(sb.control_input):
+        if len(item.control) != 1:
+            raise ConfigError(f"{where} control_input[{i}] '{item.name}': needs exactly one control, "
+                              f"got {len(item.control)}")
+        controls.append(_control(item.name, item.control[0], f"{where} control_input[{i}]"))
+    states = [_state(s, f"{where} state[{i}]") for i, s in enumerate(sb.state)]
+    strategy = sb.WhichOneof("strategy_choice") or "direct"
+    direct, oldest = sb.direct, sb.oldest
+    return _located(where, lambda: SequenceBatchingConfig(
+        strategy=strategy,
+        max_sequence_idle_microseconds=sb.max_sequence_idle_microseconds or 1_000_000,
+        max_queue_delay_microseconds=(oldest if strategy == "oldest" else direct).max_queue_delay_microseconds,
+        minimum_slot_utilization=float(direct.minimum_slot_utilization) if strategy == "direct" else 0.0,
+        max_candidate_sequences=oldest.max_candidate_sequences if strategy == "oldest" else 0,
+        preferred_batch_size=tuple(oldest.preferred_batch_size) if strategy == "oldest" else (),
+        preserve_ordering=oldest.preserve_ordering if strategy == "oldest" else False,
+        controls=tuple(controls), states=tuple(states),
+    ))
+
+
+def _control(name: str, control: Any, where: str) -> SequenceControl:
+    from streamrt.serve.proto import messages
+
+    kind = messages.ModelSequenceBatching.Control.Kind.Name(control.kind)
+    if kind == "CONTROL_SEQUENCE_CORRID":
+        if control.data_type == 0:
+            raise ConfigError(f"{where} '{name}': CONTROL_SEQUENCE_CORRID needs a data_type, e.g. TYPE_UINT64")
+        type_name = messages.DataType.values_by_number[control.data_type].name
+        return _located(where, lambda: SequenceControl(name, kind, datatype(type_name, where)))
+    given = [(field, dtype) for field, dtype in _FALSE_TRUE if len(getattr(control, field))]
+    if len(given) != 1:
+        raise ConfigError(f"{where} '{name}': {kind} needs exactly one of int32_false_true, fp32_false_true "
+                          f"or bool_false_true, got {[f for f, _ in given] or 'none'}")
+    field, dtype = given[0]
+    values = tuple(getattr(control, field))
+    return _located(where, lambda: SequenceControl(name, kind, dtype, values))
+
+
+def _state(state: Any, where: str) -> SequenceState:
+    if state.data_type == 0:
+        raise ConfigError(f"{where} '{state.input_name}': needs a data_type, e.g. TYPE_FP32")
+    from streamrt.serve.proto import messages
+
+    type_name = messages.DataType.values_by_number[state.data_type].name
+    dtype = datatype(type_name, where)
+    if len(state.initial_state) > 1:
+        raise ConfigError(f"{where} '{state.input_name}': initial_state must contain one element or none, "
+                          f"got {len(state.initial_state)}")
+    initial = None
+    if state.initial_state:
+        init = state.initial_state[0]
+        if init.WhichOneof("state_data") != "zero_data" or not init.zero_data:
+            raise ConfigError(f"{where} '{state.input_name}': initial_state supports zero_data: true only "
+                              "(data_file is not implemented)")
+        if init.data_type != state.data_type:
+            raise ConfigError(f"{where} '{state.input_name}': initial_state data_type differs from the state's")
+        initial = tuple(int(d) for d in init.dims)
+    return _located(where, lambda: SequenceState(state.input_name, state.output_name, dtype,
+                                                 tuple(int(d) for d in state.dims), initial))
+
+
+def _write_sequence_batching(m: Any, config: SequenceBatchingConfig) -> None:
+    """``config`` into ``m.sequence_batching`` (the config reply)."""
+    from streamrt.serve.proto import messages
+
+    sb = m.sequence_batching
+    sb.SetInParent()
+    sb.max_sequence_idle_microseconds = config.max_sequence_idle_microseconds
+    if config.strategy == "oldest":
+        sb.oldest.max_candidate_sequences = config.max_candidate_sequences
+        sb.oldest.preferred_batch_size.extend(config.preferred_batch_size)
+        sb.oldest.max_queue_delay_microseconds = config.max_queue_delay_microseconds
+        sb.oldest.preserve_ordering = config.preserve_ordering
+    else:
+        sb.direct.max_queue_delay_microseconds = config.max_queue_delay_microseconds
+        sb.direct.minimum_slot_utilization = config.minimum_slot_utilization
+    kinds = messages.ModelSequenceBatching.Control.Kind
+    for c in config.controls:
+        control = sb.control_input.add(name=c.name).control.add(kind=kinds.Value(c.kind))
+        if c.kind == "CONTROL_SEQUENCE_CORRID":
+            control.data_type = _type_number(c.data_type)
+        else:
+            field = next(f for f, d in _FALSE_TRUE if d is c.data_type)
+            getattr(control, field).extend(c.false_true)
+    for s in config.states:
+        state = sb.state.add(input_name=s.input_name, output_name=s.output_name,
+                             data_type=_type_number(s.data_type), dims=s.dims)
+        if s.initial_dims is not None:
+            state.initial_state.add(data_type=_type_number(s.data_type), dims=s.initial_dims, zero_data=True,
+                                    name=f"{s.input_name}_initial")
+
+
 def _group(g: Any, where: str) -> InstanceGroupConfig:
     from streamrt.serve.proto import messages
 
     if g.count < 0:
         raise ConfigError(f"{where}: count must be an integer >= 1, got {g.count}")
     kind = messages.ModelInstanceGroup.Kind.Name(g.kind)
-    return _located(where, lambda: InstanceGroupConfig(count=g.count or 1, kind=kind, gpus=tuple(g.gpus)))
+    limiter = _rate_limiter(g, where)
+    return _located(where, lambda: InstanceGroupConfig(count=g.count or 1, kind=kind, gpus=tuple(g.gpus),
+                                                       rate_limiter=limiter))
+
+
+def _rate_limiter(g: Any, where: str) -> RateLimiterConfig | None:
+    """An instance group's ``rate_limiter`` (None when the group has none)."""
+    if not g.HasField("rate_limiter"):
+        return None
+    rl = g.rate_limiter
+    return _located(f"{where} rate_limiter", lambda: RateLimiterConfig(
+        resources=tuple(RateLimiterResource(r.name, r.count, getattr(r, "global")) for r in rl.resources),
+        priority=rl.priority,
+    ))
+
+
+def _rate_limiter_message(group: Any, config: RateLimiterConfig | None) -> None:
+    """Write an instance group's ``rate_limiter`` back into its message."""
+    if config is None:
+        return
+    group.rate_limiter.SetInParent()
+    group.rate_limiter.priority = config.priority
+    for r in config.resources:
+        item = group.rate_limiter.resources.add(name=r.name, count=r.count)
+        setattr(item, "global", r.is_global)
 
 
 def _version_policy(message: Any, where: str) -> VersionPolicy:
@@ -261,9 +421,18 @@ def to_message(config: ModelConfig, platform: str) -> Any:
         db.default_queue_policy.default_timeout_microseconds = q.default_timeout_microseconds
         db.default_queue_policy.allow_timeout_override = q.allow_timeout_override
         db.default_queue_policy.max_queue_size = q.max_queue_size
-    for i, g in enumerate(config.instance_group):
-        m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
-                             kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
+    if config.sequence_batching is not None:
+        _write_sequence_batching(m, config.sequence_batching)
+    if config.ensemble_scheduling is not None:
+        m.backend = ""
+        for step in config.ensemble_scheduling.steps:
+            item = m.ensemble_scheduling.step.add(model_name=step.model_name, model_version=step.model_version)
+            item.input_map.update(step.input_map)
+            item.output_map.update(step.output_map)
+    for i, g in enumerate(() if config.ensemble_scheduling else config.instance_group):
+        group = m.instance_group.add(name=f"{config.name}_{i}", count=g.count, gpus=g.gpus,
+                                     kind=messages.ModelInstanceGroup.Kind.Value(g.kind))
+        _rate_limiter_message(group, g.rate_limiter)
     for key, value in config.parameters.items():
         m.parameters[key].string_value = value
     types = {t.name: t.data_type for t in config.input}

@@ -30,8 +30,10 @@ from typing import Any
 from streamrt._version import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
 from streamrt.serve.config import ServerConfig
+from streamrt.serve.memory_budget import MemoryBudget
 from streamrt.serve.model import EngineLoader
 from streamrt.serve.protocol import InferRequest, InferResponse
+from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.repository import ModelRepository
 from streamrt.serve.servable import Servable
 from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
@@ -43,7 +45,8 @@ __all__ = ["EXTENSIONS", "ServerCore"]
 log = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
-              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory"]
+              "statistics", "parameters", "system_shared_memory", "cuda_shared_memory", "sequence",
+              "sequence(string_id)"]
 """KServe/Triton extensions this server implements (listed in the server metadata)."""
 
 
@@ -80,7 +83,7 @@ class ServerCore:
         cfg = self.config
         self.repository = ModelRepository(
             self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
-            engine_loader=self.engine_loader,
+            engine_loader=self.engine_loader, **_sharing(cfg),
         )
         if cfg.trace_file is not None:
             self.tracer = Tracer(cfg.trace_file, cfg.trace_rate)
@@ -116,7 +119,8 @@ class ServerCore:
 
     async def _load_startup(self) -> None:
         assert self.repository is not None
-        results = await asyncio.gather(*(self.repository.load(n) for n in self._startup), return_exceptions=True)
+        results = await asyncio.gather(*(self.repository.load(n, reload=False) for n in self._startup),
+                                       return_exceptions=True)
         for name, result in zip(self._startup, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("model '%s' is UNAVAILABLE: %s", name, result)
@@ -242,6 +246,12 @@ class ServerCore:
         assert self.repository is not None
         models = [self.repository.get(name, version)] if name else self.repository.served()
         return {"model_stats": [m.stats.to_kserve(m.name, str(m.version)) for m in models]}
+
+
+def _sharing(cfg: ServerConfig) -> dict[str, Any]:
+    """The rate limiter and GPU memory ledger every model of this server shares."""
+    limiter = RateLimiter(cfg.rate_limit_resources) if cfg.rate_limit == "execution_count" else None
+    return {"rate_limiter": limiter, "memory_budget": MemoryBudget(cfg.gpu_memory_budget_mb)}
 
 
 def _release_gpu_memory() -> None:

@@ -36,6 +36,7 @@ from streamrt.serve.protocol import (
     kserve_dtype,
     numpy_dtype,
     raw_bytes,
+    sequence_flags,
 )
 from streamrt.serve.shared_memory import SharedMemoryRegistry, region_ref
 from streamrt.serve.status import status_for
@@ -170,6 +171,7 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
         priority=priority,
         timeout_us=timeout,
         leases=leases,
+        sequence=sequence_flags(params),
     )
 
 

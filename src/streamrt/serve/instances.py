@@ -15,6 +15,14 @@ Data path of a batch, with as few host copies as the wire allows:
   serialisation is the only further copy. CPU outputs are split as views. Before the split, the
   instance's :class:`~streamrt.serve.integrity.OutputCheck` makes sure every output has the batch's
   rows (and the config's dtype and dims): a batch that fails it fails for every request in it.
+* **Device outputs (opt-in)**: a request whose inputs come as :class:`DeviceOutputs` (an ensemble
+  step whose outputs feed only other steps) gets its outputs from a CUDA instance as
+  :class:`~streamrt.serve.shared_memory.DeviceTensor` copies of the engine's outputs made on the
+  device (the engine's own output buffers, CUDA graphs' static ones, are overwritten by the
+  instance's next batch), with no copy to the host; the instance still waits for its stream, so
+  the tensors are complete when handed on, and the next step's CUDA instance gathers them on the
+  device. CPU instances ignore the mark. Outputs named in ``Instance.device_outputs`` (the
+  sequence batcher's states) stay on the device for every request, copied the same way.
 
 Example:
     >>> group = InstanceGroup.create(engine, config, max_batch_size=8)   # doctest: +SKIP
@@ -27,8 +35,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,8 +46,12 @@ from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
 from streamrt.serve.shared_memory import DeviceTensor
+from streamrt.types import DType
 
-__all__ = ["BatchResult", "Instance", "InstanceGroup"]
+if TYPE_CHECKING:
+    from streamrt.serve.rate_limiter import RateLimiter, Ticket
+
+__all__ = ["BatchResult", "DeviceOutputs", "Instance", "InstanceGroup"]
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +61,21 @@ Inputs = Mapping[str, np.ndarray]
 _MAX_SLOT_KEYS = 8
 
 
+class DeviceOutputs(dict[str, Any]):
+    """A request's inputs, marked: its outputs may stay on the device (see the module docstring)."""
+
+
 @dataclass
 class BatchResult:
-    """Per-request outputs of one batch and how long its phases took (ns)."""
+    """Per-request outputs of one batch and how long its phases took (ns); ``errors`` maps the index
+    of a request that failed on its own (the others of the batch succeeded) to its error."""
 
     outputs: list[dict[str, np.ndarray]]
     rows: int
     input_ns: int
     infer_ns: int
     output_ns: int
+    errors: dict[int, BaseException] = field(default_factory=dict)
 
 
 class Instance:
@@ -88,7 +106,10 @@ class Instance:
         # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it.
         self.worker: Stream = device.host_stream(f"{name}-worker") if device.is_cuda else self.stream
         self._cuda = device.is_cuda
+        self.device_outputs: frozenset[str] = frozenset()
+        """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
+        self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
     def __repr__(self) -> str:
         return f"Instance({self.name!r}, {self.device!r})"
@@ -119,15 +140,17 @@ class Instance:
         rows = [self._rows(r) for r in requests]
         inputs = self._gather(requests, sum(rows))
         t1 = time.perf_counter_ns()
-        outputs = self._execute(inputs)
+        wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
+        outputs = self._execute(inputs, on_device=any(wanted))
         t2 = time.perf_counter_ns()
         if self.check is not None:
             self.check(outputs, sum(rows))
-        if len(requests) == 1:
+        if len(requests) == 1 and wanted[0] == any(wanted):
             split = [outputs]
         else:
             bounds = list(itertools.accumulate(rows, initial=0))
-            split = [{k: v[a:b] for k, v in outputs.items()} for a, b in itertools.pairwise(bounds)]
+            split = [{k: _rows_of(v, a, b, keep or k in self.device_outputs) for k, v in outputs.items()}
+                     for (a, b), keep in zip(itertools.pairwise(bounds), wanted, strict=True)]
         t3 = time.perf_counter_ns()
         return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
 
@@ -139,9 +162,9 @@ class Instance:
     def _rows(self, request: Inputs) -> int:
         return next(iter(request.values())).shape[0] if self.batched else 1
 
-    def _execute(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _execute(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
         try:
-            return self._infer(inputs)
+            return self._infer(inputs, on_device)
         except StreamRTError:
             raise
         except Exception as exc:
@@ -202,7 +225,7 @@ class Instance:
         with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
             return source.to(self.device.torch_device, non_blocking=True)
 
-    def _infer(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _infer(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
         # The model validated every request once (ServedModel.validate); the engine does not again.
         if not self._cuda:
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
@@ -215,6 +238,11 @@ class Instance:
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
                     host[key] = value
+                elif value.is_cuda and (on_device or key in self.device_outputs):
+                    # Cloned (a device-to-device copy): engine outputs are its own buffers (CUDA graphs'
+                    # static outputs), which the instance's next batch overwrites while the next
+                    # ensemble step or sequence step may not have read them yet.
+                    host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
                 elif value.is_cuda:
                     pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                     pinned.copy_(value, non_blocking=True)
@@ -222,7 +250,7 @@ class Instance:
                 else:
                     host[key] = value
         self.stream.record().synchronize()  # the worker thread waits; the event loop does not
-        return {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in host.items()}
+        return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work (up to ``timeout``), stop the worker and release the context."""
@@ -231,6 +259,16 @@ class Instance:
             self.stream.close(timeout=timeout)
         self.context.close()
         self._slots.clear()
+        if self.rate_limit is not None:
+            self.rate_limit.close()
+
+
+def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
+    """Rows ``start:stop`` of a batch output; a device output goes to the host unless ``keep_on_device``."""
+    if not isinstance(value, DeviceTensor):
+        return value[start:stop]
+    part = DeviceTensor(value.tensor[start:stop], value.dtype, (stop - start, *value.shape[1:]))
+    return part if keep_on_device else np.asarray(part)
 
 
 class InstanceGroup:
@@ -242,12 +280,14 @@ class InstanceGroup:
     @classmethod
     def create(
         cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int,
-        check: OutputCheck | None = None,
+        check: OutputCheck | None = None, limiter: RateLimiter | None = None,
     ) -> InstanceGroup:
-        """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``).
+        """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``),
+        each registered with ``limiter`` under its group's ``rate_limiter`` when there is one.
 
         Raises:
-            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), or a GPU other than 0.
+            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), a GPU other than 0, or
+                rate limiter resources the server cannot give.
         """
         instances: list[Instance] = []
         for group in groups:
@@ -265,6 +305,12 @@ class InstanceGroup:
                     Instance(f"{name}_{len(instances)}", engine, device, batched=batched,
                              max_batch_size=max_batch_size, check=check)
                 )
+                if limiter is not None:
+                    try:
+                        instances[-1].rate_limit = limiter.register(instances[-1].name, group.rate_limiter)
+                    except ConfigError as exc:
+                        cls(instances).close()
+                        raise ConfigError(f"model '{name}': {exc.message}", hint=exc.hint) from None
         return cls(instances)
 
     def close(self, timeout: float | None = None) -> None:

@@ -19,6 +19,12 @@ version: ``streamrt_request_duration_us`` (per request, receipt to response, suc
 input + infer + output) and ``streamrt_batch_size`` (rows per execution). Buckets are in
 :mod:`streamrt.serve.stats`. ``streamrt_model_ready`` (1 per served version) lets alerts see a
 version that disappears.
+
+Per ensemble step (labels ``model``, ``version`` of the ensemble, ``step`` its index in the config,
+``step_model`` the model it runs): ``streamrt_ensemble_step_success``,
+``streamrt_ensemble_step_failure`` and the histogram ``streamrt_ensemble_step_duration_us`` (one
+step request, receipt to response, success or failure). The composing models' own series count
+their step requests too, as Triton counts them.
 """
 
 from __future__ import annotations
@@ -155,10 +161,31 @@ def collect(server: ServerCore) -> list[Family]:
         for labels, per_model in histograms:
             samples += _histogram_samples(labels, per_model[key])
         families.append((name, "histogram", text, samples))
+    families += _step_families(served)
     readings = _gpu_readings()
     for i, (name, text) in enumerate(_GPU):
         families.append((name, "gauge", text, [({"gpu_uuid": uuid}, values[i]) for uuid, values in readings]))
     return families
+
+
+def _step_families(served: list[Any]) -> list[Family]:
+    """The per-step series of every ensemble among ``served``."""
+    success: list[Sample] = []
+    failure: list[Sample] = []
+    durations: list[Sample] = []
+    for m in served:
+        for step in m.stats.steps():
+            labels = {"model": m.name, "version": str(m.version), "step": str(step.index), "step_model": step.model}
+            success.append((labels, float(step.success.count)))
+            failure.append((labels, float(step.fail.count)))
+            durations += _histogram_samples(labels, step.duration_us)
+    return [
+        ("streamrt_ensemble_step_success", "counter", "Number of successful requests of an ensemble step", success),
+        ("streamrt_ensemble_step_failure", "counter", "Number of failed requests of an ensemble step", failure),
+        ("streamrt_ensemble_step_duration_us", "histogram",
+         "Duration of one ensemble step request (sent to the step's model to its response) in microseconds",
+         durations),
+    ]
 
 
 def _escape(value: str) -> str:

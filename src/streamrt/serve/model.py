@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from streamrt._features import cuda_available
+from streamrt._oom import LOAD_HINT, as_out_of_memory
 from streamrt.backends.base import Engine
 from streamrt.errors import (
     ConfigError,
@@ -31,6 +34,7 @@ from streamrt.errors import (
     MissingInputError,
     ModelNotFoundError,
     ModelNotReadyError,
+    OutOfMemoryError,
     RequestError,
     ShapeError,
     UnknownInputError,
@@ -39,11 +43,15 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import InstanceGroup
+from streamrt.serve.instances import DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
+from streamrt.serve.memory_budget import MemoryBudget, model_limit, release_device_memory
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
+from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.scheduler import ModelScheduler
+from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
 from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -150,8 +158,14 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
         if size > mbs:
             raise ConfigError(f"model '{config.name}': preferred_batch_size {size} exceeds max_batch_size {mbs}")
 
-    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:
-        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items]
+    sequence = config.sequence_batching
+    hidden = set(sequence.hidden_inputs + sequence.hidden_outputs) if sequence else set()
+    if sequence is not None:
+        check_sequence_io(config.replace(max_batch_size=mbs), engine.inputs, engine.outputs)
+
+    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:  # the batcher's controls and states left out
+        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items
+                if s.name not in hidden]
 
     inputs = _tensors_from_engine(config.input, derived(engine.inputs), "input", config.name)
     outputs = _tensors_from_engine(config.output, derived(engine.outputs), "output", config.name)
@@ -176,7 +190,9 @@ class ServedModel:
         self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
         self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
         self.labels: dict[str, list[str]] = {}
-        self._scheduler: ModelScheduler | None = None
+        self._scheduler: ModelScheduler | SequenceScheduler | None = None
+        self._limiter: RateLimiter | None = None
+        self._budget: tuple[MemoryBudget, str] | None = None
 
     @property
     def name(self) -> str:
@@ -184,16 +200,58 @@ class ServedModel:
 
     @classmethod
     def load(
-        cls, model_dir: Path, version: int, config: ModelConfig, loader: EngineLoader | None = None
+        cls, model_dir: Path, version: int, config: ModelConfig, loader: EngineLoader | None = None, *,
+        limiter: RateLimiter | None = None, budget: MemoryBudget | None = None,
     ) -> ServedModel:
         """Load engine, resolve config, create and warm up instances (blocking; call from a thread).
 
         ``loader`` replaces :func:`load_engine` (tests inject engines that fail or stall on purpose).
+        ``limiter`` registers the instances with the server's rate limiter; ``budget`` is the
+        server's GPU memory ledger (:mod:`streamrt.serve.memory_budget`; default: free memory only).
+
+        Raises:
+            ConfigError: the model does not fit its memory budget or the free GPU memory.
+            OutOfMemoryError: memory ran out while loading or warming up (what it took is released).
         """
+        budget = budget or MemoryBudget()
+        key = f"{config.name}:{version}"
+        need, device = _load_estimate(model_dir, version, config)
+        limit = model_limit(config.parameters, config.name)
+        budget.admit(key, need, device=device, model_limit=limit, basis="its model file")
         started = time.perf_counter()
+        try:
+            with budget.measuring(device) as measure:
+                served = cls._load(model_dir, version, config, loader, limiter)
+        except Exception as exc:
+            oom = as_out_of_memory(exc, f"loading model {key}", LOAD_HINT)
+            if oom is None:
+                raise
+            traceback.clear_frames(exc.__traceback__)  # the failed load's locals (tensors, engine) go now
+            release_device_memory()
+            free = budget.describe_free()
+            raise OutOfMemoryError(f"loading model {key}" + (f" ({free} after releasing it)" if free else ""),
+                                   memory=oom.memory, requested=oom.requested, hint=LOAD_HINT) from exc
+        if served.engine.device_kind == "cuda" and measure.taken is not None:
+            try:
+                taken = max(measure.taken, need)
+                budget.admit(key, taken, device="cuda", model_limit=limit, basis="measured while loading")
+                budget.account(key, taken)
+            except ConfigError:
+                served.release()
+                release_device_memory()
+                raise
+        served._budget = (budget, key)
+        served.load_seconds = time.perf_counter() - started
+        return served
+
+    @classmethod
+    def _load(
+        cls, model_dir: Path, version: int, config: ModelConfig, loader: EngineLoader | None,
+        limiter: RateLimiter | None,
+    ) -> ServedModel:
         engine = (loader or load_engine)(model_dir, version, config)
         try:
-            served = cls._create(version, resolve_config(config, engine), engine)
+            served = cls._create(version, resolve_config(config, engine), engine, limiter)
         except BaseException:
             engine.close()
             raise
@@ -204,18 +262,27 @@ class ServedModel:
         except BaseException:
             served.release()
             raise
-        served.load_seconds = time.perf_counter() - started
         return served
 
     @classmethod
-    def _create(cls, version: int, resolved: ModelConfig, engine: Engine) -> ServedModel:
+    def _create(
+        cls, version: int, resolved: ModelConfig, engine: Engine, limiter: RateLimiter | None = None
+    ) -> ServedModel:
         batched = bool(resolved.max_batch_size)
+        if limiter is not None and resolved.sequence_batching is not None:
+            # The sequence batcher runs its slots without the rate limiter's grants (not implemented
+            # there): its instances stay out of the limiter rather than pretend to take part.
+            if any(g.rate_limiter for g in resolved.instance_group):
+                log.warning("model '%s': rate_limiter is ignored for sequence_batching models", resolved.name)
+            limiter = None
         instances = InstanceGroup.create(
             f"{resolved.name}_{version}", engine, resolved.instance_group,
             batched=batched, max_batch_size=resolved.max_batch_size or 1,
-            check=OutputCheck(resolved.name, resolved.output, batched=batched),
+            check=OutputCheck(resolved.name, resolved.output, batched=batched), limiter=limiter,
         )
-        return cls(version, resolved, engine, instances)
+        served = cls(version, resolved, engine, instances)
+        served._limiter = limiter
+        return served
 
     def _probe_batch_outputs(self, given: ModelConfig) -> ServedModel:
         """Run batches of 1 and max_batch_size rows; refuse the model (ConfigError) if an output's first
@@ -229,7 +296,8 @@ class ServedModel:
             return None if inputs is None else self.instances.instances[0].execute([self.to_engine(inputs)])
 
         mbs = self.config.max_batch_size or 1
-        offenders = probe_batch_outputs(run, self._outputs, probe_sizes(mbs))
+        states = list(self.config.sequence_batching.hidden_outputs) if self.config.sequence_batching else []
+        offenders = probe_batch_outputs(run, self._outputs + states, probe_sizes(mbs))
         if not offenders:
             return self
         hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
@@ -246,12 +314,19 @@ class ServedModel:
         log.warning("%s", message)
         self.instances.close(timeout=5.0)
         self.instances = InstanceGroup([])  # a failure below releases the engine, not these twice
-        return self._create(self.version, unbatched, self.engine)
+        return self._create(self.version, unbatched, self.engine, self._limiter)
 
     def release(self) -> None:
         """Close instances and engine (after the scheduler stopped, or when loading failed)."""
         self.instances.close(timeout=5.0)
         self.engine.close()
+        self._forget_memory()
+
+    def _forget_memory(self) -> None:
+        if self._budget is not None:
+            budget, key = self._budget
+            budget.forget(key)
+            self._budget = None
 
     # --- warm-up ------------------------------------------------------------------------------
 
@@ -283,7 +358,7 @@ class ServedModel:
         for spec in specs:
             if spec.name in zeros:
                 arrays[spec.name] = np.zeros(spec.shape, spec.dtype.numpy)
-        return arrays
+        return {**arrays, **sequence_warmup_inputs(self.config, warmup.batch_size)}
 
     def warm_up(self) -> None:
         """Run the warm-up requests on every instance (Triton: not READY before this succeeds)."""
@@ -293,7 +368,7 @@ class ServedModel:
             if inputs is None:
                 log.info("model '%s': skipping warm-up '%s' (dynamic dims without a profile)", self.name, warmup.name)
                 continue
-            self.validate(inputs)
+            self.validate({k: v for k, v in inputs.items() if k in self._inputs})
             inputs = self.to_engine(inputs)
             for instance in self.instances.instances:
                 for _ in range(warmup.count):
@@ -303,7 +378,12 @@ class ServedModel:
     # --- serving ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Put the scheduler in front of the instances (call on the event loop)."""
+        """Put the scheduler in front of the instances (call on the event loop): the sequence
+        batcher when the config has ``sequence_batching``, else the dynamic batcher."""
+        if self.config.sequence_batching is not None:
+            self._scheduler = SequenceScheduler(f"{self.name}:{self.version}", self.instances, self.config,
+                                                self.stats)
+            return
         self._scheduler = ModelScheduler(
             f"{self.name}:{self.version}", self.instances,
             max_batch_size=self.config.max_batch_size or 1,
@@ -367,7 +447,7 @@ class ServedModel:
         """Inputs in the engine's shapes (Triton's ``reshape``); ``inputs`` itself when none is set."""
         if not self._reshaped_in:
             return inputs
-        return {n: a.reshape(self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
+        return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
     def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -392,10 +472,21 @@ class ServedModel:
                 raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows = self.validate(request.inputs)
-        outputs = await self._scheduler.submit(
-            self.to_engine(request.inputs), rows=rows, key=self.batching_key(request.inputs),
-            priority=request.priority, timeout_us=request.timeout_us, trace=trace,
-        )
+        if isinstance(self._scheduler, SequenceScheduler):
+            outputs = await self._submit_sequence(self._scheduler, request, rows, trace)
+        else:
+            if request.sequence is not None:
+                raise RequestError(
+                    f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
+                    f"the request names sequence {request.sequence.id}",
+                    hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
+            inputs = self.to_engine(request.inputs)
+            if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+                inputs = DeviceOutputs(inputs)
+            outputs = await self._scheduler.submit(
+                inputs, rows=rows, key=self.batching_key(request.inputs),
+                priority=request.priority, timeout_us=request.timeout_us, trace=trace,
+            )
         result = {}
         for out in request.outputs or self._all_outputs:
             array = self._from_engine(out.name, outputs[out.name])
@@ -404,11 +495,27 @@ class ServedModel:
             result[out.name] = array
         return InferResponse(self.name, str(self.version), request.id, result)
 
+    async def _submit_sequence(
+        self, scheduler: SequenceScheduler, request: InferRequest, rows: int, trace: RequestTrace | None
+    ) -> dict[str, np.ndarray]:
+        """Triton's checks for a stateful model's request, then the sequence batcher."""
+        if request.sequence is None:
+            raise RequestError(f"inference request to model '{self.name}' must specify a non-zero or non-empty "
+                               "correlation ID (it has sequence_batching)",
+                               hint="send the request parameter sequence_id (and sequence_start on the first one)")
+        if rows != 1:
+            raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                               f"requirements of sequence batcher, got {rows}",
+                               hint="send one row per request; the batcher batches the sequences")
+        return await scheduler.submit(self.to_engine(request.inputs), flags=request.sequence,
+                                      key=self.batching_key(request.inputs), trace=trace)
+
     async def stop(self, timeout: float) -> None:
         """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
         if self._scheduler is not None:
             await self._scheduler.close(timeout)
         self.engine.close()
+        self._forget_memory()
 
     # --- descriptions -------------------------------------------------------------------------
 
@@ -429,8 +536,43 @@ class ServedModel:
         return to_message(self.config, self.platform)
 
 
+def _model_file(model_dir: Path, version: int, config: ModelConfig) -> Path | None:
+    folder = model_dir / str(version)
+    names = [config.default_model_filename] if config.default_model_filename else ["model.plan", "model.onnx"]
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
+def _load_estimate(model_dir: Path, version: int, config: ModelConfig) -> tuple[int, str]:
+    """``(bytes, device kind)`` a load needs at least, before loading: the model file's size and the
+    device its plan (or the build settings of an ONNX model) targets."""
+    path = _model_file(model_dir, version, config)
+    if path is None:
+        return 0, "cpu"  # nothing to estimate (an injected loader, or the load will say what is missing)
+    device = "cuda" if cuda_available() else "cpu"  # when the file does not say: measure if there is a GPU
+    try:
+        if path.suffix == ".onnx":
+            from streamrt.backends import get_backend
+
+            device = str(get_backend(config.build.backend).target_device(config.build).get("kind", "cpu"))
+        else:
+            from streamrt.plan import read_manifest
+
+            device = str(read_manifest(path).device.get("kind", "cpu"))
+    except Exception:  # the load itself reports an unusable file; the measurement after it still applies
+        log.debug("model '%s': no device known before loading %s", config.name, path, exc_info=True)
+    return path.stat().st_size, device
+
+
+def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:
+    """``array`` in ``shape``: a NumPy view, or a view of a device tensor (an ensemble step's input)."""
+    if isinstance(array, DeviceTensor):
+        return DeviceTensor(array.tensor.reshape(shape), array.dtype, shape)
+    return array.reshape(shape)
+
+
 def load_served_model(context: LoadContext) -> Servable:
     """The engine kind's loader (:data:`streamrt.serve.servable.KINDS`); mypy checks here that
     :class:`ServedModel` keeps the :class:`~streamrt.serve.servable.Servable` contract."""
-    served: Servable = ServedModel.load(context.model_dir, context.version, context.config, context.engine_loader)
+    served: Servable = ServedModel.load(context.model_dir, context.version, context.config, context.engine_loader,
+                                        limiter=context.rate_limiter, budget=context.memory_budget)
     return served

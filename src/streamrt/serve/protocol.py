@@ -32,6 +32,7 @@ __all__ = [
     "InferRequest",
     "InferResponse",
     "RequestedOutput",
+    "SequenceFlags",
     "decode_http_request",
     "deserialize_bytes",
     "encode_http_response",
@@ -39,6 +40,7 @@ __all__ = [
     "kserve_dtype",
     "numpy_dtype",
     "raw_bytes",
+    "sequence_flags",
     "serialize_bytes",
     "tensor_from_bytes",
 ]
@@ -58,6 +60,48 @@ class RequestedOutput:
     region: RegionRef | None = None
 
 
+@dataclass(frozen=True)
+class SequenceFlags:
+    """The sequence extension's request parameters: which sequence a request belongs to
+    (``sequence_id``, uint64 or string) and whether it starts or ends it."""
+
+    id: int | str
+    start: bool = False
+    end: bool = False
+
+
+_MAX_STRING_ID = 128  # bytes, Triton's STRING_CORRELATION_ID_MAX_LENGTH_BYTES
+
+
+def sequence_flags(params: dict[str, Any], where: str = "request") -> SequenceFlags | None:
+    """The request's :class:`SequenceFlags` from its parameters; None when it names no sequence
+    (no ``sequence_id``, or 0 / ``""``, which the extension reads as "not in a sequence").
+
+    Raises:
+        RequestError: an id that is not a uint64 or a string of at most 128 bytes, flags that are
+            not booleans, or START/END without an id.
+    """
+    value = params.get("sequence_id", 0)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise RequestError(f"{where}: parameter 'sequence_id' must be an unsigned integer or a string, got {value!r}")
+    if isinstance(value, int) and not 0 <= value < 2**64:
+        raise RequestError(f"{where}: parameter 'sequence_id' must be in 0..2**64-1, got {value}")
+    if isinstance(value, str) and len(value.encode()) > _MAX_STRING_ID:
+        raise RequestError(f"{where}: parameter 'sequence_id' has {len(value.encode())} bytes; "
+                           f"string ids may have at most {_MAX_STRING_ID}")
+    flags = {}
+    for key in ("sequence_start", "sequence_end"):
+        flag = params.get(key, False)
+        if not isinstance(flag, bool):
+            raise RequestError(f"{where}: parameter '{key}' must be a boolean, got {flag!r}")
+        flags[key] = flag
+    if value in (0, ""):
+        if flags["sequence_start"] or flags["sequence_end"]:
+            raise RequestError(f"{where}: sequence_start and sequence_end need a non-zero or non-empty sequence_id")
+        return None
+    return SequenceFlags(value, flags["sequence_start"], flags["sequence_end"])
+
+
 @dataclass(eq=False)
 class InferRequest:
     """One inference request, protocol-independent.
@@ -72,6 +116,10 @@ class InferRequest:
         timeout_us: queue timeout asked by the client (0: the model's default).
         received_ns: ``time.perf_counter_ns()`` when the front end received it.
         leases: shared-memory regions this request reads or writes (released once it is answered).
+        outputs_on_device: return outputs a CUDA instance computed as device tensors
+            (:class:`~streamrt.serve.shared_memory.DeviceTensor`) instead of host arrays; set by
+            ensembles for steps that feed only other steps, never by the front ends.
+        sequence: the sequence it belongs to (the sequence extension); None: not in a sequence.
     """
 
     model: str
@@ -84,6 +132,8 @@ class InferRequest:
     timeout_us: int = 0
     received_ns: int = field(default_factory=time.perf_counter_ns)
     leases: list[Any] = field(default_factory=list)
+    outputs_on_device: bool = False
+    sequence: SequenceFlags | None = None
 
 
 @dataclass(eq=False)
@@ -379,6 +429,7 @@ def _decode_http(
         priority=_int_param(params, "priority", "request"),
         timeout_us=_int_param(params, "timeout", "request"),
         leases=leases,
+        sequence=sequence_flags(params),
     )
 
 

@@ -31,8 +31,10 @@ from typing import Any
 from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.config_message import from_mapping, read_config_file
+from streamrt.serve.memory_budget import MemoryBudget
 from streamrt.serve.model import EngineLoader
 from streamrt.serve.model_files import remove_model_files, write_model_files
+from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.servable import LoadContext, Servable, load_servable
 
 __all__ = ["ModelEntry", "ModelRepository", "ModelState"]
@@ -74,6 +76,8 @@ class ModelRepository:
         load_threads: models that may load at the same time.
         drain_timeout_s: how long an unload waits for the model's in-flight requests.
         engine_loader: replaces :func:`streamrt.serve.model.load_engine`.
+        rate_limiter: the server's rate limiter (None: ``--rate-limit off``).
+        memory_budget: the server's GPU memory ledger (None: each load checks free memory only).
     """
 
     def __init__(
@@ -83,6 +87,8 @@ class ModelRepository:
         load_threads: int = 2,
         drain_timeout_s: float = 30.0,
         engine_loader: EngineLoader | None = None,
+        rate_limiter: RateLimiter | None = None,
+        memory_budget: MemoryBudget | None = None,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -90,6 +96,8 @@ class ModelRepository:
         self.drain_timeout_s = drain_timeout_s
         self._entries: dict[str, ModelEntry] = {}
         self._loader = engine_loader
+        self.rate_limiter = rate_limiter
+        self.memory_budget = memory_budget
         self._executor = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="streamrt-load")
 
     # --- discovery ----------------------------------------------------------------------------
@@ -122,9 +130,13 @@ class ModelRepository:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def load(
-        self, name: str, config: Mapping[str, Any] | None = None, files: Mapping[str, bytes] | None = None
+        self, name: str, config: Mapping[str, Any] | None = None, files: Mapping[str, bytes] | None = None,
+        *, reload: bool = True,
     ) -> None:
         """Load (or reload) every version the policy selects; READY once all are warm.
+
+        ``reload=False`` leaves a model that is READY by the time this load's turn comes as it is
+        (start-up loads, and an ensemble's loads of its step models, which may meet).
 
         ``files`` (``{"file:1/model.onnx": data}``) replace the model directory for this load
         (see :mod:`.model_files`); they need ``config``.
@@ -140,6 +152,8 @@ class ModelRepository:
                                hint="pass config=... with files=... to load_model")
         entry = self._entry(name, new=bool(files))
         async with entry.lock:
+            if not reload and entry.state is ModelState.READY:
+                return  # loaded by another load while this one waited (an ensemble's, at start-up)
             reload = entry.state is ModelState.READY
             if not reload:
                 entry.state, entry.reason = ModelState.LOADING, ""
@@ -170,6 +184,8 @@ class ModelRepository:
         self, name: str, override: Mapping[str, Any] | None, files: Path | None = None
     ) -> dict[int, Servable]:
         config = self.read_config(name, override, files)
+        if config.ensemble_scheduling is not None:
+            await self._load_steps(name, [s.model_name for s in config.ensemble_scheduling.steps])
         folder = files or self.root / name
         versions = config.version_policy.select(_versions(folder))
         if not versions:
@@ -179,7 +195,8 @@ class ModelRepository:
             )
         loop = asyncio.get_running_loop()
         jobs = [loop.run_in_executor(self._executor, load_servable,
-                                     LoadContext(folder, v, config, self._loader, self.get)) for v in versions]
+                                     LoadContext(folder, v, config, self._loader, self.get,
+                                                 self.rate_limiter, self.memory_budget)) for v in versions]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         loaded = {s.version: s for s in results if not isinstance(s, BaseException)}
@@ -188,6 +205,45 @@ class ModelRepository:
                 await loop.run_in_executor(self._executor, served.release)
             raise errors[0]
         return loaded
+
+    async def _load_steps(self, ensemble: str, models: list[str]) -> None:
+        """Triton's rule: an ensemble's load first loads the models its steps name (those not READY,
+        concurrently); unloading the ensemble later leaves them loaded.
+
+        Raises:
+            ConfigError: a step model is not in the repository, fails to load, or contains the ensemble.
+        """
+        for model in dict.fromkeys(models):
+            if model not in self._entries and not (self.root / model).is_dir():
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' is not in the repository {self.root}",
+                                  hint=f"add {self.root / model}/1/ or fix the step's model_name")
+            path = self._path_to(model, ensemble, (ensemble,))
+            if path:  # else two ensembles' loads would each wait for the other's lock
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' contains the ensemble again "
+                                  f"({' -> '.join((ensemble, *path))})")
+        results = await asyncio.gather(*(self.load(m, reload=False) for m in dict.fromkeys(models)),
+                                       return_exceptions=True)
+        for model, result in zip(dict.fromkeys(models), results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, StreamRTError):
+                    raise result
+                raise ConfigError(f"ensemble '{ensemble}': step model '{model}' failed to load: {result}") from None
+
+    def _path_to(self, model: str, target: str, seen: tuple[str, ...]) -> tuple[str, ...]:
+        """The chain of ensemble steps from ``model`` to ``target`` (empty: none), read from the configs."""
+        if model == target:
+            return (model,)
+        if model in seen:
+            return ()
+        try:
+            config = self.read_config(model)
+        except StreamRTError:
+            return ()  # its own load reports a bad config
+        for step in config.ensemble_scheduling.steps if config.ensemble_scheduling else ():
+            path = self._path_to(step.model_name, target, (*seen, model))
+            if path:
+                return (model, *path)
+        return ()
 
     async def unload(self, name: str) -> None:
         """Stop accepting requests for ``name``, drain in-flight ones, release it (UNAVAILABLE)."""

@@ -7,6 +7,10 @@ the loop with one ``call_soon_threadsafe`` per batch. The loop sleeps until the 
 can change a decision: an arrival, a completion, the batching delay running out, or the earliest
 queued request's timeout, so timeouts fire on time even while every instance is busy.
 
+With the server's rate limiter on (:mod:`streamrt.serve.rate_limiter`), a cut batch waits for its
+instance's grant before it runs (that wait counts as queue time), and the instance returns its
+resources when the batch's completion reaches the loop (waiting again at once when its next batch is ready).
+
 Every queued request gets exactly one outcome: its outputs, the batch's error, a timeout, or a
 shutdown error; a request whose client went away is dropped from the queue unanswered.
 """
@@ -18,15 +22,17 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from streamrt.errors import ModelNotReadyError, RequestTimeoutError, ServerShuttingDownError
 from streamrt.serve.batcher import BatchQueue, Pending
 from streamrt.serve.config import BatchingConfig
-from streamrt.serve.instances import BatchResult, Instance, InstanceGroup
+from streamrt.serve.instances import BatchResult
+from streamrt.serve.rate_limiter import Ticket
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 
@@ -35,6 +41,25 @@ __all__ = ["ModelScheduler"]
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
+
+
+class Executor(Protocol):
+    """What runs a batch: an engine :class:`~streamrt.serve.instances.Instance`, or a Python model's."""
+
+    name: str
+    rate_limit: Ticket | None  # its place in the server's rate limiter (None: not limited)
+
+    def submit(self, requests: Sequence[Mapping[str, np.ndarray]],
+               done: Callable[[BatchResult | BaseException], None]) -> None: ...
+
+
+class Executors(Protocol):
+    """A model version's executors (:class:`~streamrt.serve.instances.InstanceGroup` or a Python model's)."""
+
+    @property
+    def instances(self) -> Sequence[Executor]: ...
+
+    def close(self, timeout: float | None = None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -59,7 +84,7 @@ class ModelScheduler:
     def __init__(
         self,
         name: str,
-        instances: InstanceGroup,
+        instances: Executors,
         *,
         max_batch_size: int,
         batching: BatchingConfig | None,
@@ -69,10 +94,11 @@ class ModelScheduler:
         self.stats = stats
         self._instances = instances
         self._queue = BatchQueue(max_batch_size, batching, is_dead=lambda p: p.payload.future.done())
-        self._idle: deque[Instance] = deque(instances.instances)
+        self._idle: deque[Executor] = deque(instances.instances)
         self._running = 0
         self._active: dict[int, list[Pending]] = {}
         self._closing = False
+        self._stopped = False
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -138,14 +164,58 @@ class ModelScheduler:
             if handle is not None:
                 handle.cancel()
 
-    def _dispatch(self, instance: Instance, batch: list[Pending]) -> None:
+    def _dispatch(self, instance: Executor, batch: list[Pending]) -> None:
+        self._running += 1
+        self._active[id(batch)] = batch
+        if instance.rate_limit is None:
+            self._launch(instance, batch)
+        else:
+            self._stage(instance, batch)
+
+    def _stage(self, instance: Executor, batch: list[Pending]) -> None:
+        """Run ``batch`` once the rate limiter grants ``instance`` (the grant may come from another thread)."""
+        assert instance.rate_limit is not None
+        instance.rate_limit.stage(self._on_grant(instance, batch))
+
+    def _on_grant(self, instance: Executor, batch: list[Pending]) -> Callable[[], None]:
+        ticket = instance.rate_limit
+        assert ticket is not None
+
+        def granted() -> None:
+            try:
+                self._loop.call_soon_threadsafe(self._launch, instance, batch)
+            except RuntimeError:  # the loop is closed: nothing will run, give the resources back
+                ticket.release()
+
+        return granted
+
+    def _release(self, instance: Executor) -> None:
+        """Return a finished instance's resources; when its next batch is ready, it waits for the next
+        grant in the same step (so it competes by priority, as in Triton), else it goes idle."""
+        ticket = instance.rate_limit
+        assert ticket is not None
+        batch = None
+        if len(self._queue):
+            batch, _ = self._queue.next_batch(time.monotonic())
+        if batch is None:
+            ticket.release()
+            self._idle.append(instance)
+            return
+        self._running += 1
+        self._active[id(batch)] = batch
+        ticket.release(then=self._on_grant(instance, batch))
+
+    def _launch(self, instance: Executor, batch: list[Pending]) -> None:
+        ticket = instance.rate_limit
+        if self._stopped:  # granted after close gave up on this batch and closed the instances
+            if ticket is not None:
+                ticket.release()
+            return
         start = time.perf_counter_ns()
         for item in batch:
             self.stats.record_queue(start - item.payload.enqueued_ns)
             if item.payload.trace is not None:
                 item.payload.trace.mark("COMPUTE_START", start)
-        self._running += 1
-        self._active[id(batch)] = batch
 
         def done(result: BatchResult | BaseException) -> None:
             try:
@@ -155,10 +225,13 @@ class ModelScheduler:
 
         instance.submit([item.payload.inputs for item in batch], done)
 
-    def _complete(self, instance: Instance, batch: list[Pending], result: BatchResult | BaseException) -> None:
+    def _complete(self, instance: Executor, batch: list[Pending], result: BatchResult | BaseException) -> None:
         self._running -= 1
         self._active.pop(id(batch), None)
-        self._idle.append(instance)
+        if instance.rate_limit is not None and not self._stopped:
+            self._release(instance)
+        else:
+            self._idle.append(instance)
         self._wakeup.set()
         if isinstance(result, BaseException):
             log.warning("model '%s': a batch of %d requests failed on %s: %s", self.name, len(batch),
@@ -168,8 +241,11 @@ class ModelScheduler:
             return
         self.stats.record_batch(result.rows, len(batch), result.input_ns, result.infer_ns, result.output_ns)
         self._trace_compute(batch, result)
-        for item, outputs in zip(batch, result.outputs, strict=True):
-            if not item.payload.future.done():
+        for index, (item, outputs) in enumerate(zip(batch, result.outputs, strict=True)):
+            error = result.errors.get(index) if result.errors else None
+            if error is not None:
+                self._fail(item, error)  # this request alone failed (a Python model's response error)
+            elif not item.payload.future.done():
                 item.payload.future.set_result(outputs)
 
     @staticmethod
@@ -212,4 +288,5 @@ class ModelScheduler:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self._stopped = True
         await asyncio.get_running_loop().run_in_executor(None, self._instances.close, max(timeout, 1.0))

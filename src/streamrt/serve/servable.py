@@ -28,7 +28,9 @@ from streamrt.serve.config import ModelConfig
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine
+    from streamrt.serve.memory_budget import MemoryBudget
     from streamrt.serve.protocol import InferRequest, InferResponse
+    from streamrt.serve.rate_limiter import RateLimiter
     from streamrt.serve.stats import ModelStats
     from streamrt.serve.tracing import RequestTrace
 
@@ -88,6 +90,8 @@ class LoadContext:
         engine_loader: replaces how engine models load their engine (tests).
         lookup: ``lookup(name, version)`` returns the served version of another model (for
             ensembles; raises as :meth:`ModelRepository.get` does).
+        rate_limiter: the server's rate limiter, when ``--rate-limit`` is on (instances register with it).
+        memory_budget: the server's GPU memory ledger (None: free memory only).
     """
 
     model_dir: Path
@@ -95,6 +99,8 @@ class LoadContext:
     config: ModelConfig
     engine_loader: EngineLoader | None = None
     lookup: Callable[[str, str], Servable] | None = None
+    rate_limiter: RateLimiter | None = None
+    memory_budget: MemoryBudget | None = None
 
 
 KINDS = {

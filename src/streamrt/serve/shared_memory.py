@@ -94,8 +94,10 @@ class DeviceTensor:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        import torch
+
         host = np.empty(self.shape, self.dtype)
-        _torch_view(host).copy_(self.tensor.view(-1))
+        _torch_view(host).copy_(self.tensor.contiguous().reshape(-1).view(torch.uint8))  # bytes to bytes
         return host if dtype is None else host.astype(dtype)
 
 

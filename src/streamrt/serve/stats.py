@@ -9,6 +9,10 @@ Semantics (Triton's ``extension_statistics.md`` and ``metrics.md``):
 * ``inference_count``: rows inferred (a batch of 8 counts 8); ``execution_count``: batches run.
 * ``failures``: failed requests by reason (REJECTED, CANCELED, BACKEND, OTHER).
 
+An ensemble's statistics (Triton's) add up its steps: its ``queue`` and ``compute_*`` are the
+sums of its step requests' times and each request counts as one execution; ``steps`` keeps
+per-step request counts and a duration histogram (step index and model, for ``/metrics``).
+
 Histograms for ``/metrics`` (cumulative buckets, Prometheus' convention): request duration
 (per request, success or failure), queue duration (per request), compute duration (per execution:
 input + infer + output) and batch size (rows per execution).
@@ -31,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BATCH_BUCKETS", "DURATION_BUCKETS_US", "Duration", "Histogram", "ModelStats"]
+__all__ = ["BATCH_BUCKETS", "DURATION_BUCKETS_US", "Duration", "Histogram", "ModelStats", "StepStats"]
 
 DURATION_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
                        500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000)
@@ -79,6 +83,17 @@ class Histogram:
         return out
 
 
+@dataclass
+class StepStats:
+    """One ensemble step's requests: successes, failures, and their durations (us)."""
+
+    index: int
+    model: str
+    success: Duration
+    fail: Duration
+    duration_us: Histogram
+
+
 class ModelStats:
     """Cumulative statistics of one model version (thread-safe)."""
 
@@ -99,6 +114,22 @@ class ModelStats:
         self.queue_us = Histogram(DURATION_BUCKETS_US)
         self.compute_us = Histogram(DURATION_BUCKETS_US)
         self.batch_size = Histogram(BATCH_BUCKETS)
+        self._steps: dict[int, StepStats] = {}
+
+    def record_step(self, index: int, model: str, ns: int, ok: bool) -> None:
+        """One request of ensemble step ``index`` (running ``model``) took ``ns``."""
+        with self._lock:
+            step = self._steps.get(index)
+            if step is None:
+                step = self._steps[index] = StepStats(index, model, Duration(), Duration(),
+                                                      Histogram(DURATION_BUCKETS_US))
+            (step.success if ok else step.fail).add(ns)
+            step.duration_us.observe(ns / 1000)
+
+    def steps(self) -> list[StepStats]:
+        """Copies of the per-step statistics (empty for models that are not ensembles)."""
+        with self._lock:
+            return [copy.deepcopy(s) for _, s in sorted(self._steps.items())]
 
     def histograms(self) -> dict[str, Histogram]:
         """Copies of the four histograms (request, queue, compute, batch_size), taken under the lock."""

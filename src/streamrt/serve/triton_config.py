@@ -18,8 +18,8 @@ with dynamic dims).
 
 Example:
     >>> msg = parse_text('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]')
-    >>> list(msg.input[0].dims), unsupported_fields(parse_text("sequence_batching { }"))[0][0]
-    ([3], 'sequence_batching')
+    >>> list(msg.input[0].dims), unsupported_fields(parse_text("response_cache { enable: true }"))[0][0]
+    ([3], 'response_cache.enable')
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ PLATFORMS = {
     "": "onnxruntime", "onnxruntime": "onnxruntime", "onnxruntime_onnx": "onnxruntime",
     "tensorrt": "tensorrt", "tensorrt_plan": "tensorrt",
     "pytorch": "torch_inductor", "pytorch_libtorch": "torch_inductor", "torch_inductor": "torch_inductor",
+    "python": "python",  # a model.py served by streamrt.serve.python_backend, not an engine
 }
 
 # Field paths StreamRT implements ("[]" marks a repeated field, "{}" a map value).
@@ -62,10 +63,28 @@ HONOURED = frozenset({
     "dynamic_batching.default_queue_policy.allow_timeout_override",
     "dynamic_batching.default_queue_policy.max_queue_size",
     "instance_group[].name", "instance_group[].kind", "instance_group[].count", "instance_group[].gpus",
+    "instance_group[].rate_limiter.resources[].name", "instance_group[].rate_limiter.resources[].global",
+    "instance_group[].rate_limiter.resources[].count", "instance_group[].rate_limiter.priority",
     "parameters{}.string_value",
     "model_warmup[].name", "model_warmup[].batch_size", "model_warmup[].count",
     "model_warmup[].inputs{}.data_type", "model_warmup[].inputs{}.dims",
     "model_warmup[].inputs{}.zero_data", "model_warmup[].inputs{}.random_data",
+    "ensemble_scheduling.step[].model_name", "ensemble_scheduling.step[].model_version",
+    "ensemble_scheduling.step[].input_map{}", "ensemble_scheduling.step[].output_map{}",
+}) | frozenset({  # the sequence batcher (streamrt.serve.sequence)
+    "sequence_batching.max_sequence_idle_microseconds",
+    "sequence_batching.direct.max_queue_delay_microseconds", "sequence_batching.direct.minimum_slot_utilization",
+    "sequence_batching.oldest.max_candidate_sequences", "sequence_batching.oldest.preferred_batch_size",
+    "sequence_batching.oldest.max_queue_delay_microseconds", "sequence_batching.oldest.preserve_ordering",
+    "sequence_batching.control_input[].name", "sequence_batching.control_input[].control[].kind",
+    "sequence_batching.control_input[].control[].int32_false_true",
+    "sequence_batching.control_input[].control[].fp32_false_true",
+    "sequence_batching.control_input[].control[].bool_false_true",
+    "sequence_batching.control_input[].control[].data_type",
+    "sequence_batching.state[].input_name", "sequence_batching.state[].output_name",
+    "sequence_batching.state[].data_type", "sequence_batching.state[].dims",
+    "sequence_batching.state[].initial_state[].data_type", "sequence_batching.state[].initial_state[].dims",
+    "sequence_batching.state[].initial_state[].zero_data", "sequence_batching.state[].initial_state[].name",
 })
 
 # Performance hints: accepted, they cannot change a result, and StreamRT decides these itself.
@@ -74,14 +93,17 @@ HINTS = frozenset({
     "optimization.gather_kernel_buffer_threshold", "optimization.eager_batching",
     "optimization.priority", "optimization.graph.level",
     "optimization.cuda.busy_wait_events", "optimization.cuda.output_copy_stream",
+    "sequence_batching.state[].use_same_buffer_for_input_output", "sequence_batching.state[].use_growable_memory",
 })
 
 # Messages whose mere presence changes semantics (proto3 cannot say "set but empty" otherwise).
-_PRESENCE = {"sequence_batching", "ensemble_scheduling"}
+_PRESENCE: set[str] = set()
 
 _WHY = {
-    "sequence_batching": "the sequence batcher (stateful models) is not implemented",
-    "ensemble_scheduling": "ensembles are not implemented",
+    "iterative_sequence": "iterative sequences (continuous batching) are not implemented",
+    "data_file": "initial state data files are not implemented; use zero_data",
+    "model_namespace": "model namespaces are not implemented",
+    "max_inflight_responses": "bounding an ensemble's in-flight responses is not implemented",
     "batch_input": "batch inputs are not implemented",
     "batch_output": "batch outputs are not implemented",
     "model_transaction_policy": "decoupled models are not implemented",
@@ -90,7 +112,6 @@ _WHY = {
     "allow_ragged_batch": "ragged batching is not implemented",
     "is_shape_tensor": "shape tensors are not implemented",
     "priority_queue_policy": "per-priority queue policies are not implemented",
-    "rate_limiter": "the rate limiter is not implemented",
     "input_data_file": "warm-up data files are not implemented",
     "execution_accelerators": "backend execution accelerators are not configurable here; use build settings",
 }

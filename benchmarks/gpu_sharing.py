@@ -1,0 +1,294 @@
+"""Sharing one GPU between models: three models of different sizes under mixed load, with and without priorities.
+
+Three models are served by one ``streamrt serve`` process and driven at the same time, each by its
+own client process (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``; HTTP, binary
+tensors, 4 images per request on CUDA) at a concurrency meant to keep the device saturated (the
+table gives NVML's GPU utilisation, so a run bound by the front end or the clients shows as such):
+
+* ``large``: a ResNet-18-shaped classifier at 224x224 (``streamrt.testing.models.resnet_like``);
+* ``medium``: the small CNN at 128x128; ``small``: the small CNN at 32x32.
+
+On CUDA they are torch_inductor fp16 plans (batch 1..16, ``optimization_level`` 0, built through
+the build cache, so a second run skips the builds); with ``--device cpu`` they are ONNX Runtime
+plans of the small CNN at 64, 32 and 16 pixels (one thread each), for CI.
+
+Every model has dynamic batching (max 16, 500 us) and one instance. Two scenarios, same load:
+
+* ``no priorities``: ``--rate-limit off``: every model executes as soon as it has a batch.
+* ``priorities``: ``--rate-limit execution_count``, every instance group needs the resource
+  ``device:1`` (one execution on the device at a time), and ``rate_limiter.priority`` is
+  medium 1 (the latency-critical model), small 2, large 4: when several wait, the medium model
+  is granted 2x as often as small and 4x as often as large.
+
+The table gives throughput and p50/p99 latency per model and scenario; the markdown report goes
+to ``OUT/gpu-sharing-<device>.md`` with date, commit and device.
+
+Usage (from the repository root)::
+
+    python benchmarks/gpu_sharing.py OUT                           # the H200: about 3-4 minutes
+    python benchmarks/gpu_sharing.py OUT --device cpu --seconds 5   # CI-sized, ONNX Runtime
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+import yaml
+
+from streamrt.profiling.provenance import git_commit
+
+ROOT = Path(__file__).resolve().parents[1]
+START = time.monotonic()
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    priority: int
+    size: int  # image side
+    depth: int = 0  # > 0: resnet_like(depth); 0: small_cnn
+
+
+MODELS = {
+    "cuda": (Model("large", 4, 224, depth=18), Model("medium", 1, 128), Model("small", 2, 32)),
+    "cpu": (Model("large", 4, 64), Model("medium", 1, 32), Model("small", 2, 16)),
+}
+SCENARIOS = (("no priorities", "off"), ("priorities", "execution_count"))
+
+
+def say(text: str) -> None:
+    print(f"[{time.monotonic() - START:5.0f} s] {text}", flush=True)
+
+
+def onnx_model(model: Model) -> onnx.ModelProto:
+    from streamrt.testing.models import resnet_like, small_cnn
+
+    return resnet_like(model.depth) if model.depth else small_cnn(size=model.size)
+
+
+def build(model: Model, device: str, folder: Path, cache: Path) -> tuple[Path, float]:
+    """The model's plan (through the build cache) and the seconds the build took."""
+    import streamrt
+    from streamrt.types import ShapeProfile, ShapeRange
+
+    source = folder / f"{model.name}.onnx"
+    proto = onnx_model(model)
+    onnx.save(proto, str(source))
+    name = proto.graph.input[0].name
+    rest = (3, model.size, model.size)
+    profile = ShapeProfile({name: ShapeRange((1, *rest), (8, *rest), (16, *rest))})
+    if device == "cuda":
+        config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,),
+                                      optimization_level=0, backend_options={"device": "cuda"})
+    else:
+        config = streamrt.BuildConfig(backend="onnxruntime", profiles=(profile,), backend_options={"threads": 1})
+    started = time.perf_counter()
+    plan = streamrt.build(source, config, folder / f"{model.name}.plan", cache_dir=cache).path
+    return Path(plan), time.perf_counter() - started
+
+
+def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], limited: bool) -> None:
+    for model in models:
+        folder = repo / model.name / "1"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.plan").write_bytes(plans[model.name].read_bytes())
+        group: dict[str, Any] = {"count": 1}
+        if limited:
+            group["rate_limiter"] = {"resources": [{"name": "device", "count": 1}], "priority": model.priority}
+        config = {"max_batch_size": 16, "instance_group": [group],
+                  "dynamic_batching": {"max_queue_delay_microseconds": 500}}
+        (repo / model.name / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(repo: Path, port: int, rate_limit: str, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(port),
+           "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING", "--rate-limit", rate_limit]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    with log.open("ab") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with status {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            pass
+        time.sleep(0.3)
+    process.terminate()
+    raise SystemExit(f"the server was not ready after 180 s; see {log}")
+
+
+class UtilisationSampler:
+    """Mean GPU utilisation (NVML, device 0) while the measurement runs; None without pynvml or a GPU."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, delay: float) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            return
+
+        def sample() -> None:
+            if self._stop.wait(delay):
+                return
+            while not self._stop.wait(0.2):
+                self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def drive(port: int, models: tuple[Model, ...], args: argparse.Namespace) -> tuple[dict[str, Any], float | None]:
+    """Load every model at once, each from its own client process: the LevelResult per model, and the
+    mean GPU utilisation over the measured window."""
+    from streamrt.client.loadgen import LoadConfig, run_load
+
+    configs = {m.name: LoadConfig(url=f"127.0.0.1:{port}", model=m.name, concurrency=(args.concurrency,),
+                                  batch_size=args.request_batch, duration_s=args.seconds, warmup_s=args.warmup,
+                                  timeout_s=120) for m in models}
+    sampler = UtilisationSampler()
+    with ProcessPoolExecutor(len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(run_load, cfg) for name, cfg in configs.items()}
+        sampler.start(delay=args.warmup + 2.0)  # + the client processes' start
+        results = {name: future.result()[0] for name, future in futures.items()}
+    return results, sampler.stop()
+
+
+def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tuple[Model, ...],
+                 args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float | None]:
+    repo = work / f"repo-{rate_limit}"
+    write_repo(repo, plans, models, limited=rate_limit != "off")
+    port = free_port()
+    started = time.perf_counter()
+    process = start_server(repo, port, rate_limit, args.out / "gpu-sharing-server.log")
+    say(f"{label}: server ready in {time.perf_counter() - started:.1f} s; driving {len(models)} models "
+        f"at concurrency {args.concurrency} each for {args.seconds:.0f} s")
+    try:
+        return drive(port, models, args)
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def render(results: dict[str, tuple[dict[str, Any], float | None]], models: tuple[Model, ...],
+           builds: dict[str, float], args: argparse.Namespace) -> str:
+    lines = [
+        f"# Sharing one {args.device.upper()} between three models: throughput and latency with and without "
+        "priorities", "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {git_commit(ROOT)}; "
+        f"device: {device_name(args.device)}",
+        "- command: `python benchmarks/gpu_sharing.py " + " ".join(sys.argv[1:]) + "`",
+        f"- load: every model at once, concurrency {args.concurrency} each (one client process per model, "
+        f"HTTP binary tensors, {args.request_batch} images per request), {args.warmup:g} s warm-up, "
+        f"{args.seconds:g} s measured; `GPU util` is NVML's mean over the measured window (- without NVML)",
+        "- serving: dynamic batching (max 16, 500 us), one instance per model; `priorities` runs with "
+        "`--rate-limit execution_count`, a resource `device: 1` for every instance group and the "
+        "`rate_limiter.priority` shown (lower value: granted more often)",
+        "- build seconds (0: from the build cache): "
+        + ", ".join(f"{name} {seconds:.1f}" for name, seconds in builds.items()), "",
+        "| scenario | model | input | priority | infer/s | images/s | p50 ms | p99 ms | errors | GPU util % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, (per_model, utilisation) in results.items():
+        util = f"{utilisation:.0f}" if utilisation is not None else "-"
+        for model in models:
+            r = per_model[model.name]
+            lat = r.latency_ms
+            what = f"resnet{model.depth}-like" if model.depth else "small cnn"
+            priority = str(model.priority) if label == "priorities" else "-"
+            p50 = f"{lat.median:.2f}" if lat else "-"
+            p99 = f"{lat.p99:.2f}" if lat else "-"
+            lines.append(f"| {label} | {model.name} | {what} {model.size}x{model.size} | {priority} | "
+                         f"{r.throughput:.1f} | {r.throughput * args.request_batch:.1f} | {p50} | {p99} | "
+                         f"{r.errors} | {util} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="folder for the markdown report (and the server log)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--seconds", type=float, default=None, help="measured seconds per scenario "
+                        "(default 15 on CUDA, 5 on the CPU)")
+    parser.add_argument("--warmup", type=float, default=None, help="warm-up seconds (default 3 on CUDA, 1 on the CPU)")
+    parser.add_argument("--concurrency", type=int, default=None, help="requests in flight per model "
+                        "(default 32 on CUDA, 4 on the CPU)")
+    parser.add_argument("--request-batch", type=int, default=None, help="images per request "
+                        "(default 4 on CUDA, 1 on the CPU)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: the user's)")
+    args = parser.parse_args()
+    cuda = args.device == "cuda"
+    args.seconds = args.seconds or (15.0 if cuda else 5.0)
+    args.warmup = args.warmup if args.warmup is not None else (3.0 if cuda else 1.0)
+    args.concurrency = args.concurrency or (32 if cuda else 4)
+    args.request_batch = args.request_batch or (4 if cuda else 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = MODELS[args.device]
+    with tempfile.TemporaryDirectory(prefix="streamrt-sharing-") as tmp:
+        work = Path(tmp)
+        cache = args.cache_dir or Path(os.environ.get("STREAMRT_CACHE", Path.home() / ".cache" / "streamrt"))
+        plans, builds = {}, {}
+        for model in models:
+            plans[model.name], builds[model.name] = build(model, args.device, work, cache)
+            say(f"{model.name}: plan ready in {builds[model.name]:.1f} s")
+        results = {label: run_scenario(label, mode, plans, models, args, work) for label, mode in SCENARIOS}
+    report = render(results, models, builds, args)
+    path = args.out / f"gpu-sharing-{args.device}.md"
+    path.write_text(report)
+    print(report)
+    say(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""GPU memory checked when a model loads: a model that does not fit is refused, not run into an OOM.
+
+What a load needs is not known exactly before it happens (kernels, workspaces, the allocator's
+cache and warm-up activations come on top of the weights), so the check is made twice, with the
+best number available each time:
+
+* **Before loading**: the model file's size (plan payload or ONNX file), a lower bound of what
+  its weights take on the device, against the model's own ``memory_budget_mb`` parameter and,
+  for a CUDA model, the server's remaining ``--gpu-memory-budget-mb`` and the GPU's free memory
+  (``torch.cuda.mem_get_info``). A model refused here never touched the GPU.
+* **After loading and warming up**: the device memory the load actually took, measured as the
+  drop of the GPU's free memory across the load (CUDA loads are serialised so that each one is
+  measured alone; other processes allocating at the same time are counted too, which errs on the
+  side of refusing). A model over its budget now is released again and refused. What it took is
+  then counted against the server's budget until it is unloaded.
+* An out-of-memory failure during load or warm-up becomes the same kind of refusal
+  (:class:`~streamrt.errors.OutOfMemoryError` saying what was free), after the model's memory has
+  been given back (:func:`release_device_memory`); the server keeps serving the other models.
+
+On the CPU there is no device memory to measure reliably in a shared process (allocator caches,
+other threads), so a CPU model is checked against its ``memory_budget_mb`` with the file size
+only, and the server's GPU budget does not apply to it.
+
+Example:
+    >>> budget = MemoryBudget(gpu_budget_mb=100, free_memory=lambda: (2**40, 2**40))
+    >>> budget.account("a:1", 80 * MIB)
+    >>> try:
+    ...     budget.admit("b:1", 30 * MIB, device="cuda", model_limit=None, basis="model file")
+    ... except ConfigError as exc:
+    ...     print(exc.message.split(" but ")[1])
+    the server's GPU memory budget of 100.0 MiB leaves 20.0 MiB
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from streamrt._features import cuda_available
+from streamrt.errors import ConfigError
+
+__all__ = ["MIB", "MODEL_PARAMETER", "LoadMeasure", "MemoryBudget", "free_device_memory", "model_limit",
+           "release_device_memory"]
+
+log = logging.getLogger(__name__)
+
+MIB = 2**20
+MODEL_PARAMETER = "memory_budget_mb"
+"""The config ``parameters`` key with a model's own memory budget in MiB (on its device)."""
+
+_HINT = ("unload other models, raise the budget (--gpu-memory-budget-mb, or the model's parameters "
+         "memory_budget_mb), use fewer instances or smaller max shapes, or serve it on another GPU or the CPU")
+
+
+def free_device_memory() -> tuple[int, int] | None:
+    """``(free, total)`` bytes of the current CUDA device, or None without CUDA."""
+    if not cuda_available():
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(free), int(total)
+
+
+def release_device_memory() -> None:
+    """Give what the process no longer references back to the device (after a failed load)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def model_limit(parameters: Mapping[str, str], model: str) -> int | None:
+    """The model's ``memory_budget_mb`` parameter in bytes (None when not set).
+
+    Raises:
+        ConfigError: not a positive number.
+    """
+    text = parameters.get(MODEL_PARAMETER)
+    if text is None:
+        return None
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb > 0:
+        raise ConfigError(f"model '{model}': parameters {MODEL_PARAMETER} must be a number of MiB > 0, got {text!r}")
+    return int(mb * MIB)
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:.1f} MiB"
+
+
+@dataclass
+class LoadMeasure:
+    """The device memory one load took (None: not measured, e.g. a CPU model)."""
+
+    taken: int | None = None
+
+
+class MemoryBudget:
+    """The server's GPU memory ledger: what each loaded CUDA model took, against the budget.
+
+    Args:
+        gpu_budget_mb: GPU memory all models may take together (None: only the GPU's free memory).
+        free_memory: returns ``(free, total)`` bytes of the device, or None without one (tests of
+            the accounting rules pass fixed numbers).
+    """
+
+    def __init__(
+        self, gpu_budget_mb: float | None = None,
+        free_memory: Callable[[], tuple[int, int] | None] = free_device_memory,
+    ) -> None:
+        self.budget = int(gpu_budget_mb * MIB) if gpu_budget_mb is not None else None
+        self._free_memory = free_memory
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        self._taken: dict[str, int] = {}
+
+    @property
+    def taken(self) -> int:
+        """Bytes counted against the budget by the loaded models."""
+        with self._lock:
+            return sum(self._taken.values())
+
+    def free(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of the device now (None without CUDA)."""
+        return self._free_memory()
+
+    def admit(self, key: str, need: int, *, device: str, model_limit: int | None, basis: str) -> None:
+        """Refuse (ConfigError) when ``need`` bytes do not fit the model's limit, or for a CUDA model the
+        server's remaining budget or the free GPU memory; ``basis`` says how ``need`` was found."""
+        where = "GPU memory" if device == "cuda" else f"{device} memory"
+        head = f"model {key} needs at least {_mib(need)} of {where} ({basis})"
+        if model_limit is not None and need > model_limit:
+            raise ConfigError(f"{head} but its {MODEL_PARAMETER} parameter allows {_mib(model_limit)}", hint=_HINT)
+        if device != "cuda":
+            return
+        if self.budget is not None:
+            with self._lock:
+                others = sum(v for k, v in self._taken.items() if k != key)
+            left = self.budget - others
+            if need > left:
+                raise ConfigError(f"{head} but the server's GPU memory budget of {_mib(self.budget)} leaves "
+                                  f"{_mib(max(left, 0))}", hint=_HINT)
+        free = self.free()
+        if free is not None and need > free[0]:
+            raise ConfigError(f"{head} but the GPU has {_mib(free[0])} free of {_mib(free[1])}", hint=_HINT)
+
+    @contextlib.contextmanager
+    def measuring(self, device: str) -> Iterator[LoadMeasure]:
+        """Measure the device memory taken inside the block (CUDA: one measured load at a time)."""
+        measure = LoadMeasure()
+        if device != "cuda" or self.free() is None:
+            yield measure
+            return
+        with self._load_lock:
+            before = self.free()
+            yield measure
+            after = self.free()
+            if before is not None and after is not None:
+                measure.taken = max(0, before[0] - after[0])
+
+    def account(self, key: str, taken: int) -> None:
+        """Count ``taken`` bytes of a loaded model (``<name>:<version>``) against the budget."""
+        with self._lock:
+            self._taken[key] = taken
+        log.info("model %s took %s of GPU memory (%s counted for all models)", key, _mib(taken), _mib(self.taken))
+
+    def forget(self, key: str) -> None:
+        """The model was unloaded (or its load failed): its memory no longer counts."""
+        with self._lock:
+            self._taken.pop(key, None)
+
+    def describe_free(self) -> str:
+        """``"12.0 GiB free of 140.0 GiB"``-style text for messages ("" without CUDA)."""
+        free = self.free()
+        return "" if free is None else f"{_mib(free[0])} free of {_mib(free[1])}"
