@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -105,9 +106,15 @@ def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int,
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` and its threads (Linux /proc)."""
+    """User + system CPU time of process ``pid``, its threads and its live children (the front-end
+    processes of ``--frontend-processes N``; Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            with contextlib.suppress(OSError):  # exited meanwhile
+                total += cpu_seconds(int(child))
+    return total
 
 
 def served(http_port: int, model: str) -> int:

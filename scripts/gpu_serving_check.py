@@ -14,12 +14,17 @@ One call, under 9 minutes, writes ``OUT/serving-h200.md``:
 Targets (issue 12): CUDA shm >= 85% of offline, system shm >= 70% (ResNet-50); gRPC ceiling
 >= 3 GB/s at 4.8 MB and >= 10,000 requests/s at 64 B.
 
+``--frontend-processes 1,4,8`` runs (a) once per front-end process count (``streamrt serve
+--frontend-processes N``: N worker processes on the ports, tensors to the engine process through
+shared memory; docs/serving-frontends.md) and (b) with the largest count.
+
 Plans take 60-100 s each to build here; pass ``--plans DIR`` with ``resnet50.plan`` /
 ``resnet18.plan`` from an earlier run (this script leaves them in ``OUT/plans``) to skip that.
 
 Usage (on the GPU machine, from the repository root)::
 
-    python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5]
+    python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5] \
+        [--frontend-processes 1,4,8]
 """
 
 from __future__ import annotations
@@ -106,12 +111,13 @@ def offline(plan: Path, batch: int, seconds: float) -> float:
 class Server:
     """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
 
-    def __init__(self, repo: Path, log: Path) -> None:
+    def __init__(self, repo: Path, log: Path, frontend_processes: int = 1) -> None:
         self.http, self.grpc = sf.free_port(), sf.free_port()
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
-             "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING"],
+             "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING",
+             "--frontend-processes", str(frontend_processes)],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         sf.wait_ready(self.http, 300, self.process)
 
@@ -133,10 +139,11 @@ def perf(server: Server, protocol: str, model: str, batch: int, concurrency: int
     return result
 
 
-def frontend_rows(args: argparse.Namespace, work: Path) -> list[str]:
+def frontend_rows(args: argparse.Namespace, work: Path, processes: int) -> list[str]:
     repo = sf.write_repository(work / "null-repo", instances=2)
-    server = Server(repo, args.out / "server-null.log")
-    rows = ["| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | client busy | "
+    server = Server(repo, args.out / f"server-null-fp{processes}.log", processes)
+    rows = [f"Front-end processes: {processes}.", "",
+            "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | client busy | "
             "errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         for protocol in ("grpc", "http"):
@@ -176,7 +183,7 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> 
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
-    server = Server(repo, args.out / f"server-{name}.log")
+    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes))
     rows = [f"| {name} fp16 | engine offline, batch {args.max_batch} | {reference:,.0f} | 100% | | | reference |"]
     ratios: dict[str, float] = {}
     try:
@@ -215,13 +222,17 @@ def main() -> int:
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--skip-frontend", action="store_true", help="skip the null-model ceiling (a)")
+    parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
+                        help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
+                        "(b) with the largest (default 1: the front ends in the engine process)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plans").mkdir(exist_ok=True)
     work = args.out / "work"
     work.mkdir(exist_ok=True)
     plans = args.plans or args.out / "plans"
-    front = [] if args.skip_frontend else frontend_rows(args, work)
+    front = [] if args.skip_frontend else [
+        row for n in args.frontend_processes for row in [*frontend_rows(args, work, n), ""]]
     model_table = ["| model | measurement | images/s | of offline | p50 / p99 ms | avg engine batch | note |",
                    "|---|---|---:|---:|---:|---:|---|"]
     ratios: dict[str, dict[str, float]] = {}
@@ -256,7 +267,8 @@ def main() -> int:
         "Targets: gRPC >= 3 GB/s at 4.8 MB (null_image x8) and >= 10,000 requests/s at 64 B (null_small x1).", "",
         "## (b) ResNet fp16 torch_inductor plans: server vs offline", "",
         f"Server: dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances; "
-        f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request.", "",
+        f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request; "
+        f"{max(args.frontend_processes)} front-end processes.", "",
         *model_table, "", *verdicts, "",
     ])
     print(report)

@@ -6,8 +6,10 @@
 #   bash scripts/h200_session.sh COMMIT zoo                 # second call (~8 min)
 #   bash scripts/h200_session.sh COMMIT tests+examples      # both at once (untimed work only)
 #
-# Parts: tests (every gpu-marked test), examples (examples/ with --device cuda), zoo
-# (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests).
+# Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
+# (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
+# serving, video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
+# speed (benchmarks/engine_speed.py with SPEED_ARGS).
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
 commit=${1:?commit}
@@ -32,14 +34,18 @@ run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
 
 part() {  # part NAME: one part of the session
     case $1 in
-        tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -v -p no:cacheprovider -m gpu tests --timeout "${TEST_TIMEOUT:-600}" -o junit_family=xunit2 \
-                   --junitxml="$out/tests/junit.xml" ;;
+        tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -v -p no:cacheprovider -m gpu ${TESTS:-tests} \
+                   ${TEST_WORKERS:+-n $TEST_WORKERS --dist loadfile} --timeout "${TEST_TIMEOUT:-600}" \
+                   -o junit_family=xunit2 --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
         examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
         zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
+        sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
+        detens) run detens 240 python3 benchmarks/detection_ensemble.py "$out/detens" --seconds "${DETENS_SECONDS:-10}" ;;
+        speed) run speed "${SPEED_LIMIT:-540}" python3 benchmarks/engine_speed.py --out "$out/speed" ${SPEED_ARGS:-} ;;
         *) echo "unknown part $1" ;;
     esac
 }

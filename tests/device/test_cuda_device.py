@@ -45,6 +45,10 @@ def test_wait_orders_work_across_streams_without_a_host_sync(dev) -> None:
     a, b = dev.stream("a"), dev.stream("b")
     x = dev.empty((1 << 20,), torch.float32)
     out = dev.empty((1 << 20,), torch.float32)
+    # Load the kernels first: a first launch (lazy module loading) on a busy host can outlast the sleep.
+    torch.mul(x.fill_(1.0), 2, out=out)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
     a.launch(lambda: (torch.cuda._sleep(SLEEP_CYCLES), x.fill_(1.0)))
     b.wait(a.record())
     b.launch(lambda: torch.mul(x, 2, out=out))

@@ -41,8 +41,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def gpu_server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[dict[str, int]]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "2-frontend-processes"])
+def gpu_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               plans: dict[str, Path]) -> Iterator[dict[str, int]]:
+    """The server in one process, then with 2 front-end processes (regions resolved by the engine process)."""
     work = tmp_path_factory.mktemp("cudashm")
     repo = work / "repo"
     (repo / "cpu_cnn" / "1").mkdir(parents=True)
@@ -60,7 +62,8 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path])
     path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))  # keep carried packages
     env = {**os.environ, "PYTHONPATH": path}
     server = subprocess.Popen([sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http),
-                               "--grpc-port", str(grpc), "--metrics-port", "-1", "--log-level", "WARNING"], env=env)
+                               "--grpc-port", str(grpc), "--metrics-port", "-1", "--log-level", "WARNING",
+                               "--frontend-processes", str(request.param)], env=env)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:

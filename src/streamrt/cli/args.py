@@ -403,6 +403,14 @@ SERVER_OPTIONS = (
            "timestamps: received, queued, compute start/end, response); default: no tracing", {"metavar": "PATH"}),
     Option("trace_rate", ("--trace-rate",), "trace one request in N (default 1: all, when --trace-file is given)",
            {"type": int, "metavar": "N"}),
+    Option("frontend_processes", ("--frontend-processes",),
+           "HTTP/gRPC front-end processes sharing the ports (default 1: in the engine process); N > 1 for "
+           "request rates one Python process cannot parse, see docs/serving-frontends.md",
+           {"type": int, "metavar": "N"}),
+    Option("frontend_arena_bytes", ("--frontend-arena-mb",),
+           "shared memory per front-end process for tensors in flight (default 1024; pages are used "
+           "only as tensors arrive)",
+           {"type": float, "metavar": "MB"}, value=lambda mb: int(mb * 2**20)),
     Option("exit_timeout_s", ("--exit-timeout",), "shutdown waits this long for in-flight requests (default 30)",
            {"type": float, "metavar": "S"}),
     # sharing one GPU between models (streamrt.serve.rate_limiter, streamrt.serve.memory_budget)

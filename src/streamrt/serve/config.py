@@ -515,6 +515,11 @@ class ServerConfig:
         rate_limit_resources: ``--rate-limit-resource`` values, ``NAME:COUNT[:DEVICE]``.
         gpu_memory_budget_mb: GPU memory the loaded models may take together (MiB); a model that
             would exceed it, or the GPU's free memory, is refused at load (None: free memory only).
+        frontend_processes: HTTP/gRPC front-end processes (1: the front ends run in the engine
+            process; N > 1: N worker processes share the ports, see docs/serving-frontends.md).
+        frontend_arena_bytes: shared memory per front-end process for tensors in flight (address
+            space: the memory used is the peak of tensors in flight; beyond it requests still work,
+            their tensors travelling through the channel: slower).
     """
 
     host: str = "127.0.0.1"
@@ -535,6 +540,8 @@ class ServerConfig:
     rate_limit: str = "off"
     rate_limit_resources: tuple[str, ...] = ()
     gpu_memory_budget_mb: float | None = None
+    frontend_processes: int = 1
+    frontend_arena_bytes: int = 2**30
 
     def __post_init__(self) -> None:
         self._check_sharing()
@@ -556,6 +563,10 @@ class ServerConfig:
         if self.trace_rate < 1:
             raise ConfigError(f"trace_rate must be an integer >= 1, got {self.trace_rate}",
                               hint="--trace-rate 1 traces every request")
+        if self.frontend_processes < 1:
+            raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
+        if self.frontend_arena_bytes < 2**20:
+            raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():
             raise ConfigError("auth_token must not be empty", hint="omit it to disable authentication")
         if self.startup_models is not None:

@@ -62,15 +62,16 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-async def read_body(request: web.Request) -> bytes | memoryview:
+async def read_body(request: web.Request, into: np.ndarray | None = None) -> bytes | memoryview:
     """The request body in one buffer, copied once from the chunks aiohttp's parser hands over.
 
-    The buffer is uninitialised NumPy memory (``bytearray(n)`` would zero it first: one more pass).
+    The buffer is uninitialised NumPy memory (``bytearray(n)`` would zero it first: one more pass),
+    or ``into`` (a uint8 array of ``Content-Length`` bytes: a front-end worker's shared arena).
     """
     length = request.content_length
     if length is None:
         return await request.read()
-    view = np.empty(length, np.uint8).data.cast("B")
+    view = (np.empty(length, np.uint8) if into is None else into).data.cast("B")
     filled = 0
     while filled < length:
         chunk = await request.content.readany()

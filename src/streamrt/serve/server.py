@@ -20,11 +20,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.core import EXTENSIONS, ServerCore
 from streamrt.serve.model import EngineLoader
+
+if TYPE_CHECKING:
+    from streamrt.serve.frontends.supervisor import FrontendSupervisor
 
 __all__ = ["EXTENSIONS", "InferenceServer", "ServerThread"]
 
@@ -51,15 +54,23 @@ class InferenceServer(ServerCore):
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_port: int | None = None
+        self.frontends: FrontendSupervisor | None = None
 
     async def _open_listeners(self) -> None:
         cfg = self.config
-        if cfg.http_port is not None:
+        if cfg.frontend_processes > 1 and (cfg.http_port is not None or cfg.grpc_port is not None):
+            from streamrt.serve.frontends.supervisor import FrontendSupervisor
+
+            self.frontends = FrontendSupervisor(self, cfg.frontend_processes, cfg.frontend_arena_bytes)
+            await self.frontends.start()
+            self.http_port, self.grpc_port = self.frontends.http_port, self.frontends.grpc_port
+            self._closers.append(self.frontends.stop)
+        elif cfg.http_port is not None:
             from streamrt.serve.http import start_http
 
             runner, self.http_port = await start_http(self, cfg.host, cfg.http_port)
             self._closers.append(runner.cleanup)
-        if cfg.grpc_port is not None:
+        if cfg.grpc_port is not None and self.frontends is None:
             from streamrt.serve.grpc_service import start_grpc
 
             grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)
@@ -71,7 +82,9 @@ class InferenceServer(ServerCore):
             self._closers.append(runner.cleanup)
 
     def _describe_listeners(self) -> str:
-        return f": http {self.http_port}, grpc {self.grpc_port}, metrics {self.metrics_port} on {self.config.host}"
+        processes = f" ({self.config.frontend_processes} front-end processes)" if self.frontends else ""
+        return (f": http {self.http_port}, grpc {self.grpc_port}, metrics {self.metrics_port} on {self.config.host}"
+                f"{processes}")
 
     async def _close_listeners(self) -> None:
         for close in reversed(self._closers):

@@ -1,0 +1,348 @@
+"""The detection ensemble served vs the same chain in-process (issue 14): frames/s and latency.
+
+Example 12's ensemble (``examples/12-detection-ensemble``: Python ``preprocess`` (decode +
+letterbox) -> ``detector`` -> Python ``postprocess`` (NMS, boxes in frame pixels)) is served by
+``streamrt serve`` and driven over gRPC by ``--concurrency`` client threads, one encoded frame per
+request; the same chain runs in-process with the same ops (OpenCV decode, ``TorchLetterbox`` /
+``CpuLetterbox``, the same detector plan, ``TorchPostprocess`` / ``CpuPostprocess``) in a loop of
+one frame at a time and of ``--batch`` frames at a time. Every variant gets the same JPEG frames
+(synthetic scenes with shapes the bundled detector finds), and the served answers are checked
+against the in-process ones before timing (same count, boxes within 1 px).
+
+On CUDA the detector is built with the GPU backend (torch_inductor, fp16) through the build cache
+and the Python steps run on GPU instances; on the CPU (``--device cpu``, used by the CI test) the
+detector runs on ONNX Runtime. Writes ``OUT/detection-ensemble-<device>.md`` and ``.json``.
+
+Usage::
+
+    python benchmarks/detection_ensemble.py OUT [--device cuda] [--seconds 10] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "12-detection-ensemble" / "models"
+DETECTOR = ROOT / "src" / "streamrt" / "video" / "assets" / "shapes_detector.onnx"
+SIZE, CLASSES, MAX_BATCH = 320, 5, 8
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_repository(repo: Path, device: str, cache: Path) -> float:
+    """The example's models in ``repo``, the detector built for ``device``; returns the build seconds."""
+    import streamrt
+    from streamrt.config import Precision
+    from streamrt.types import ShapeProfile, ShapeRange
+
+    for name in ("preprocess", "postprocess", "detector", "detect"):
+        shutil.copytree(EXAMPLE / name, repo / name)
+    kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
+    for name in ("preprocess", "postprocess", "detector"):
+        config = repo / name / "config.pbtxt"
+        lines = [line for line in config.read_text().splitlines()
+                 if not line.startswith(("instance_group", "platform"))]
+        config.write_text("\n".join(lines) + f"\ninstance_group [ {{ count: 2 kind: {kind} }} ]\n")
+    started = time.perf_counter()
+    if device == "cuda":
+        item = (3, SIZE, SIZE)
+        profile = ShapeProfile({"images": ShapeRange((1, *item), (MAX_BATCH, *item), (MAX_BATCH, *item))})
+        build = streamrt.BuildConfig(backend="torch_inductor", precision=Precision.FP16, profiles=(profile,))
+        streamrt.build(DETECTOR, build, repo / "detector" / "1" / "model.plan", cache_dir=cache)
+    else:
+        shutil.copy(DETECTOR, repo / "detector" / "1" / "model.onnx")
+    return time.perf_counter() - started
+
+
+def frames(count: int, seed: int = 0) -> tuple[list[np.ndarray], list[bytes]]:
+    """``count`` synthetic 640x480 BGR scenes and their JPEG encodings."""
+    import cv2
+
+    from streamrt.video.synthetic import SyntheticClip
+
+    clip = SyntheticClip(width=640, height=480, frames=count, seed=seed)
+    images = [clip.frame(i) for i in range(count)]
+    return images, [bytes(cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()) for im in images]
+
+
+class InProcessChain:
+    """Decode, letterbox, detector, NMS and frame-pixel boxes without a server (the same ops as the steps)."""
+
+    def __init__(self, plan_or_onnx: Path, device: str) -> None:
+        import streamrt
+        from streamrt.ops import PostprocessConfig
+
+        self.device = device
+        self.engine = streamrt.open(plan_or_onnx, max_batch=MAX_BATCH)
+        self.context = self.engine.create_context()
+        self.config = PostprocessConfig(conf=0.25, iou=0.45, max_det=100, pre_nms_topk=1024)
+        self._letterbox: dict[tuple[int, int], Any] = {}
+        self._post: dict[int, Any] = {}
+        if device == "cuda":
+            import torch
+
+            self.stream = torch.cuda.Stream()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __call__(self, jpegs: list[bytes]) -> list[np.ndarray]:
+        import cv2
+
+        decoded = [np.asarray(cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR)) for j in jpegs]
+        return self._gpu(decoded) if self.device == "cuda" else self._cpu(decoded)
+
+    def _cpu(self, decoded: list[np.ndarray]) -> list[np.ndarray]:
+        from streamrt.ops import CpuLetterbox, CpuPostprocess
+
+        n = len(decoded)
+        pixels = np.empty((n, 3, SIZE, SIZE), np.float32)
+        ops = [self._letterbox.setdefault(f.shape[:2], CpuLetterbox(f.shape[:2], (SIZE, SIZE))) for f in decoded]
+        for i, (op, frame) in enumerate(zip(ops, decoded, strict=True)):
+            op(frame, pixels[i])
+        raw = np.asarray(self.context.infer({"images": pixels})["output0"])
+        dets, counts = np.empty((n, self.config.max_det, 6), np.float32), np.empty(n, np.int32)
+        CpuPostprocess(self.config, "yolov8", CLASSES)(raw, dets, counts)
+        out = []
+        for i, op in enumerate(ops):
+            boxes = dets[i, : counts[i]].copy()
+            op.geometry.to_source(boxes[:, :4])
+            out.append(boxes)
+        return out
+
+    def _gpu(self, decoded: list[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        from streamrt.ops import TorchLetterbox, TorchPostprocess
+
+        n = len(decoded)
+        with torch.cuda.stream(self.stream):
+            pixels = torch.empty((n, 3, SIZE, SIZE), dtype=torch.float32, device="cuda")
+            ops = []
+            for i, frame in enumerate(decoded):
+                op = self._letterbox.get(frame.shape[:2])
+                if op is None:
+                    op = self._letterbox[frame.shape[:2]] = TorchLetterbox(frame.shape[:2], (SIZE, SIZE),
+                                                                           device="cuda")
+                op(torch.from_numpy(frame).pin_memory().cuda(non_blocking=True), pixels[i])
+                ops.append(op)
+            raw = self.context.infer({"images": pixels}, self.stream)["output0"]
+            raw = raw if isinstance(raw, torch.Tensor) else torch.as_tensor(raw, device="cuda")
+            post = self._post.get(n) or self._post.setdefault(
+                n, TorchPostprocess(self.config, "yolov8", CLASSES, int(raw.shape[2]), batch=MAX_BATCH, device="cuda"))
+            dets = torch.empty((n, self.config.max_det, 6), dtype=torch.float32, device="cuda")
+            counts = torch.empty(n, dtype=torch.int32, device="cuda")
+            post(raw.float(), dets, counts)
+            host_dets, host_counts = dets.cpu(), counts.cpu()  # synchronises the stream
+        out = []
+        for i, op in enumerate(ops):
+            boxes = host_dets[i, : int(host_counts[i])].numpy().copy()
+            op.geometry.to_source(boxes[:, :4])
+            out.append(boxes)
+        return out
+
+
+def time_in_process(chain: InProcessChain, jpegs: list[bytes], batch: int, seconds: float) -> dict[str, Any]:
+    """Loop over the frames ``batch`` at a time for ``seconds``: frames/s and per-call latency."""
+    for i in range(3):  # warm-up (letterbox and NMS ops, CUDA graphs)
+        chain(jpegs[i * batch:(i + 1) * batch] or jpegs[:batch])
+    latencies, done, i = [], 0, 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        chunk = [jpegs[(i + k) % len(jpegs)] for k in range(batch)]
+        t0 = time.perf_counter()
+        chain(chunk)
+        latencies.append(time.perf_counter() - t0)
+        done += batch
+        i += batch
+    elapsed = time.perf_counter() - start
+    return _row(f"in-process, {batch} frame{'s' if batch > 1 else ''} per call", done, elapsed, latencies, 0)
+
+
+def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+    """``concurrency`` gRPC client threads, one frame per request, for ``seconds``."""
+    import tritonclient.grpc as grpcclient
+
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    stop = time.perf_counter() + seconds
+
+    def client(offset: int) -> None:
+        c = grpcclient.InferenceServerClient(url)
+        mine: list[float] = []
+        k = offset
+        while time.perf_counter() < stop:
+            item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
+            item.set_data_from_numpy(np.array([[jpegs[k % len(jpegs)]]], dtype=np.object_))
+            t0 = time.perf_counter()
+            try:
+                c.infer("detect", [item])
+                mine.append(time.perf_counter() - t0)
+            except Exception:
+                with lock:
+                    errors[0] += 1
+            k += concurrency
+        c.close()
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return _row(f"served ensemble, gRPC, concurrency {concurrency}, 1 frame per request", len(latencies), elapsed,
+                latencies, errors[0])
+
+
+def _row(name: str, frames_done: int, elapsed: float, latencies: list[float], errors: int) -> dict[str, Any]:
+    ms = np.asarray(latencies) * 1e3 if latencies else np.zeros(1)
+    return {"variant": name, "frames": frames_done, "seconds": round(elapsed, 2),
+            "frames_per_s": round(frames_done / elapsed, 1), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": errors}
+
+
+def check_served(url: str, chain: InProcessChain, jpegs: list[bytes]) -> int:
+    """The served boxes of a few frames against the in-process chain's; returns the frames checked."""
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(url)
+    try:
+        for jpeg in jpegs[:8]:
+            item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
+            item.set_data_from_numpy(np.array([[jpeg]], dtype=np.object_))
+            result = c.infer("detect", [item])
+            n = int(result.as_numpy("COUNT")[0, 0])
+            served = result.as_numpy("DETECTIONS")[0, :n]
+            expected = chain([jpeg])[0]
+            if n != len(expected) or not np.allclose(served[:, :4], expected[:, :4], atol=1.0):
+                raise SystemExit(f"served detections differ from the in-process chain: {n} vs {len(expected)} boxes")
+    finally:
+        c.close()
+    return min(8, len(jpegs))
+
+
+def _start_server(repo: Path, grpc_port: int, http_port: int) -> subprocess.Popen[bytes]:
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http_port),
+         "--grpc-port", str(grpc_port), "--metrics-port", "-1", "--log-level", "WARNING"],
+        env={**os.environ, "PYTHONPATH": path})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with status {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=5) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.5)
+    server.terminate()
+    raise SystemExit("the server was not ready within 300 s")
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name())
+    return f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+
+
+def write_report(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    lines = [f"# Detection ensemble served vs in-process ({meta['device']})", "",
+             f"- date: {meta['date']}", f"- commit: {meta['commit']}", f"- device: {meta['device_name']}",
+             f"- command: `{meta['command']}`",
+             f"- frames: {meta['frames']} synthetic 640x480 JPEG scenes; detector: bundled shapes detector "
+             f"({meta['detector']}), built in {meta['build_s']:.1f} s; served answers checked against the "
+             f"in-process chain on {meta['checked']} frames (same count, boxes within 1 px)", "",
+             "| variant | frames/s | p50 ms | p99 ms | frames | errors |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['variant']} | {r['frames_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['frames']} "
+              f"| {r['errors']} |" for r in rows]
+    base = out / f"detection-ensemble-{meta['device']}"
+    base.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    return base.with_suffix(".md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per variant")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=MAX_BATCH, help="frames per in-process call (second loop)")
+    parser.add_argument("--frames", type=int, default=64, help="distinct frames cycled through")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from streamrt.profiling.provenance import git_commit
+
+    work = Path(tempfile.mkdtemp(prefix="detens-"))
+    server = None
+    chain = None
+    try:
+        repo = work / "repo"
+        cache = Path(os.environ.get("STREAMRT_CACHE", work / "cache"))
+        build_s = make_repository(repo, args.device, cache)
+        print(f"detector ready in {build_s:.1f} s", flush=True)
+        _, jpegs = frames(args.frames)
+        plan = next((repo / "detector" / "1").glob("model.*"))
+        chain = InProcessChain(plan, args.device)
+        rows: list[dict[str, Any]] = []
+        run: list[Callable[[], dict[str, Any]]] = [
+            lambda: time_in_process(chain, jpegs, 1, args.seconds),
+            lambda: time_in_process(chain, jpegs, args.batch, args.seconds)]
+        for job in run:
+            rows.append(job())
+            print(rows[-1], flush=True)
+        grpc_port, http_port = _port(), _port()
+        server = _start_server(repo, grpc_port, http_port)
+        checked = check_served(f"127.0.0.1:{grpc_port}", chain, jpegs)
+        time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, min(2.0, args.seconds))  # warm-up
+        rows.append(time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, args.seconds))
+        print(rows[-1], flush=True)
+        meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "commit": os.environ.get("STREAMRT_COMMIT") or git_commit(ROOT), "device": args.device,
+                "device_name": _device_name(args.device), "command": shlex.join([sys.argv[0], *(argv or sys.argv[1:])]),
+                "frames": args.frames, "build_s": build_s, "checked": checked,
+                "detector": "torch_inductor fp16 plan" if args.device == "cuda" else "ONNX Runtime CPU, fp32"}
+        print(write_report(args.out, meta, rows).read_text())
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(60)
+        if chain is not None:
+            chain.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The tensor channel between a front-end worker and the engine process, and its messages.
+
+One connected Unix socket pair per worker (created by the engine process, one end passed to the
+worker). Each frame is a 4-byte little-endian length and a pickled tuple of plain values (ints,
+strings, tuples, small ``bytes``): tensors never travel in it unless the arena is full. pickle
+over a private socket pair between processes of one server is trusted; nothing else reaches it.
+Many requests are in flight on one channel at once; replies carry the request's number.
+
+Messages (first element the kind):
+
+* worker → engine: ``(HELLO, pid)``; ``(INFER, rid, model, version, id, priority, timeout_us,
+  binary_output, received_ns, inputs, outputs)``; ``(FREE, offsets)`` (output blocks it is done with).
+* engine → worker: ``(OK, rid, model, version, id, outputs, in_shared_memory)``;
+  ``(ERROR, rid, error class name, message, hint)``; ``(STOP,)`` (stop serving and exit).
+
+A tensor's place (``where``): ``("a", offset, nbytes)`` in the arena, ``("b", bytes)`` inline,
+``("r", region, offset, byte_size)`` in a client's registered shared-memory region (resolved by
+the engine process, which holds the registry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from typing import Any
+
+import streamrt.errors as errors_module
+from streamrt.errors import ServeError, StreamRTError
+
+__all__ = ["ERROR", "FREE", "HELLO", "INFER", "OK", "STOP", "FrameWriter", "error_message", "raise_error", "read_frame"]
+
+HELLO, INFER, FREE = 0, 1, 2
+OK, ERROR, STOP = 10, 11, 12
+
+_LENGTH = struct.Struct("<I")
+
+
+class FrameWriter:
+    """Frames queued during one event-loop iteration leave in one write (one system call under load,
+    instead of one per message)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._parts: list[bytes] = []
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._parts:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._parts += (_LENGTH.pack(len(body)), body)
+
+    def _flush(self) -> None:
+        parts, self._parts = self._parts, []
+        if not self.writer.is_closing():
+            self.writer.write(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        if self._parts:
+            self._flush()
+        self.writer.close()
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+    """The next message, or None at the end of the stream (the other process is gone)."""
+    try:
+        header = await reader.readexactly(4)
+        return pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+
+
+def error_message(rid: int, exc: BaseException) -> tuple[Any, ...]:
+    """The ERROR reply for ``exc`` (its class name travels, so the worker answers the same status)."""
+    if isinstance(exc, StreamRTError):
+        return ERROR, rid, type(exc).__name__, exc.message, exc.hint
+    return ERROR, rid, "InferenceError", f"{type(exc).__name__}: {exc}", None
+
+
+def raise_error(name: str, message: str, hint: str | None) -> None:
+    """Raise the StreamRT error an ERROR reply names (ServeError if the name is not one of ours)."""
+    kind = getattr(errors_module, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, StreamRTError)):
+        kind = ServeError
+    exc = kind.__new__(kind)  # some classes have their own constructors: set message and hint directly
+    StreamRTError.__init__(exc, message, hint=hint)
+    raise exc
