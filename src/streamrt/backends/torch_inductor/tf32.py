@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["backend_flags"]
+__all__ = ["backend_flags", "set_tf32"]
 
 
 @contextlib.contextmanager
@@ -36,3 +36,10 @@ def backend_flags(tf32: bool, cudnn_benchmark: bool = False) -> Iterator[None]:
         yield
     finally:
         matmul.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = before
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 on or off process-wide, without restoring: for callers that own the process (benchmark
+    baselines running eager torch). StreamRT's builds and engines use :func:`backend_flags`."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
