@@ -3,7 +3,8 @@
 :func:`measure_accuracy` is the entry point for any caller (the zoo benchmark): an engine or
 ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.AccuracyReport`.
 
-:func:`streamrt.build` uses one :class:`PrecisionStep` for every fp16, bf16 and int8 build:
+:func:`streamrt.build` uses one :class:`PrecisionStep` for every fp16, bf16, int8 and TF32 build
+(a TF32 plan has no graph transform: step 2 only, with :data:`TF32_BOUNDS` as its default gate):
 
 1. :meth:`PrecisionStep.transform` lowers the ONNX graph (:func:`~streamrt.onnx.precision.lower_precision`)
    with the real sample data when there is some (calibration data or ``--sample-inputs``), and
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from streamrt.backends.base import Backend, Progress
     from streamrt.onnx.model import OnnxModel
 
-__all__ = ["WARN_BELOW", "PrecisionStep", "measure_accuracy", "sample_feeds"]
+__all__ = ["TF32_BOUNDS", "WARN_BELOW", "PrecisionStep", "measure_accuracy", "sample_feeds"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ Runner = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 #: Without --accuracy-threshold, an output that misses these bounds gets a warning (never silent):
 #: a direction lost (cosine) or a scale lost (relative L2 error; cosine cannot see a 50x scale).
 WARN_BELOW = AccuracyThreshold({"cosine": 0.99, "rel_l2": 0.5})
+#: A TF32 plan's default gate (``--tf32`` without --accuracy-threshold), a refusal when missed: TF32
+#: keeps 10 mantissa bits, about 1e-3 relative error per product, which a deep network accumulates to
+#: 1e-3..5e-3 relative L2. fp32 plans get no such allowance: ``verify.TOLERANCE["fp32"]`` is 1e-3.
+TF32_BOUNDS = AccuracyThreshold({"rel_l2": 1e-2})
 _MAX_SAMPLES = 8  # calibration samples the gate and the fp16 range check run on
 _RANDOM_FEEDS = 2
 _TIMING_SECONDS = 0.5  # per plan; at least _TIMING_RUNS runs after 2 warm-up runs
@@ -216,14 +221,16 @@ class PrecisionStep:
             return measure_accuracy(self.source.proto, engine, feeds, inputs=label)
 
     def _judge(self, report: AccuracyReport) -> None:
-        precision = self.config.precision.value
-        if self.config.accuracy_threshold is not None:
-            threshold = AccuracyThreshold.parse(self.config.accuracy_threshold)
+        precision = self.config.numeric_precision
+        threshold_text = self.config.accuracy_threshold or (str(TF32_BOUNDS) if self.config.tf32 else None)
+        if threshold_text is not None:
+            threshold = AccuracyThreshold.parse(threshold_text)
             misses = report.violations(threshold)
             self.record["accuracy"].update(threshold=str(threshold), passed=not misses, violations=misses)
             if misses:
+                which = "--accuracy-threshold" if self.config.accuracy_threshold else "the TF32 bounds"
                 raise AccuracyError(
-                    f"the {precision} plan misses --accuracy-threshold {threshold} against onnxruntime fp32: "
+                    f"the {precision} plan misses {which} {threshold} against onnxruntime fp32: "
                     f"{'; '.join(misses[:3])}{' ...' if len(misses) > 3 else ''}; no plan was written",
                     hint=_hint(self.config),
                 )
@@ -275,6 +282,8 @@ class PrecisionStep:
 
 
 def _hint(config: BuildConfig) -> str:
+    if config.tf32:
+        return "build without --tf32 (IEEE fp32), or accept more error with --accuracy-threshold rel_l2=..."
     if config.precision is Precision.INT8:
         return "try --int8-target top1=0.99 (or cosine=0.99) to keep sensitive layers in fp32, or build fp16"
     return "keep sensitive op types in fp32 with --fp32-ops, give real data with --sample-inputs, or build fp32"

@@ -6,7 +6,8 @@ build its payload; freeze everything into a plan written atomically.
 
 The cache key is the SHA-256 of: the source model bytes, the build config (without paths that
 do not change the result), the calibration data content, the backend and its version, the
-target device and the plan format version. Building the same thing twice reuses the plan.
+target device, what the backend resolved the optimization level to on this machine
+(:meth:`Backend.build_recipe`) and the plan format version. Building the same thing twice reuses the plan.
 
 Example:
     >>> result = build("model.onnx", BuildConfig(precision="fp16"), "model.plan")   # doctest: +SKIP
@@ -67,9 +68,16 @@ def _hash_folder(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def cache_key(model: OnnxModel, config: BuildConfig, target: dict[str, Any], backend_version: str) -> str:
-    """The content hash that identifies a build (see module docs)."""
+def cache_key(
+    model: OnnxModel,
+    config: BuildConfig,
+    target: dict[str, Any],
+    backend_version: str,
+    recipe: Mapping[str, Any] | None = None,
+) -> str:
+    """The content hash that identifies a build (see module docs); ``recipe``: the backend's resolved level."""
     parts = {
+        "recipe": dict(recipe or {}),
         "format": FORMAT_VERSION,
         "model": model.sha256,
         "config": config.cache_key_dict(),
@@ -83,7 +91,7 @@ def cache_key(model: OnnxModel, config: BuildConfig, target: dict[str, Any], bac
 def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
     """The ``streamrt build`` command line that reproduces ``config`` for ``source``."""
     args = ["streamrt", "build", source, "-o", str(output), "--backend", config.backend]
-    args += ["--precision", config.precision.value]
+    args += ["--precision", config.precision.value] + (["--tf32"] if config.tf32 else [])
     for profile in config.profiles:
         for label in ("min", "opt", "max"):
             spec = ",".join(f"{n}:{format_shape(getattr(r, label))}" for n, r in profile.ranges.items())
@@ -94,7 +102,9 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
     if config.calibration is not None:
         args += ["--calib", str(config.calibration.data), "--calib-method", config.calibration.method.value]
     if config.optimization_level != 3:
-        args += ["--opt-level", str(config.optimization_level)]
+        args += ["--optimization-level", str(config.optimization_level)]
+    if config.timing_cache is not None:
+        args += ["--timing-cache", str(config.timing_cache)]
     if config.memory_limit_mb is not None:
         args += ["--memory-limit", str(config.memory_limit_mb)]
     if config.verify_shapes is not None:
@@ -147,7 +157,7 @@ def make_manifest(
         backend_version=backend.version(),
         runtime_versions=backend.runtime_versions(),
         device=target,
-        precision=config.precision.value,
+        precision=config.numeric_precision,
         inputs=inputs,
         outputs=outputs,
         profiles=profiles,
@@ -204,14 +214,14 @@ def _build(
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = model if isinstance(model, OnnxModel) else load_model(model)
     backend = get_backend(config.backend)
-    if config.precision.value not in backend.precisions:
+    if config.numeric_precision not in backend.precisions:
         raise ConfigError(
-            f"backend '{backend.name}' cannot build precision {config.precision.value}; "
+            f"backend '{backend.name}' cannot build precision {config.numeric_precision}; "
             f"it supports {', '.join(sorted(backend.precisions))}",
         )
     profiles = resolve_profiles(source.inputs, config.profiles)
     target = backend.target_device(config)
-    key = cache_key(source, config, target, backend.version())
+    key = cache_key(source, config, target, backend.version(), backend.build_recipe(config))
     cached_plan = cache_root / "plans" / f"{key}.plan"
     out_path = Path(output) if output is not None else cached_plan
 
@@ -228,11 +238,11 @@ def _build(
             return BuildResult(out_path, manifest, True, time.perf_counter() - started)
 
     transformed, precision = source, None
-    if config.precision.value not in ("fp32", "tf32"):  # lower the graph, then gate the plan's accuracy
+    if config.precision.value != "fp32" or config.tf32:  # lower the graph, then gate the plan's accuracy
         from streamrt.accuracy_gate import PrecisionStep
 
         precision = PrecisionStep(source, config, profiles, backend, cache_root, report)
-        transformed = precision.transform()
+        transformed = precision.transform() if not config.tf32 else source
     report(f"building with {backend.name} {backend.version()}")
     try:
         built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))

@@ -122,7 +122,14 @@ class BuildConfig:
         fp32_ops: op types kept in fp32 by the fp16/bf16 conversion (numerically sensitive ops).
         calibration: int8 calibration data; required for ``precision=int8``.
         memory_limit_mb: workspace/arena limit for backends that take one.
-        optimization_level: 0 (fast build) .. 5 (slowest, best kernels); backends map it.
+        optimization_level: 0 (fastest build) .. 5 (slowest build, best kernels), 3 the default,
+            with TensorRT's meaning; backends map it (``docs/optimization-levels.md``).
+        tf32: fp32 plans may use TF32 tensor-core math (about 10 mantissa bits) for matmuls and
+            convolutions; off by default (plans stay IEEE fp32). Only with ``precision=fp32``;
+            ``precision="tf32"`` is the older spelling of ``fp32`` with ``tf32=True``.
+        timing_cache: a file (TensorRT) or directory (torch_inductor) keeping kernel timings
+            across builds, like trtexec's ``--timingCacheFile``; ``None``: the backend's default
+            under the cache directory.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
         verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
             writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
@@ -145,6 +152,8 @@ class BuildConfig:
     calibration: CalibrationConfig | None = None
     memory_limit_mb: int | None = None
     optimization_level: int = 3
+    tf32: bool = False
+    timing_cache: Path | None = None
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     verify_shapes: bool | None = None
     sample_inputs: Path | None = None
@@ -156,7 +165,18 @@ class BuildConfig:
         object.__setattr__(self, "precision", _enum(Precision, self.precision, "precision"))
         object.__setattr__(self, "profiles", tuple(self.profiles))
         object.__setattr__(self, "fp32_ops", tuple(self.fp32_ops))
-        if not 0 <= self.optimization_level <= 5:
+        if self.precision is Precision.TF32:  # the older spelling: one config, one cache key
+            object.__setattr__(self, "precision", Precision.FP32)
+            object.__setattr__(self, "tf32", True)
+        if self.tf32 and self.precision is not Precision.FP32:
+            raise ConfigError(
+                f"tf32 applies to fp32 plans only, not precision {self.precision.value}",
+                hint="drop --tf32, or build with --precision fp32 --tf32",
+            )
+        if self.timing_cache is not None:
+            object.__setattr__(self, "timing_cache", Path(self.timing_cache))
+        if isinstance(self.optimization_level, bool) or not isinstance(self.optimization_level, int) \
+                or not 0 <= self.optimization_level <= 5:
             raise ConfigError(f"optimization_level must be an integer in 0..5, got {self.optimization_level}")
         if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
             raise ConfigError(f"memory_limit_mb must be an integer >= 1, got {self.memory_limit_mb}")
@@ -173,6 +193,11 @@ class BuildConfig:
                 "precision int8 needs calibration data",
                 hint="pass --calib DIR (a folder of .npy/.npz files or images)",
             )
+
+    @property
+    def numeric_precision(self) -> str:
+        """What the plan computes in: ``tf32`` for an fp32 plan with TF32 on, else the precision."""
+        return "tf32" if self.tf32 else self.precision.value
 
     def replace(self, **changes: Any) -> BuildConfig:
         return dataclasses.replace(self, **changes)
@@ -210,6 +235,7 @@ class BuildConfig:
         d = self.to_dict()
         if d["calibration"] is not None:
             d["calibration"].pop("cache")
+        d.pop("timing_cache")  # where timings are kept; the level and recipe decide the plan
         if self.sample_inputs is not None and self.sample_inputs.is_file():
             import hashlib
 

@@ -130,6 +130,16 @@ def test_manifest_records_version_gpu_and_flags(plans: dict[str, Path]) -> None:
     assert manifest.build_settings["backend"]["tf32"] is False
 
 
+def test_tf32_level_and_timing_cache_flags(tmp_path: Path) -> None:
+    cache = tmp_path / "flag.cache"
+    cfg = BuildConfig(backend="tensorrt", tf32=True, optimization_level=1, timing_cache=cache,
+                      profiles=CATALOGUE["matmul"].profiles)
+    result = streamrt.build(catalogue_file("matmul", tmp_path), cfg, tmp_path / "tf32.plan", cache=False)
+    settings = result.manifest.build_settings["backend"]
+    assert settings["tf32"] is True and settings["builder_optimization_level"] == 1
+    assert settings["timing_cache"] == str(cache) and cache.is_file() and result.manifest.precision == "tf32"
+
+
 def test_dynamic_shapes_across_profiles(tmp_path: Path) -> None:
     profiles = (
         ShapeProfile({"x": ShapeRange((1, 32), (2, 32), (4, 32))}),

@@ -173,6 +173,11 @@ def test_build_options_reject_bad_values(options: dict[str, Any], message: str) 
         compat.build_options(BuildConfig(backend="tensorrt", backend_options=options))
 
 
+def test_timing_cache_flag_wins_over_the_option(tmp_path: Path) -> None:
+    config = BuildConfig(backend="tensorrt", timing_cache=tmp_path / "t.cache", backend_options={"timing_cache": "off"})
+    assert compat.build_options(config).timing_cache == str(tmp_path / "t.cache")
+
+
 def test_timing_cache_path_is_per_version_and_gpu(tmp_path: Path) -> None:
     path = compat.timing_cache_path(tmp_path, "10.16.0.72", H200)
     assert path == tmp_path / "tensorrt" / "timing-10.16.0.72-nvidia-h200-sm90.cache"

@@ -133,6 +133,10 @@ class Backend(abc.ABC):
         """
         return None
 
+    def build_recipe(self, config: BuildConfig) -> dict[str, Any]:
+        """What ``config`` resolves to on this machine (optimization level -> knobs), for the build cache key."""
+        return {}
+
     def describe_payload(self, payload: bytes) -> dict[str, Any]:
         """Extra facts for ``streamrt inspect`` read from a payload without loading it (e.g. ops)."""
         return {}

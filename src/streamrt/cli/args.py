@@ -196,7 +196,14 @@ BUILD_OPTIONS = (
            per_side=True),
     Option("precision", ("--precision",), "numeric precision, applied to the ONNX graph (default fp32)",
            {"choices": _PRECISIONS}, per_side=True),
-    Option("optimization_level", ("--opt-level",), "0 (fast build) .. 5 (best kernels); default 3", {"type": int}),
+    Option("optimization_level", ("--optimization-level", "--opt-level"), "0 (fastest build) .. 5 (slowest build, "
+           "fastest kernels), TensorRT's levels; default 3 (docs/optimization-levels.md)",
+           {"type": int, "choices": range(6), "metavar": "{0..5}"}),
+    Option("tf32", ("--tf32",), "fp32 plans: allow TF32 tensor-core math in matmuls and convolutions (about 1e-3 "
+           "relative error; default off: IEEE fp32)", {"action": "store_true"}),
+    Option("timing_cache", ("--timing-cache",), "keep kernel timings across builds here and reuse them (like "
+           "trtexec --timingCacheFile): a file for tensorrt, a directory for torch_inductor",
+           {"type": Path, "metavar": "PATH"}),
     Option("memory_limit_mb", ("--memory-limit",), "workspace/arena limit", {"type": int, "metavar": "MB"}),
     Option("keep_io_types", ("--no-keep-io-types",), "fp16/bf16: convert inputs/outputs too (default keeps them fp32)",
            {"action": "store_true"}, value=lambda _: False),

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from streamrt.cli._optimization import optimization_lines
 from streamrt.cli.args import CacheArgs
 from streamrt.cli.common import add_build_arguments, check_output, config_from_args, stderr_progress
 
@@ -44,4 +45,6 @@ def run(args: argparse.Namespace) -> int:
     m = result.manifest
     how = "reused from cache" if result.cached else f"built in {result.seconds:.1f} s"
     print(f"{result.path}: {m.backend} {m.backend_version}, {m.precision}, {how}")
+    for line in optimization_lines(m.build_settings, timing_cache=not result.cached):
+        print(line)
     return 0

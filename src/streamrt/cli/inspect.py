@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from streamrt.cli._optimization import optimization_lines
 from streamrt.plan import is_plan_file
 from streamrt.types import format_shape
 
@@ -73,6 +74,7 @@ def _text(info: dict[str, Any]) -> str:
         lines.append(f"  created      {info['created_at']} by streamrt {info['streamrt_version']}")
         lines.append(f"  runtime      {', '.join(f'{k} {v}' for k, v in info['runtime_versions'].items())}")
         lines.append(f"  rebuild      {info['build_command']}")
+        lines += optimization_lines(info.get("build_settings", {}))
         if "runnable_here" in info:
             lines.append(f"  cannot run here: {info['runnable_here']}")
     else:

@@ -164,8 +164,8 @@ class _Build:
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.config.memory_limit_mb * 2**20)
         config.builder_optimization_level = self.config.optimization_level
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-        if self.config.precision.value == "fp32":
-            config.clear_flag(trt.BuilderFlag.TF32)  # on by default in 10.x and 11.x
+        if self.config.precision.value == "fp32" and not self.config.tf32:
+            config.clear_flag(trt.BuilderFlag.TF32)  # on by default in 10.x and 11.x: --tf32 keeps it
         if self.options.version_compatible:
             config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
         if self.options.refit:
@@ -220,7 +220,7 @@ class _Build:
             "builder_optimization_level": self.config.optimization_level,
             "workspace_bytes": self.config.memory_limit_mb * 2**20 if self.config.memory_limit_mb else None,
             "profiling_verbosity": "DETAILED",
-            "tf32": self.config.precision.value != "fp32",
+            "tf32": self.config.tf32 or self.config.precision.value != "fp32",
             "timing_cache": str(cache_file) if cache_file else None,
             "cuda_graphs": self.options.cuda_graphs,
             **self.options.facts(),

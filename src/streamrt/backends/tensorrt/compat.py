@@ -161,7 +161,8 @@ class BuildOptions:
             runtime; newer TensorRT versions can load it; may be slower).
         hardware_compatibility: ``none``, ``ampere_plus`` or ``same_compute_capability``.
         refit: build with ``BuilderFlag.REFIT`` (weights can be replaced later).
-        timing_cache: ``None`` for the shared default file, ``""`` to disable, or a path.
+        timing_cache: ``None`` for the shared default file, ``""`` to disable, or a path;
+            ``BuildConfig.timing_cache`` (``--timing-cache FILE``) takes precedence.
         cuda_graphs: default for ``create_context(cuda_graph=...)`` on engines loaded from the plan.
     """
 
@@ -208,6 +209,8 @@ def build_options(config: BuildConfig) -> BuildOptions:
         cache = None
     elif cache is not None:
         cache = str(cache)
+    if config.timing_cache is not None:  # --timing-cache FILE (BuildConfig) wins over the option
+        cache = str(config.timing_cache)
     return BuildOptions(
         version_compatible=_flag(opts, "version_compatible"),
         hardware_compatibility=level,

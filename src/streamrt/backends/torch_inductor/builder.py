@@ -17,8 +17,10 @@ mismatch message. See ``docs/gpu-backend.md``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
+import os
 import re
 import tempfile
 import warnings
@@ -31,10 +33,12 @@ import torch
 from streamrt._features import cuda_available
 from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
-from streamrt.backends.torch_inductor.cache import inductor_cache
+from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
+from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
+from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
 from streamrt.backends.torch_inductor.payload import pack_payload
 from streamrt.backends.torch_inductor.target import device_kind, device_target
-from streamrt.backends.torch_inductor.tf32 import set_tf32
+from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
 from streamrt.plan import Plan, PlanManifest, check_field
@@ -44,7 +48,9 @@ __all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = {"device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads"}
+_OPTIONS = {
+    "device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads", "memory_format",
+}
 
 
 def _threads_option(config: BuildConfig) -> int:
@@ -146,20 +152,8 @@ def export_profiles(
 
 
 def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
-    opts = config.backend_options
-    autotune = bool(opts.get("max_autotune", config.optimization_level >= 4))
-    configs = {
-        "max_autotune": autotune,
-        "coordinate_descent_tuning": bool(opts.get("coordinate_descent_tuning", config.optimization_level >= 5)),
-        "freezing": bool(opts.get("freezing", False)),
-        "aot_inductor.metadata": dict(metadata),
-    }
-    if kind == "cpu":
-        # C++ kernels read the team size at run time (the engine's thread policy), instead of
-        # baking in the build machine's thread count.
-        configs["cpp.dynamic_threads"] = True
-    return configs
-
+    """The Inductor configs of ``config``'s optimization level (:mod:`.levels`), with the plan's metadata."""
+    return {**resolve_recipe(config, kind).inductor, "aot_inductor.metadata": dict(metadata)}
 
 
 @contextlib.contextmanager
@@ -189,10 +183,24 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
         except Exception as exc:
             raise BuildError(
                 f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
-                hint="try --opt-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
+                hint="try --optimization-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
             ) from exc
         return path.read_bytes()
 
+
+
+def _compile_in_layout(ep: torch.export.ExportedProgram, configs: Mapping[str, Any], memory_format: str) -> bytes:
+    return compile_package(ep, {**configs, **layout_knobs(memory_format)})
+
+
+def _describe(recipe: Recipe) -> str:
+    knobs = recipe.inductor
+    on = [name for name in ("max_autotune", "coordinate_descent_tuning", "freezing") if knobs.get(name)]
+    if knobs.get("max_autotune"):
+        on[0] += f" ({knobs.get('max_autotune_gemm_backends')})"
+    if recipe.cudnn_benchmark:
+        on.append("cudnn benchmark")
+    return f"{', '.join(on) or 'no autotuning'}; memory format {recipe.memory_format}"
 
 
 class TorchInductorBackend(Backend):
@@ -220,6 +228,9 @@ class TorchInductorBackend(Backend):
         from streamrt.onnx.importer.registry import converter_table
 
         return domain in ("", "ai.onnx") and op_type in converter_table()
+
+    def build_recipe(self, config: BuildConfig) -> dict[str, Any]:
+        return resolve_recipe(config, device_kind(config)).to_dict()
 
     def check_compatible(self, manifest: PlanManifest) -> None:
         check_field(manifest, "torch version", manifest.backend_version, self.version())
@@ -262,26 +273,67 @@ class TorchInductorBackend(Backend):
         Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
         """
         threads = _threads_option(config)  # checked before the long compile
-        set_tf32(config.precision.value == "tf32")
-        meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.precision.value}
-        inductor_configs = _inductor_configs(config, meta, kind)
-        packages = []
+        recipe = resolve_recipe(config, kind)
+        meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
+        progress(f"optimization level {recipe.level}: {_describe(recipe)}")
+        with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
+            packages, layout = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind)
+        progress(stats.line())
+        decided = layout_knobs(layout["memory_format"]) if layout else {}
+        settings = {
+            "device": kind,
+            "inductor": dict(sorted({**recipe.inductor, **decided}.items())),
+            "optimization": {**recipe.to_dict(), **({"memory_format_decision": layout} if layout else {})},
+            "timing_cache": stats.to_dict(),
+            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
+            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
+            "threads": threads,
+            "fp32_precision": "tf32" if config.tf32 else "ieee",
+            "cudnn_benchmark": recipe.cudnn_benchmark,
+        }
+        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
+
+    def _timings(self, config: BuildConfig, kind: str) -> contextlib.AbstractContextManager[TimingCacheStats]:
+        """The explicit ``--timing-cache`` directory, or counting in the current Inductor cache."""
+        if config.timing_cache is not None:
+            identity = {"device": device_target(kind).get("name" if kind == "cuda" else "isa"),
+                        **self.runtime_versions()}
+            return timing_cache(config.timing_cache, identity)
+        return count_autotuning(TimingCacheStats(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor default")))
+
+    def _compile(
+        self,
+        module: torch.nn.Module,
+        names: Sequence[str],
+        dtypes: Sequence[torch.dtype],
+        recipe: Recipe,
+        meta: Mapping[str, str],
+        profiles: tuple[ShapeProfile, ...],
+        progress: Progress,
+        kind: str,
+    ) -> tuple[list[bytes], dict[str, Any] | None]:
+        """One package per profile; at ``memory_format=measure`` profile 0 decides the layout for all."""
+        configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
+        packages, layout = [], None
         with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for i, profile in enumerate(profiles):
                 progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
                 ep = export_profiles(module, names, dtypes, profile, kind)
-                tuned = "autotuning kernels" if inductor_configs["max_autotune"] else "compiling kernels"
+                tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
                 progress(f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}")
-                packages.append(compile_package(ep, inductor_configs))
-        settings = {
-            "device": kind,
-            "inductor": {k: v for k, v in inductor_configs.items() if k != "aot_inductor.metadata"},
-            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
-            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
-            "threads": threads,
-            "fp32_precision": "tf32" if config.precision.value == "tf32" else "ieee",
-        }
-        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
+                if recipe.memory_format == "measure" and layout is None:
+                    if not has_convolutions(ep):
+                        layout = {"memory_format": "inductor", "reason": "no convolutions"}
+                    else:
+                        choice = choose_memory_format(
+                            ep, functools.partial(_compile_in_layout, ep, configs), kind, progress
+                        )
+                        layout = choice.to_dict()
+                        configs.update(layout_knobs(choice.memory_format))
+                        packages.append(choice.package)
+                        continue
+                packages.append(compile_package(ep, configs))
+        return packages, layout
 
     def load(self, plan: Plan) -> Engine:
         from streamrt.backends.torch_inductor.engine import TorchInductorEngine

@@ -1,13 +1,68 @@
-"""Inductor's compile cache: where ``TORCHINDUCTOR_CACHE_DIR`` points while a plan builds."""
+"""Inductor's caches during a build: where ``TORCHINDUCTOR_CACHE_DIR`` points, and the timing cache.
+
+Without ``--timing-cache`` a build uses ``<cache_dir>/inductor`` (a ``TORCHINDUCTOR_CACHE_DIR``
+the user set wins). ``--timing-cache DIR`` makes DIR Inductor's cache directory for the build,
+like trtexec's ``--timingCacheFile``: it keeps the GEMM/convolution autotuning timings (Inductor's
+``autotune_local_cache``, ``DIR/cache/<system hash>``), Triton kernels' tuned configs
+(coordinate descent, ``*.best_config``) and compiled kernels, so a rebuild at level 4 or 5 reuses
+what was timed. AOTInductor builds do not use the FX graph cache (its counters stay at zero).
+
+DIR records what it was timed on (``streamrt-timing-cache.json``: device, torch, triton and
+CUDA versions). A DIR from another GPU model or another version is ignored with one warning:
+the build then times into a fresh private directory and leaves DIR as it was.
+
+Hits and misses are counted per autotuning lookup (one per GEMM or convolution with several
+candidate kernels): a miss is a lookup that had to benchmark the candidates.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["inductor_cache"]
+__all__ = ["IDENTITY_FILE", "TimingCacheStats", "count_autotuning", "inductor_cache", "timing_cache"]
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "streamrt-timing-cache.json"
+
+
+@dataclass
+class TimingCacheStats:
+    """What one build found in the timing cache."""
+
+    path: str
+    hits: int = 0
+    misses: int = 0
+    ignored: str = ""  # why the given cache was not used (another GPU or version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "hits": self.hits, "misses": self.misses, "ignored": self.ignored}
+
+    def line(self) -> str:
+        if self.ignored:
+            return f"timing cache {self.path} ignored ({self.ignored}); {self.misses} autotuning lookups timed"
+        return f"timing cache {self.path}: {self.hits} hits, {self.misses} misses (GEMM/convolution autotuning)"
+
+
+@contextlib.contextmanager
+def _cache_dir(folder: Path) -> Iterator[None]:
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 @contextlib.contextmanager
@@ -19,8 +74,66 @@ def inductor_cache(cache_dir: Path) -> Iterator[None]:
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-    try:
+    with _cache_dir(cache_dir / "inductor"):
         yield
+
+
+def _mismatch(recorded: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
+    diffs = [f"{k} {recorded.get(k)!r} here {v!r}" for k, v in identity.items() if recorded.get(k) != v]
+    return "timed on " + ", ".join(diffs) if diffs else ""
+
+
+@contextlib.contextmanager
+def count_autotuning(stats: TimingCacheStats) -> Iterator[TimingCacheStats]:
+    """Count autotuning lookups into ``stats``: a lookup that benchmarked is a miss, one that did not a hit.
+
+    Wraps Inductor's ``PersistentCache.lookup`` (the autotuning timing cache) for the block; the
+    benchmark counter ``counters["inductor"]["select_algorithm_autotune"]`` tells the two apart.
+    """
+    from torch._dynamo.utils import counters
+    from torch._inductor import codecache
+
+    original = codecache.PersistentCache.lookup
+
+    def lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = counters["inductor"]["select_algorithm_autotune"]
+        result = original(self, *args, **kwargs)
+        if counters["inductor"]["select_algorithm_autotune"] > before:
+            stats.misses += 1
+        elif result:
+            stats.hits += 1
+        return result
+
+    codecache.PersistentCache.lookup = lookup  # type: ignore[method-assign]
+    try:
+        yield stats
     finally:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        codecache.PersistentCache.lookup = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def timing_cache(folder: Path, identity: Mapping[str, Any]) -> Iterator[TimingCacheStats]:
+    """Build with ``folder`` as Inductor's cache directory; yields the stats, filled when the block ends."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        from streamrt.errors import ConfigError
+
+        raise ConfigError(
+            f"--timing-cache {folder} is a file; torch_inductor keeps its timing cache in a directory",
+            hint=f"pass a directory, e.g. --timing-cache {folder.with_suffix('')}.d",
+        )
+    stats = TimingCacheStats(str(folder))
+    record = folder / IDENTITY_FILE
+    recorded = json.loads(record.read_text()) if record.is_file() else None
+    stats.ignored = _mismatch(recorded, identity) if recorded is not None else ""
+    if stats.ignored:
+        log.warning("ignoring timing cache %s: %s; timing afresh", folder, stats.ignored)
+        with tempfile.TemporaryDirectory(prefix="streamrt-timing-") as tmp, _cache_dir(Path(tmp)), \
+                count_autotuning(stats):
+            yield stats
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    if recorded is None:
+        record.write_text(json.dumps(dict(identity), indent=2, sort_keys=True))
+    with _cache_dir(folder), count_autotuning(stats):
+        yield stats

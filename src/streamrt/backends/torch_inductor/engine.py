@@ -19,6 +19,9 @@ stage can read item k while item k+1 replays). Shapes that cannot be captured (a
 synchronises with the host, e.g. for data-dependent output sizes) run as plain calls, and so
 does a call made while the caller is itself capturing a CUDA graph (the pipeline's stage graphs).
 
+GPU calls run under the plan's TF32 and cuDNN-benchmark flags (``tf32.py``), set around each
+call and restored after it.
+
 CPU plans run with the thread count of :mod:`streamrt.device.threads` (a policy that leaves a
 core free and shrinks under load; the build option ``threads`` or ``create_context(threads=N)``
 overrides it), set in the calling thread around each call.
@@ -43,7 +46,7 @@ import torch
 
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
 from streamrt.backends.torch_inductor.payload import extract_payload
-from streamrt.backends.torch_inductor.tf32 import set_tf32
+from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.errors import InferenceError, PlanFormatError
 from streamrt.plan import PlanManifest
 
@@ -105,7 +108,10 @@ class TorchInductorEngine(Engine):
             raise
         self._input_names: list[str] = list(meta["inputs"])
         self._output_names = [o.name for o in manifest.outputs]
-        set_tf32(manifest.build_settings.get("backend", {}).get("fp32_precision") == "tf32")
+        settings = manifest.build_settings.get("backend", {})
+        # Set around each GPU call and restored after (tf32.py): the user's process keeps its own flags.
+        self.tf32 = settings.get("fp32_precision") == "tf32"
+        self.cudnn_benchmark = bool(settings.get("cudnn_benchmark", False))
         ensure_cxx_runtime()
 
     def load_runner(self, profile: int) -> Any:
@@ -312,7 +318,8 @@ class TorchInductorContext(ExecutionContext):
         torch_stream = getattr(stream, "torch", stream)
         try:
             if engine.device_kind == "cuda":
-                with torch.cuda.stream(torch_stream) if torch_stream is not None else _null():
+                with torch.cuda.stream(torch_stream) if torch_stream is not None else _null(), \
+                        backend_flags(engine.tf32, engine.cudnn_benchmark):
                     outs = self._run_cuda(runner, profile, args)
             else:
                 with _cpu_threads(self.threads):

@@ -1,0 +1,114 @@
+"""Optimization levels 0..5 (TensorRT's meaning) resolved into AOTInductor knobs: the build recipe.
+
+The table, the build-time figures behind it and the knobs' meanings are in
+``docs/optimization-levels.md``. In short: 0-2 cut compile time (0 the most), 3 is the
+default recipe (Inductor's defaults), 4 adds max-autotune for GEMMs and convolutions over the
+GEMM backends that build here, 5 adds coordinate-descent tuning, freezing (constant folding),
+a measured memory-format choice and cuDNN benchmark mode.
+
+Explicit backend options (``max_autotune``, ``coordinate_descent_tuning``, ``freezing``,
+``memory_format``) override what the level says; the resolved recipe is what the plan's manifest
+records and what the build cache key includes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrt.config import BuildConfig
+from streamrt.errors import ConfigError
+
+__all__ = ["MEMORY_FORMATS", "Recipe", "gemm_backends", "layout_knobs", "resolve_recipe"]
+
+#: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges
+#: worth it); ``measure``: compile both layouts and keep the faster at the opt shape;
+#: ``channels_last`` / ``contiguous``: forced.
+MEMORY_FORMATS = ("inductor", "measure", "channels_last", "contiguous")
+
+# Level 0's compile-time cuts (measured in docs/optimization-levels.md): the AOTInductor wrapper
+# compiled at -O0, Inductor's pattern-matcher passes off; on CUDA, one heuristic config per
+# pointwise Triton kernel instead of benchmarking several.
+_FAST_BUILD: dict[str, dict[str, Any]] = {
+    "cpu": {"aot_inductor.compile_wrapper_opt_level": "O0", "pattern_matcher": False},
+    "cuda": {
+        "aot_inductor.compile_wrapper_opt_level": "O0",
+        "pattern_matcher": False,
+        "triton.autotune_pointwise": False,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one optimization level means for one build, after backend options.
+
+    Attributes:
+        level: the optimization level (0..5).
+        inductor: the Inductor configs handed to ``aoti_compile_and_package`` (no metadata).
+        memory_format: one of :data:`MEMORY_FORMATS`; ``measure`` is decided during the build.
+        cudnn_benchmark: engines run with ``torch.backends.cudnn.benchmark`` on (CUDA only):
+            cuDNN times its algorithms for each new input shape on the first call.
+    """
+
+    level: int
+    inductor: Mapping[str, Any] = field(default_factory=dict)
+    memory_format: str = "inductor"
+    cudnn_benchmark: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "inductor": dict(sorted(self.inductor.items())),
+            "memory_format": self.memory_format,
+            "cudnn_benchmark": self.cudnn_benchmark,
+        }
+
+
+def gemm_backends(kind: str) -> str:
+    """The ``max_autotune_gemm_backends`` that build here: ATen and Triton on CUDA (CUTLASS when
+    its Python package and ``nvcc`` are both present), ATen and Inductor's C++ templates on CPU."""
+    if kind != "cuda":
+        return "ATEN,CPP"
+    cutlass = importlib.util.find_spec("cutlass_library") is not None and shutil.which("nvcc") is not None
+    return "ATEN,TRITON,CUTLASS" if cutlass else "ATEN,TRITON"
+
+
+def layout_knobs(memory_format: str) -> dict[str, Any]:
+    """Inductor's layout switches for a decided memory format (none for Inductor's heuristic)."""
+    if memory_format == "channels_last":
+        return {"layout_optimization": True, "force_layout_optimization": True}
+    if memory_format == "contiguous":
+        return {"layout_optimization": False}
+    return {}
+
+
+def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
+    """The recipe of ``config.optimization_level`` on ``kind`` (``cuda`` or ``cpu``), options applied."""
+    level, opts = config.optimization_level, config.backend_options
+    inductor: dict[str, Any] = dict(_FAST_BUILD[kind]) if level == 0 else {}
+    if level in (1, 2):
+        inductor["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    if level == 1 and kind == "cuda":
+        inductor["triton.autotune_pointwise"] = False
+    inductor.update(max_autotune=level >= 4, coordinate_descent_tuning=level >= 5, freezing=level >= 5)
+    if level >= 4:
+        inductor["max_autotune_gemm_backends"] = gemm_backends(kind)
+        inductor["max_autotune_conv_backends"] = "ATEN,TRITON" if kind == "cuda" else "ATEN"
+    for key in ("max_autotune", "coordinate_descent_tuning", "freezing"):
+        if key in opts:
+            inductor[key] = bool(opts[key])
+    if kind == "cpu":
+        # C++ kernels read the team size at run time (the engine's thread policy), instead of
+        # baking in the build machine's thread count.
+        inductor["cpp.dynamic_threads"] = True
+    memory_format = str(opts.get("memory_format", "measure" if level >= 5 else "inductor"))
+    if memory_format not in MEMORY_FORMATS:
+        raise ConfigError(
+            f"torch_inductor option memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}"
+        )
+    inductor.update(layout_knobs(memory_format))
+    return Recipe(level, inductor, memory_format, cudnn_benchmark=level >= 5 and kind == "cuda")

@@ -1,0 +1,87 @@
+"""Optimization levels and the timing cache in real CPU builds (AOTInductor's C++ path).
+
+Three builds (about 2 minutes on 2 busy cores): level 0 of a convolution model, then the same
+level-4 matmul model twice with one ``--timing-cache`` directory: the first times the GEMM
+candidates (a miss), the second reuses the timing (a hit).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import streamrt
+from helpers import catalogue_file
+from streamrt.cli.inspect import _text, describe
+from streamrt.cli.main import main
+from streamrt.config import BuildConfig
+from streamrt.plan import read_plan
+from streamrt.testing.models import CATALOGUE
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+CPU = {"device": "cpu"}
+
+
+def test_level_0_plan_records_its_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "m.plan"
+    args = ["build", str(catalogue_file("conv_bn_relu", tmp_path)), "-o", str(plan), "--backend", "torch_inductor",
+            "--optimization-level", "0", "--option", "device=cpu", "--no-verify-shapes", "--no-cache",
+            "--cache-dir", str(tmp_path / "c")]
+    assert main(args) == 0
+    summary = capsys.readouterr().out
+    assert "optimization level 0: max_autotune off, coordinate descent off, freezing off, memory format inductor" \
+        in summary and "timing cache" in summary
+    manifest = read_plan(plan).manifest
+    backend = manifest.build_settings["backend"]
+    recipe = backend["optimization"]
+    assert recipe["level"] == 0 and recipe["memory_format"] == "inductor" and not recipe["cudnn_benchmark"]
+    assert recipe["inductor"]["aot_inductor.compile_wrapper_opt_level"] == "O0"
+    assert recipe["inductor"]["pattern_matcher"] is False and recipe["inductor"]["max_autotune"] is False
+    assert backend["inductor"] == recipe["inductor"] and backend["fp32_precision"] == "ieee"
+    assert manifest.build_settings["config"]["optimization_level"] == 0
+    assert "--optimization-level 0" in manifest.build_command
+    assert "level 0: max_autotune off" in _text(describe(plan))  # streamrt inspect
+    # The level-0 plan still computes the model (fresh random data vs the NumPy reference).
+    model = CATALOGUE["conv_bn_relu"]
+    inputs = model.inputs(np.random.default_rng(), 1)
+    with streamrt.load(plan) as engine, engine.create_context() as ctx:
+        got = ctx.infer(inputs)
+    np.testing.assert_allclose(got["y"], model.reference(model.make(), inputs)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_timing_cache_is_reused_by_a_rebuild(tmp_path: Path) -> None:
+    model = catalogue_file("matmul", tmp_path)
+    cache = tmp_path / "timings"
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, timing_cache=cache, backend_options=CPU,
+                         verify_shapes=False)
+    lines: list[str] = []
+    first = streamrt.build(model, config, tmp_path / "a.plan", cache=False, cache_dir=tmp_path / "c")
+    second = streamrt.build(model, config, tmp_path / "b.plan", cache=False, cache_dir=tmp_path / "c",
+                            progress=lines.append)
+    one, two = (r.manifest.build_settings["backend"]["timing_cache"] for r in (first, second))
+    assert one["path"] == str(cache) and one["misses"] >= 1 and one["hits"] == 0
+    assert two["hits"] == one["misses"] and two["misses"] == 0
+    assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning)" in lines
+    assert (cache / "streamrt-timing-cache.json").is_file()
+
+
+def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
+    import torch
+
+    from streamrt.backends.torch_inductor.builder import compile_package
+    from streamrt.backends.torch_inductor.levels import layout_knobs
+    from streamrt.backends.torch_inductor.memory_format import choose_memory_format
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        ep = torch.export.export(net, (torch.randn(2, 3, 16, 16),))
+        lines: list[str] = []
+        choice = choose_memory_format(
+            ep, lambda fmt: compile_package(ep, {"cpp.dynamic_threads": True, **layout_knobs(fmt)}), "cpu", lines.append
+        )
+    assert set(choice.timings_ms) == {"channels_last", "contiguous"} and all(t > 0 for t in choice.timings_ms.values())
+    assert choice.timings_ms[choice.memory_format] == min(choice.timings_ms.values())
+    assert choice.package[:2] == b"PK" and lines[-1].startswith(f"memory format: {choice.memory_format} (")
