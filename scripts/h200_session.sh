@@ -35,7 +35,7 @@ run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
 part() {  # part NAME: one part of the session
     case $1 in
         tests) run tests "${TESTS_LIMIT:-360}" python3 -m pytest -v -p no:cacheprovider -m gpu ${TESTS:-tests} \
-                   ${TEST_WORKERS:+-n $TEST_WORKERS --dist loadfile} --timeout "${TEST_TIMEOUT:-600}" \
+                   ${TEST_WORKERS:+-n $TEST_WORKERS --dist ${TEST_DIST:-loadfile}} --timeout "${TEST_TIMEOUT:-600}" \
                    -o junit_family=xunit2 --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
         examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
