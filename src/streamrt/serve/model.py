@@ -247,6 +247,7 @@ class ServedModel:
                     taken = max(measure.by_gpu.get(gpu, 0), need)
                     budget.admit(key, taken, device="cuda", model_limit=limit, basis="measured while loading", gpu=gpu)
                     budget.account(key, taken, gpu)
+                    served.stats.memory_usage.append({"type": "GPU", "id": gpu, "byte_size": taken})
             except ConfigError:
                 budget.forget(key)
                 served.release()
