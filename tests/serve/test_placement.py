@@ -18,7 +18,9 @@ GIB = 2**30
 H200 = "NVIDIA H200"
 
 
-def _where(groups: list[InstanceGroupConfig], gpus: list[str], engine_kind: str = "cuda") -> list[tuple[int | None, int]]:
+def _where(
+    groups: list[InstanceGroupConfig], gpus: list[str], engine_kind: str = "cuda"
+) -> list[tuple[int | None, int]]:
     return [(p.gpu, p.group) for p in place_instances(groups, engine_kind=engine_kind, gpus=gpus, model="m")]
 
 
@@ -90,7 +92,8 @@ def test_memory_budget_is_per_gpu_and_names_the_gpu() -> None:
     free = {0: (10 * GIB, 80 * GIB), 1: (600 * MIB, 80 * GIB)}
     budget = MemoryBudget(gpu_budget_mb=1024, free_memory=lambda gpu: free[gpu])
     budget.account("a:1", 900 * MIB, gpu=0)
-    budget.admit("b:1", 500 * MIB, device="cuda", model_limit=None, basis="model file", gpu=1)  # GPU 1's budget is whole
+    # GPU 1's budget is whole: what the model took on GPU 0 does not count there.
+    budget.admit("b:1", 500 * MIB, device="cuda", model_limit=None, basis="model file", gpu=1)
     with pytest.raises(ConfigError, match=r"budget of 1024\.0 MiB leaves 124\.0 MiB on GPU 0"):
         budget.admit("b:1", 500 * MIB, device="cuda", model_limit=None, basis="model file", gpu=0)
     free[1] = (200 * MIB, 80 * GIB)
@@ -98,7 +101,8 @@ def test_memory_budget_is_per_gpu_and_names_the_gpu() -> None:
         budget.admit("b:1", 300 * MIB, device="cuda", model_limit=None, basis="model file", gpu=1)
     budget.account("a:1", 100 * MIB, gpu=1)
     assert (budget.taken_on(0), budget.taken_on(1), budget.taken) == (900 * MIB, 100 * MIB, 1000 * MIB)
-    assert budget.describe_free([0, 1]) == "GPU 0: 10240.0 MiB free of 81920.0 MiB; GPU 1: 200.0 MiB free of 81920.0 MiB"
+    assert budget.describe_free([0, 1]) == \
+        "GPU 0: 10240.0 MiB free of 81920.0 MiB; GPU 1: 200.0 MiB free of 81920.0 MiB"
     budget.forget("a:1")  # every GPU of the model
     assert budget.taken == 0
 

@@ -19,7 +19,7 @@ CLIP = {"width": 320, "height": 192, "frames": 6}
 
 def test_parse_gpus() -> None:
     assert parse_gpus("0,1", 2) == [0, 1] and parse_gpus("1", 2) == [1]
-    with pytest.raises(ConfigError, match="names GPU 2, which does not exist; torch sees GPUs 0..1"):
+    with pytest.raises(ConfigError, match=r"names GPU 2, which does not exist; torch sees GPUs 0\.\.1"):
         parse_gpus("0,2", 2)
     with pytest.raises(ConfigError, match="torch sees no GPU"):
         parse_gpus("0", 0)
@@ -143,3 +143,18 @@ def test_cli_gpus_zero_writes_jsonl_and_reports(tmp_path: Any, capsys: pytest.Ca
     assert sorted({r["source"] for r in records}) == [0, 1] and len(records) == 12
     assert (tmp_path / "report" / "detect_gpus.json").is_file()
     assert "1 GPUs:" in capsys.readouterr().out
+
+
+def test_two_gpu_runbook_refuses_with_fewer_than_two_gpus(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if _gpu_count() >= 2:
+        pytest.skip("two GPUs are visible: the runbook would run")
+    out = subprocess.run([sys.executable, str(root / "scripts" / "gpu_multi_check.py"), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert f"needs 2 CUDA GPUs, torch sees {_gpu_count()}" in out.stderr
+    assert not (tmp_path / "out").exists()

@@ -178,7 +178,6 @@ def _detect_on_gpus(args: argparse.Namespace, sources: list[FrameSource], config
 
     import torch
 
-    from streamrt.cli.common import check_output
     from streamrt.errors import ConfigError
     from streamrt.video.multi_gpu import parse_gpus, run_detection_on_gpus
     from streamrt.video.report import write_report_files
@@ -219,7 +218,6 @@ def _detect_on_gpus(args: argparse.Namespace, sources: list[FrameSource], config
         print(f"wrote detections: {args.jsonl}")
     print(report.format_text())
     if args.report is not None:
-        check_output(args.report, directory=True)
         for gpu, run in report.runs.items():
             for path in write_report_files(run, args.report, f"detect_gpu{gpu}"):
                 print(f"wrote {path}")
