@@ -5,7 +5,9 @@ live there), its own pipeline with its lanes, streams, pinned slots and device b
 host thread that feeds it (the Python thread that enqueues work is often the bound, DESIGN.md). The
 sources are dealt like cards: source ``k`` goes to ``gpus[k % len(gpus)]``, so 4 cameras on
 ``--gpus 0,1`` run cameras 0 and 2 on GPU 0 and cameras 1 and 3 on GPU 1. Every GPU opens its detector
-first; the runs start together (a barrier), so the throughputs add up over one window.
+first, one GPU at a time (the first builds an ONNX model's plan, the others take it from the build
+cache: same GPU model, same plan); the runs start together (a barrier), so the throughputs add up
+over one window.
 
 Results reach ``on_result`` with their source index in the caller's list (not the GPU's), one call at
 a time (a lock), in order per source.
@@ -151,6 +153,7 @@ def run_detection_on_gpus(
         raise ConfigError("a multi-GPU detection run needs at least one GPU")
     dealt = deal_sources(len(sources), gpus)
     lock = threading.Lock()
+    opening = threading.Lock()
     start = threading.Barrier(len(dealt))
     reports: dict[int, RunReport] = {}
     errors: dict[int, BaseException] = {}
@@ -170,7 +173,8 @@ def run_detection_on_gpus(
     def run_on(gpu: int, mine: list[int]) -> None:
         try:
             device = (enter or _enter_cuda)(gpu)
-            model = open_model()
+            with opening:  # one at a time: the first builds the plan (compilers are not thread-safe), the rest reuse it
+                model = open_model()
         except BaseException as exc:
             errors[gpu] = exc
             start.abort()
