@@ -390,6 +390,7 @@ class InstanceGroup:
     def close(self, timeout: float | None = None) -> None:
         for instance in self.instances:
             try:
-                instance.close(timeout)
+                with device_scope(instance.gpu or None):  # a context is released with its GPU current
+                    instance.close(timeout)
             except Exception:
                 log.warning("closing instance %s failed", instance.name, exc_info=True)
