@@ -84,8 +84,8 @@ class Instance:
 
     Args:
         name: for logs and thread names (``<model>_<version>_<index>``).
-        engine: the loaded engine (shared by the instances of a model version).
-        device: the device layer's device the engine runs on.
+        engine: the loaded engine (shared by the instances of a model version on the same device).
+        device: the device layer's device the engine runs on (``CudaDevice(n)`` for GPU n).
         batched: the model has a batch dimension (batches are concatenated along axis 0).
         max_batch_size: rows of the input slots.
         check: checks every batch's outputs before they are split (None: no check, for tests that
