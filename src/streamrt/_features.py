@@ -25,6 +25,7 @@ __all__ = [
     "cpu_simd_level",
     "cuda_available",
     "cuda_target",
+    "current_cuda_device",
     "cv2_available",
     "torch_available",
     "triton_importable",
@@ -69,6 +70,20 @@ def cuda_target() -> dict[str, Any] | None:
         "compute_capability": f"{props.major}.{props.minor}",
         "cuda": str(torch.version.cuda),
     }
+
+
+def current_cuda_device() -> int | None:
+    """The calling thread's current CUDA device index when torch is already imported and sees a GPU, else None.
+
+    Asked without importing torch (ONNX Runtime's GPU providers read it to pick their device): a process
+    that never imported torch never chose a device other than 0.
+    """
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.current_device())
 
 
 @cache

@@ -113,3 +113,36 @@ def test_a_cuda_stream_waits_only_for_completed_host_events(dev) -> None:
         gate.set()
     finally:
         host.close(timeout=10)
+
+
+def test_a_gpu_index_that_does_not_exist_is_refused() -> None:
+    import torch
+
+    from streamrt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"CUDA device {torch.cuda.device_count()} does not exist"):
+        get_device("cuda", torch.cuda.device_count())
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs (torch.cuda.device_count() < 2)")
+def test_second_gpu_streams_buffers_and_scope() -> None:
+    import numpy as np
+    import torch
+
+    from streamrt.device import device_scope
+
+    dev = get_device("cuda", 1)
+    s = dev.stream("one")
+    assert s.torch.device.index == 1 and dev.empty((4,), "float32").device.index == 1
+    host = dev.host_buffer((4,), "float32")
+    assert host.is_pinned()
+    data = np.random.default_rng().standard_normal(4).astype(np.float32)
+    host.numpy()[:] = data
+    out = torch.empty(4, device="cuda:1")
+    s.launch(lambda: out.copy_(host, non_blocking=True))
+    s.record().synchronize()
+    np.testing.assert_array_equal(out.cpu().numpy(), data)
+    with device_scope(1):
+        assert torch.cuda.current_device() == 1
+    assert torch.cuda.current_device() == 0

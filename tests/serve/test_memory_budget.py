@@ -26,7 +26,7 @@ GIB = 2**30
 
 def test_admit_checks_model_limit_server_budget_and_free_memory() -> None:
     free = [(10 * GIB, 80 * GIB)]
-    budget = MemoryBudget(gpu_budget_mb=1024, free_memory=lambda: free[0])
+    budget = MemoryBudget(gpu_budget_mb=1024, free_memory=lambda gpu: free[0])
     budget.admit("a:1", 600 * MIB, device="cuda", model_limit=None, basis="model file")
     budget.account("a:1", 700 * MIB)
     with pytest.raises(ConfigError, match=r"model b:1 needs at least 400\.0 MiB of GPU memory \(model file\) but the "
@@ -39,7 +39,7 @@ def test_admit_checks_model_limit_server_budget_and_free_memory() -> None:
     assert budget.taken == 0
     budget.admit("b:1", 400 * MIB, device="cuda", model_limit=None, basis="model file")
     free[0] = (300 * MIB, 80 * GIB)
-    with pytest.raises(ConfigError, match=r"but the GPU has 300\.0 MiB free of 81920\.0 MiB"):
+    with pytest.raises(ConfigError, match=r"but GPU 0 has 300\.0 MiB free of 81920\.0 MiB"):
         budget.admit("b:1", 400 * MIB, device="cuda", model_limit=None, basis="model file")
     # A CPU model: the server's GPU budget and the GPU's free memory do not apply, its own limit does.
     budget.admit("cpu:1", 400 * MIB, device="cpu", model_limit=None, basis="model file")

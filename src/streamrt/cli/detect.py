@@ -75,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fps", type=float, default=None, help="pacing rate per source (default: the source's)")
     parser.add_argument("--max-frames", type=int, default=None, help="stop after N frames per source")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--gpus", default=None, metavar="0,1",
+                        help="spread the sources round-robin over these GPUs: a detector and a pipeline on each")
     add_detect_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -159,12 +161,69 @@ def run(args: argparse.Namespace) -> int:
     try:
         for spec in args.sources:
             sources.append(open_source(spec))
+        if args.gpus is not None:
+            return _detect_on_gpus(args, sources, config)
         detector = open_model(args, args.model, args.labels, config.pipeline)
     except BaseException:
         for source in sources:
             source.close()
         raise
     return _detect(args, detector, sources, config)
+
+
+def _detect_on_gpus(args: argparse.Namespace, sources: list[FrameSource], config: DetectConfig) -> int:
+    """``--gpus``: the sources dealt over the GPUs (:mod:`streamrt.video.multi_gpu`), JSON Lines and the
+    report per GPU; an annotated video is written by one-GPU runs only."""
+    import json
+
+    import torch
+
+    from streamrt.errors import ConfigError
+    from streamrt.video.multi_gpu import parse_gpus, run_detection_on_gpus
+    from streamrt.video.report import write_report_files
+    from streamrt.video.sinks import JsonlSink, ThreadedSink
+    from streamrt.video.sources import Prefetch
+
+    if args.output is not None:
+        raise ConfigError("--gpus writes detections (--jsonl) and reports (--report), not an annotated video",
+                          hint="drop -o/--output, or run on one GPU")
+    gpus = parse_gpus(args.gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    sink: ThreadedSink | None = None
+    names: list[tuple[str, ...]] = []
+
+    def opener() -> DetectorModel:
+        model = open_model(args, args.model, args.labels, config.pipeline)
+        names.append(model.names)
+        return model
+
+    def deliver(frame: Frame, detections: Detections) -> None:  # one call at a time (run_detection_on_gpus)
+        nonlocal sink
+        if sink is None:
+            sink = ThreadedSink(JsonlSink(args.jsonl, names[0], [s.info for s in sources]))
+        sink(frame, detections)
+
+    feeds = [Prefetch(s) for s in sources]
+    try:
+        report = run_detection_on_gpus(opener, feeds, config, gpus,
+                                       on_result=deliver if args.jsonl is not None else None)
+    except BaseException:
+        if sink is not None:
+            sink.abort()
+        raise
+    finally:
+        for feed in feeds:
+            feed.close()
+    if sink is not None:
+        sink.close()
+        print(f"wrote detections: {args.jsonl}")
+    print(report.format_text())
+    if args.report is not None:
+        for gpu, run in report.runs.items():
+            for path in write_report_files(run, args.report, f"detect_gpu{gpu}"):
+                print(f"wrote {path}")
+        (args.report / "detect_gpus.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
+        print(f"wrote {args.report / 'detect_gpus.json'}")
+    return 0
 
 
 def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],

@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
 from streamrt._features import cuda_available
 from streamrt.device.base import BufferPool, Device, Event, Stream, StreamWork
 from streamrt.device.host import CpuDevice, HostEvent, HostStream, InlineStream
@@ -25,6 +27,7 @@ __all__ = [
     "Stream",
     "StreamWork",
     "cuda_available",
+    "device_scope",
     "get_device",
 ]
 
@@ -48,3 +51,13 @@ def get_device(kind: str = "auto", index: int = 0) -> Device:
     from streamrt.device.cuda import CudaDevice
 
     return CudaDevice(index)
+
+
+def device_scope(index: int | None) -> contextlib.AbstractContextManager[None]:
+    """GPU ``index`` as the calling thread's current CUDA device inside a ``with`` block (None: no change);
+    see :func:`streamrt.device.cuda.device_scope`."""
+    if index is None:
+        return contextlib.nullcontext()
+    from streamrt.device.cuda import device_scope as scope
+
+    return scope(index)

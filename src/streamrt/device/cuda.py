@@ -17,22 +17,39 @@ Rules this module keeps (pytorch docs/source/notes/cuda.md, "CUDA streams", "pin
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from streamrt.device.base import BufferPool, Event, Stream, StreamWork
 from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.device.host import HostStream, InlineStream
-from streamrt.errors import PipelineError
+from streamrt.errors import ConfigError, PipelineError
 
-__all__ = ["CudaDevice", "CudaEvent", "CudaStream"]
+__all__ = ["CudaDevice", "CudaEvent", "CudaStream", "device_scope"]
 
 # Host polling of a CUDA event with a timeout: start short (results are usually ready), back off
 # so a long wait does not burn a core or hold the GIL.
 # The cap stays small: a producer that wakes late leaves the GPU idle when the ring is short.
 _POLL_START_S = 10e-6
 _POLL_MAX_S = 100e-6
+
+
+@contextlib.contextmanager
+def device_scope(index: int | None) -> Iterator[None]:
+    """Make GPU ``index`` the calling thread's current device inside the block (None: leave it as it is).
+
+    What runs on "the current device" lands there: loading a plan (TensorRT deserializes onto it,
+    AOTInductor packages load for it, the compatibility check reads its name), creating execution
+    contexts, ``device="cuda"`` tensors. The current device is per thread, so worker threads set it
+    themselves (entering a stream on another device switches it too: ``torch.cuda.stream``).
+    """
+    if index is None:
+        yield
+        return
+    with import_torch().cuda.device(index):
+        yield
 
 
 class CudaEvent:
@@ -162,6 +179,10 @@ class CudaDevice:
         if not torch.cuda.is_available():
             raise PipelineError("CUDA device requested but torch.cuda.is_available() is False",
                                 hint="run on the CPU with --device cpu (in Python: get_device('cpu'))")
+        count = torch.cuda.device_count()
+        if not 0 <= index < count:
+            raise ConfigError(f"CUDA device {index} does not exist; torch sees {count} GPU(s), indices 0..{count - 1}",
+                              hint="pick a visible GPU (CUDA_VISIBLE_DEVICES renumbers them from 0)")
         self._index = index
         self._torch_device = torch.device("cuda", index)
 
@@ -192,7 +213,10 @@ class CudaDevice:
 
     def host_buffer(self, shape: Sequence[int], dtype: Any, *, pinned: bool = True) -> Any:
         torch = import_torch()
-        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), pin_memory=pinned)
+        if not pinned or self._index == 0:
+            return torch.empty(tuple(shape), dtype=torch_dtype(dtype), pin_memory=pinned)
+        with torch.cuda.device(self._index):  # pinned for this GPU's copies (portable across GPUs anyway)
+            return torch.empty(tuple(shape), dtype=torch_dtype(dtype), pin_memory=True)
 
     def empty(self, shape: Sequence[int], dtype: Any) -> Any:
         torch = import_torch()

@@ -41,17 +41,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamrt.backends.base import Engine
-from streamrt.device import Device, Stream, get_device
+from streamrt.device import Device, Stream, device_scope, get_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
+from streamrt.serve.placement import place_instances, visible_gpus
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.types import DType
 
 if TYPE_CHECKING:
     from streamrt.serve.rate_limiter import RateLimiter, Ticket
 
-__all__ = ["BatchResult", "DeviceOutputs", "Instance", "InstanceGroup"]
+__all__ = ["BatchResult", "DeviceEngines", "DeviceOutputs", "Instance", "InstanceGroup"]
 
 log = logging.getLogger(__name__)
 
@@ -83,19 +84,21 @@ class Instance:
 
     Args:
         name: for logs and thread names (``<model>_<version>_<index>``).
-        engine: the loaded engine (shared by the instances of a model version).
-        device: the device layer's device the engine runs on.
+        engine: the loaded engine (shared by the instances of a model version on the same device).
+        device: the device layer's device the engine runs on (``CudaDevice(n)`` for GPU n).
         batched: the model has a batch dimension (batches are concatenated along axis 0).
         max_batch_size: rows of the input slots.
         check: checks every batch's outputs before they are split (None: no check, for tests that
             show what it catches).
+        gpu: the GPU index it runs on (None on the CPU), for statistics and logs.
     """
 
     def __init__(
         self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int,
-        check: OutputCheck | None = None,
+        check: OutputCheck | None = None, gpu: int | None = None,
     ) -> None:
         self.name = name
+        self.gpu = gpu
         self.check = check
         self.engine = engine
         self.device = device
@@ -209,8 +212,11 @@ class Instance:
         import torch
 
         with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
-            parts = [a.tensor if isinstance(a, DeviceTensor) else
-                     torch.from_numpy(np.ascontiguousarray(a)).to(self.device.torch_device, non_blocking=True)
+            here = self.device.torch_device
+            # A tensor on another GPU (an ensemble step's output from an instance there) is copied peer to peer.
+            parts = [(a.tensor if a.tensor.device == here else a.tensor.to(here, non_blocking=True))
+                     if isinstance(a, DeviceTensor) else
+                     torch.from_numpy(np.ascontiguousarray(a)).to(here, non_blocking=True)
                      for a in arrays]
             if len(parts) == 1 and parts[0].data_ptr() % 64 == 0:
                 return parts[0]  # the region itself: leased until the request is answered; compiled kernels
@@ -271,6 +277,60 @@ def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
     return part if keep_on_device else np.asarray(part)
 
 
+class DeviceEngines:
+    """A model version's engine on each GPU its instances use: loaded once per device, shared by that
+    device's instances and never across devices (an engine's weights and kernels live on one GPU).
+
+    Args:
+        primary: the engine already loaded (its specs resolve the config).
+        gpu: the GPU ``primary`` was loaded on (None for a CPU engine).
+        load: loads the engine again; called with the target GPU current (:func:`device_scope`), which is
+            where each backend puts a plan and where the plan's compatibility check reads the GPU's model.
+    """
+
+    def __init__(self, primary: Engine, gpu: int | None = None, load: Callable[[], Engine] | None = None) -> None:
+        self.primary = primary
+        self._load = load
+        self._by_gpu: dict[int | None, Engine] = {gpu: primary}
+
+    def on(self, gpu: int | None) -> Engine:
+        """The engine for GPU ``gpu`` (None: the CPU engine), loading it there on first use.
+
+        Raises:
+            ConfigError: no loader to put the engine on another GPU.
+            PlanMismatchError: the plan was built for another GPU model than GPU ``gpu`` (with the rebuild command).
+        """
+        engine = self._by_gpu.get(gpu)
+        if engine is not None:
+            return engine
+        if gpu is None or self._load is None:
+            raise ConfigError(f"the engine is loaded on {self.describe()} only, not on GPU {gpu}")
+        with device_scope(gpu):
+            engine = self._load()
+        self._by_gpu[gpu] = engine
+        if engine.device_kind != self.primary.device_kind:
+            raise ConfigError(f"the engine loaded on GPU {gpu} runs on {engine.device_kind}, the first one on "
+                              f"{self.primary.device_kind}")
+        log.info("engine %s loaded on GPU %d", engine.manifest.backend, gpu)
+        return engine
+
+    @property
+    def gpus(self) -> list[int]:
+        """The GPUs an engine is loaded on."""
+        return sorted(g for g in self._by_gpu if g is not None)
+
+    def describe(self) -> str:
+        gpus = self.gpus
+        return ", ".join(f"GPU {g}" for g in gpus) if gpus else "the CPU"
+
+    def close(self) -> None:
+        for engine in self._by_gpu.values():
+            try:
+                engine.close()
+            except Exception:
+                log.warning("closing an engine failed", exc_info=True)
+
+
 class InstanceGroup:
     """All instances of one model version."""
 
@@ -279,43 +339,58 @@ class InstanceGroup:
 
     @classmethod
     def create(
-        cls, name: str, engine: Engine, groups: Sequence[InstanceGroupConfig], *, batched: bool, max_batch_size: int,
-        check: OutputCheck | None = None, limiter: RateLimiter | None = None,
+        cls, name: str, engines: Engine | DeviceEngines, groups: Sequence[InstanceGroupConfig], *, batched: bool,
+        max_batch_size: int, check: OutputCheck | None = None, limiter: RateLimiter | None = None,
+        gpus: Sequence[str] | None = None,
     ) -> InstanceGroup:
         """Create every instance the config's ``instance_group`` asks for (each checks its batches with ``check``),
         each registered with ``limiter`` under its group's ``rate_limiter`` when there is one.
 
+        Placement follows Triton (:func:`~streamrt.serve.placement.place_instances`): ``count`` instances on
+        each GPU a group lists, every visible GPU when it lists none. Each instance gets its own context,
+        stream and pinned buffers on its own device, from that device's engine.
+
+        Args:
+            gpus: the visible GPUs' names (default: :func:`~streamrt.serve.placement.visible_gpus`).
+
         Raises:
-            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), a GPU other than 0, or
-                rate limiter resources the server cannot give.
+            ConfigError: a KIND_GPU group for a CPU engine (or the reverse), a GPU that does not exist (the
+                message lists the visible ones), or rate limiter resources the server cannot give.
+            PlanMismatchError: a GPU of another model than the plan was built for.
         """
+        if not isinstance(engines, DeviceEngines):
+            engines = DeviceEngines(engines, 0 if engines.device_kind == "cuda" else None)
+        engine = engines.primary
+        visible = list(visible_gpus() if gpus is None else gpus)
+        placements = place_instances(groups, engine_kind=engine.device_kind, gpus=visible, model=name)
         instances: list[Instance] = []
-        for group in groups:
-            wanted = {"KIND_GPU": "cuda", "KIND_CPU": "cpu"}.get(group.kind, engine.device_kind)
-            if wanted != engine.device_kind:
-                raise ConfigError(
-                    f"model '{name}': instance_group kind {group.kind} but the engine runs on {engine.device_kind}",
-                    hint="use KIND_AUTO, or build the plan for the device you want",
-                )
-            if any(g != 0 for g in group.gpus):
-                raise ConfigError(f"model '{name}': only gpus [0] is supported, got {list(group.gpus)}")
-            device = get_device(engine.device_kind)
-            for _ in range(group.count):
-                instances.append(
-                    Instance(f"{name}_{len(instances)}", engine, device, batched=batched,
-                             max_batch_size=max_batch_size, check=check)
-                )
+        try:
+            for placed in placements:
+                on = engines.on(placed.gpu)
+                device = get_device(placed.device, placed.gpu or 0)
+                with device_scope(placed.gpu if len(visible) > 1 else None):
+                    instances.append(
+                        Instance(f"{name}_{len(instances)}", on, device, batched=batched,
+                                 max_batch_size=max_batch_size, check=check, gpu=placed.gpu)
+                    )
                 if limiter is not None:
                     try:
-                        instances[-1].rate_limit = limiter.register(instances[-1].name, group.rate_limiter)
+                        ticket = limiter.register(instances[-1].name, groups[placed.group].rate_limiter,
+                                                  device=placed.gpu or 0)
                     except ConfigError as exc:
-                        cls(instances).close()
                         raise ConfigError(f"model '{name}': {exc.message}", hint=exc.hint) from None
+                    instances[-1].rate_limit = ticket
+        except BaseException:
+            cls(instances).close()
+            raise
+        if engines.gpus and len(engines.gpus) > 1:
+            log.info("model '%s': %d instances on %s", name, len(instances), engines.describe())
         return cls(instances)
 
     def close(self, timeout: float | None = None) -> None:
         for instance in self.instances:
             try:
-                instance.close(timeout)
+                with device_scope(instance.gpu or None):  # a context is released with its GPU current
+                    instance.close(timeout)
             except Exception:
                 log.warning("closing instance %s failed", instance.name, exc_info=True)

@@ -7,7 +7,8 @@ best number available each time:
 * **Before loading**: the model file's size (plan payload or ONNX file), a lower bound of what
   its weights take on the device, against the model's own ``memory_budget_mb`` parameter and,
   for a CUDA model, the server's remaining ``--gpu-memory-budget-mb`` and the GPU's free memory
-  (``torch.cuda.mem_get_info``). A model refused here never touched the GPU.
+  (``torch.cuda.mem_get_info``), on every GPU its instances use (:mod:`streamrt.serve.placement`),
+  each on its own: the budget is per GPU. A model refused here never touched the GPU.
 * **After loading and warming up**: the device memory the load actually took, measured as the
   drop of the GPU's free memory across the load (CUDA loads are serialised so that each one is
   measured alone; other processes allocating at the same time are counted too, which errs on the
@@ -22,13 +23,13 @@ other threads), so a CPU model is checked against its ``memory_budget_mb`` with 
 only, and the server's GPU budget does not apply to it.
 
 Example:
-    >>> budget = MemoryBudget(gpu_budget_mb=100, free_memory=lambda: (2**40, 2**40))
+    >>> budget = MemoryBudget(gpu_budget_mb=100, free_memory=lambda gpu: (2**40, 2**40))
     >>> budget.account("a:1", 80 * MIB)
     >>> try:
     ...     budget.admit("b:1", 30 * MIB, device="cuda", model_limit=None, basis="model file")
     ... except ConfigError as exc:
     ...     print(exc.message.split(" but ")[1])
-    the server's GPU memory budget of 100.0 MiB leaves 20.0 MiB
+    the server's GPU memory budget of 100.0 MiB leaves 20.0 MiB on GPU 0
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ import gc
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from streamrt._features import cuda_available
 from streamrt.errors import ConfigError
@@ -57,13 +58,13 @@ _HINT = ("unload other models, raise the budget (--gpu-memory-budget-mb, or the 
          "memory_budget_mb), use fewer instances or smaller max shapes, or serve it on another GPU or the CPU")
 
 
-def free_device_memory() -> tuple[int, int] | None:
-    """``(free, total)`` bytes of the current CUDA device, or None without CUDA."""
+def free_device_memory(gpu: int = 0) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of CUDA device ``gpu``, or None without CUDA."""
     if not cuda_available():
         return None
     import torch
 
-    free, total = torch.cuda.mem_get_info()
+    free, total = torch.cuda.mem_get_info(gpu)
     return int(free), int(total)
 
 
@@ -72,8 +73,9 @@ def release_device_memory() -> None:
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        for gpu in range(torch.cuda.device_count()):  # a model's instances may span GPUs
+            torch.cuda.synchronize(gpu)
+        torch.cuda.empty_cache()  # every device's cache
 
 
 def model_limit(parameters: Mapping[str, str], model: str) -> int | None:
@@ -100,43 +102,58 @@ def _mib(value: int) -> str:
 
 @dataclass
 class LoadMeasure:
-    """The device memory one load took (None: not measured, e.g. a CPU model)."""
+    """The device memory one load took on each GPU it used (empty: not measured, e.g. a CPU model)."""
 
-    taken: int | None = None
+    by_gpu: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def taken(self) -> int | None:
+        """Bytes taken on all its GPUs together (None: not measured)."""
+        return sum(self.by_gpu.values()) if self.by_gpu else None
 
 
 class MemoryBudget:
-    """The server's GPU memory ledger: what each loaded CUDA model took, against the budget.
+    """The server's GPU memory ledger: what each loaded CUDA model took on each GPU, against the budget.
+
+    The budget (``--gpu-memory-budget-mb``) applies to each GPU on its own: a model with instances on
+    GPUs 0 and 1 is counted on both, and a refusal names the GPU that has no room.
 
     Args:
-        gpu_budget_mb: GPU memory all models may take together (None: only the GPU's free memory).
-        free_memory: returns ``(free, total)`` bytes of the device, or None without one (tests of
+        gpu_budget_mb: GPU memory all models may take together on one GPU (None: only its free memory).
+        free_memory: returns ``(free, total)`` bytes of a GPU given its index, or None without one (tests of
             the accounting rules pass fixed numbers).
     """
 
     def __init__(
         self, gpu_budget_mb: float | None = None,
-        free_memory: Callable[[], tuple[int, int] | None] = free_device_memory,
+        free_memory: Callable[[int], tuple[int, int] | None] = free_device_memory,
     ) -> None:
         self.budget = int(gpu_budget_mb * MIB) if gpu_budget_mb is not None else None
         self._free_memory = free_memory
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
-        self._taken: dict[str, int] = {}
+        self._taken: dict[tuple[str, int], int] = {}
 
     @property
     def taken(self) -> int:
-        """Bytes counted against the budget by the loaded models."""
+        """Bytes counted against the budget by the loaded models, on all GPUs."""
         with self._lock:
             return sum(self._taken.values())
 
-    def free(self) -> tuple[int, int] | None:
-        """``(free, total)`` bytes of the device now (None without CUDA)."""
-        return self._free_memory()
+    def taken_on(self, gpu: int) -> int:
+        """Bytes counted on GPU ``gpu``."""
+        with self._lock:
+            return sum(v for (_, g), v in self._taken.items() if g == gpu)
 
-    def admit(self, key: str, need: int, *, device: str, model_limit: int | None, basis: str) -> None:
+    def free(self, gpu: int = 0) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of GPU ``gpu`` now (None without CUDA)."""
+        return self._free_memory(gpu)
+
+    def admit(
+        self, key: str, need: int, *, device: str, model_limit: int | None, basis: str, gpu: int = 0
+    ) -> None:
         """Refuse (ConfigError) when ``need`` bytes do not fit the model's limit, or for a CUDA model the
-        server's remaining budget or the free GPU memory; ``basis`` says how ``need`` was found."""
+        server's remaining budget on GPU ``gpu`` or that GPU's free memory; ``basis`` says how ``need`` was found."""
         where = "GPU memory" if device == "cuda" else f"{device} memory"
         head = f"model {key} needs at least {_mib(need)} of {where} ({basis})"
         if model_limit is not None and need > model_limit:
@@ -145,41 +162,50 @@ class MemoryBudget:
             return
         if self.budget is not None:
             with self._lock:
-                others = sum(v for k, v in self._taken.items() if k != key)
+                others = sum(v for (k, g), v in self._taken.items() if k != key and g == gpu)
             left = self.budget - others
             if need > left:
                 raise ConfigError(f"{head} but the server's GPU memory budget of {_mib(self.budget)} leaves "
-                                  f"{_mib(max(left, 0))}", hint=_HINT)
-        free = self.free()
+                                  f"{_mib(max(left, 0))} on GPU {gpu}", hint=_HINT)
+        free = self.free(gpu)
         if free is not None and need > free[0]:
-            raise ConfigError(f"{head} but the GPU has {_mib(free[0])} free of {_mib(free[1])}", hint=_HINT)
+            raise ConfigError(f"{head} but GPU {gpu} has {_mib(free[0])} free of {_mib(free[1])}", hint=_HINT)
 
     @contextlib.contextmanager
-    def measuring(self, device: str) -> Iterator[LoadMeasure]:
-        """Measure the device memory taken inside the block (CUDA: one measured load at a time)."""
+    def measuring(self, device: str, gpus: Sequence[int] = (0,)) -> Iterator[LoadMeasure]:
+        """Measure the device memory taken inside the block on each of ``gpus`` (CUDA: one measured load
+        at a time)."""
         measure = LoadMeasure()
-        if device != "cuda" or self.free() is None:
+        if device != "cuda" or not gpus or self.free(gpus[0]) is None:
             yield measure
             return
         with self._load_lock:
-            before = self.free()
+            before = {g: self.free(g) for g in gpus}
             yield measure
-            after = self.free()
-            if before is not None and after is not None:
-                measure.taken = max(0, before[0] - after[0])
+            for gpu, was in before.items():
+                now = self.free(gpu)
+                if was is not None and now is not None:
+                    measure.by_gpu[gpu] = max(0, was[0] - now[0])
 
-    def account(self, key: str, taken: int) -> None:
-        """Count ``taken`` bytes of a loaded model (``<name>:<version>``) against the budget."""
+    def account(self, key: str, taken: int, gpu: int = 0) -> None:
+        """Count ``taken`` bytes of a loaded model (``<name>:<version>``) on GPU ``gpu`` against the budget."""
         with self._lock:
-            self._taken[key] = taken
-        log.info("model %s took %s of GPU memory (%s counted for all models)", key, _mib(taken), _mib(self.taken))
+            self._taken[(key, gpu)] = taken
+        log.info("model %s took %s of GPU %d memory (%s counted there for all models)", key, _mib(taken), gpu,
+                 _mib(self.taken_on(gpu)))
 
     def forget(self, key: str) -> None:
-        """The model was unloaded (or its load failed): its memory no longer counts."""
+        """The model was unloaded (or its load failed): its memory no longer counts, on any GPU."""
         with self._lock:
-            self._taken.pop(key, None)
+            for item in [k for k in self._taken if k[0] == key]:
+                del self._taken[item]
 
-    def describe_free(self) -> str:
-        """``"12.0 GiB free of 140.0 GiB"``-style text for messages ("" without CUDA)."""
-        free = self.free()
-        return "" if free is None else f"{_mib(free[0])} free of {_mib(free[1])}"
+    def describe_free(self, gpus: Sequence[int] = (0,)) -> str:
+        """``"12.0 GiB free of 140.0 GiB"``-style text for messages, per GPU when several ("" without CUDA)."""
+        parts = []
+        for gpu in gpus:
+            free = self.free(gpu)
+            if free is not None:
+                text = f"{_mib(free[0])} free of {_mib(free[1])}"
+                parts.append(text if len(gpus) == 1 else f"GPU {gpu}: {text}")
+        return "; ".join(parts)

@@ -28,6 +28,7 @@ import numpy as np
 from streamrt._features import cuda_available
 from streamrt._oom import LOAD_HINT, as_out_of_memory
 from streamrt.backends.base import Engine
+from streamrt.device import device_scope
 from streamrt.errors import (
     ConfigError,
     DTypeMismatchError,
@@ -43,9 +44,10 @@ from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
-from streamrt.serve.instances import DeviceOutputs, InstanceGroup
+from streamrt.serve.instances import DeviceEngines, DeviceOutputs, InstanceGroup
 from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.memory_budget import MemoryBudget, model_limit, release_device_memory
+from streamrt.serve.placement import gpu_indices, visible_gpus
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.scheduler import ModelScheduler
@@ -175,10 +177,15 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
 class ServedModel:
     """A loaded, warmed-up model version. Create with :meth:`load`, then :meth:`start` on the loop."""
 
-    def __init__(self, version: int, config: ModelConfig, engine: Engine, instances: InstanceGroup) -> None:
+    def __init__(
+        self, version: int, config: ModelConfig, engine: Engine, instances: InstanceGroup,
+        engines: DeviceEngines | None = None,
+    ) -> None:
         self.version = version
         self.config = config
         self.engine = engine
+        self.engines = engines or DeviceEngines(engine)
+        """The engine on each GPU the instances use (``engine`` is the first of them)."""
         self.instances = instances
         self.stats = ModelStats()
         self.load_seconds = 0.0
@@ -217,26 +224,32 @@ class ServedModel:
         key = f"{config.name}:{version}"
         need, device = _load_estimate(model_dir, version, config)
         limit = model_limit(config.parameters, config.name)
-        budget.admit(key, need, device=device, model_limit=limit, basis="its model file")
+        gpus = visible_gpus()
+        used = gpu_indices(config.instance_group, gpus, config.name) or [0]  # a GPU that does not exist: refused here
+        for gpu in used:  # the engine is loaded once per GPU: each one must hold it
+            budget.admit(key, need, device=device, model_limit=limit, basis="its model file", gpu=gpu)
         started = time.perf_counter()
         try:
-            with budget.measuring(device) as measure:
-                served = cls._load(model_dir, version, config, loader, limiter)
+            with budget.measuring(device, used) as measure:
+                served = cls._load(model_dir, version, config, loader, limiter, gpus)
         except Exception as exc:
             oom = as_out_of_memory(exc, f"loading model {key}", LOAD_HINT)
             if oom is None:
                 raise
             traceback.clear_frames(exc.__traceback__)  # the failed load's locals (tensors, engine) go now
             release_device_memory()
-            free = budget.describe_free()
+            free = budget.describe_free(used)
             raise OutOfMemoryError(f"loading model {key}" + (f" ({free} after releasing it)" if free else ""),
                                    memory=oom.memory, requested=oom.requested, hint=LOAD_HINT) from exc
         if served.engine.device_kind == "cuda" and measure.taken is not None:
             try:
-                taken = max(measure.taken, need)
-                budget.admit(key, taken, device="cuda", model_limit=limit, basis="measured while loading")
-                budget.account(key, taken)
+                for gpu in served.engines.gpus:
+                    taken = max(measure.by_gpu.get(gpu, 0), need)
+                    budget.admit(key, taken, device="cuda", model_limit=limit, basis="measured while loading", gpu=gpu)
+                    budget.account(key, taken, gpu)
+                    served.stats.memory_usage.append({"type": "GPU", "id": gpu, "byte_size": taken})
             except ConfigError:
+                budget.forget(key)
                 served.release()
                 release_device_memory()
                 raise
@@ -247,13 +260,23 @@ class ServedModel:
     @classmethod
     def _load(
         cls, model_dir: Path, version: int, config: ModelConfig, loader: EngineLoader | None,
-        limiter: RateLimiter | None,
+        limiter: RateLimiter | None, gpus: list[str] | None = None,
     ) -> ServedModel:
-        engine = (loader or load_engine)(model_dir, version, config)
+        gpus = visible_gpus() if gpus is None else gpus
+
+        def load() -> Engine:
+            return (loader or load_engine)(model_dir, version, config)
+
+        # With several GPUs the first engine goes on the first GPU the instances use, the others on theirs
+        # (DeviceEngines); with one GPU nothing is scoped, so that path is what it always was.
+        first = (gpu_indices(config.instance_group, gpus, config.name) or [0])[0]
+        with device_scope(first if len(gpus) > 1 else None):
+            engine = load()
+        engines = DeviceEngines(engine, first if engine.device_kind == "cuda" else None, load)
         try:
-            served = cls._create(version, resolve_config(config, engine), engine, limiter)
+            served = cls._create(version, resolve_config(config, engine), engines, limiter, gpus)
         except BaseException:
-            engine.close()
+            engines.close()
             raise
         try:
             served = served._probe_batch_outputs(config)
@@ -266,7 +289,8 @@ class ServedModel:
 
     @classmethod
     def _create(
-        cls, version: int, resolved: ModelConfig, engine: Engine, limiter: RateLimiter | None = None
+        cls, version: int, resolved: ModelConfig, engines: DeviceEngines, limiter: RateLimiter | None = None,
+        gpus: list[str] | None = None,
     ) -> ServedModel:
         batched = bool(resolved.max_batch_size)
         if limiter is not None and resolved.sequence_batching is not None:
@@ -276,11 +300,11 @@ class ServedModel:
                 log.warning("model '%s': rate_limiter is ignored for sequence_batching models", resolved.name)
             limiter = None
         instances = InstanceGroup.create(
-            f"{resolved.name}_{version}", engine, resolved.instance_group,
+            f"{resolved.name}_{version}", engines, resolved.instance_group,
             batched=batched, max_batch_size=resolved.max_batch_size or 1,
-            check=OutputCheck(resolved.name, resolved.output, batched=batched), limiter=limiter,
+            check=OutputCheck(resolved.name, resolved.output, batched=batched), limiter=limiter, gpus=gpus,
         )
-        served = cls(version, resolved, engine, instances)
+        served = cls(version, resolved, engines.primary, instances, engines)
         served._limiter = limiter
         return served
 
@@ -314,12 +338,12 @@ class ServedModel:
         log.warning("%s", message)
         self.instances.close(timeout=5.0)
         self.instances = InstanceGroup([])  # a failure below releases the engine, not these twice
-        return self._create(self.version, unbatched, self.engine, self._limiter)
+        return self._create(self.version, unbatched, self.engines, self._limiter)
 
     def release(self) -> None:
         """Close instances and engine (after the scheduler stopped, or when loading failed)."""
         self.instances.close(timeout=5.0)
-        self.engine.close()
+        self.engines.close()
         self._forget_memory()
 
     def _forget_memory(self) -> None:
@@ -514,7 +538,7 @@ class ServedModel:
         """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
         if self._scheduler is not None:
             await self._scheduler.close(timeout)
-        self.engine.close()
+        self.engines.close()
         self._forget_memory()
 
     # --- descriptions -------------------------------------------------------------------------

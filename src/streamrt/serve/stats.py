@@ -107,6 +107,8 @@ class ModelStats:
         self.compute_output = Duration()
         self.inference_count = 0
         self.execution_count = 0
+        self.memory_usage: list[dict[str, Any]] = []
+        """Triton's ``memory_usage``: what the load took per device, ``{"type": "GPU", "id": 1, "byte_size": n}``."""
         self.last_inference_ms = 0
         self.failures: collections.Counter[str] = collections.Counter()
         self.batches: dict[int, tuple[Duration, Duration, Duration]] = {}
@@ -198,5 +200,5 @@ class ModelStats:
                     }
                     for rows, d in sorted(self.batches.items())
                 ],
-                "memory_usage": [],
+                "memory_usage": [dict(m) for m in self.memory_usage],
             }

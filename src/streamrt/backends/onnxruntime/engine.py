@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from streamrt._features import current_cuda_device
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
 from streamrt.backends.onnxruntime.session import session_options, session_providers, translate
 from streamrt.errors import InferenceError, InputError
@@ -33,6 +34,9 @@ class OnnxRuntimeEngine(Engine):
         if "providers" not in self._settings:
             self._settings["providers"] = ["CPUExecutionProvider"]
         self.device_kind = "cpu" if self._settings["providers"][0] == "CPUExecutionProvider" else "cuda"
+        # The GPU providers go on the CUDA device current at load (the server loads a model's engine once
+        # per GPU with that GPU current); None keeps ONNX Runtime's default, device 0.
+        self._device_id = current_cuda_device() if self.device_kind == "cuda" else None
         self._session = self._new_session(profiling=False)
         self._output_names = [o.name for o in manifest.outputs]
 
@@ -43,7 +47,8 @@ class OnnxRuntimeEngine(Engine):
             so.enable_profiling = True
             so.profile_file_prefix = prefix or "streamrt-profile"
         try:
-            return ort.InferenceSession(self._payload, sess_options=so, providers=session_providers(self._settings))
+            return ort.InferenceSession(self._payload, sess_options=so,
+                                        providers=session_providers(self._settings, self._device_id))
         except Exception as exc:
             raise translate(exc, None) from exc
 

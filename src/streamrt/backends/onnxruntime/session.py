@@ -42,14 +42,18 @@ def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptio
     return so
 
 
-def session_providers(settings: Mapping[str, Any]) -> list[Any]:
+def session_providers(settings: Mapping[str, Any], device_id: int | None = None) -> list[Any]:
+    """The providers with their options; ``device_id`` puts the GPU providers on that CUDA device
+    (None: their default, device 0)."""
     limit = settings.get("memory_limit_mb")
     out: list[Any] = []
     for name in settings["providers"]:
+        options: dict[str, str] = {}
         if name == "CUDAExecutionProvider" and limit:
-            out.append((name, {"gpu_mem_limit": str(int(limit) * 2**20)}))
-        else:
-            out.append(name)
+            options["gpu_mem_limit"] = str(int(limit) * 2**20)
+        if name in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and device_id is not None:
+            options["device_id"] = str(device_id)
+        out.append((name, options) if options else name)
     return out
 
 

@@ -30,6 +30,7 @@ from streamrt.errors import (
     UnknownInputError,
 )
 from streamrt.serve.config import ModelConfig, TensorConfig
+from streamrt.serve.placement import place_instances, visible_gpus
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
@@ -137,14 +138,16 @@ class PythonModel:
         )
         instances: list[PythonInstance] = []
         try:
+            gpus = visible_gpus()
             for index, group in enumerate(config.instance_group):
                 kind = cls._instance_kind(config.name, group.kind)
-                if any(g != 0 for g in group.gpus):
-                    raise ConfigError(f"Python model '{config.name}': only gpus [0] is supported, "
-                                      f"got {list(group.gpus)}")
-                for count in range(group.count):
+                # Triton's placement: count instances on each listed GPU (every visible GPU when none is listed);
+                # the model reads its GPU from args["model_instance_device_id"].
+                placed = place_instances([group], engine_kind="cuda" if kind == "GPU" else "cpu", gpus=gpus,
+                                         model=config.name)
+                for count, where in enumerate(placed):
                     name = f"{config.name}_{index}_{count}"
-                    instances.append(PythonInstance.start(spec, name, kind, 0))
+                    instances.append(PythonInstance.start(spec, name, kind, where.gpu or 0))
         except BaseException:
             PythonInstances(instances).close(timeout=10.0)
             raise
