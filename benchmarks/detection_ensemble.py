@@ -269,8 +269,8 @@ def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float,
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    return _row(f"served ensemble {model}, gRPC, concurrency {concurrency}, 1 frame per request", len(latencies), elapsed,
-                latencies, errors[0])
+    return _row(f"served ensemble {model}, gRPC, concurrency {concurrency}, 1 frame per request", len(latencies),
+                elapsed, latencies, errors[0])
 
 
 def _row(name: str, frames_done: int, elapsed: float, latencies: list[float], errors: int) -> dict[str, Any]:

@@ -40,8 +40,8 @@ __all__ = [
     "PostprocessConfig",
     "TorchLetterbox",
     "TorchPostprocess",
-    "decode_candidates",
     "crop_resize",
+    "decode_candidates",
     "nms_numpy",
     "resolve_layout",
 ]
