@@ -19,7 +19,7 @@ On CUDA they are torch_inductor fp16 plans (batch 1..16, ``optimization_level`` 
 the build cache, so a second run skips the builds); with ``--device cpu`` they are ONNX Runtime
 plans of the small CNN at 64, 32 and 16 pixels (one thread each), for CI.
 
-Every model has dynamic batching (max 16, 500 us) and one instance. Two scenarios, same load:
+Every model has dynamic batching (max 16, 500 us) and one instance (``--instances``). Two scenarios, same load:
 
 * ``no priorities``: ``--rate-limit off``: every model executes as soon as it has a batch.
 * ``priorities``: ``--rate-limit execution_count``, every instance group needs the resource
@@ -35,6 +35,14 @@ model's load seconds (``nv_model_load_duration_secs``: opening the plan, the bat
 16 rows, the warm-up at 1 and 16 rows, each new batch shape of a CUDA-graph plan costing one
 capture), so the rest is the process start (imports, CUDA initialisation, the front-end
 processes). The server log (``OUT/gpu-sharing-server.log``, INFO) has each plan's open time.
+What the code says about the ~70 s a first H200 run took to become READY: nothing is built on
+load (a plan is opened as it is: ``streamrt.open`` of a plan file), the probe and warm-up are four
+executions per model at two batch sizes, each new shape a CUDA-graph capture (three warm-up runs
+and one capture), and CUDA model loads run one at a time (``MemoryBudget.measuring`` holds a lock
+so that each load's memory is measured alone), so READY is the process start plus the sum of the
+three loads. None of that accounts for tens of seconds on models this small; the per-model split
+in the report says which part it was (a slow process start, e.g. a first import of torch._inductor
+and Triton without bytecode caches, shows as a first scenario much slower than the second).
 
 Usage (from the repository root)::
 
@@ -119,12 +127,13 @@ def build(model: Model, device: str, folder: Path, cache: Path) -> tuple[Path, f
     return Path(plan), time.perf_counter() - started
 
 
-def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], limited: bool) -> None:
+def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], limited: bool,
+               instances: int = 1) -> None:
     for model in models:
         folder = repo / model.name / "1"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.plan").write_bytes(plans[model.name].read_bytes())
-        group: dict[str, Any] = {"count": 1}
+        group: dict[str, Any] = {"count": instances}
         if limited:
             group["rate_limiter"] = {"resources": [{"name": "device", "count": 1}], "priority": model.priority}
         config = {"max_batch_size": 16, "instance_group": [group],
@@ -246,7 +255,7 @@ class Scenario:
 def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tuple[Model, ...],
                  args: argparse.Namespace, work: Path) -> Scenario:
     repo = work / f"repo-{rate_limit}"
-    write_repo(repo, plans, models, limited=rate_limit != "off")
+    write_repo(repo, plans, models, limited=rate_limit != "off", instances=args.instances)
     ports = Ports(free_port(), free_port(), free_port())
     started = time.perf_counter()
     process = start_server(repo, ports, rate_limit, args.frontend_processes, args.out / "gpu-sharing-server.log")
@@ -301,7 +310,7 @@ def render(results: dict[str, Scenario], models: tuple[Model, ...], builds: dict
         "(images); `client busy`: the busiest client process's CPU share of the window (> 80 %: the clients may "
         "be the limit)",
         f"- serving: {args.frontend_processes} front-end process(es) (`--frontend-processes`), "
-        "dynamic batching (max 16, 500 us), one instance per model; `priorities` runs with "
+        f"dynamic batching (max 16, 500 us), {args.instances} instance(s) per model; `priorities` runs with "
         "`--rate-limit execution_count`, a resource `device: 1` for every instance group and the "
         "`rate_limiter.priority` shown (lower value: granted more often)",
         "- build seconds (0: from the build cache): "
@@ -354,6 +363,7 @@ def main() -> int:
                         "sharing its concurrency (default 2 on CUDA, 1 on the CPU)")
     parser.add_argument("--frontend-processes", type=int, default=None, help="the server's HTTP/gRPC front-end "
                         "processes (default 4 on CUDA, 1 on the CPU)")
+    parser.add_argument("--instances", type=int, default=1, help="instances per model (default 1)")
     parser.add_argument("--saturation", type=float, default=80.0, help="GPU util %% from which the GPU counts as "
                         "saturated (default 80)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: the user's)")
