@@ -201,3 +201,23 @@ def reference(plans: dict[str, Path]) -> Any:
             return engines[name].create_context().infer(inputs)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Iterator[Any]:
+    """A tritonclient HTTP client of the module's ``server`` fixture (a :class:`ServerThread`)."""
+    import tritonclient.http as thttp
+
+    client = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", concurrency=8, network_timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def grpc(server: Any) -> Iterator[Any]:
+    """A tritonclient gRPC client of the module's ``server`` fixture."""
+    import tritonclient.grpc as tgrpc
+
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    yield client
+    client.close()

@@ -157,18 +157,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[Any]:
-    client = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=60, concurrency=8)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc(server: ServerThread) -> Iterator[Any]:
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    yield client
-    client.close()
 
 
 def _inputs(module: Any, arrays: dict[str, np.ndarray]) -> list[Any]:

@@ -260,18 +260,6 @@ def server(repo: Path) -> Iterator[ServerThread]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[Any]:
-    client = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", concurrency=8, network_timeout=60)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc(server: ServerThread) -> Iterator[Any]:
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    yield client
-    client.close()
 
 
 def add_sub_inputs(module: Any, a: np.ndarray, b: np.ndarray) -> list[Any]:

@@ -146,18 +146,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerThread) -> Iterator[Any]:
-    client = thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}", concurrency=8, network_timeout=30)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def grpc(server: ServerThread) -> Iterator[Any]:
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    yield client
-    client.close()
 
 
 def _step(client: Any, model: str, x: np.ndarray, sequence_id: int | str, *, start: bool = False,

@@ -60,7 +60,7 @@ from streamrt.errors import (
 from streamrt.serve.config import ModelConfig, TensorConfig
 from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
-from streamrt.serve.servable import LoadContext, Servable
+from streamrt.serve.servable import LoadContext, Servable, model_metadata
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.status import status_for
@@ -380,14 +380,7 @@ class EnsembleModel:
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The model metadata response (KServe ``$metadata_model_response``), platform ``ensemble``."""
-        mbs = self.config.max_batch_size or 0
-
-        def tensors(items: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "datatype": t.data_type.kserve, "shape": list(_full_shape(t, mbs))}
-                    for t in items]
-
-        return {"name": self.name, "versions": versions, "platform": self.platform,
-                "inputs": tensors(self.config.input), "outputs": tensors(self.config.output)}
+        return model_metadata(self.config, self.platform, versions)
 
     def triton_config(self) -> Any:
         """The config as Triton's ``inference.ModelConfig`` message, ``ensemble_scheduling`` included."""

@@ -50,7 +50,7 @@ from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
-from streamrt.serve.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.servable import EngineLoader, LoadContext, Servable, model_metadata
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
@@ -521,13 +521,7 @@ class ServedModel:
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The model metadata response (KServe ``$metadata_model_response``)."""
-        lead = [-1] if self.batched else []
-
-        def tensors(items: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "datatype": t.data_type.kserve, "shape": lead + list(t.dims)} for t in items]
-
-        return {"name": self.name, "versions": versions, "platform": self.platform,
-                "inputs": tensors(self.config.input), "outputs": tensors(self.config.output)}
+        return model_metadata(self.config, self.platform, versions)
 
     def triton_config(self) -> Any:
         """The resolved config as Triton's ``inference.ModelConfig`` message."""

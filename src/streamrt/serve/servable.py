@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from streamrt.serve.stats import ModelStats
     from streamrt.serve.tracing import RequestTrace
 
-__all__ = ["KINDS", "EngineLoader", "LoadContext", "Servable", "kind_of", "load_servable"]
+__all__ = ["KINDS", "EngineLoader", "LoadContext", "Servable", "kind_of", "load_servable", "model_metadata"]
 
 
 EngineLoader = Callable[[Path, int, ModelConfig], "Engine"]
@@ -125,3 +125,15 @@ def load_servable(context: LoadContext) -> Servable:
     module, function = KINDS[kind_of(context.config)].split(":")
     loader: Callable[[LoadContext], Servable] = getattr(importlib.import_module(module), function)
     return loader(context)
+
+
+def model_metadata(config: ModelConfig, platform: str, versions: list[str]) -> dict[str, Any]:
+    """The KServe model metadata response of any kind: its config's tensors, with the batch
+    dimension (-1) in front when the model batches."""
+    lead = [-1] if config.max_batch_size else []
+
+    def tensors(items: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.data_type.kserve, "shape": lead + list(t.dims)} for t in items]
+
+    return {"name": config.name, "versions": versions, "platform": platform,
+            "inputs": tensors(config.input), "outputs": tensors(config.output)}

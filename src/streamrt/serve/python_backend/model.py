@@ -34,7 +34,7 @@ from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
 from streamrt.serve.scheduler import ModelScheduler
-from streamrt.serve.servable import LoadContext, Servable
+from streamrt.serve.servable import LoadContext, Servable, model_metadata
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType
@@ -271,13 +271,7 @@ class PythonModel:
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The model metadata response (KServe ``$metadata_model_response``)."""
-        lead = [-1] if self.batched else []
-
-        def tensors(items: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "datatype": t.data_type.kserve, "shape": lead + list(t.dims)} for t in items]
-
-        return {"name": self.name, "versions": versions, "platform": self.platform,
-                "inputs": tensors(self.config.input), "outputs": tensors(self.config.output)}
+        return model_metadata(self.config, self.platform, versions)
 
     def triton_config(self) -> Any:
         """The resolved config as Triton's ``inference.ModelConfig`` message."""
