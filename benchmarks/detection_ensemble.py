@@ -13,9 +13,15 @@ On CUDA the detector is built with the GPU backend (torch_inductor, fp16) throug
 and the Python steps run on GPU instances; on the CPU (``--device cpu``, used by the CI test) the
 detector runs on ONNX Runtime. Writes ``OUT/detection-ensemble-<device>.md`` and ``.json``.
 
+``--two-stage`` benchmarks the two-stage ensemble ``detect_classify`` the same way (detector ->
+``crop`` Python step -> the example's crop classifier, built like the detector: a torch_inductor
+fp16 plan on CUDA, ONNX Runtime on the CPU); the in-process chain adds the same crops
+(:func:`streamrt.ops.crop_resize`) and classifier, the served class scores are checked too (within
+1e-3 on the CPU, 2e-2 on CUDA's fp16 plans), and the report is ``OUT/detection-two-stage-<device>.md``.
+
 Usage::
 
-    python benchmarks/detection_ensemble.py OUT [--device cuda] [--seconds 10] [--concurrency 16]
+    python benchmarks/detection_ensemble.py OUT [--device cuda] [--seconds 10] [--concurrency 16] [--two-stage]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "12-detection-ensemble" / "models"
 DETECTOR = ROOT / "src" / "streamrt" / "video" / "assets" / "shapes_detector.onnx"
 SIZE, CLASSES, MAX_BATCH = 320, 5, 8
+CROP, MAX_DET = 32, 100  # the crop step's output size and the post-processing step's max_det
 
 
 def _port() -> int:
@@ -52,29 +59,47 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_repository(repo: Path, device: str, cache: Path) -> float:
-    """The example's models in ``repo``, the detector built for ``device``; returns the build seconds."""
+def make_repository(repo: Path, device: str, cache: Path, two_stage: bool = False) -> float:
+    """The example's models in ``repo``, the detector (and with ``two_stage`` the crop classifier) built
+    for ``device``; returns the build seconds."""
     import streamrt
     from streamrt.config import Precision
     from streamrt.types import ShapeProfile, ShapeRange
 
-    for name in ("preprocess", "postprocess", "detector", "detect"):
+    extra = ("crop", "classifier", "detect_classify") if two_stage else ()
+    for name in ("preprocess", "postprocess", "detector", "detect", *extra):
         shutil.copytree(EXAMPLE / name, repo / name)
     kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
-    for name in ("preprocess", "postprocess", "detector"):
+    for name in ("preprocess", "postprocess", "detector", *extra[:2]):
         config = repo / name / "config.pbtxt"
         lines = [line for line in config.read_text().splitlines()
                  if not line.startswith(("instance_group", "platform"))]
         config.write_text("\n".join(lines) + f"\ninstance_group [ {{ count: 2 kind: {kind} }} ]\n")
     started = time.perf_counter()
-    if device == "cuda":
-        item = (3, SIZE, SIZE)
-        profile = ShapeProfile({"images": ShapeRange((1, *item), (MAX_BATCH, *item), (MAX_BATCH, *item))})
-        build = streamrt.BuildConfig(backend="torch_inductor", precision=Precision.FP16, profiles=(profile,))
-        streamrt.build(DETECTOR, build, repo / "detector" / "1" / "model.plan", cache_dir=cache)
-    else:
-        shutil.copy(DETECTOR, repo / "detector" / "1" / "model.onnx")
+    sources = {"detector": (DETECTOR, {"images": (3, SIZE, SIZE)})}
+    if two_stage:
+        classifier = repo / "classifier.onnx"
+        _example_module("make_classifier").main([str(classifier)])
+        sources["classifier"] = (classifier, {"crops": (MAX_DET, 3, CROP, CROP), "valid": (MAX_DET,)})
+    for name, (source, items) in sources.items():
+        if device == "cuda":
+            profile = ShapeProfile({k: ShapeRange((1, *item), (MAX_BATCH, *item), (MAX_BATCH, *item))
+                                    for k, item in items.items()})
+            build = streamrt.BuildConfig(backend="torch_inductor", precision=Precision.FP16, profiles=(profile,))
+            streamrt.build(source, build, repo / name / "1" / "model.plan", cache_dir=cache)
+        else:
+            shutil.copy(source, repo / name / "1" / "model.onnx")
     return time.perf_counter() - started
+
+
+def _example_module(name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"example12_{name}", EXAMPLE.parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def frames(count: int, seed: int = 0) -> tuple[list[np.ndarray], list[bytes]]:
@@ -89,15 +114,21 @@ def frames(count: int, seed: int = 0) -> tuple[list[np.ndarray], list[bytes]]:
 
 
 class InProcessChain:
-    """Decode, letterbox, detector, NMS and frame-pixel boxes without a server (the same ops as the steps)."""
+    """Decode, letterbox, detector, NMS and frame-pixel boxes without a server (the same ops as the steps).
 
-    def __init__(self, plan_or_onnx: Path, device: str) -> None:
+    With a ``classifier`` (the two-stage chain) each box's crop (:func:`streamrt.ops.crop_resize` on
+    the letterboxed pixels) is classified too and every box row gets the crop's class scores appended
+    (``[count, 6 + classes]``)."""
+
+    def __init__(self, plan_or_onnx: Path, device: str, classifier: Path | None = None) -> None:
         import streamrt
         from streamrt.ops import PostprocessConfig
 
         self.device = device
         self.engine = streamrt.open(plan_or_onnx, max_batch=MAX_BATCH)
         self.context = self.engine.create_context()
+        self.classifier = streamrt.open(classifier, max_batch=MAX_BATCH) if classifier is not None else None
+        self.classifier_context = self.classifier.create_context() if self.classifier is not None else None
         self.config = PostprocessConfig(conf=0.25, iou=0.45, max_det=100, pre_nms_topk=1024)
         self._letterbox: dict[tuple[int, int], Any] = {}
         self._post: dict[int, Any] = {}
@@ -108,6 +139,23 @@ class InProcessChain:
 
     def close(self) -> None:
         self.engine.close()
+        if self.classifier is not None:
+            self.classifier.close()
+
+    def _classify(self, pixels: Any, dets: Any, counts: Any) -> Any:
+        """The classifier's scores [n, MAX_DET, classes] of the crops of ``dets`` (letterbox pixels)."""
+        import torch
+
+        from streamrt.ops import crop_resize
+
+        assert self.classifier_context is not None
+        pixels, dets, counts = (torch.as_tensor(t) for t in (pixels, dets, counts))
+        crops = crop_resize(pixels, dets[..., :4], counts, (CROP, CROP))
+        valid = (torch.arange(dets.shape[1], device=dets.device).view(1, -1) < counts.view(-1, 1)).float()
+        if self.device == "cuda":
+            out = self.classifier_context.infer({"crops": crops, "valid": valid}, self.stream)["scores"]
+            return out if isinstance(out, torch.Tensor) else torch.as_tensor(out, device="cuda")
+        return np.asarray(self.classifier_context.infer({"crops": crops.numpy(), "valid": valid.numpy()})["scores"])
 
     def __call__(self, jpegs: list[bytes]) -> list[np.ndarray]:
         import cv2
@@ -126,11 +174,12 @@ class InProcessChain:
         raw = np.asarray(self.context.infer({"images": pixels})["output0"])
         dets, counts = np.empty((n, self.config.max_det, 6), np.float32), np.empty(n, np.int32)
         CpuPostprocess(self.config, "yolov8", CLASSES)(raw, dets, counts)
+        scores = self._classify(pixels, dets, counts) if self.classifier is not None else None
         out = []
         for i, op in enumerate(ops):
             boxes = dets[i, : counts[i]].copy()
             op.geometry.to_source(boxes[:, :4])
-            out.append(boxes)
+            out.append(boxes if scores is None else np.concatenate([boxes, scores[i, : counts[i]]], axis=1))
         return out
 
     def _gpu(self, decoded: list[np.ndarray]) -> list[np.ndarray]:
@@ -156,12 +205,14 @@ class InProcessChain:
             dets = torch.empty((n, self.config.max_det, 6), dtype=torch.float32, device="cuda")
             counts = torch.empty(n, dtype=torch.int32, device="cuda")
             post(raw.float(), dets, counts)
+            scores = self._classify(pixels, dets, counts).float().cpu() if self.classifier is not None else None
             host_dets, host_counts = dets.cpu(), counts.cpu()  # synchronises the stream
         out = []
         for i, op in enumerate(ops):
-            boxes = host_dets[i, : int(host_counts[i])].numpy().copy()
+            k = int(host_counts[i])
+            boxes = host_dets[i, :k].numpy().copy()
             op.geometry.to_source(boxes[:, :4])
-            out.append(boxes)
+            out.append(boxes if scores is None else np.concatenate([boxes, scores[i, :k].numpy()], axis=1))
         return out
 
 
@@ -182,7 +233,8 @@ def time_in_process(chain: InProcessChain, jpegs: list[bytes], batch: int, secon
     return _row(f"in-process, {batch} frame{'s' if batch > 1 else ''} per call", done, elapsed, latencies, 0)
 
 
-def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float) -> dict[str, Any]:
+def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float,
+                model: str = "detect") -> dict[str, Any]:
     """``concurrency`` gRPC client threads, one frame per request, for ``seconds``."""
     import tritonclient.grpc as grpcclient
 
@@ -200,7 +252,7 @@ def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float) 
             item.set_data_from_numpy(np.array([[jpegs[k % len(jpegs)]]], dtype=np.object_))
             t0 = time.perf_counter()
             try:
-                c.infer("detect", [item])
+                c.infer(model, [item])
                 mine.append(time.perf_counter() - t0)
             except Exception:
                 with lock:
@@ -217,8 +269,8 @@ def time_served(url: str, jpegs: list[bytes], concurrency: int, seconds: float) 
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    return _row(f"served ensemble, gRPC, concurrency {concurrency}, 1 frame per request", len(latencies), elapsed,
-                latencies, errors[0])
+    return _row(f"served ensemble {model}, gRPC, concurrency {concurrency}, 1 frame per request", len(latencies),
+                elapsed, latencies, errors[0])
 
 
 def _row(name: str, frames_done: int, elapsed: float, latencies: list[float], errors: int) -> dict[str, Any]:
@@ -228,8 +280,10 @@ def _row(name: str, frames_done: int, elapsed: float, latencies: list[float], er
             "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": errors}
 
 
-def check_served(url: str, chain: InProcessChain, jpegs: list[bytes]) -> int:
-    """The served boxes of a few frames against the in-process chain's; returns the frames checked."""
+def check_served(url: str, chain: InProcessChain, jpegs: list[bytes], model: str = "detect",
+                 score_atol: float = 1e-3) -> int:
+    """The served boxes (and class scores) of a few frames against the in-process chain's; returns the
+    frames checked."""
     import tritonclient.grpc as grpcclient
 
     c = grpcclient.InferenceServerClient(url)
@@ -237,12 +291,18 @@ def check_served(url: str, chain: InProcessChain, jpegs: list[bytes]) -> int:
         for jpeg in jpegs[:8]:
             item = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
             item.set_data_from_numpy(np.array([[jpeg]], dtype=np.object_))
-            result = c.infer("detect", [item])
+            result = c.infer(model, [item])
             n = int(result.as_numpy("COUNT")[0, 0])
             served = result.as_numpy("DETECTIONS")[0, :n]
             expected = chain([jpeg])[0]
             if n != len(expected) or not np.allclose(served[:, :4], expected[:, :4], atol=1.0):
                 raise SystemExit(f"served detections differ from the in-process chain: {n} vs {len(expected)} boxes")
+            if model == "detect_classify":
+                scores = result.as_numpy("SCORES")[0]
+                if not np.allclose(scores[:n], expected[:, 6:], atol=score_atol) or scores[n:].any():
+                    worst = float(np.abs(scores[:n] - expected[:, 6:]).max()) if n else 0.0
+                    raise SystemExit(f"served class scores differ from the in-process chain by {worst:.2e} "
+                                     f"(> {score_atol:g}) or padded rows are not zero")
     finally:
         c.close()
     return min(8, len(jpegs))
@@ -277,16 +337,19 @@ def _device_name(device: str) -> str:
 
 
 def write_report(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
-    lines = [f"# Detection ensemble served vs in-process ({meta['device']})", "",
+    two_stage = meta.get("two_stage", False)
+    title = "Two-stage ensemble (detector -> crops -> classifier)" if two_stage else "Detection ensemble"
+    lines = [f"# {title} served vs in-process ({meta['device']})", "",
              f"- date: {meta['date']}", f"- commit: {meta['commit']}", f"- device: {meta['device_name']}",
              f"- command: `{meta['command']}`",
              f"- frames: {meta['frames']} synthetic 640x480 JPEG scenes; detector: bundled shapes detector "
              f"({meta['detector']}), built in {meta['build_s']:.1f} s; served answers checked against the "
-             f"in-process chain on {meta['checked']} frames (same count, boxes within 1 px)", "",
+             f"in-process chain on {meta['checked']} frames (same count, boxes within 1 px"
+             + (f", class scores within {meta['score_atol']:g})" if two_stage else ")"), "",
              "| variant | frames/s | p50 ms | p99 ms | frames | errors |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['variant']} | {r['frames_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['frames']} "
               f"| {r['errors']} |" for r in rows]
-    base = out / f"detection-ensemble-{meta['device']}"
+    base = out / f"detection-{'two-stage' if two_stage else 'ensemble'}-{meta['device']}"
     base.with_suffix(".md").write_text("\n".join(lines) + "\n")
     base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     return base.with_suffix(".md")
@@ -300,7 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--batch", type=int, default=MAX_BATCH, help="frames per in-process call (second loop)")
     parser.add_argument("--frames", type=int, default=64, help="distinct frames cycled through")
+    parser.add_argument("--two-stage", action="store_true",
+                        help="the two-stage ensemble detect_classify (detector -> crops -> classifier)")
     args = parser.parse_args(argv)
+    model = "detect_classify" if args.two_stage else "detect"
+    score_atol = 2e-2 if args.device == "cuda" else 1e-3  # fp16 plans on CUDA
     args.out.mkdir(parents=True, exist_ok=True)
     from streamrt.profiling.provenance import git_commit
 
@@ -310,11 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         repo = work / "repo"
         cache = Path(os.environ.get("STREAMRT_CACHE", work / "cache"))
-        build_s = make_repository(repo, args.device, cache)
+        build_s = make_repository(repo, args.device, cache, args.two_stage)
         print(f"detector ready in {build_s:.1f} s", flush=True)
         _, jpegs = frames(args.frames)
         plan = next((repo / "detector" / "1").glob("model.*"))
-        chain = InProcessChain(plan, args.device)
+        classifier = next((repo / "classifier" / "1").glob("model.*")) if args.two_stage else None
+        chain = InProcessChain(plan, args.device, classifier)
         rows: list[dict[str, Any]] = []
         run: list[Callable[[], dict[str, Any]]] = [
             lambda: time_in_process(chain, jpegs, 1, args.seconds),
@@ -324,15 +392,17 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], flush=True)
         grpc_port, http_port = _port(), _port()
         server = _start_server(repo, grpc_port, http_port)
-        checked = check_served(f"127.0.0.1:{grpc_port}", chain, jpegs)
-        time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, min(2.0, args.seconds))  # warm-up
-        rows.append(time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, args.seconds))
+        checked = check_served(f"127.0.0.1:{grpc_port}", chain, jpegs, model, score_atol)
+        time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, min(2.0, args.seconds), model)  # warm-up
+        rows.append(time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, args.seconds, model))
         print(rows[-1], flush=True)
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "commit": os.environ.get("STREAMRT_COMMIT") or git_commit(ROOT), "device": args.device,
                 "device_name": _device_name(args.device), "command": shlex.join([sys.argv[0], *(argv or sys.argv[1:])]),
-                "frames": args.frames, "build_s": build_s, "checked": checked,
-                "detector": "torch_inductor fp16 plan" if args.device == "cuda" else "ONNX Runtime CPU, fp32"}
+                "frames": args.frames, "build_s": build_s, "checked": checked, "two_stage": args.two_stage,
+                "score_atol": score_atol,
+                "detector": ("torch_inductor fp16 plan" if args.device == "cuda" else "ONNX Runtime CPU, fp32")
+                + (", the crop classifier the same" if args.two_stage else "")}
         print(write_report(args.out, meta, rows).read_text())
     finally:
         if server is not None:

@@ -1,9 +1,16 @@
 """Sharing one GPU between models: three models of different sizes under mixed load, with and without priorities.
 
 Three models are served by one ``streamrt serve`` process and driven at the same time, each by its
-own client process (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``; HTTP, binary
-tensors, 4 images per request on CUDA) at a concurrency meant to keep the device saturated (the
-table gives NVML's GPU utilisation, so a run bound by the front end or the clients shows as such):
+own client processes (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``) at a load
+meant to keep the device saturated. On CUDA the defaults are gRPC, 2 client processes per model,
+concurrency 32 per model, 8 images per request and 4 front-end processes in front of the engine
+process (``--frontend-processes``): a first H200 run with HTTP, one client process per model, 4
+images per request and the one-process front end reached 750-930 requests/s per model at 4-5 %
+GPU utilisation, bound by the front end and the clients. The report therefore says plainly
+whether the GPU was saturated: NVML's mean utilisation over the measured window against
+``--saturation`` (default 80 %); below it, the figures are front-end-bound and say nothing about
+sharing a saturated GPU. Each row also gives the server's mean executed batch and the busiest
+client process's CPU share (above 80 %: the clients may be the limit).
 
 * ``large``: a ResNet-18-shaped classifier at 224x224 (``streamrt.testing.models.resnet_like``);
 * ``medium``: the small CNN at 128x128; ``small``: the small CNN at 32x32.
@@ -12,7 +19,7 @@ On CUDA they are torch_inductor fp16 plans (batch 1..16, ``optimization_level`` 
 the build cache, so a second run skips the builds); with ``--device cpu`` they are ONNX Runtime
 plans of the small CNN at 64, 32 and 16 pixels (one thread each), for CI.
 
-Every model has dynamic batching (max 16, 500 us) and one instance. Two scenarios, same load:
+Every model has dynamic batching (max 16, 500 us) and one instance (``--instances``). Two scenarios, same load:
 
 * ``no priorities``: ``--rate-limit off``: every model executes as soon as it has a batch.
 * ``priorities``: ``--rate-limit execution_count``, every instance group needs the resource
@@ -23,9 +30,24 @@ Every model has dynamic batching (max 16, 500 us) and one instance. Two scenario
 The table gives throughput and p50/p99 latency per model and scenario; the markdown report goes
 to ``OUT/gpu-sharing-<device>.md`` with date, commit and device.
 
+Server start-up: the report gives the seconds from starting ``streamrt serve`` to READY and each
+model's load seconds (``nv_model_load_duration_secs``: opening the plan, the batch probe at 1 and
+16 rows, the warm-up at 1 and 16 rows, each new batch shape of a CUDA-graph plan costing one
+capture), so the rest is the process start (imports, CUDA initialisation, the front-end
+processes). The server log (``OUT/gpu-sharing-server.log``, INFO) has each plan's open time.
+What the code says about the ~70 s a first H200 run took to become READY: nothing is built on
+load (a plan is opened as it is: ``streamrt.open`` of a plan file), the probe and warm-up are four
+executions per model at two batch sizes, each new shape a CUDA-graph capture (three warm-up runs
+and one capture), and CUDA model loads run one at a time (``MemoryBudget.measuring`` holds a lock
+so that each load's memory is measured alone), so READY is the process start plus the sum of the
+three loads. None of that accounts for tens of seconds on models this small; the per-model split
+in the report says which part it was (a slow process start, e.g. a first import of torch._inductor
+and Triton without bytecode caches, shows as a first scenario much slower than the second).
+
 Usage (from the repository root)::
 
     python benchmarks/gpu_sharing.py OUT                           # the H200: about 3-4 minutes
+    python benchmarks/gpu_sharing.py OUT --client-processes 4 --frontend-processes 6 --request-batch 16
     python benchmarks/gpu_sharing.py OUT --device cpu --seconds 5   # CI-sized, ONNX Runtime
 """
 
@@ -36,6 +58,7 @@ import datetime
 import multiprocessing
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -70,6 +93,7 @@ MODELS = {
     "cpu": (Model("large", 4, 64), Model("medium", 1, 32), Model("small", 2, 16)),
 }
 SCENARIOS = (("no priorities", "off"), ("priorities", "execution_count"))
+LOAD_METRIC = "nv_model_load_duration_secs"
 
 
 def say(text: str) -> None:
@@ -103,12 +127,13 @@ def build(model: Model, device: str, folder: Path, cache: Path) -> tuple[Path, f
     return Path(plan), time.perf_counter() - started
 
 
-def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], limited: bool) -> None:
+def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], limited: bool,
+               instances: int = 1) -> None:
     for model in models:
         folder = repo / model.name / "1"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.plan").write_bytes(plans[model.name].read_bytes())
-        group: dict[str, Any] = {"count": 1}
+        group: dict[str, Any] = {"count": instances}
         if limited:
             group["rate_limiter"] = {"resources": [{"name": "device", "count": 1}], "priority": model.priority}
         config = {"max_batch_size": 16, "instance_group": [group],
@@ -122,13 +147,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(repo: Path, port: int, rate_limit: str, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(port),
-           "--grpc-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING", "--rate-limit", rate_limit]
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+
+def start_server(repo: Path, ports: Ports, rate_limit: str, frontends: int, log: Path) -> subprocess.Popen[bytes]:
+    port = ports.http
+    cmd = [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(ports.http),
+           "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--log-level", "INFO",
+           "--rate-limit", rate_limit, "--frontend-processes", str(frontends)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     with log.open("ab") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the server exited with status {process.returncode}; see {log}")
@@ -140,7 +174,22 @@ def start_server(repo: Path, port: int, rate_limit: str, log: Path) -> subproces
             pass
         time.sleep(0.3)
     process.terminate()
-    raise SystemExit(f"the server was not ready after 180 s; see {log}")
+    raise SystemExit(f"the server was not ready after 300 s; see {log}")
+
+
+def load_seconds(port: int) -> dict[str, float]:
+    """Each model's load seconds from the server's ``/metrics`` (empty if it cannot be read)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        match = re.match(LOAD_METRIC + r'\{[^}]*model="([^"]+)"[^}]*\} ([0-9.eE+-]+)', line)
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
 
 
 class UtilisationSampler:
@@ -181,28 +230,44 @@ def drive(port: int, models: tuple[Model, ...], args: argparse.Namespace) -> tup
     mean GPU utilisation over the measured window."""
     from streamrt.client.loadgen import LoadConfig, run_load
 
-    configs = {m.name: LoadConfig(url=f"127.0.0.1:{port}", model=m.name, concurrency=(args.concurrency,),
-                                  batch_size=args.request_batch, duration_s=args.seconds, warmup_s=args.warmup,
-                                  timeout_s=120) for m in models}
+    configs = {m.name: LoadConfig(url=f"127.0.0.1:{port}", model=m.name, protocol=args.protocol,
+                                  concurrency=(args.concurrency,), batch_size=args.request_batch,
+                                  duration_s=args.seconds, warmup_s=args.warmup, timeout_s=120,
+                                  processes=args.client_processes) for m in models}
     sampler = UtilisationSampler()
     with ProcessPoolExecutor(len(configs), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {name: pool.submit(run_load, cfg) for name, cfg in configs.items()}
-        sampler.start(delay=args.warmup + 2.0)  # + the client processes' start
+        sampler.start(delay=args.warmup + 2.0 + args.client_processes)  # + the client processes' start
         results = {name: future.result()[0] for name, future in futures.items()}
     return results, sampler.stop()
 
 
+@dataclass
+class Scenario:
+    """One scenario's measurements: per-model load results, GPU utilisation and the server's start-up."""
+
+    per_model: dict[str, Any]
+    utilisation: float | None
+    ready_s: float
+    loads: dict[str, float]
+
+
 def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tuple[Model, ...],
-                 args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], float | None]:
+                 args: argparse.Namespace, work: Path) -> Scenario:
     repo = work / f"repo-{rate_limit}"
-    write_repo(repo, plans, models, limited=rate_limit != "off")
-    port = free_port()
+    write_repo(repo, plans, models, limited=rate_limit != "off", instances=args.instances)
+    ports = Ports(free_port(), free_port(), free_port())
     started = time.perf_counter()
-    process = start_server(repo, port, rate_limit, args.out / "gpu-sharing-server.log")
-    say(f"{label}: server ready in {time.perf_counter() - started:.1f} s; driving {len(models)} models "
-        f"at concurrency {args.concurrency} each for {args.seconds:.0f} s")
+    process = start_server(repo, ports, rate_limit, args.frontend_processes, args.out / "gpu-sharing-server.log")
+    ready_s = time.perf_counter() - started
+    loads = load_seconds(ports.metrics)
+    say(f"{label}: server ready in {ready_s:.1f} s (model loads: "
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in loads.items())
+        + f"); driving {len(models)} models over {args.protocol} at concurrency {args.concurrency} each "
+        f"({args.client_processes} client processes per model) for {args.seconds:.0f} s")
     try:
-        return drive(port, models, args)
+        per_model, utilisation = drive(ports.grpc if args.protocol == "grpc" else ports.http, models, args)
+        return Scenario(per_model, utilisation, ready_s, loads)
     finally:
         process.terminate()
         try:
@@ -219,29 +284,47 @@ def device_name(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def render(results: dict[str, tuple[dict[str, Any], float | None]], models: tuple[Model, ...],
-           builds: dict[str, float], args: argparse.Namespace) -> str:
+def verdict(utilisation: float | None, threshold: float) -> str:
+    """Whether the GPU was saturated, in words for the report."""
+    if utilisation is None:
+        return "unknown (no NVML reading): not a measurement of a saturated GPU"
+    if utilisation >= threshold:
+        return f"yes: GPU util {utilisation:.0f} % >= {threshold:g} %"
+    return (f"NO: GPU util {utilisation:.0f} % < {threshold:g} %: the figures are front-end-bound (server front end "
+            "or clients), not a measurement of sharing a saturated GPU")
+
+
+def render(results: dict[str, Scenario], models: tuple[Model, ...], builds: dict[str, float],
+           args: argparse.Namespace) -> str:
+    transport = "gRPC" if args.protocol == "grpc" else "HTTP binary tensors"
     lines = [
         f"# Sharing one {args.device.upper()} between three models: throughput and latency with and without "
         "priorities", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {git_commit(ROOT)}; "
         f"device: {device_name(args.device)}",
         "- command: `python benchmarks/gpu_sharing.py " + " ".join(sys.argv[1:]) + "`",
-        f"- load: every model at once, concurrency {args.concurrency} each (one client process per model, "
-        f"HTTP binary tensors, {args.request_batch} images per request), {args.warmup:g} s warm-up, "
-        f"{args.seconds:g} s measured; `GPU util` is NVML's mean over the measured window (- without NVML)",
-        "- serving: dynamic batching (max 16, 500 us), one instance per model; `priorities` runs with "
+        f"- load: every model at once, concurrency {args.concurrency} each ({args.client_processes} client "
+        f"process(es) per model, {transport}, {args.request_batch} images per request), {args.warmup:g} s "
+        f"warm-up, {args.seconds:g} s measured; `GPU util` is NVML's mean over the measured window (- without "
+        f"NVML); `saturated`: GPU util >= {args.saturation:g} %; `avg batch`: the server's mean executed batch "
+        "(images); `client busy`: the busiest client process's CPU share of the window (> 80 %: the clients may "
+        "be the limit)",
+        f"- serving: {args.frontend_processes} front-end process(es) (`--frontend-processes`), "
+        f"dynamic batching (max 16, 500 us), {args.instances} instance(s) per model; `priorities` runs with "
         "`--rate-limit execution_count`, a resource `device: 1` for every instance group and the "
         "`rate_limiter.priority` shown (lower value: granted more often)",
         "- build seconds (0: from the build cache): "
         + ", ".join(f"{name} {seconds:.1f}" for name, seconds in builds.items()), "",
-        "| scenario | model | input | priority | infer/s | images/s | p50 ms | p99 ms | errors | GPU util % |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| scenario | model | input | priority | infer/s | images/s | p50 ms | p99 ms | errors | avg batch "
+        "| client busy % | GPU util % | saturated |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for label, (per_model, utilisation) in results.items():
+    for label, scenario in results.items():
+        utilisation = scenario.utilisation
         util = f"{utilisation:.0f}" if utilisation is not None else "-"
+        saturated = "-" if utilisation is None else ("yes" if utilisation >= args.saturation else "no")
         for model in models:
-            r = per_model[model.name]
+            r = scenario.per_model[model.name]
             lat = r.latency_ms
             what = f"resnet{model.depth}-like" if model.depth else "small cnn"
             priority = str(model.priority) if label == "priorities" else "-"
@@ -249,7 +332,17 @@ def render(results: dict[str, tuple[dict[str, Any], float | None]], models: tupl
             p99 = f"{lat.p99:.2f}" if lat else "-"
             lines.append(f"| {label} | {model.name} | {what} {model.size}x{model.size} | {priority} | "
                          f"{r.throughput:.1f} | {r.throughput * args.request_batch:.1f} | {p50} | {p99} | "
-                         f"{r.errors} | {util} |")
+                         f"{r.errors} | {r.server_us.get('avg_batch', 0.0):.1f} | {r.client_busy * 100:.0f} | "
+                         f"{util} | {saturated} |")
+    lines.append("")
+    for label, scenario in results.items():
+        lines.append(f"- **{label}: GPU saturated? {verdict(scenario.utilisation, args.saturation)}**")
+    for label, scenario in results.items():
+        loads = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in scenario.loads.items()) or "-"
+        lines.append(f"- {label}: server ready {scenario.ready_s:.1f} s after its start; model loads "
+                     f"(`{LOAD_METRIC}`, 2 at a time): {loads}")
+    warnings = sorted({r.warning for s in results.values() for r in s.per_model.values() if r.warning})
+    lines += [f"- client warning: {w}" for w in warnings]
     lines.append("")
     return "\n".join(lines)
 
@@ -264,14 +357,24 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=None, help="requests in flight per model "
                         "(default 32 on CUDA, 4 on the CPU)")
     parser.add_argument("--request-batch", type=int, default=None, help="images per request "
-                        "(default 4 on CUDA, 1 on the CPU)")
+                        "(default 8 on CUDA, 1 on the CPU)")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc", help="default grpc")
+    parser.add_argument("--client-processes", type=int, default=None, help="load-generator processes per model "
+                        "sharing its concurrency (default 2 on CUDA, 1 on the CPU)")
+    parser.add_argument("--frontend-processes", type=int, default=None, help="the server's HTTP/gRPC front-end "
+                        "processes (default 4 on CUDA, 1 on the CPU)")
+    parser.add_argument("--instances", type=int, default=1, help="instances per model (default 1)")
+    parser.add_argument("--saturation", type=float, default=80.0, help="GPU util %% from which the GPU counts as "
+                        "saturated (default 80)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: the user's)")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     args.seconds = args.seconds or (15.0 if cuda else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (3.0 if cuda else 1.0)
     args.concurrency = args.concurrency or (32 if cuda else 4)
-    args.request_batch = args.request_batch or (4 if cuda else 1)
+    args.request_batch = args.request_batch or (8 if cuda else 1)
+    args.client_processes = args.client_processes or (2 if cuda else 1)
+    args.frontend_processes = args.frontend_processes or (4 if cuda else 1)
     args.out.mkdir(parents=True, exist_ok=True)
     models = MODELS[args.device]
     with tempfile.TemporaryDirectory(prefix="streamrt-sharing-") as tmp:

@@ -3,6 +3,7 @@
 * letterbox: :class:`CpuLetterbox` / :class:`TorchLetterbox` (resize keeping the aspect ratio,
   pad, BGR->RGB, normalise, HWC->CHW in one pass), sharing :class:`LetterboxGeometry`;
 * YOLO output layouts: :data:`LAYOUTS`, :func:`resolve_layout`;
+* crops of boxes resized to a fixed size (a detector -> classifier chain): :func:`crop_resize` (torch);
 * decode + threshold + top-k + class-aware NMS with fixed-size outputs: :class:`CpuPostprocess` /
   :class:`TorchPostprocess` (Triton kernels on CUDA: no host sync, capturable in a CUDA graph),
   :func:`nms_numpy` (the reference, with ``torchvision.ops.batched_nms`` semantics).
@@ -25,6 +26,7 @@ from streamrt.ops.letterbox import CpuLetterbox, LetterboxGeometry, Normalize
 from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig, decode_candidates, nms_numpy
 
 if TYPE_CHECKING:
+    from streamrt.ops.crop_torch import crop_resize
     from streamrt.ops.letterbox_torch import TorchLetterbox
     from streamrt.ops.postprocess_torch import TorchPostprocess
 
@@ -38,12 +40,14 @@ __all__ = [
     "PostprocessConfig",
     "TorchLetterbox",
     "TorchPostprocess",
+    "crop_resize",
     "decode_candidates",
     "nms_numpy",
     "resolve_layout",
 ]
 
 _LAZY = {
+    "crop_resize": "streamrt.ops.crop_torch",
     "TorchLetterbox": "streamrt.ops.letterbox_torch",
     "TorchPostprocess": "streamrt.ops.postprocess_torch",
 }
