@@ -300,3 +300,73 @@ def test_a_model_asking_more_than_the_explicit_count_is_refused_at_load(tmp_path
             {(0, "gpu"): 1}, {(0, "gpu"): 2}]
     finally:
         served.release()
+
+
+_PROBE_MODEL = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+import _rate_limit_probe as probe
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_name"]
+
+    def execute(self, requests):
+        with probe.lock:
+            probe.calls[self.name] += 1
+            probe.active[0] += 1
+            probe.peak[0] = max(probe.peak[0], probe.active[0])
+        try:
+            time.sleep(0.004)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)]) for r in requests]
+        finally:
+            with probe.lock:
+                probe.active[0] -= 1
+'''
+
+
+def test_python_models_take_part_in_the_rate_limiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    probe = types.ModuleType("_rate_limit_probe")
+    probe.lock, probe.calls, probe.active, probe.peak = threading.Lock(), Counter(), [0], [0]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "_rate_limit_probe", probe)
+    for name, priority in (("high", 1), ("low", 4)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text(_PROBE_MODEL)
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'backend: "python"\nmax_batch_size: 8\n'
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'instance_group [ { count: 2 kind: KIND_CPU rate_limiter { resources [ { name: "gpu" count: 1 } ] '
+            f'priority: {priority} }} }} ]\n')
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0,
+                          startup_models=("high", "low"), rate_limit="execution_count")
+    x = np.arange(4, dtype=np.float32)[None]
+    stop = threading.Event()
+    statuses: Counter[int] = Counter()
+
+    def client(model: str) -> None:
+        while not stop.is_set():
+            statuses[_infer(port, model, x)] += 1
+
+    with ServerThread(tmp_path, config, start_timeout=60) as server:
+        port = server.http_port
+        threads = [threading.Thread(target=client, args=(m,)) for m in ("high", "low") for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert set(statuses) == {200}
+    high, low = probe.calls["high"], probe.calls["low"]  # type: ignore[attr-defined]
+    assert probe.peak[0] == 1  # type: ignore[attr-defined]  # one "gpu": never two executions at once
+    assert low > 10 and high >= 2.5 * low, (high, low)
+

@@ -148,6 +148,9 @@ class PythonModel:
                 for count, where in enumerate(placed):
                     name = f"{config.name}_{index}_{count}"
                     instances.append(PythonInstance.start(spec, name, kind, where.gpu or 0))
+                    if context.rate_limiter is not None:  # executions wait for the limiter's grant, as engines' do
+                        instances[-1].rate_limit = context.rate_limiter.register(name, group.rate_limiter,
+                                                                                 where.gpu or 0)
         except BaseException:
             PythonInstances(instances).close(timeout=10.0)
             raise

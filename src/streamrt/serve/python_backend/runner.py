@@ -115,7 +115,7 @@ class PythonInstance:
 
     def __init__(self, name: str, spec: ModelSpec, worker: HostStream) -> None:
         self.name = name
-        self.rate_limit: Ticket | None = None  # Python models are not rate limited (yet)
+        self.rate_limit: Ticket | None = None  # its place in the server's rate limiter (set at load)
         self.spec = spec
         self._worker = worker
         self._model: Any = None
@@ -304,6 +304,8 @@ class PythonInstance:
             log.warning("Python model instance %s: finalize did not complete", self.name, exc_info=True)
         finally:
             self._worker.close(timeout=timeout)
+            if self.rate_limit is not None:
+                self.rate_limit.close()
 
     def _finalize(self) -> None:
         model, self._model = self._model, None
