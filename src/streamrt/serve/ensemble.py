@@ -48,19 +48,16 @@ import numpy as np
 
 from streamrt.errors import (
     ConfigError,
-    DTypeMismatchError,
     InferenceError,
-    MissingInputError,
     ModelNotReadyError,
     RequestError,
     ShapeError,
     StreamRTError,
-    UnknownInputError,
 )
 from streamrt.serve.config import ModelConfig, TensorConfig
 from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
 from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
-from streamrt.serve.servable import LoadContext, Servable, model_metadata
+from streamrt.serve.servable import LoadContext, Servable, checked_inputs, model_metadata
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.status import status_for
@@ -239,20 +236,8 @@ class EnsembleModel:
 
     def validate(self, inputs: Mapping[str, Any]) -> int:
         """Check a request's inputs against the ensemble's config; return its batch rows."""
-        for name in inputs:
-            if name not in self._inputs:
-                raise UnknownInputError(f"unknown input '{name}' for ensemble '{self.name}'; "
-                                        f"its inputs are: {', '.join(self._inputs)}")
         batch = set()
-        for name, tensor in self._inputs.items():
-            array = inputs.get(name)
-            if array is None:
-                raise MissingInputError(f"ensemble '{self.name}' needs input '{name}' "
-                                        f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
-            if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
-                got = DType.from_any(array.dtype).kserve
-                raise DTypeMismatchError(f"input '{name}' of ensemble '{self.name}' has datatype {got}, "
-                                         f"the ensemble expects {tensor.data_type.kserve}")
+        for name, tensor, array in checked_inputs(inputs, self._inputs, "ensemble", self.name):
             expected = _full_shape(tensor, self.config.max_batch_size or 0)
             if not _agree(tuple(array.shape), expected) or (self.batched and array.shape[0] < 1):
                 raise ShapeError(f"input '{name}' of ensemble '{self.name}' has shape {list(array.shape)}, "

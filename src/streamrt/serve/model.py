@@ -31,14 +31,11 @@ from streamrt.backends.base import Engine
 from streamrt.device import device_scope
 from streamrt.errors import (
     ConfigError,
-    DTypeMismatchError,
-    MissingInputError,
     ModelNotFoundError,
     ModelNotReadyError,
     OutOfMemoryError,
     RequestError,
     ShapeError,
-    UnknownInputError,
 )
 from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
@@ -52,7 +49,14 @@ from streamrt.serve.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.scheduler import ModelScheduler
 from streamrt.serve.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
-from streamrt.serve.servable import EngineLoader, LoadContext, Servable, model_metadata
+from streamrt.serve.servable import (
+    EngineLoader,
+    LoadContext,
+    Servable,
+    check_model_shape,
+    checked_inputs,
+    model_metadata,
+)
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
@@ -425,33 +429,13 @@ class ServedModel:
         Raises:
             UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
         """
-        for name in inputs:
-            if name not in self._inputs:
-                raise UnknownInputError(f"unknown input '{name}' for model '{self.name}'; "
-                                        f"its inputs are: {', '.join(self._inputs)}")
         rows = 1
         shapes = {}
-        for name, tensor in self._inputs.items():
-            array = inputs.get(name)
-            if array is None:
-                raise MissingInputError(f"model '{self.name}' needs input '{name}' "
-                                        f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
-            if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
-                got = DType.from_any(array.dtype).kserve
-                raise DTypeMismatchError(f"input '{name}' of model '{self.name}' has datatype {got}, "
-                                         f"the model expects {tensor.data_type.kserve}")
-            shape = array.shape
-            rest = shape[1:] if self.batched else shape
-            if len(rest) != len(tensor.dims) or any(d not in (-1, s) for s, d in zip(rest, tensor.dims, strict=False)):
-                expected = ([-1] if self.batched else []) + list(tensor.dims)
-                raise ShapeError(f"input '{name}' of model '{self.name}' has shape {list(shape)}, "
-                                 f"the model expects {expected} (-1: any size)")
+        for name, tensor, array in checked_inputs(inputs, self._inputs, "model", self.name):
+            shape = tuple(array.shape)
+            check_model_shape(name, tensor, shape, self.config)
             if self.batched:
                 rows = shape[0]
-                mbs = self.config.max_batch_size or 1
-                if not 1 <= rows <= mbs:
-                    raise ShapeError(f"input '{name}' of model '{self.name}' has batch size {rows}; "
-                                     f"it must be in 1..{mbs} (max_batch_size)")
             shapes[name] = self._engine_shape(name, shape)
         if self.batched and len({s[0] for s in shapes.values()}) > 1:
             raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: "

@@ -19,12 +19,14 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from streamrt.serve.config import ModelConfig
+from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
+from streamrt.serve.config import ModelConfig, TensorConfig
+from streamrt.types import DType
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine
@@ -34,7 +36,10 @@ if TYPE_CHECKING:
     from streamrt.serve.stats import ModelStats
     from streamrt.serve.tracing import RequestTrace
 
-__all__ = ["KINDS", "EngineLoader", "LoadContext", "Servable", "kind_of", "load_servable", "model_metadata"]
+__all__ = [
+    "KINDS", "EngineLoader", "LoadContext", "Servable", "check_model_shape", "checked_inputs", "kind_of",
+    "load_servable", "model_metadata",
+]
 
 
 EngineLoader = Callable[[Path, int, ModelConfig], "Engine"]
@@ -137,3 +142,45 @@ def model_metadata(config: ModelConfig, platform: str, versions: list[str]) -> d
 
     return {"name": config.name, "versions": versions, "platform": platform,
             "inputs": tensors(config.input), "outputs": tensors(config.output)}
+
+
+def checked_inputs(
+    inputs: Mapping[str, Any], specs: Mapping[str, TensorConfig], kind: str, name: str
+) -> Iterator[tuple[str, TensorConfig, Any]]:
+    """A request's inputs against a config's, for any kind (``kind``: "model" or "ensemble"):
+    refuse unknown names, then yield ``(name, config, array)`` for each config input, refusing a
+    missing one or a datatype other than the config's. Shapes are each kind's own check.
+
+    Raises:
+        UnknownInputError / MissingInputError / DTypeMismatchError.
+    """
+    for given in inputs:
+        if given not in specs:
+            raise UnknownInputError(f"unknown input '{given}' for {kind} '{name}'; "
+                                    f"its inputs are: {', '.join(specs)}")
+    for input_name, tensor in specs.items():
+        array = inputs.get(input_name)
+        if array is None:
+            raise MissingInputError(f"{kind} '{name}' needs input '{input_name}' "
+                                    f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
+        if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
+            got = DType.from_any(array.dtype).kserve
+            raise DTypeMismatchError(f"input '{input_name}' of {kind} '{name}' has datatype {got}, "
+                                     f"the {kind} expects {tensor.data_type.kserve}")
+        yield input_name, tensor, array
+
+
+def check_model_shape(name: str, tensor: TensorConfig, shape: tuple[int, ...], config: ModelConfig) -> None:
+    """Refuse (ShapeError) an input shape that does not fit the model's config: the config's dims
+    (-1: any size) after the batch dimension when the model batches, a batch size in
+    1..max_batch_size."""
+    batched = bool(config.max_batch_size)
+    rest = shape[1:] if batched else shape
+    if len(rest) != len(tensor.dims) or any(d not in (-1, s) for s, d in zip(rest, tensor.dims, strict=False)):
+        expected = ([-1] if batched else []) + list(tensor.dims)
+        raise ShapeError(f"input '{name}' of model '{config.name}' has shape {list(shape)}, "
+                         f"the model expects {expected} (-1: any size)")
+    mbs = config.max_batch_size or 1
+    if batched and not 1 <= shape[0] <= mbs:
+        raise ShapeError(f"input '{name}' of model '{config.name}' has batch size {shape[0]}; "
+                         f"it must be in 1..{mbs} (max_batch_size)")

@@ -22,23 +22,19 @@ from typing import Any
 
 from streamrt.errors import (
     ConfigError,
-    DTypeMismatchError,
-    MissingInputError,
     ModelNotReadyError,
     RequestError,
     ShapeError,
-    UnknownInputError,
 )
-from streamrt.serve.config import ModelConfig, TensorConfig
+from streamrt.serve.config import ModelConfig
 from streamrt.serve.placement import place_instances, visible_gpus
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
 from streamrt.serve.scheduler import ModelScheduler
-from streamrt.serve.servable import LoadContext, Servable, model_metadata
+from streamrt.serve.servable import LoadContext, Servable, check_model_shape, checked_inputs, model_metadata
 from streamrt.serve.stats import ModelStats
 from streamrt.serve.tracing import RequestTrace
-from streamrt.types import DType
 
 __all__ = ["PLATFORM", "PythonModel", "load_python_model", "resolve_python_config"]
 
@@ -195,39 +191,14 @@ class PythonModel:
         Raises:
             UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError.
         """
-        for name in inputs:
-            if name not in self._inputs:
-                raise UnknownInputError(f"unknown input '{name}' for model '{self.name}'; "
-                                        f"its inputs are: {', '.join(self._inputs)}")
         rows: set[int] = set()
-        for name, tensor in self._inputs.items():
-            array = inputs.get(name)
-            if array is None:
-                raise MissingInputError(f"model '{self.name}' needs input '{name}' "
-                                        f"(TYPE_{tensor.data_type.kserve}, dims {list(tensor.dims)})")
-            if array.dtype.str.lstrip("<>=|") != tensor.data_type.numpy.str.lstrip("<>=|"):
-                got = DType.from_any(array.dtype).kserve
-                raise DTypeMismatchError(f"input '{name}' of model '{self.name}' has datatype {got}, "
-                                         f"the model expects {tensor.data_type.kserve}")
-            self._check_shape(name, tensor, tuple(array.shape))
+        for name, tensor, array in checked_inputs(inputs, self._inputs, "model", self.name):
+            check_model_shape(name, tensor, tuple(array.shape), self.config)
             if self.batched:
                 rows.add(int(array.shape[0]))
         if len(rows) > 1:
             raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: {sorted(rows)}")
         return rows.pop() if rows else 1
-
-    def _check_shape(self, name: str, tensor: TensorConfig, shape: tuple[int, ...]) -> None:
-        rest = shape[1:] if self.batched else shape
-        fits = len(shape) == len(tensor.dims) + self.batched and all(
-            d in (-1, s) for s, d in zip(rest, tensor.dims, strict=True))
-        if not fits:
-            expected = ([-1] if self.batched else []) + list(tensor.dims)
-            raise ShapeError(f"input '{name}' of model '{self.name}' has shape {list(shape)}, "
-                             f"the model expects {expected} (-1: any size)")
-        mbs = self.config.max_batch_size or 1
-        if self.batched and not 1 <= shape[0] <= mbs:
-            raise ShapeError(f"input '{name}' of model '{self.name}' has batch size {shape[0]}; "
-                             f"it must be in 1..{mbs} (max_batch_size)")
 
     def batching_key(self, inputs: Mapping[str, Any]) -> Hashable:
         """Requests with equal keys may share a batch: same datatypes and non-batch dims (Triton's rule)."""
