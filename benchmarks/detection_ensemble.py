@@ -33,13 +33,11 @@ import os
 import platform
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,10 +51,15 @@ SIZE, CLASSES, MAX_BATCH = 320, 5, 8
 CROP, MAX_DET = 32, 100  # the crop step's output size and the post-processing step's max_det
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _serving_frontend() -> Any:
+    """benchmarks/serving_frontend.py (free_port, wait_ready), loaded by path: benchmarks is no package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_frontend", ROOT / "benchmarks" / "serving_frontend.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_repository(repo: Path, device: str, cache: Path, two_stage: bool = False) -> float:
@@ -76,7 +79,7 @@ def make_repository(repo: Path, device: str, cache: Path, two_stage: bool = Fals
                  if not line.startswith(("instance_group", "platform"))]
         config.write_text("\n".join(lines) + f"\ninstance_group [ {{ count: 2 kind: {kind} }} ]\n")
     started = time.perf_counter()
-    sources = {"detector": (DETECTOR, {"images": (3, SIZE, SIZE)})}
+    sources: dict[str, tuple[Path, dict[str, tuple[int, ...]]]] = {"detector": (DETECTOR, {"images": (3, SIZE, SIZE)})}
     if two_stage:
         classifier = repo / "classifier.onnx"
         _example_module("make_classifier").main([str(classifier)])
@@ -314,18 +317,12 @@ def _start_server(repo: Path, grpc_port: int, http_port: int) -> subprocess.Pope
         [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http_port),
          "--grpc-port", str(grpc_port), "--metrics-port", "-1", "--log-level", "WARNING"],
         env={**os.environ, "PYTHONPATH": path})
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with status {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.5)
-    server.terminate()
-    raise SystemExit("the server was not ready within 300 s")
+    try:
+        _serving_frontend().wait_ready(http_port, 300, server)
+    except SystemExit:
+        server.terminate()
+        raise
+    return server
 
 
 def _device_name(device: str) -> str:
@@ -390,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         for job in run:
             rows.append(job())
             print(rows[-1], flush=True)
-        grpc_port, http_port = _port(), _port()
+        sf = _serving_frontend()
+        grpc_port, http_port = sf.free_port(), sf.free_port()
         server = _start_server(repo, grpc_port, http_port)
         checked = check_served(f"127.0.0.1:{grpc_port}", chain, jpegs, model, score_atol)
         time_served(f"127.0.0.1:{grpc_port}", jpegs, args.concurrency, min(2.0, args.seconds), model)  # warm-up

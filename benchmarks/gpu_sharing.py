@@ -59,7 +59,6 @@ import multiprocessing
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ from typing import Any
 import onnx
 import yaml
 
+from streamrt.config import Precision
 from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def build(model: Model, device: str, folder: Path, cache: Path) -> tuple[Path, f
     rest = (3, model.size, model.size)
     profile = ShapeProfile({name: ShapeRange((1, *rest), (8, *rest), (16, *rest))})
     if device == "cuda":
-        config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,),
+        config = streamrt.BuildConfig(backend="torch_inductor", precision=Precision.FP16, profiles=(profile,),
                                       optimization_level=0, backend_options={"device": "cuda"})
     else:
         config = streamrt.BuildConfig(backend="onnxruntime", profiles=(profile,), backend_options={"threads": 1})
@@ -141,10 +141,15 @@ def write_repo(repo: Path, plans: dict[str, Path], models: tuple[Model, ...], li
         (repo / model.name / "config.yaml").write_text(yaml.safe_dump(config))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _serving_frontend() -> Any:
+    """benchmarks/serving_frontend.py (free_port, wait_ready), loaded by path: benchmarks is no package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serving_frontend", ROOT / "benchmarks" / "serving_frontend.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)
@@ -162,19 +167,12 @@ def start_server(repo: Path, ports: Ports, rate_limit: str, frontends: int, log:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     with log.open("ab") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited with status {process.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return process
-        except OSError:
-            pass
-        time.sleep(0.3)
-    process.terminate()
-    raise SystemExit(f"the server was not ready after 300 s; see {log}")
+    try:
+        _serving_frontend().wait_ready(port, 300, process)
+    except SystemExit as exc:
+        process.terminate()
+        raise SystemExit(f"{exc}; see {log}") from None
+    return process
 
 
 def load_seconds(port: int) -> dict[str, float]:
@@ -256,7 +254,8 @@ def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tu
                  args: argparse.Namespace, work: Path) -> Scenario:
     repo = work / f"repo-{rate_limit}"
     write_repo(repo, plans, models, limited=rate_limit != "off", instances=args.instances)
-    ports = Ports(free_port(), free_port(), free_port())
+    sf = _serving_frontend()
+    ports = Ports(sf.free_port(), sf.free_port(), sf.free_port())
     started = time.perf_counter()
     process = start_server(repo, ports, rate_limit, args.frontend_processes, args.out / "gpu-sharing-server.log")
     ready_s = time.perf_counter() - started
