@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,32 +87,33 @@ class Ports:
 
 
 @pytest.fixture(scope="module")
-def triton() -> Iterator[Ports]:
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ports]:
     python = _pytriton_python()
     if python is None:
         pytest.skip("no nvidia-pytriton venv: run scripts/setup_triton_reference.sh "
                     "(or set STREAMRT_PYTRITON_PYTHON to its python)")
     http_port, grpc_port, metrics_port = _free_ports(3)
+    ready_file = tmp_path_factory.mktemp("triton_reference") / "ready"
     # A session of its own: tritonserver starts python-backend stubs that can outlive it if it dies;
     # teardown ends whatever is left of that group.
-    process = subprocess.Popen([str(python), str(REFERENCE_SCRIPT), str(http_port), str(grpc_port), str(metrics_port)],
+    process = subprocess.Popen([str(python), str(REFERENCE_SCRIPT), str(http_port), str(grpc_port), str(metrics_port),
+                                str(ready_file)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     lines: list[str] = []
-    ready = threading.Event()
 
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             lines.append(line)
-            if line.strip() == "READY":
-                ready.set()
-        ready.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        if not ready.wait(240) or process.poll() is not None:
+        deadline = time.monotonic() + 240
+        while not ready_file.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not ready_file.exists() or process.poll() is not None:
             pytest.fail("the reference Triton did not start:\n" + "".join(lines[-40:]))
         yield Ports(http_port, grpc_port)
     finally:

@@ -2,9 +2,11 @@
 the differential test. Runs under the pytriton venv's interpreter, not StreamRT's: it imports
 neither streamrt nor pytest.
 
-    <pytriton venv>/bin/python triton_reference.py HTTP_PORT GRPC_PORT METRICS_PORT
+    <pytriton venv>/bin/python triton_reference.py HTTP_PORT GRPC_PORT METRICS_PORT READY_FILE
 
-Prints ``READY`` on one line once Triton serves, then runs until stdin closes or SIGTERM.
+Creates READY_FILE once Triton serves both models, then runs until stdin closes or SIGTERM. (A file,
+not a line on stdout: tritonserver writes its log to the same stream, and a log line written at
+the same moment can land in the middle of a printed marker.)
 
 Models (the StreamRT side of the test serves the same functions as ONNX models):
 
@@ -33,6 +35,7 @@ def _libpython_on_path() -> None:
 
 def main() -> None:
     http_port, grpc_port, metrics_port = (int(a) for a in sys.argv[1:4])
+    ready_file = sys.argv[4]
     _libpython_on_path()
     import numpy as np
     from pytriton.decorators import batch
@@ -61,7 +64,9 @@ def main() -> None:
         triton.bind("reduce", reduce, inputs=[Tensor(name="x", dtype=np.float32, shape=(3, 4, 4))],
                     outputs=[Tensor(name="y", dtype=np.float32, shape=(1, 1, 1))], config=batching)
         triton.run()
-        print("READY", flush=True)
+        with open(ready_file + ".part", "w") as marker:
+            marker.write(f"{os.getpid()}\n")
+        os.replace(ready_file + ".part", ready_file)
         stop.wait()
 
 
