@@ -105,11 +105,13 @@ def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int,
     return dict(result)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid``, its threads and its live children (the front-end
-    processes of ``--frontend-processes N``; Linux /proc)."""
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU time of process ``pid``, its threads and (``children``) its live children
+    (the front-end processes of ``--frontend-processes N``; Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if not children:
+        return total
     for children in Path(f"/proc/{pid}/task").glob("*/children"):
         for child in children.read_text().split():
             with contextlib.suppress(OSError):  # exited meanwhile
@@ -182,10 +184,11 @@ def main() -> int:
                     ["py-spy", "record", "--pid", str(server.pid), "--gil", "--format", "raw", "--rate", "200",
                      "--output", str(raw), "--duration", str(int(args.seconds + 1.5))],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            cpu0, count0 = cpu_seconds(server.pid), served(http, f"null_{kind}")
+            cpu0, engine0, count0 = cpu_seconds(server.pid), cpu_seconds(server.pid, False), served(http, f"null_{kind}")
             result = run_perf(protocol, http if protocol == "http" else grpc, f"null_{kind}", batch,
                               args.concurrency, args.processes, args.seconds, shlex.split(args.perf_args))
             cpu = cpu_seconds(server.pid) - cpu0
+            engine_cpu = cpu_seconds(server.pid, False) - engine0
             count = served(http, f"null_{kind}") - count0
             server_cores = cpu / (args.seconds + 1.5)  # busy cores over warm-up + window (it idles otherwise)
             if spy is not None:
@@ -198,11 +201,13 @@ def main() -> int:
             reqs = result["throughput"] / batch
             rows.append((protocol, kind, batch, nbytes, reqs, reqs * nbytes / 1e9, lat.get("median", float("nan")),
                          lat.get("p99", float("nan")), result["errors"], result["server_us"].get("success", 0.0),
-                         result.get("client_cpu_us", float("nan")), server_cores, cpu / max(count, 1) * 1e6))
+                         result.get("client_cpu_us", float("nan")), server_cores, cpu / max(count, 1) * 1e6,
+                         engine_cpu / max(count, 1) * 1e6))
             print(f"{protocol:5} {kind:6} b{batch:<3} {nbytes / 1e3:9.1f} KB  {reqs:9.1f} req/s  "
                   f"{rows[-1][5]:6.3f} GB/s  p50 {rows[-1][6]:7.2f} ms  p99 {rows[-1][7]:7.2f} ms  "
                   f"server {rows[-1][9]:8.0f} us  client cpu {rows[-1][10]:7.0f} us/req  "
-                  f"server cores {server_cores:4.2f} ({rows[-1][12]:6.0f} us CPU/req)  errors {result['errors']}",
+                  f"server cores {server_cores:4.2f} ({rows[-1][12]:6.0f} us CPU/req, engine process {rows[-1][13]:6.0f})  "
+                  f"errors {result['errors']}",
                   flush=True)
             if result.get("stderr"):
                 print("   ", result["stderr"].replace("\n", "\n    "), flush=True)
@@ -211,11 +216,11 @@ def main() -> int:
         server.wait(60)
         log.close()
     table = ["| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req (stats) | "
-             "server CPU us/req | server cores busy | client CPU us/req | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for p, k, b, n, r, g, p50, p99, e, s, c, cores, cpu_req in rows:
+             "server CPU us/req | engine process CPU us/req | server cores busy | client CPU us/req | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p, k, b, n, r, g, p50, p99, e, s, c, cores, cpu_req, engine_req in rows:
         table.append(f"| {p} | null_{k} x{b} | {n:,} | {r:,.0f} | {g:.3f} | {p50:.2f} | {p99:.2f} | {s:.0f} | "
-                     f"{cpu_req:.0f} | {cores:.2f} | {c:.0f} | {e} |")
+                     f"{cpu_req:.0f} | {engine_req:.0f} | {cores:.2f} | {c:.0f} | {e} |")
     text = "\n".join(table)
     print(text)
     if args.out:

@@ -81,6 +81,10 @@ class FrontendSupervisor:
         workers: the running workers by index.
     """
 
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "streamrt.serve.frontends.worker")
+    """How a worker starts (it reads its spec, pickled, from stdin); benchmarks/engine_request_path.py
+    starts a load driver in its place to measure the engine process alone."""
+
     def __init__(self, core: ServerCore, count: int, arena_bytes: int) -> None:
         self.core, self.count, self.arena_bytes = core, count, arena_bytes
         self.http_port: int | None = None
@@ -160,7 +164,7 @@ class FrontendSupervisor:
             source = str(Path(streamrt.__file__).resolve().parents[1])  # the same streamrt in the worker
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "streamrt.serve.frontends.worker", stdin=asyncio.subprocess.PIPE,
+                *self.worker_command, stdin=asyncio.subprocess.PIPE,
                 pass_fds=(theirs.fileno(), arena.fd), env=env)
         except BaseException:
             arena.close()
