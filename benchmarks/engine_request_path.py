@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -130,10 +131,8 @@ def _thread_ns(tid: int) -> int:
 def _process_ns() -> int:
     total = 0
     for task in Path("/proc/self/task").iterdir():
-        try:
+        with contextlib.suppress(OSError):
             total += int((task / "schedstat").read_text().split()[0])
-        except OSError:
-            pass
     return total
 
 
@@ -163,7 +162,6 @@ class CpuClock:
 async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from serving_frontend import write_repository
-
     from streamrt.serve.config import ServerConfig
     from streamrt.serve.core import ServerCore
     from streamrt.serve.frontends.supervisor import FrontendSupervisor

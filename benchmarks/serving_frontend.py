@@ -184,11 +184,12 @@ def main() -> int:
                     ["py-spy", "record", "--pid", str(server.pid), "--gil", "--format", "raw", "--rate", "200",
                      "--output", str(raw), "--duration", str(int(args.seconds + 1.5))],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            cpu0, engine0, count0 = cpu_seconds(server.pid), cpu_seconds(server.pid, False), served(http, f"null_{kind}")
+            cpu0, engine0 = cpu_seconds(server.pid), cpu_seconds(server.pid, children=False)
+            count0 = served(http, f"null_{kind}")
             result = run_perf(protocol, http if protocol == "http" else grpc, f"null_{kind}", batch,
                               args.concurrency, args.processes, args.seconds, shlex.split(args.perf_args))
             cpu = cpu_seconds(server.pid) - cpu0
-            engine_cpu = cpu_seconds(server.pid, False) - engine0
+            engine_cpu = cpu_seconds(server.pid, children=False) - engine0
             count = served(http, f"null_{kind}") - count0
             server_cores = cpu / (args.seconds + 1.5)  # busy cores over warm-up + window (it idles otherwise)
             if spy is not None:
@@ -206,7 +207,8 @@ def main() -> int:
             print(f"{protocol:5} {kind:6} b{batch:<3} {nbytes / 1e3:9.1f} KB  {reqs:9.1f} req/s  "
                   f"{rows[-1][5]:6.3f} GB/s  p50 {rows[-1][6]:7.2f} ms  p99 {rows[-1][7]:7.2f} ms  "
                   f"server {rows[-1][9]:8.0f} us  client cpu {rows[-1][10]:7.0f} us/req  "
-                  f"server cores {server_cores:4.2f} ({rows[-1][12]:6.0f} us CPU/req, engine process {rows[-1][13]:6.0f})  "
+                  f"server cores {server_cores:4.2f} ({rows[-1][12]:6.0f} us CPU/req, "
+                  f"engine process {rows[-1][13]:6.0f})  "
                   f"errors {result['errors']}",
                   flush=True)
             if result.get("stderr"):
