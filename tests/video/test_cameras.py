@@ -47,6 +47,14 @@ def _nearest(frame: np.ndarray, clip: SyntheticClip) -> int:
     return int(np.argmax([_psnr(frame, clip.frame(i)) for i in range(clip.frames)]))
 
 
+def _assert_is_frame(frame: np.ndarray, clip: SyntheticClip, index: int) -> None:
+    """``frame`` decodes clip frame ``index``: close to it (H.264 at crf 18 keeps >= 26 dB on these
+    clips) and nearest to it or to a neighbour (two consecutive frames of a clip can differ by less
+    than the coding noise, when its shapes slow down at a wall: measured margins down to -0.3 dB)."""
+    assert _psnr(frame, clip.frame(index)) > 24.0
+    assert abs(_nearest(frame, clip) - index) <= 1
+
+
 def test_whole_stream_paced_in_real_time(clip: SyntheticClip, stream: bytes) -> None:
     with ClipServer(stream) as server:  # served as fast as the socket goes
         cam = open_source(server.url)
@@ -65,7 +73,7 @@ def test_whole_stream_paced_in_real_time(clip: SyntheticClip, stream: bytes) -> 
     # Paced: the last frame is released (frames - 1) / fps after the first, not as fast as decoding goes.
     assert arrivals[-1] - arrivals[0] == pytest.approx((clip.frames - 1) / FPS, abs=0.25)
     for i in range(0, len(frames), 7):
-        assert _nearest(frames[i], clip) == i
+        _assert_is_frame(frames[i], clip, i)
     stats = cam.stats()
     assert (stats.decoded, stats.delivered, stats.dropped, stats.reconnects) == (clip.frames, clip.frames, 0, 0)
 
@@ -98,7 +106,7 @@ def test_reconnects_with_backoff_after_the_server_dies(clip: SyntheticClip, stre
     firsts = [t for _, t in after]
     assert min(firsts) == pytest.approx(0.0, abs=1e-6)
     frame, t = after[-1]
-    assert _nearest(frame, clip) == round(t * FPS)
+    _assert_is_frame(frame, clip, round(t * FPS))
 
 
 def test_slow_consumer_drops_oldest_and_memory_stays_bounded(clip: SyntheticClip, stream: bytes) -> None:
