@@ -201,7 +201,12 @@ def engine_main(args: argparse.Namespace) -> None:
     case = {"model": f"null_{kind}", "item": ITEM[kind], "batch": int(batch), "concurrency": args.concurrency,
             "seconds": args.seconds, "warmup": args.warmup, "report": str(report), "instances": args.instances}
     os.environ["STREAMRT_DRIVER_LOAD"] = json.dumps(case)
-    sys.setswitchinterval(0.0005)  # as `streamrt serve`
+    try:  # as `streamrt serve` of the source tree under test
+        from streamrt.serve.process import configure_serving_process
+
+        configure_serving_process()
+    except ImportError:  # older trees: the switch interval only
+        sys.setswitchinterval(0.0005)
     try:
         import uvloop
 

@@ -25,6 +25,7 @@ from streamrt._optional import available, require
 from streamrt.cli.args import ServerArgs
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.config import ServerConfig
+from streamrt.serve.process import configure_serving_process
 from streamrt.serve.tracing import REQUEST_CONTEXT
 
 __all__ = ["JsonFormatter", "config_from_args", "register", "run"]
@@ -101,22 +102,13 @@ async def _serve(repository: Path, config: ServerConfig) -> None:
         await server.stop()
 
 
-SWITCH_INTERVAL_S = 0.0005
-"""GIL switch interval of a ``streamrt serve`` process (Python's default: 5 ms).
-
-The event loop thread parses request bodies in Python while instance threads need the GIL for the
-few steps of each batch; at 5 ms a waiting instance thread lost up to 5 ms per step (HTTP 4.8 MB
-requests: batch gather 47 ms -> 1.1 ms, gRPC p99 419 -> 192 ms on the 2-core CI machine, see
-docs/benchmarks/serving-frontend-cpu.md)."""
-
-
 def run(args: argparse.Namespace) -> int:
 
     if not args.repository.is_dir():
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    configure_serving_process()
     try:
         _run_loop(_serve(args.repository, config), loop_factory(getattr(args, "event_loop", "auto")))
     except OSError as exc:

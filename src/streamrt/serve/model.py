@@ -178,6 +178,10 @@ def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
     return config.replace(max_batch_size=mbs, input=inputs, output=outputs, backend=engine.manifest.backend)
 
 
+_ACCEPTED_SIGNATURES = 1024
+"""Input signatures a model remembers as valid (forgotten all at once past this many)."""
+
+
 class ServedModel:
     """A loaded, warmed-up model version. Create with :meth:`load`, then :meth:`start` on the loop."""
 
@@ -204,6 +208,9 @@ class ServedModel:
         self._scheduler: ModelScheduler | SequenceScheduler | None = None
         self._limiter: RateLimiter | None = None
         self._budget: tuple[MemoryBudget, str] | None = None
+        self._accepted: dict[tuple[tuple[str, str, tuple[int, ...]], ...], int] = {}
+        """Input signatures (name, dtype, shape of each input, in order) validate accepted, with
+        their rows: the checks depend on nothing else, so a signature seen before skips them."""
 
     @property
     def name(self) -> str:
@@ -429,6 +436,17 @@ class ServedModel:
         Raises:
             UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
         """
+        signature = tuple((name, array.dtype.str, tuple(array.shape)) for name, array in inputs.items())
+        rows = self._accepted.get(signature)
+        if rows is not None:
+            return rows
+        rows = self._validate(inputs)
+        if len(self._accepted) >= _ACCEPTED_SIGNATURES:
+            self._accepted.clear()
+        self._accepted[signature] = rows
+        return rows
+
+    def _validate(self, inputs: Mapping[str, np.ndarray]) -> int:
         rows = 1
         shapes = {}
         for name, tensor, array in checked_inputs(inputs, self._inputs, "model", self.name):

@@ -34,6 +34,7 @@ from streamrt.serve.config_message import from_mapping, read_config_file
 from streamrt.serve.memory_budget import MemoryBudget
 from streamrt.serve.model import EngineLoader
 from streamrt.serve.model_files import remove_model_files, write_model_files
+from streamrt.serve.process import settle_heap
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.servable import LoadContext, Servable, load_servable
 
@@ -179,6 +180,7 @@ class ModelRepository:
         if old:
             await asyncio.gather(*(s.stop(self.drain_timeout_s) for s in old.values()))
         remove_model_files(old_files)
+        settle_heap()
 
     async def _load_versions(
         self, name: str, override: Mapping[str, Any] | None, files: Path | None = None

@@ -28,7 +28,8 @@ from typing import Any
 import streamrt.errors as errors_module
 from streamrt.errors import ServeError, StreamRTError
 
-__all__ = ["ERROR", "FREE", "HELLO", "INFER", "OK", "STOP", "FrameWriter", "error_message", "raise_error", "read_frame"]
+__all__ = ["ERROR", "FREE", "HELLO", "INFER", "OK", "STOP", "FrameReader", "FrameWriter", "error_message",
+           "raise_error"]
 
 HELLO, INFER, FREE = 0, 1, 2
 OK, ERROR, STOP = 10, 11, 12
@@ -64,13 +65,51 @@ class FrameWriter:
         self.writer.close()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
-    """The next message, or None at the end of the stream (the other process is gone)."""
-    try:
-        header = await reader.readexactly(4)
-        return pickle.loads(await reader.readexactly(_LENGTH.unpack(header)[0]))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
+class FrameReader:
+    """The messages that have arrived, as many as one read brings (one await per read, not two per
+    message: under load a read holds the frames of many requests).
+
+    Example:
+        >>> while (messages := await frames.read()) is not None:   # doctest: +SKIP
+        ...     for message in messages: handle(message)
+    """
+
+    READ_BYTES = 1 << 20
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self._buffer = bytearray()
+
+    async def read(self) -> list[tuple[Any, ...]] | None:
+        """The next complete messages (at least one), or None at the end of the stream (the other
+        process is gone; a partial message left then is dropped)."""
+        while True:
+            messages = self._parse()
+            if messages:
+                return messages
+            try:
+                chunk = await self.reader.read(self.READ_BYTES)
+            except ConnectionError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def _parse(self) -> list[tuple[Any, ...]]:
+        buffer, start, messages = self._buffer, 0, []
+        view = memoryview(buffer)
+        try:
+            while len(buffer) - start >= 4:
+                (size,) = _LENGTH.unpack_from(buffer, start)
+                if len(buffer) - start - 4 < size:
+                    break
+                messages.append(pickle.loads(view[start + 4 : start + 4 + size]))
+                start += 4 + size
+        finally:
+            view.release()
+        if start:
+            del buffer[:start]
+        return messages
 
 
 def error_message(rid: int, exc: BaseException) -> tuple[Any, ...]:

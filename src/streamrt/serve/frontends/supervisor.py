@@ -43,9 +43,9 @@ from streamrt.serve.frontends.channel import (
     INFER,
     OK,
     STOP,
+    FrameReader,
     FrameWriter,
     error_message,
-    read_frame,
 )
 from streamrt.serve.frontends.tensors import pack_outputs, unpack_request
 
@@ -200,20 +200,19 @@ class FrontendSupervisor:
 
     async def _serve_worker(self, worker: _Worker, reader: asyncio.StreamReader) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            message = await read_frame(reader)
-            if message is None:
-                break
-            kind = message[0]
-            if kind == INFER:
-                task = loop.create_task(self._infer(worker, message))
-                worker.tasks.add(task)
-                task.add_done_callback(worker.tasks.discard)
-            elif kind == FREE:
-                for offset in message[1]:
-                    worker.arena.outputs.free(offset)
-            elif kind == HELLO:
-                worker.hello.set()
+        frames = FrameReader(reader)
+        while (messages := await frames.read()) is not None:
+            for message in messages:
+                kind = message[0]
+                if kind == INFER:
+                    task = loop.create_task(self._infer(worker, message))
+                    worker.tasks.add(task)
+                    task.add_done_callback(worker.tasks.discard)
+                elif kind == FREE:
+                    for offset in message[1]:
+                        worker.arena.outputs.free(offset)
+                elif kind == HELLO:
+                    worker.hello.set()
         if worker.tasks:  # the worker is gone: the engine may still read its arena until these finish
             await asyncio.gather(*worker.tasks, return_exceptions=True)
         worker.writer.close()

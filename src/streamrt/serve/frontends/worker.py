@@ -44,11 +44,12 @@ from streamrt.serve.frontends.channel import (
     INFER,
     OK,
     STOP,
+    FrameReader,
     FrameWriter,
     raise_error,
-    read_frame,
 )
 from streamrt.serve.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
+from streamrt.serve.process import configure_serving_process, settle_heap
 from streamrt.serve.protocol import HEADER_LENGTH, InferRequest, InferResponse
 from streamrt.serve.status import status_for
 
@@ -103,22 +104,27 @@ class EngineLink:
 
     async def run(self) -> None:
         """Read replies until STOP or the end of the channel."""
-        while True:
-            message = await read_frame(self.reader)
-            if message is None or message[0] == STOP:
+        frames = FrameReader(self.reader)
+        while (messages := await frames.read()) is not None:
+            stop = next((i for i, m in enumerate(messages) if m[0] == STOP), None)
+            self._answer(messages[:stop])
+            if stop is not None:
                 break
-            future, taken = self._pending.pop(message[1])
-            for offset in taken:
-                self.arena.inputs.free(offset)
-            if future.cancelled():  # the client went away: give the output blocks back at once
-                if message[0] == OK:
-                    self.free_outputs(_blocks(message))
-                continue
-            future.set_result(message)
         for future, _ in self._pending.values():
             if not future.done():
                 future.set_exception(ServerShuttingDownError("the engine process is gone; retry"))
         self.closed.set()
+
+    def _answer(self, replies: list[tuple[Any, ...]]) -> None:
+        for reply in replies:
+            future, taken = self._pending.pop(reply[1])
+            for offset in taken:
+                self.arena.inputs.free(offset)
+            if future.cancelled():  # the client went away: give the output blocks back at once
+                if reply[0] == OK:
+                    self.free_outputs(_blocks(reply))
+                continue
+            future.set_result(reply)
 
     async def infer(self, request: InferRequest, taken: list[int]) -> tuple[InferResponse, list[int]]:
         """Run ``request`` in the engine process; returns the response (views of the arena) and its
@@ -364,6 +370,7 @@ async def serve(spec: dict[str, Any]) -> None:
         closers.append(service.channel.close)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, link.closed.set)
+    settle_heap()  # what serving the listeners needs is loaded
     link.writer.send((HELLO, os.getpid()))
     reading = loop.create_task(link.run())
     await link.closed.wait()
@@ -385,7 +392,7 @@ def main() -> None:
                         format=f"%(asctime)s %(levelname)s frontend[{spec['index']}] %(name)s: %(message)s")
     for noisy in ("aiohttp.access", "grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    sys.setswitchinterval(0.0005)
+    configure_serving_process()
     try:  # as `streamrt serve --event-loop auto`: uvloop when it is installed
         import uvloop
 
