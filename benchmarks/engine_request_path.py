@@ -72,6 +72,7 @@ async def _drive(spec: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
     pool = [rng.standard_normal((batch, *item), dtype=np.float32) for _ in range(8)]
     window = {"start": 0.0, "stop": 0.0}
     done = [0, 0]  # in the window, errors
+    latencies: list[float] = []
     warm_until = time.monotonic() + load["warmup"]
     stop_at = warm_until + load["seconds"]
 
@@ -91,6 +92,7 @@ async def _drive(spec: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
                 view[:] = x.reshape(-1).view(np.uint8)
                 x = view.view(np.float32).reshape(x.shape)
             request = InferRequest(load["model"], inputs={"x": x}, received_ns=time.perf_counter_ns())
+            sent = time.perf_counter()
             try:
                 response, blocks = await link.infer(request, taken)
                 link.free_outputs(blocks)
@@ -99,6 +101,7 @@ async def _drive(spec: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
                 ok = False
             if now >= warm_until:
                 done[0 if ok else 1] += 1
+                latencies.append(time.perf_counter() - sent)
 
     await asyncio.sleep(0.2)  # every driver connected (HELLO) before the load starts
     tasks = [asyncio.ensure_future(client(i)) for i in range(load["concurrency"])]
@@ -106,7 +109,7 @@ async def _drive(spec: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
     window["start"] = time.monotonic()
     await asyncio.gather(*tasks)
     window["stop"] = time.monotonic()
-    result = {**window, "requests": done[0], "errors": done[1]}
+    result = {**window, "requests": done[0], "errors": done[1], "latencies_ms": [t * 1e3 for t in latencies]}
     report = Path(load["report"]).with_suffix(f".{spec['index']}.json")
     report.with_suffix(".part").write_text(json.dumps(result))
     report.with_suffix(".part").replace(report)
@@ -188,7 +191,10 @@ async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str,
     start, stop = max(r["start"] for r in results), min(r["stop"] for r in results)
     requests = sum(r["requests"] for r in results) * (stop - start) / np.mean([r["stop"] - r["start"] for r in results])
     loop_s, process_s = clock.over(start, stop)
-    return {"requests_per_s": requests / (stop - start), "loop_us": loop_s / requests * 1e6,
+    latencies = np.concatenate([r["latencies_ms"] for r in results])
+    return {"p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
+            "max_ms": float(latencies.max()), "requests_per_s": requests / (stop - start),
+            "loop_us": loop_s / requests * 1e6,
             "process_us": process_s / requests * 1e6, "loop_busy": loop_s / (stop - start),
             "errors": sum(r["errors"] for r in results),
             "rows_per_batch": stats["inference_count"] / max(stats["execution_count"], 1)}
@@ -255,13 +261,17 @@ def main() -> int:
                 rows.append((case, label, round_ + 1, r))
                 print(f"{case:8} {label:30} round {round_ + 1}: {r['requests_per_s']:9.0f} req/s  loop thread "
                       f"{r['loop_us']:6.1f} us/req ({r['loop_busy']:.0%} busy)  process {r['process_us']:7.1f} us/req  "
-                      f"rows/batch {r['rows_per_batch']:5.1f}  errors {r['errors']}", flush=True)
+                      f"rows/batch {r['rows_per_batch']:5.1f}  p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} "
+                      f"max {r['max_ms']:.1f} ms  "
+                      f"errors {r['errors']}", flush=True)
     table = ["| request | source | round | requests/s | event-loop thread CPU us/req | loop thread busy | "
-             "engine process CPU us/req | rows per batch | errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "engine process CPU us/req | rows per batch | p50 ms | p99 ms | max ms | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case, label, round_, r in rows:
         kind, batch = case.split(":")
         table.append(f"| {kind} x{batch} | {label} | {round_} | {r['requests_per_s']:,.0f} | {r['loop_us']:.1f} | "
-                     f"{r['loop_busy']:.0%} | {r['process_us']:.1f} | {r['rows_per_batch']:.1f} | {r['errors']} |")
+                     f"{r['loop_busy']:.0%} | {r['process_us']:.1f} | {r['rows_per_batch']:.1f} | {r['p50_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {r['max_ms']:.1f} | {r['errors']} |")
     text = "\n".join(table)
     print(text)
     if args.out is not None:
