@@ -34,6 +34,7 @@ from streamrt.serve.config import BatchingConfig
 from streamrt.serve.instances import BatchResult
 from streamrt.serve.rate_limiter import Ticket
 from streamrt.serve.stats import ModelStats
+from streamrt.serve.timers import wake_at
 from streamrt.serve.tracing import RequestTrace
 
 __all__ = ["ModelScheduler"]
@@ -158,7 +159,7 @@ class ModelScheduler:
             deadlines = [d for d in (wake, self._queue.next_deadline()) if d is not None]
             handle = None
             if deadlines:
-                handle = loop.call_at(loop.time() + max(0.0, min(deadlines) - time.monotonic()), self._wakeup.set)
+                handle = wake_at(loop, min(deadlines), self._wakeup.set)
             await self._wakeup.wait()
             self._wakeup.clear()
             if handle is not None:

@@ -57,6 +57,7 @@ from streamrt.serve.instances import BatchResult, Instance, InstanceGroup
 from streamrt.serve.protocol import SequenceFlags
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.serve.stats import ModelStats
+from streamrt.serve.timers import wake_at
 from streamrt.serve.tracing import RequestTrace
 from streamrt.types import DType, TensorSpec
 
@@ -327,7 +328,7 @@ class SequenceScheduler:
             deadlines = wakes + ([min(idle)] if idle else [])
             handle = None
             if deadlines:
-                handle = loop.call_at(loop.time() + max(0.0, min(deadlines) - time.monotonic()), self._wakeup.set)
+                handle = wake_at(loop, min(deadlines), self._wakeup.set)
             await self._wakeup.wait()
             self._wakeup.clear()
             if handle is not None:
