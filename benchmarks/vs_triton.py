@@ -1,0 +1,190 @@
+"""StreamRT's server beside a real Triton, the same Python model in both, the same client.
+
+Both servers serve one repository: ``null_small`` (FP32 ``[16]`` per item, 64 B) and ``null_image``
+(FP32 ``[3, 224, 224]``, 602 KB), each a Triton Python-backend model (``model.py``:
+``TritonPythonModel`` returning the mean of each row), ``max_batch_size`` 64, dynamic batching with
+a 500 us delay, 2 CPU instances. Triton runs it in its Python backend (a stub process per instance,
+tensors through shared memory); StreamRT in its own Python backend (``serve/python_backend``,
+instances in the server process). So the two differ only in the server: protocol handling,
+batching, the hand-over to the model, and its process design.
+
+The Triton is the ``tritonserver`` 2.51 bundled in nvidia-pytriton 0.7.0 (its own venv, numpy<2:
+``scripts/setup_triton_reference.sh``), started directly with its Python backend (the stub of
+the venv's Python copied next to ``libtriton_python.so``, the venv's libpython and the wheel's
+libraries on ``LD_LIBRARY_PATH``, the venv first on ``PATH``). It does not fit the 64 MB that can
+be carried to the GPU machine (144 MB), so this comparison runs on the CPU machine.
+
+The client is ``streamrt perf`` (``--processes`` processes, one merged report) for both, one server
+at a time, alternating rounds. Server CPU per request counts the server process and its children
+(Triton's stubs, StreamRT's front-end workers).
+
+Usage (repository root)::
+
+    python benchmarks/vs_triton.py --cases grpc:small:1,grpc:image:8,http:small:1,http:image:8 \\
+        --concurrency 16 --processes 2 --seconds 4 --rounds 2 [--out docs/benchmarks/x.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving_frontend import ITEM, cpu_seconds, free_port, parse_case, run_perf, served, wait_ready
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PYTRITON = Path("/work/venvs/pytriton/bin/python")
+
+MODEL_PY = '''import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """y[n] = mean(x[n]): the null model, the same file in both servers."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            y = x.reshape(x.shape[0], -1).mean(axis=1, dtype=np.float32).reshape(-1, 1)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
+        return responses
+'''
+
+
+def write_repository(root: Path, max_batch: int = 64, delay_us: int = 500, instances: int = 2) -> Path:
+    for kind, item in ITEM.items():
+        name = f"null_{kind}"
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "1" / "model.py").write_text(MODEL_PY)
+        (root / name / "config.pbtxt").write_text(
+            f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch}\n'
+            f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
+            f"instance_group [{{ count: {instances}, kind: KIND_CPU }}]\n"
+            f'input [{{ name: "x", data_type: TYPE_FP32, dims: {list(item)} }}]\n'
+            'output [{ name: "y", data_type: TYPE_FP32, dims: [1] }]\n')
+    return root
+
+
+def pytriton_python() -> Path:
+    path = Path(os.environ.get("STREAMRT_PYTRITON_PYTHON", DEFAULT_PYTRITON))
+    if not path.is_file():
+        raise SystemExit(f"no nvidia-pytriton venv at {path}: run scripts/setup_triton_reference.sh "
+                         "(or set STREAMRT_PYTRITON_PYTHON)")
+    return path
+
+
+def start_triton(repo: Path, work: Path, http: int, grpc: int, log: Path) -> subprocess.Popen[bytes]:
+    """tritonserver with its Python backend, started directly (see the module docstring)."""
+    python = pytriton_python()
+    probe = subprocess.run(
+        [str(python), "-c", "import pathlib, pytriton, sys, sysconfig; "
+         "print(pathlib.Path(pytriton.__file__).parent); print(sysconfig.get_config_var('LIBDIR')); "
+         "print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        capture_output=True, text=True, check=True, timeout=120)
+    package, libdir, version = probe.stdout.split()
+    triton = Path(package) / "tritonserver"
+    backends = work / "backends"
+    (backends / "python").mkdir(parents=True, exist_ok=True)
+    for source in [*(triton / "backends" / "python").glob("*.*"),
+                   triton / "python_backend_stubs" / version / "triton_python_backend_stub"]:
+        if source.is_file():
+            shutil.copy2(source, backends / "python" / source.name)
+    libs = Path(package).parent / "nvidia_pytriton.libs"
+    env = {**os.environ, "PATH": f"{python.parent}:{os.environ.get('PATH', '')}",
+           "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(libs), libdir, os.environ.get("LD_LIBRARY_PATH")]))}
+    return subprocess.Popen(
+        [str(triton / "bin" / "tritonserver"), "--model-repository", str(repo), "--backend-directory", str(backends),
+         "--http-port", str(http), "--grpc-port", str(grpc), "--allow-metrics", "false", "--log-verbose", "0"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def start_streamrt(repo: Path, http: int, grpc: int, log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http), "--grpc-port",
+         str(grpc), "--metrics-port", "-1", "--log-level", "WARNING", *extra],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default="grpc:small:1,grpc:image:1,grpc:image:8,http:small:1,http:image:1,"
+                        "http:image:8", help="PROTOCOL:small|image:BATCH,...")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=2, help="client processes (streamrt perf --processes)")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--server-args", default="", help="extra `streamrt serve` arguments")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    cases = [parse_case(c) for c in args.cases.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="streamrt-vs-triton-"))
+    repo = write_repository(work / "repo")
+    rows = []
+    for round_ in range(1, args.rounds + 1):
+        for server_name in ("triton", "streamrt"):
+            http, grpc = free_port(), free_port()
+            log = work / f"{server_name}-{round_}.log"
+            server = (start_triton(repo, work, http, grpc, log) if server_name == "triton"
+                      else start_streamrt(repo, http, grpc, log, shlex.split(args.server_args)))
+            try:
+                wait_ready(http, 300, server)
+                time.sleep(1.0)
+                for protocol, kind, batch in cases:
+                    model = f"null_{kind}"
+                    cpu0, count0 = cpu_seconds(server.pid), served(http, model)
+                    result = run_perf(protocol, http if protocol == "http" else grpc, model, batch, args.concurrency,
+                                      args.processes, args.seconds, [])
+                    cpu = cpu_seconds(server.pid) - cpu0
+                    count = served(http, model) - count0
+                    nbytes = batch * 4 * int(__import__("math").prod(ITEM[kind]))
+                    lat = result["latency_ms"] or {}
+                    reqs = result["throughput"] / batch
+                    row = (protocol, kind, batch, server_name, round_, reqs, reqs * nbytes / 1e9,
+                           lat.get("median", float("nan")), lat.get("p99", float("nan")),
+                           cpu / max(count, 1) * 1e6, result["errors"])
+                    rows.append(row)
+                    print(f"{protocol:5} {kind:6} x{batch:<2} {server_name:9} round {round_}: {reqs:8.1f} req/s "
+                          f"{row[6]:6.3f} GB/s  p50 {row[7]:7.2f} ms  p99 {row[8]:7.2f} ms  "
+                          f"server CPU {row[9]:7.0f} us/req  errors {row[10]}", flush=True)
+            finally:
+                stop(server)
+    rows.sort(key=lambda r: (r[0], r[1], r[2], r[4], r[3]))
+    table = ["| protocol | request | server | round | requests/s | GB/s | p50 ms | p99 ms | server CPU us/req | "
+             "errors |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p, k, b, name, rnd, reqs, gbs, p50, p99, cpu_req, errors in rows:
+        table.append(f"| {p} | null_{k} x{b} | {name} | {rnd} | {reqs:,.0f} | {gbs:.3f} | {p50:.2f} | {p99:.2f} | "
+                     f"{cpu_req:,.0f} | {errors} |")
+    text = "\n".join(table)
+    print(text)
+    if args.out is not None:
+        from streamrt.profiling.provenance import git_commit
+
+        args.out.write_text("\n".join([
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- commit: {git_commit(ROOT)}", f"- machine: {platform.node()}, {os.cpu_count()} CPUs",
+            f"- command: `{shlex.join(['python', 'benchmarks/vs_triton.py', *sys.argv[1:]])}`", "", text, ""]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
