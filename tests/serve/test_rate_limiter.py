@@ -370,3 +370,78 @@ def test_python_models_take_part_in_the_rate_limiter(tmp_path: Path, monkeypatch
     assert probe.peak[0] == 1  # type: ignore[attr-defined]  # one "gpu": never two executions at once
     assert low > 10 and high >= 2.5 * low, (high, low)
 
+
+
+def _sequence_step(port: int, model: str, x: np.ndarray, sequence_id: int, *, start: bool, end: bool
+                   ) -> tuple[int, np.ndarray | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        body = json.dumps({"parameters": {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end},
+                           "inputs": [{"name": "INPUT", "shape": list(x.shape), "datatype": "FP32",
+                                       "data": x.ravel().tolist()}]})
+        conn.request("POST", f"/v2/models/{model}/infer", body=body)
+        response = conn.getresponse()
+        payload = json.loads(response.read())
+        if response.status != 200:
+            return response.status, None
+        output = next(o for o in payload["outputs"] if o["name"] == "OUTPUT")
+        return 200, np.asarray(output["data"], np.float32).reshape(output["shape"])
+    finally:
+        conn.close()
+
+
+def test_a_stateful_model_takes_part_in_the_rate_limiter(tmp_path: Path, plans: dict[str, Path]) -> None:
+    """A sequence-batching model and a stateless one share one copy of "gpu": never two executions
+    at once across them, both progress, and every sequence keeps its own running sum."""
+    import onnx
+
+    from streamrt.testing.sequence_models import accumulator, accumulator_config
+
+    limited = {"resources": [{"name": "gpu", "count": 1}], "priority": 1}
+    config = accumulator_config(4, instances=2)
+    config["instance_group"][0]["rate_limiter"] = limited
+    (tmp_path / "stateful" / "1").mkdir(parents=True)
+    onnx.save(accumulator(4), str(tmp_path / "stateful" / "1" / "model.onnx"))
+    (tmp_path / "stateful" / "config.yaml").write_text(yaml.safe_dump(config))
+    _write(tmp_path, "stateless", {"max_batch_size": 8, "instance_group": [{"count": 2, "rate_limiter": {
+        **limited, "priority": 2}}]}, plans["small_cnn"])
+    server_config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0,
+                                 startup_models=("stateful", "stateless"), rate_limit="execution_count")
+    image = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    stop = threading.Event()
+    statuses: Counter[int] = Counter()
+    wrong: list[str] = []
+
+    def sequences(first_id: int) -> None:
+        rng = np.random.default_rng(first_id)
+        sequence_id = first_id
+        while not stop.is_set():
+            total = np.zeros((1, 4), np.float32)
+            for k in range(5):
+                x = rng.standard_normal((1, 4)).astype(np.float32)
+                total += x
+                status, out = _sequence_step(port, "stateful", x, sequence_id, start=k == 0, end=k == 4)
+                statuses[status] += 1
+                if out is not None and not np.allclose(out, total, atol=1e-5):
+                    wrong.append(f"sequence {sequence_id} step {k}: {out} != {total}")
+            sequence_id += 1000
+
+    def stateless() -> None:
+        while not stop.is_set():
+            statuses[_infer(port, "stateless", image)] += 1
+
+    with ServerThread(tmp_path, server_config, engine_loader=_counting_loader, start_timeout=120) as server:
+        port = server.http_port
+        SHARED.calls.clear()
+        SHARED.peak = 0
+        threads = [threading.Thread(target=sequences, args=(i + 1,)) for i in range(6)]
+        threads += [threading.Thread(target=stateless) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert set(statuses) == {200} and not wrong, (statuses, wrong[:3])
+    assert SHARED.peak == 1  # one copy of "gpu": the stateful model's batches waited for their grants too
+    assert SHARED.calls["stateful"] > 10 and SHARED.calls["stateless"] > 10, SHARED.calls

@@ -304,12 +304,6 @@ class ServedModel:
         gpus: list[str] | None = None,
     ) -> ServedModel:
         batched = bool(resolved.max_batch_size)
-        if limiter is not None and resolved.sequence_batching is not None:
-            # The sequence batcher runs its slots without the rate limiter's grants (not implemented
-            # there): its instances stay out of the limiter rather than pretend to take part.
-            if any(g.rate_limiter for g in resolved.instance_group):
-                log.warning("model '%s': rate_limiter is ignored for sequence_batching models", resolved.name)
-            limiter = None
         instances = InstanceGroup.create(
             f"{resolved.name}_{version}", engines, resolved.instance_group,
             batched=batched, max_batch_size=resolved.max_batch_size or 1,

@@ -182,6 +182,7 @@ class _Batcher:
     instance: Instance
     slots: list[_Slot] = field(default_factory=list)
     busy: bool = False
+    granted: bool = False  # holds the rate limiter's resources for the running batch
 
     @property
     def free(self) -> int:
@@ -235,6 +236,7 @@ class SequenceScheduler:
         self._backlog: deque[_Sequence] = deque()
         self._active: dict[int, list[Row]] = {}
         self._closing = False
+        self._stopped = False
         self._wakeup = asyncio.Event()
         self._drained = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -403,7 +405,6 @@ class SequenceScheduler:
         instance = batcher.instance
         template = next(r[1].inputs for r in rows if r is not None)
         requests = []
-        start = time.perf_counter_ns()
         for row in rows:
             if row is None:
                 requests.append(self._filler(template, instance))
@@ -413,11 +414,36 @@ class SequenceScheduler:
                 sequence.state = self._initial_state(instance)
             requests.append({**step.inputs, **self._control_inputs(step.flags, sequence.id, ready=True),
                              **sequence.state})
-            self.stats.record_queue(start - step.enqueued_ns)
-            if step.trace is not None:
-                step.trace.mark("COMPUTE_START", start)
         batcher.busy = True
         self._active[id(rows)] = rows
+        ticket = instance.rate_limit
+        if ticket is None:
+            self._launch(batcher, rows, requests)
+            return
+
+        def granted() -> None:  # in the thread that released the resources, or here if granted at once
+            try:
+                self._loop.call_soon_threadsafe(self._launch, batcher, rows, requests)
+            except RuntimeError:  # the loop is closed: nothing will run, give the resources back
+                ticket.release()
+
+        ticket.stage(granted)
+
+    def _launch(self, batcher: _Batcher, rows: list[Row], requests: list[dict[str, Any]]) -> None:
+        """Run a formed batch (once its instance is granted, with the rate limiter on): the wait for
+        the grant counts as queue time, as in the dynamic batcher."""
+        instance = batcher.instance
+        if self._stopped:  # granted after close gave up on this batch and closed the instances
+            if instance.rate_limit is not None:
+                instance.rate_limit.release()
+            return
+        batcher.granted = instance.rate_limit is not None
+        start = time.perf_counter_ns()
+        for row in rows:
+            if row is not None:
+                self.stats.record_queue(start - row[1].enqueued_ns)
+                if row[1].trace is not None:
+                    row[1].trace.mark("COMPUTE_START", start)
 
         def done(result: BatchResult | BaseException) -> None:
             try:
@@ -455,7 +481,10 @@ class SequenceScheduler:
                 **self._initial_state(instance)}
 
     def _complete(self, batcher: _Batcher, rows: list[Row], result: BatchResult | BaseException) -> None:
-        batcher.busy = False
+        if batcher.granted and not self._stopped:
+            assert batcher.instance.rate_limit is not None
+            batcher.instance.rate_limit.release()  # the next batch waits for its own grant
+        batcher.busy = batcher.granted = False
         self._active.pop(id(rows), None)
         self._wakeup.set()
         now = time.monotonic()
@@ -521,6 +550,7 @@ class SequenceScheduler:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self._stopped = True
         await asyncio.get_running_loop().run_in_executor(None, self._instances.close, max(timeout, 1.0))
 
 
