@@ -12,7 +12,7 @@ from streamrt.serve.config import InstanceGroupConfig, ModelConfig
 from streamrt.serve.config_message import from_mapping
 from streamrt.serve.memory_budget import MIB, MemoryBudget
 from streamrt.serve.model import ServedModel
-from streamrt.serve.placement import describe_gpus, gpu_indices, place_instances
+from streamrt.serve.placement import describe_gpus, gpu_indices, place_instances, resolved_groups
 
 GIB = 2**30
 H200 = "NVIDIA H200"
@@ -48,6 +48,17 @@ def test_triton_second_example_groups_on_chosen_gpus() -> None:
     placed = _where(groups, [H200] * 4)
     assert sorted(placed) == [(0, 0), (1, 1), (1, 1), (2, 1), (2, 1)]
     assert gpu_indices(groups, [H200] * 4) == [0, 1, 2]
+
+
+def test_loaded_config_reports_kinds_and_gpus_as_placed() -> None:
+    """What GET .../config shows once loaded, as Triton: KIND_AUTO resolved, a GPU group's GPUs
+    filled in (every visible one when it listed none), count still per GPU."""
+    groups = [InstanceGroupConfig(count=2), InstanceGroupConfig(count=1, kind="KIND_GPU", gpus=(2,))]
+    resolved = resolved_groups(groups, place_instances(groups, engine_kind="cuda", gpus=[H200] * 3))
+    assert [(g.kind, g.gpus, g.count) for g in resolved] == [("KIND_GPU", (0, 1, 2), 2), ("KIND_GPU", (2,), 1)]
+    cpu = [InstanceGroupConfig(count=3)]
+    assert [(g.kind, g.gpus, g.count) for g in resolved_groups(cpu, place_instances(cpu, engine_kind="cpu", gpus=[]))] \
+        == [("KIND_CPU", (), 3)]
 
 
 def test_cpu_groups_and_cpu_plans() -> None:

@@ -52,6 +52,7 @@ def test_health_and_metadata_http(http: Any) -> None:
     config = http.get_model_config("cnn")
     assert config["max_batch_size"] == 8 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     assert config["instance_group"][0]["count"] == 2 and config["input"][0]["data_type"] == "TYPE_FP32"
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"  # resolved from KIND_AUTO, as Triton reports it
     assert http.get_model_config("nobatch")["max_batch_size"] == 0
 
 

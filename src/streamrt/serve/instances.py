@@ -45,7 +45,7 @@ from streamrt.device import Device, Stream, device_scope, get_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
-from streamrt.serve.placement import place_instances, visible_gpus
+from streamrt.serve.placement import place_instances, resolved_groups, visible_gpus
 from streamrt.serve.shared_memory import DeviceTensor
 from streamrt.types import DType
 
@@ -334,8 +334,10 @@ class DeviceEngines:
 class InstanceGroup:
     """All instances of one model version."""
 
-    def __init__(self, instances: list[Instance]) -> None:
+    def __init__(self, instances: list[Instance], groups: tuple[InstanceGroupConfig, ...] = ()) -> None:
         self.instances = instances
+        self.groups = groups
+        """The config's groups as they were placed (:func:`~streamrt.serve.placement.resolved_groups`)."""
 
     @classmethod
     def create(
@@ -385,7 +387,7 @@ class InstanceGroup:
             raise
         if engines.gpus and len(engines.gpus) > 1:
             log.info("model '%s': %d instances on %s", name, len(instances), engines.describe())
-        return cls(instances)
+        return cls(instances, resolved_groups(groups, placements))
 
     def close(self, timeout: float | None = None) -> None:
         for instance in self.instances:

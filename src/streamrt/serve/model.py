@@ -309,6 +309,8 @@ class ServedModel:
             batched=batched, max_batch_size=resolved.max_batch_size or 1,
             check=OutputCheck(resolved.name, resolved.output, batched=batched), limiter=limiter, gpus=gpus,
         )
+        if instances.groups:  # the config as Triton reports a loaded model's: kinds and GPUs as placed
+            resolved = resolved.replace(instance_group=instances.groups)
         served = cls(version, resolved, engines.primary, instances, engines)
         served._limiter = limiter
         return served

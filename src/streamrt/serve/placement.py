@@ -28,12 +28,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from streamrt.errors import ConfigError
 from streamrt.serve.config import InstanceGroupConfig
 
-__all__ = ["Placement", "describe_gpus", "gpu_indices", "place_instances", "visible_gpus"]
+__all__ = ["Placement", "describe_gpus", "gpu_indices", "place_instances", "resolved_groups", "visible_gpus"]
 
 _KIND_DEVICE = {"KIND_GPU": "cuda", "KIND_CPU": "cpu"}
 
@@ -112,6 +112,30 @@ def place_instances(
         on = _group_gpus(group, index, gpus, model)
         placed.extend(Placement(index, "cuda", gpu) for _ in range(group.count) for gpu in on)
     return placed
+
+
+def resolved_groups(groups: Sequence[InstanceGroupConfig], placements: Sequence[Placement]
+                    ) -> tuple[InstanceGroupConfig, ...]:
+    """The groups as Triton reports a loaded model's config: each group's ``kind`` as it ran
+    (``KIND_GPU`` or ``KIND_CPU``, never ``KIND_AUTO``) and, for a GPU group, the GPUs it uses
+    (every visible GPU when it listed none); ``count`` stays per GPU.
+
+    Example:
+        >>> from streamrt.serve.config import InstanceGroupConfig
+        >>> groups = [InstanceGroupConfig(count=2)]
+        >>> g, = resolved_groups(groups, place_instances(groups, engine_kind="cuda", gpus=["H200", "H200"]))
+        >>> g.kind, g.gpus, g.count
+        ('KIND_GPU', (0, 1), 2)
+    """
+    resolved = []
+    for index, group in enumerate(groups):
+        mine = [p for p in placements if p.group == index]
+        if mine and mine[0].device == "cuda":
+            used = tuple(dict.fromkeys(p.gpu for p in mine if p.gpu is not None))
+            resolved.append(replace(group, kind="KIND_GPU", gpus=used))
+        else:
+            resolved.append(replace(group, kind="KIND_CPU"))
+    return tuple(resolved)
 
 
 def gpu_indices(groups: Sequence[InstanceGroupConfig], gpus: Sequence[str], model: str = "model") -> list[int]:

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Hashable, Mapping
@@ -27,7 +28,7 @@ from streamrt.errors import (
     ShapeError,
 )
 from streamrt.serve.config import ModelConfig
-from streamrt.serve.placement import place_instances, visible_gpus
+from streamrt.serve.placement import Placement, place_instances, resolved_groups, visible_gpus
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
@@ -121,6 +122,16 @@ class PythonModel:
         started = time.perf_counter()
         path = find_model_file(context.model_dir, context.version, context.config.default_model_filename)
         config = resolve_python_config(auto_complete(path, context.config))
+        # Triton's placement: count instances on each listed GPU (every visible GPU when none is listed);
+        # the model reads its GPU from args["model_instance_device_id"].
+        gpus = visible_gpus()
+        placements: list[tuple[str, Placement]] = []  # (instance kind for args, where)
+        for index, group in enumerate(config.instance_group):
+            kind = cls._instance_kind(config.name, group.kind)
+            placements += [(kind, Placement(index, where.device, where.gpu))
+                           for where in place_instances([group], engine_kind="cuda" if kind == "GPU" else "cpu",
+                                                        gpus=gpus, model=config.name)]
+        config = config.replace(instance_group=resolved_groups(config.instance_group, [p for _, p in placements]))
         from streamrt.serve.config_message import to_message
         from streamrt.serve.triton_config import message_json
 
@@ -133,20 +144,15 @@ class PythonModel:
             isolate=params.get("ISOLATE_FAILED_BATCHES", "yes") not in _FALSE,
         )
         instances: list[PythonInstance] = []
+        in_group: collections.Counter[int] = collections.Counter()
         try:
-            gpus = visible_gpus()
-            for index, group in enumerate(config.instance_group):
-                kind = cls._instance_kind(config.name, group.kind)
-                # Triton's placement: count instances on each listed GPU (every visible GPU when none is listed);
-                # the model reads its GPU from args["model_instance_device_id"].
-                placed = place_instances([group], engine_kind="cuda" if kind == "GPU" else "cpu", gpus=gpus,
-                                         model=config.name)
-                for count, where in enumerate(placed):
-                    name = f"{config.name}_{index}_{count}"
-                    instances.append(PythonInstance.start(spec, name, kind, where.gpu or 0))
-                    if context.rate_limiter is not None:  # executions wait for the limiter's grant, as engines' do
-                        instances[-1].rate_limit = context.rate_limiter.register(name, group.rate_limiter,
-                                                                                 where.gpu or 0)
+            for kind, where in placements:
+                group = config.instance_group[where.group]
+                name = f"{config.name}_{where.group}_{in_group[where.group]}"
+                in_group[where.group] += 1
+                instances.append(PythonInstance.start(spec, name, kind, where.gpu or 0))
+                if context.rate_limiter is not None:  # executions wait for the limiter's grant, as engines' do
+                    instances[-1].rate_limit = context.rate_limiter.register(name, group.rate_limiter, where.gpu or 0)
         except BaseException:
             PythonInstances(instances).close(timeout=10.0)
             raise
