@@ -100,3 +100,29 @@ def test_a_sub_millisecond_batching_delay_does_not_spin_the_scheduler(
 
     looks, batches = _run(kind, main)
     assert looks <= 5 * batches, (looks, batches)
+
+
+def test_a_forked_child_gets_its_own_timer_thread() -> None:
+    """The timer thread does not survive a fork: the child starts its own on first use."""
+    import multiprocessing
+
+    async def short_wake() -> float:
+        loop = asyncio.get_running_loop()
+        fired = asyncio.Event()
+        when = time.monotonic() + 0.0004
+        wake_at(loop, when, fired.set)
+        await asyncio.wait_for(fired.wait(), 5)
+        return time.monotonic() - when
+
+    assert asyncio.run(short_wake()) >= 0  # the parent's timer thread is running now
+
+    def child(out: Any) -> None:
+        out.put(asyncio.run(short_wake()))
+
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    process = context.Process(target=child, args=(out,))
+    process.start()
+    late = out.get(timeout=20)
+    process.join(20)
+    assert process.exitcode == 0 and 0 <= late < 1.0

@@ -20,6 +20,7 @@ import contextlib
 import heapq
 import itertools
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -56,6 +57,11 @@ class _TimerThread:
     """One daemon thread that fires the short wake-ups of every event loop of the process."""
 
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # a forked child has no timer thread: start afresh there
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._due: list[tuple[float, int, asyncio.AbstractEventLoop, _Wakeup]] = []
         self._order = itertools.count()
         self._changed = threading.Condition()
