@@ -31,6 +31,7 @@ _DISTRIBUTIONS = {
     "av": "av",
     "google": "protobuf",
     "cuda": "cuda-python",
+    "opentelemetry": "opentelemetry-sdk",
 }
 
 

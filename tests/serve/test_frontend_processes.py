@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import yaml
 from onnx import TensorProto, helper
 
 pytest.importorskip("tritonclient.http")
@@ -36,6 +37,7 @@ from tritonclient.utils import InferenceServerException
 from helpers import wait_until
 from streamrt.serve.frontends.arena import Blocks
 from streamrt.serve.server import ServerThread
+from streamrt.testing.sequence_models import accumulator, accumulator_config
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux only")]
 
@@ -66,10 +68,35 @@ def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> 
     (root / "double" / "1").mkdir(parents=True)
     onnx.save(double_model(), str(root / "double" / "1" / "model.onnx"))
     (root / "double" / "config.yaml").write_text("max_batch_size: 8\n")
-    startup = (*server_config().startup_models, "double")
+    (root / "acc" / "1").mkdir(parents=True)
+    onnx.save(accumulator(4), str(root / "acc" / "1" / "model.onnx"))
+    (root / "acc" / "config.yaml").write_text(yaml.safe_dump(accumulator_config(4)))
+    startup = (*server_config().startup_models, "double", "acc")
     with frontends_server(root, plans, frontend_arena_bytes=2**20, startup_models=startup) as running:
         assert running.frontends is not None and len(running.frontends.workers) == 2
         yield running
+
+
+def test_sequences_through_workers_keep_their_state(server: Any) -> None:
+    """Sequence ids and START/END cross the channel to the engine process: each sequence's running
+    sum, over HTTP and gRPC, interleaved (the flags were dropped between worker and engine once)."""
+    rng = np.random.default_rng(11)
+    clients = {"http": thttp.InferenceServerClient(f"127.0.0.1:{server.http_port}"),
+               "grpc": tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")}
+    sums = {sid: np.zeros((1, 4), np.float32) for sid in (101, 202, 303)}
+    for step in range(4):
+        for (protocol, client), sid in zip([*clients.items()] * 2, sums, strict=False):
+            module = thttp if protocol == "http" else tgrpc
+            x = rng.standard_normal((1, 4)).astype(np.float32)
+            tensor = module.InferInput("INPUT", [1, 4], "FP32")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("acc", [tensor], sequence_id=sid, sequence_start=step == 0, sequence_end=step == 3)
+            sums[sid] += x
+            np.testing.assert_allclose(result.as_numpy("OUTPUT"), sums[sid], atol=1e-5)
+    with pytest.raises(InferenceServerException, match="correlation ID"):  # no sequence id: refused, not run
+        tensor = thttp.InferInput("INPUT", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        clients["http"].infer("acc", [tensor])
 
 
 def _x(rng: np.random.Generator, n: int = 2) -> np.ndarray:

@@ -401,8 +401,11 @@ SERVER_OPTIONS = (
            {"type": int}),
     Option("trace_file", ("--trace-file",), "append one JSON line per traced request to PATH (Triton's trace "
            "timestamps: received, queued, compute start/end, response); default: no tracing", {"metavar": "PATH"}),
-    Option("trace_rate", ("--trace-rate",), "trace one request in N (default 1: all, when --trace-file is given)",
-           {"type": int, "metavar": "N"}),
+    Option("trace_rate", ("--trace-rate",), "trace one request in N (default 1: all, when --trace-file or "
+           "--trace-otlp-url is given)", {"type": int, "metavar": "N"}),
+    Option("trace_otlp_url", ("--trace-otlp-url",), "send each traced request as OpenTelemetry spans to this "
+           "OTLP/HTTP endpoint, e.g. http://localhost:4318/v1/traces (needs the otel extra); a W3C traceparent "
+           "header joins the caller's trace", {"metavar": "URL"}),
     Option("frontend_processes", ("--frontend-processes",),
            "HTTP/gRPC front-end processes sharing the ports (default 1: in the engine process); N > 1 for "
            "request rates one Python process cannot parse, see docs/serving-frontends.md",

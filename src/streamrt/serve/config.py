@@ -509,6 +509,8 @@ class ServerConfig:
         trace_file: append a JSON line per traced request here (Triton's trace timestamps, see
             :mod:`streamrt.serve.tracing`); None: no tracing.
         trace_rate: trace one request in this many (1: every request).
+        trace_otlp_url: send each traced request as OpenTelemetry spans to this OTLP/HTTP endpoint
+            (``http://collector:4318/v1/traces``, :mod:`streamrt.serve.otel`); None: no spans.
         rate_limit: ``"off"`` (Triton's default) or ``"execution_count"``: instances acquire their
             ``rate_limiter`` resources before each execution, granted by priority
             (:mod:`streamrt.serve.rate_limiter`).
@@ -537,6 +539,7 @@ class ServerConfig:
     load_threads: int = 2
     trace_file: str | None = None
     trace_rate: int = 1
+    trace_otlp_url: str | None = None
     rate_limit: str = "off"
     rate_limit_resources: tuple[str, ...] = ()
     gpu_memory_budget_mb: float | None = None
@@ -563,6 +566,9 @@ class ServerConfig:
         if self.trace_rate < 1:
             raise ConfigError(f"trace_rate must be an integer >= 1, got {self.trace_rate}",
                               hint="--trace-rate 1 traces every request")
+        if self.trace_otlp_url is not None and not self.trace_otlp_url.startswith(("http://", "https://")):
+            raise ConfigError(f"trace_otlp_url must be an http(s) URL, got {self.trace_otlp_url!r}",
+                              hint="--trace-otlp-url http://localhost:4318/v1/traces (OTLP over HTTP)")
         if self.frontend_processes < 1:
             raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
         if self.frontend_arena_bytes < 2**20:

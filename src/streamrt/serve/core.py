@@ -85,8 +85,8 @@ class ServerCore:
             self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
             engine_loader=self.engine_loader, **_sharing(cfg),
         )
-        if cfg.trace_file is not None:
-            self.tracer = Tracer(cfg.trace_file, cfg.trace_rate)
+        if cfg.trace_file is not None or cfg.trace_otlp_url is not None:
+            self.tracer = Tracer(cfg.trace_file, cfg.trace_rate, otlp_url=cfg.trace_otlp_url)
         self._open = True
         self._idle = asyncio.Event()
         self._idle.set()
@@ -207,7 +207,8 @@ class ServerCore:
     async def _infer_model(self, model: Servable, request: InferRequest) -> InferResponse:
         assert self._idle is not None
         version = str(model.version)
-        trace = self.tracer.start(model.name, version, request.id, request.received_ns) if self.tracer else None
+        trace = self.tracer.start(model.name, version, request.id, request.received_ns,
+                                  request.trace_parent) if self.tracer else None
         self._inflight += 1
         self._idle.clear()
         try:

@@ -63,6 +63,11 @@ def import_grpc() -> Any:
     return require("grpc", extra="serve", purpose="the gRPC front end")
 
 
+def _traceparent(context: Any) -> str | None:
+    """The W3C ``traceparent`` a gRPC call carries in its metadata (OpenTelemetry's propagation)."""
+    return dict(context.invocation_metadata() or ()).get("traceparent")
+
+
 def _param(value: Any) -> Any:
     choice = value.WhichOneof("parameter_choice")
     return getattr(value, choice) if choice else None
@@ -321,6 +326,7 @@ class _Service:
         async def call() -> Any:
             infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
                                                 self.server.shared_memory)
+            infer_request.trace_parent = _traceparent(context)
             return serialize_grpc_response(await self.server.infer(infer_request))
         return await self._guard(context, call)
 
@@ -334,6 +340,7 @@ class _Service:
             try:
                 infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
                                                     self.server.shared_memory)
+                infer_request.trace_parent = metadata.get("traceparent")
                 response = serialize_grpc_response(await self.server.infer(infer_request))
                 # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.
                 yield encode_length_delimited(2, response)

@@ -172,6 +172,7 @@ def build_app(server: ServerCore) -> web.Application:
             body, header_length, model=name, version=version, max_elements=server.config.max_tensor_elements,
             memory=server.shared_memory,
         )
+        infer_request.trace_parent = request.headers.get("traceparent")
         response = await server.infer(infer_request)
         payload, json_length = encode_http_response(response, infer_request)
         headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}

@@ -120,6 +120,8 @@ class InferRequest:
             (:class:`~streamrt.serve.shared_memory.DeviceTensor`) instead of host arrays; set by
             ensembles for steps that feed only other steps, never by the front ends.
         sequence: the sequence it belongs to (the sequence extension); None: not in a sequence.
+        trace_parent: the caller's W3C ``traceparent`` (HTTP header or gRPC metadata), for
+            OpenTelemetry tracing; None when it sent none.
     """
 
     model: str
@@ -134,6 +136,7 @@ class InferRequest:
     leases: list[Any] = field(default_factory=list)
     outputs_on_device: bool = False
     sequence: SequenceFlags | None = None
+    trace_parent: str | None = None
 
 
 @dataclass(eq=False)

@@ -32,9 +32,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from streamrt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from streamrt.serve.otel import OtlpExporter
 
 __all__ = ["REQUEST_CONTEXT", "RequestContext", "RequestTrace", "Tracer"]
 
@@ -63,6 +66,7 @@ class RequestTrace:
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     wall_start: float = field(default_factory=time.time)
     error: str | None = None
+    parent: str | None = None  # the caller's W3C traceparent, when it sent one
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.perf_counter_ns() if ns is None else ns))
@@ -79,38 +83,53 @@ class RequestTrace:
 
 
 class Tracer:
-    """Samples requests and appends their traces to ``path`` as JSON lines (thread-safe).
+    """Samples requests and writes their traces: JSON lines appended to ``path`` and/or spans sent
+    to an OpenTelemetry collector (thread-safe).
 
     Args:
-        path: the trace file (appended to; its folder must exist).
+        path: the trace file (appended to; its folder must exist); None: no file.
         rate: trace one request in ``rate`` (Triton's ``trace-rate``; 1 traces every request).
+        otlp_url: an OTLP/HTTP traces endpoint (:mod:`streamrt.serve.otel`); None: no spans.
     """
 
-    def __init__(self, path: str | Path, rate: int = 1) -> None:
+    def __init__(self, path: str | Path | None, rate: int = 1, *, otlp_url: str | None = None) -> None:
         if rate < 1:
             raise ConfigError(f"trace_rate must be an integer >= 1, got {rate}", hint="--trace-rate 1 traces all")
-        self.path, self.rate = Path(path), rate
-        try:
-            self._file: IO[str] = self.path.open("a", encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot open the trace file {self.path}: {exc.strerror}",
-                              hint="--trace-file PATH in a folder that exists and is writable") from None
+        self.path, self.rate = (Path(path) if path is not None else None), rate
+        self._file: IO[str] | None = None
+        if self.path is not None:
+            try:
+                self._file = self.path.open("a", encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"cannot open the trace file {self.path}: {exc.strerror}",
+                                  hint="--trace-file PATH in a folder that exists and is writable") from None
+        self._otlp: OtlpExporter | None = None
+        if otlp_url is not None:
+            from streamrt.serve.otel import OtlpExporter
+
+            self._otlp = OtlpExporter(otlp_url)
         self._lock = threading.Lock()
         self._seen = itertools.count()
         self._ids = itertools.count(1)
 
-    def start(self, model: str, version: str, request_id: str, received_ns: int) -> RequestTrace | None:
-        """A trace for this request when it is sampled (None otherwise), REQUEST_START marked."""
+    def start(self, model: str, version: str, request_id: str, received_ns: int,
+              parent: str | None = None) -> RequestTrace | None:
+        """A trace for this request when it is sampled (None otherwise), REQUEST_START marked;
+        ``parent``: the request's W3C traceparent (its spans join the caller's trace)."""
         if next(self._seen) % self.rate:
             return None
-        trace = RequestTrace(next(self._ids), model, version, request_id)
+        trace = RequestTrace(next(self._ids), model, version, request_id, parent=parent)
         trace.wall_start -= (time.perf_counter_ns() - received_ns) / 1e9
         trace.mark("REQUEST_START", received_ns)
         return trace
 
     def finish(self, trace: RequestTrace) -> None:
-        """Mark REQUEST_END and append the trace as one line."""
+        """Mark REQUEST_END; append the trace as one line and/or queue its spans."""
         trace.mark("REQUEST_END")
+        if self._otlp is not None:
+            self._otlp.export(trace)
+        if self._file is None:
+            return
         line = json.dumps(trace.to_json())
         with self._lock:
             if not self._file.closed:
@@ -119,4 +138,8 @@ class Tracer:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._file is not None:
+                self._file.close()
+        if self._otlp is not None:
+            self._otlp.close()
+            self._otlp = None

@@ -9,7 +9,9 @@ Many requests are in flight on one channel at once; replies carry the request's 
 Messages (first element the kind):
 
 * worker → engine: ``(HELLO, pid)``; ``(INFER, rid, model, version, id, priority, timeout_us,
-  binary_output, received_ns, inputs, outputs)``; ``(FREE, offsets)`` (output blocks it is done with).
+  binary_output, received_ns, inputs, outputs, sequence, trace_parent)`` (``sequence``: the
+  request's :class:`~streamrt.serve.protocol.SequenceFlags` or None; ``trace_parent``: its W3C
+  traceparent or None); ``(FREE, offsets)`` (output blocks it is done with).
 * engine → worker: ``(OK, rid, model, version, id, outputs, in_shared_memory)``;
   ``(ERROR, rid, error class name, message, hint)``; ``(STOP,)`` (stop serving and exit).
 

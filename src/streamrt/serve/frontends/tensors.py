@@ -118,7 +118,8 @@ def _array(where: Where, datatype: str, shape: tuple[int, ...], arena: Arena, la
 def unpack_request(message: tuple[Any, ...], arena: Arena, registry: SharedMemoryRegistry) -> InferRequest:
     """The engine's :class:`InferRequest` of an INFER message: inputs are views of ``arena``, client
     regions are leased from ``registry`` (the request's ``leases``, released by ``core.infer``)."""
-    (_, _, model, version, request_id, priority, timeout_us, binary_output, received_ns, inputs, outputs) = message
+    (_, _, model, version, request_id, priority, timeout_us, binary_output, received_ns, inputs, outputs,
+     sequence, trace_parent) = message
     leases: list[Any] = []
     try:
         arrays: dict[str, Any] = {}
@@ -140,7 +141,7 @@ def unpack_request(message: tuple[Any, ...], arena: Arena, registry: SharedMemor
         raise
     return InferRequest(model=model, version=version, id=request_id, inputs=arrays, outputs=tuple(requested),
                         binary_output=binary_output, priority=priority, timeout_us=timeout_us,
-                        received_ns=received_ns, leases=leases)
+                        received_ns=received_ns, leases=leases, sequence=sequence, trace_parent=trace_parent)
 
 
 def pack_outputs(response: InferResponse, arena: Arena, taken: list[int]) -> tuple[list[Entry], list[Any]]:

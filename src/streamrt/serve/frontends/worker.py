@@ -144,7 +144,8 @@ class EngineLink:
         future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (future, taken)
         self.writer.send((INFER, rid, request.model, request.version, request.id, request.priority,
-                          request.timeout_us, request.binary_output, request.received_ns, inputs, outputs))
+                          request.timeout_us, request.binary_output, request.received_ns, inputs, outputs,
+                          request.sequence, request.trace_parent))
         reply = await future
         if reply[0] == ERROR:
             raise_error(*reply[2:5])
@@ -208,6 +209,7 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
             infer_request = decode_http_request(
                 body, header_length, model=request.match_info["model"], version=request.match_info.get("version", ""),
                 max_elements=config.max_tensor_elements, memory=regions)  # type: ignore[arg-type]
+            infer_request.trace_parent = request.headers.get("traceparent")
             handed, taken = taken, []
             response, blocks = await link.infer(infer_request, handed)
             try:
@@ -276,10 +278,11 @@ class WorkerGrpc:
         self.channel = self.grpc.aio.insecure_channel(f"unix:{control_socket}", options=[
             ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1)])
 
-    async def _infer(self, data: bytes) -> bytes:
+    async def _infer(self, data: bytes, traceparent: str | None = None) -> bytes:
         from streamrt.serve.grpc_service import parse_infer_request, serialize_grpc_response
 
         request = parse_infer_request(data, self.config.max_tensor_elements, self.regions)  # type: ignore[arg-type]
+        request.trace_parent = traceparent
         response, blocks = await self.link.infer(request, [])
         try:
             return serialize_grpc_response(response)
@@ -293,7 +296,7 @@ class WorkerGrpc:
         self.link.enter()
         try:
             self._auth(context)
-            return await self._infer(request)
+            return await self._infer(request, dict(context.invocation_metadata() or ()).get("traceparent"))
         except StreamRTError as exc:
             await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
         finally:
@@ -306,9 +309,10 @@ class WorkerGrpc:
             self._auth(context)
         except StreamRTError as exc:
             await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
         async for request in requests:
             try:
-                yield encode_length_delimited(2, await self._infer(request))
+                yield encode_length_delimited(2, await self._infer(request, traceparent))
             except StreamRTError as exc:
                 yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
 
