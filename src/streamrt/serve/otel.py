@@ -22,14 +22,31 @@ Needs the ``otel`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-p
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from streamrt._optional import require
 
-if TYPE_CHECKING:
-    from streamrt.serve.tracing import RequestTrace
+__all__ = ["OtlpExporter", "TraceRecord", "parse_traceparent"]
 
-__all__ = ["OtlpExporter", "parse_traceparent"]
+
+class TraceRecord(Protocol):
+    """What a finished request's trace gives (:class:`streamrt.serve.tracing.RequestTrace`)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def timestamps(self) -> Sequence[tuple[str, int]]: ...
+    @property
+    def wall_start(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def parent(self) -> str | None: ...
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _COMPUTE_PARTS = (("compute_input", "COMPUTE_START", "COMPUTE_INPUT_END"),
@@ -49,7 +66,7 @@ def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
 
 
 class OtlpExporter:
-    """Turns finished :class:`RequestTrace` objects into spans and exports them over OTLP/HTTP.
+    """Turns finished request traces (:class:`TraceRecord`) into spans and exports them over OTLP/HTTP.
 
     Args:
         url: the collector's OTLP/HTTP traces endpoint (``http://host:4318/v1/traces``).
@@ -69,7 +86,7 @@ class OtlpExporter:
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=5)))
         self._tracer = self._provider.get_tracer("streamrt.serve")
 
-    def export(self, trace: RequestTrace) -> None:
+    def export(self, trace: TraceRecord) -> None:
         """Queue the spans of one finished request (sent in batches from the SDK's thread)."""
         from opentelemetry import trace as api
         from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
