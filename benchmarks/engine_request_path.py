@@ -32,12 +32,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
 import pickle
-import platform
-import shlex
 import socket
 import subprocess
 import sys
@@ -275,14 +272,11 @@ def main() -> int:
     text = "\n".join(table)
     print(text)
     if args.out is not None:
-        from streamrt.profiling.provenance import git_commit
+        from streamrt.profiling.provenance import report_header
 
-        args.out.write_text("\n".join([
-            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-            f"- commit: {git_commit(ROOT)}", f"- machine: {platform.node()}, {os.cpu_count()} CPUs, "
-            f"load average {os.getloadavg()[0]:.1f} at the end",
-            f"- command: `{shlex.join(['python', 'benchmarks/engine_request_path.py', *sys.argv[1:]])}`", "",
-            text, ""]))
+        header = report_header(["python", "benchmarks/engine_request_path.py", *sys.argv[1:]], ROOT,
+                               f"load average {os.getloadavg()[0]:.1f} at the end")
+        args.out.write_text("\n".join([*header, "", text, ""]))
     return 0
 
 

@@ -27,9 +27,7 @@ Usage (repository root)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -177,12 +175,10 @@ def main() -> int:
     text = "\n".join(table)
     print(text)
     if args.out is not None:
-        from streamrt.profiling.provenance import git_commit
+        from streamrt.profiling.provenance import report_header
 
-        args.out.write_text("\n".join([
-            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-            f"- commit: {git_commit(ROOT)}", f"- machine: {platform.node()}, {os.cpu_count()} CPUs",
-            f"- command: `{shlex.join(['python', 'benchmarks/vs_triton.py', *sys.argv[1:]])}`", "", text, ""]))
+        header = report_header(["python", "benchmarks/vs_triton.py", *sys.argv[1:]], ROOT)
+        args.out.write_text("\n".join([*header, "", text, ""]))
     return 0
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
+import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["git_commit"]
+__all__ = ["git_commit", "report_header"]
 
 
 def git_commit(cwd: str | Path | None = None) -> str:
@@ -27,3 +31,18 @@ def git_commit(cwd: str | Path | None = None) -> str:
     if head.returncode != 0 or not head.stdout.strip():
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def report_header(command: Sequence[str], root: str | Path | None = None, machine_note: str = "") -> list[str]:
+    """The lines a benchmark report starts with: date (UTC), commit of ``root``'s checkout, machine
+    (host name and CPU count, then ``machine_note``) and the ``command`` that produced it.
+
+    Example:
+        >>> report_header(["python", "benchmarks/x.py", "--seconds", "5"])[3]
+        '- command: `python benchmarks/x.py --seconds 5`'
+    """
+    note = f", {machine_note}" if machine_note else ""
+    return [f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- commit: {git_commit(root)}",
+            f"- machine: {platform.node()}, {os.cpu_count()} CPUs{note}",
+            f"- command: `{shlex.join(command)}`"]
