@@ -50,10 +50,15 @@ def configure_serving_process() -> None:
 
 def settle_heap() -> None:
     """In a configured serving process: collect the garbage, then freeze what is left (the loaded
-    models, the libraries) out of every later collection. Elsewhere: nothing."""
+    models, the libraries) out of every later collection. Elsewhere: nothing.
+
+    What an earlier call froze is unfrozen first and collected with the rest: a model unloaded or
+    replaced since then may have left reference cycles among frozen objects, which no collection
+    would ever free otherwise (one full collection per load: ~0.1 s for ~180,000 objects)."""
     if not _configured:
         return
     start = time.perf_counter()
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     log.debug("heap settled in %.0f ms: %d objects frozen", (time.perf_counter() - start) * 1e3,
