@@ -142,26 +142,36 @@ def perf(server: Server, protocol: str, model: str, batch: int, concurrency: int
 def frontend_rows(args: argparse.Namespace, work: Path, processes: int) -> list[str]:
     repo = sf.write_repository(work / "null-repo", instances=2)
     server = Server(repo, args.out / f"server-null-fp{processes}.log", processes)
+    # Server CPU per request, the engine process apart from the whole server (its front-end workers
+    # too): the engine process is the part that does not scale with --frontend-processes.
     rows = [f"Front-end processes: {processes}.", "",
-            "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | client busy | "
-            "errors |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | "
+            "server CPU us/req (engine process / all) | client busy | errors |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     try:
         for protocol in ("grpc", "http"):
             for kind, batch in (("small", 1), ("image", 1), ("image", 8)):
+                model = f"null_{kind}"
+                pid = server.process.pid
+                cpu0, engine0 = sf.cpu_seconds(pid), sf.cpu_seconds(pid, children=False)
+                count0 = sf.served(server.http, model)
                 try:
-                    r = perf(server, protocol, f"null_{kind}", batch, args.concurrency, args.processes, args.seconds)
+                    r = perf(server, protocol, model, batch, args.concurrency, args.processes, args.seconds)
                 except (SystemExit, Exception) as exc:
-                    say(f"null_{kind} {protocol}: FAILED {exc}")
+                    say(f"{model} {protocol}: FAILED {exc}")
                     note = _cell(str(exc)[-200:])
-                    rows.append(f"| {protocol} | null_{kind} x{batch} | failed: {note} | | | | | | | |")
+                    rows.append(f"| {protocol} | {model} x{batch} | failed: {note} | | | | | | | | |")
                     continue
+                count = max(sf.served(server.http, model) - count0, 1)
+                engine_us = (sf.cpu_seconds(pid, children=False) - engine0) / count * 1e6
+                all_us = (sf.cpu_seconds(pid) - cpu0) / count * 1e6
                 nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
                 reqs = r["throughput"] / batch
                 lat = r.get("latency_ms") or {}
-                rows.append(f"| {protocol} | null_{kind} x{batch} | {nbytes:,} | {reqs:,.0f} | "
+                rows.append(f"| {protocol} | {model} x{batch} | {nbytes:,} | {reqs:,.0f} | "
                             f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
-                            f"{lat.get('p99', float('nan')):.2f} | "
-                            f"{r['server_us'].get('success', 0):.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
+                            f"{lat.get('p99', float('nan')):.2f} | {r['server_us'].get('success', 0):.0f} | "
+                            f"{engine_us:,.0f} / {all_us:,.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
     finally:
         server.stop()
     return rows
