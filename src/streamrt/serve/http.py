@@ -86,6 +86,34 @@ async def read_body(request: web.Request, into: np.ndarray | None = None) -> byt
     return view
 
 
+def json_header_length(request: web.Request) -> int | None:
+    """The ``Inference-Header-Content-Length`` of a binary inference request (None: all JSON).
+
+    Raises:
+        RequestError: it is not an integer.
+    """
+    raw = request.headers.get(HEADER_LENGTH)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
+
+
+def infer_reply(request: web.Request, payload: bytes, json_length: int | None) -> web.Response:
+    """The inference response: binary (with its JSON header's length) or JSON, compressed when the
+    client accepts gzip or deflate."""
+    from aiohttp import web
+
+    headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
+    if json_length is not None:
+        headers[HEADER_LENGTH] = str(json_length)
+    reply = web.Response(body=payload, headers=headers)
+    accepted = request.headers.get("Accept-Encoding", "")
+    if "gzip" in accepted or "deflate" in accepted:
+        reply.enable_compression()
+    return reply
+
+
 def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     value = body.get(key, default)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
@@ -163,26 +191,13 @@ def build_app(server: ServerCore) -> web.Application:
                 f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
         # aiohttp undoes gzip/deflate; Content-Length is then the compressed size, so read() it.
         body = await read_body(request) if encoding in ("identity", "") else await request.read()
-        raw_length = request.headers.get(HEADER_LENGTH)
-        try:
-            header_length = None if raw_length is None else int(raw_length)
-        except ValueError:
-            raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw_length!r}") from None
         infer_request = decode_http_request(
-            body, header_length, model=name, version=version, max_elements=server.config.max_tensor_elements,
-            memory=server.shared_memory,
+            body, json_header_length(request), model=name, version=version,
+            max_elements=server.config.max_tensor_elements, memory=server.shared_memory,
         )
         infer_request.trace_parent = request.headers.get("traceparent")
         response = await server.infer(infer_request)
-        payload, json_length = encode_http_response(response, infer_request)
-        headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
-        if json_length is not None:
-            headers[HEADER_LENGTH] = str(json_length)
-        reply = web.Response(body=payload, headers=headers)
-        accepted = request.headers.get("Accept-Encoding", "")
-        if "gzip" in accepted or "deflate" in accepted:
-            reply.enable_compression()
-        return reply
+        return infer_reply(request, *encode_http_response(response, infer_request))
 
     async def json_body(request: web.Request) -> dict[str, Any]:
         text = await request.read()

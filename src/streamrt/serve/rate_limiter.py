@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -44,6 +45,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from streamrt.errors import ConfigError
 from streamrt.serve.config import RateLimiterConfig, parse_rate_limit_resource
@@ -89,6 +91,20 @@ class Ticket:
         """Wait for a grant; ``on_grant`` runs once, in this thread if granted at once, else in the
         thread that releases the resources (keep it short: hand the work to another thread)."""
         self._limiter._stage(self, on_grant)
+
+    def on_loop(self, loop: asyncio.AbstractEventLoop, launch: Callable[..., object], *args: Any
+                ) -> Callable[[], None]:
+        """An ``on_grant`` for :meth:`stage` / :meth:`release` that runs ``launch(*args)`` on ``loop``'s
+        thread (a grant comes from whichever thread released the resources); when the loop is
+        closed nothing will run, so the resources go back at once."""
+
+        def granted() -> None:
+            try:
+                loop.call_soon_threadsafe(launch, *args)
+            except RuntimeError:
+                self.release()
+
+        return granted
 
     def acquire(self, timeout: float | None = None) -> bool:
         """Block until granted (True) or ``timeout`` seconds passed (False, no longer waiting)."""

@@ -175,20 +175,9 @@ class ModelScheduler:
 
     def _stage(self, instance: Executor, batch: list[Pending]) -> None:
         """Run ``batch`` once the rate limiter grants ``instance`` (the grant may come from another thread)."""
-        assert instance.rate_limit is not None
-        instance.rate_limit.stage(self._on_grant(instance, batch))
-
-    def _on_grant(self, instance: Executor, batch: list[Pending]) -> Callable[[], None]:
         ticket = instance.rate_limit
         assert ticket is not None
-
-        def granted() -> None:
-            try:
-                self._loop.call_soon_threadsafe(self._launch, instance, batch)
-            except RuntimeError:  # the loop is closed: nothing will run, give the resources back
-                ticket.release()
-
-        return granted
+        ticket.stage(ticket.on_loop(self._loop, self._launch, instance, batch))
 
     def _release(self, instance: Executor) -> None:
         """Return a finished instance's resources; when its next batch is ready, it waits for the next
@@ -204,7 +193,7 @@ class ModelScheduler:
             return
         self._running += 1
         self._active[id(batch)] = batch
-        ticket.release(then=self._on_grant(instance, batch))
+        ticket.release(then=ticket.on_loop(self._loop, self._launch, instance, batch))
 
     def _launch(self, instance: Executor, batch: list[Pending]) -> None:
         ticket = instance.rate_limit

@@ -419,15 +419,8 @@ class SequenceScheduler:
         ticket = instance.rate_limit
         if ticket is None:
             self._launch(batcher, rows, requests)
-            return
-
-        def granted() -> None:  # in the thread that released the resources, or here if granted at once
-            try:
-                self._loop.call_soon_threadsafe(self._launch, batcher, rows, requests)
-            except RuntimeError:  # the loop is closed: nothing will run, give the resources back
-                ticket.release()
-
-        ticket.stage(granted)
+        else:
+            ticket.stage(ticket.on_loop(self._loop, self._launch, batcher, rows, requests))
 
     def _launch(self, batcher: _Batcher, rows: list[Row], requests: list[dict[str, Any]]) -> None:
         """Run a formed batch (once its instance is granted, with the rate limiter on): the wait for

@@ -29,7 +29,6 @@ from typing import Any
 
 from streamrt.errors import (
     PayloadTooLargeError,
-    RequestError,
     ServerShuttingDownError,
     StreamRTError,
     UnauthorizedError,
@@ -167,7 +166,7 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
     """The worker's aiohttp app: inference here, every other route forwarded to the engine process."""
     from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 
-    from streamrt.serve.http import read_body
+    from streamrt.serve.http import infer_reply, json_header_length, read_body
     from streamrt.serve.protocol import decode_http_request, encode_http_response
 
     limit = config.max_request_bytes
@@ -201,14 +200,10 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
                 body = await read_body(request, None if offset is None else arena.view(offset, length))
             else:
                 body = await request.read()
-            raw_length = request.headers.get(HEADER_LENGTH)
-            try:
-                header_length = None if raw_length is None else int(raw_length)
-            except ValueError:
-                raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw_length!r}") from None
             infer_request = decode_http_request(
-                body, header_length, model=request.match_info["model"], version=request.match_info.get("version", ""),
-                max_elements=config.max_tensor_elements, memory=regions)  # type: ignore[arg-type]
+                body, json_header_length(request), model=request.match_info["model"],
+                version=request.match_info.get("version", ""), max_elements=config.max_tensor_elements,
+                memory=regions)  # type: ignore[arg-type]
             infer_request.trace_parent = request.headers.get("traceparent")
             handed, taken = taken, []
             response, blocks = await link.infer(infer_request, handed)
@@ -223,14 +218,7 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
         finally:
             for offset in taken:  # not handed to the engine process (the request failed before)
                 arena.inputs.free(offset)
-        headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
-        if json_length is not None:
-            headers[HEADER_LENGTH] = str(json_length)
-        reply = web.Response(body=payload, headers=headers)
-        accepted = request.headers.get("Accept-Encoding", "")
-        if "gzip" in accepted or "deflate" in accepted:
-            reply.enable_compression()
-        return reply
+        return infer_reply(request, payload, json_length)
 
     async def forward(request: web.Request) -> web.StreamResponse:
         if not session:
