@@ -37,16 +37,19 @@ class Cancellable(Protocol):
 
 
 class _Wakeup:
-    """A wake-up handed to the timer thread; ``cancel`` on the loop thread stops it from running."""
+    """One wake-up; ``cancel`` on the loop thread stops it from running (and drops its loop timer)."""
 
-    __slots__ = ("callback", "cancelled")
+    __slots__ = ("callback", "cancelled", "handle")
 
     def __init__(self, callback: Callable[[], object]) -> None:
         self.callback = callback
         self.cancelled = False
+        self.handle: asyncio.TimerHandle | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
+        if self.handle is not None:
+            self.handle.cancel()
 
     def fire(self) -> None:  # on the loop thread
         if not self.cancelled:
@@ -100,13 +103,25 @@ _TIMERS = _TimerThread()
 def wake_at(loop: asyncio.AbstractEventLoop, when: float, callback: Callable[[], object]) -> Cancellable:
     """Call ``callback`` on ``loop`` (from the loop's thread) once ``time.monotonic()`` reaches
     ``when``: at once when it has passed, within tens of microseconds for waits under 1 ms, and
-    up to 1 ms late for longer ones."""
-    delay = when - time.monotonic()
-    if delay >= LOOP_TIMER_MIN_S:
-        return loop.call_later(math.ceil(delay * 1e3) / 1e3, callback)
+    up to 1 ms late for longer ones; never before."""
     wakeup = _Wakeup(callback)
+    _arm(loop, when, wakeup)
+    return wakeup
+
+
+def _arm(loop: asyncio.AbstractEventLoop, when: float, wakeup: _Wakeup) -> None:
+    delay = when - time.monotonic()
     if delay <= 0:
         loop.call_soon(wakeup.fire)
-    else:
+    elif delay < LOOP_TIMER_MIN_S:
         _TIMERS.add(loop, when, wakeup)
-    return wakeup
+    else:
+        wakeup.handle = loop.call_later(math.ceil(delay * 1e3) / 1e3, _recheck, loop, when, wakeup)
+
+
+def _recheck(loop: asyncio.AbstractEventLoop, when: float, wakeup: _Wakeup) -> None:
+    """The loop's timer fired; uvloop reads its clock in milliseconds cached per loop iteration, so
+    it can fire a little before ``when``: then the rest is waited out (by the timer thread)."""
+    wakeup.handle = None
+    if not wakeup.cancelled:
+        _arm(loop, when, wakeup)
