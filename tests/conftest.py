@@ -1,10 +1,38 @@
-"""Skip capability-marked tests where the capability is missing, with the reason."""
+"""Skip capability-marked tests where the capability is missing, with the reason; start every run
+from empty caches.
+
+A test run must see what a fresh machine sees: StreamRT's build and calibration caches
+(``~/.cache/streamrt``) and torch's compile cache (``/tmp/torchinductor_<user>``) left by an
+earlier run on a developer's machine could hide a failure that a new machine shows. Each run gets
+its own empty folders for both (removed at the end), inherited by the processes tests start.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+
+_FRESH_CACHES = ("STREAMRT_CACHE", "TORCHINDUCTOR_CACHE_DIR")
+_fresh_root: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _fresh_root
+    _fresh_root = Path(tempfile.mkdtemp(prefix="streamrt-test-caches-"))
+    for name in _FRESH_CACHES:
+        folder = _fresh_root / name.lower()
+        folder.mkdir()
+        os.environ[name] = str(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _fresh_root is not None:
+        shutil.rmtree(_fresh_root, ignore_errors=True)
 
 
 def _has_torch() -> bool:

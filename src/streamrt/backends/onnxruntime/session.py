@@ -39,6 +39,11 @@ def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptio
     so.inter_op_num_threads = int(settings.get("inter_op_threads", 0))
     so.execution_mode = MODES[str(settings.get("execution_mode", "sequential"))]
     so.log_severity_level = 3
+    # On x86 CPUs without VNNI, ONNX Runtime's u8s8 int8 kernels multiply byte pairs with
+    # VPMADDUBSW, whose int16 sum saturates; this option has the optimizer move int8 weights that
+    # could overflow to uint8 (its u8u8 kernels do not saturate). No effect on float models or on
+    # CPUs with VNNI. Without it, the same int8 plan was accurate on one machine and not another.
+    so.add_session_config_entry("session.x64quantprecision", "1")
     return so
 
 
