@@ -108,8 +108,8 @@ def interleaved_rounds(
     One warm-up and one timed call each size the rounds (``calls_per_round`` overrides that) so
     that ``max_rounds`` rounds of all runners fit ``budget_s``; rounds then run in alternating
     order (``a b``, ``b a``, ...) until ``max_rounds``, or ``min_rounds`` rounds on which every
-    runner is steady, or the budget is spent (after at least 2 rounds: a single call slower than
-    the budget makes the check take about 8 calls of each runner).
+    runner is steady, or until one more round would overrun the budget (after at least 2 rounds:
+    a plan whose single call is slower than the budget is timed in 4 calls, plus 2 to warm up).
 
     Example:
         >>> timing = interleaved_rounds({"slow": lambda: time.sleep(0.002), "fast": lambda: time.sleep(0.001)},
@@ -133,6 +133,7 @@ def interleaved_rounds(
     values: dict[str, list[float]] = {name: [] for name in names}
     done = 0
     while True:
+        round_began = time.perf_counter()
         for name in names if done % 2 == 0 else reversed(names):
             run, count = runners[name], calls[name]
             began = time.perf_counter()
@@ -140,8 +141,9 @@ def interleaved_rounds(
                 run()
             values[name].append(count / max(time.perf_counter() - began, 1e-9))
         done += 1
-        if done >= max_rounds or (done >= 2 and time.perf_counter() - start >= budget_s):
-            break
+        now = time.perf_counter()
+        if done >= max_rounds or (done >= 2 and now + (now - round_began) > start + budget_s):
+            break  # another round like the last one would overrun the budget
         if done >= min_rounds and not any(Rounds.of(v).noisy for v in values.values()):
             break
     return Interleaved({name: Rounds.of(v) for name, v in values.items()}, calls, time.perf_counter() - start)

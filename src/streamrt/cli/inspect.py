@@ -133,9 +133,8 @@ def _precision_lines(record: dict[str, Any]) -> list[str]:
     if "speedup" in speed:
         rounds = f", median of {speed['rounds']} interleaved rounds" if "rounds" in speed else ""
         noisy = ", NOISY: the rounds disagreed" if speed.get("noisy") else ""
-        lines.append(
-            f"speed: {speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms ({speed['speedup']:.2f}x{rounds}{noisy})"
-        )
+        times = f"{speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms"
+        lines.append(f"speed: {times} ({speed['speedup']:.2f}x{rounds}{noisy})")
         verdict_line = (speed.get("verdict") or {}).get("line")
         if verdict_line:
             lines.append(f"  verdict: {verdict_line}")
