@@ -176,8 +176,71 @@ def test_int8_build_records_speed_against_fp32(tmp_path: Path, caplog: pytest.Lo
         result = streamrt.build(path, config, tmp_path / "a.plan", cache=False, progress=lines.append)
     speed = result.manifest.precision_report["speed"]
     assert speed["low_ms"] > 0 and speed["fp32_ms"] > 0
+    # the speed line comes from interleaved rounds within the budget, and the verdict is recorded
+    assert speed["rounds"] >= 2 and speed["seconds"] <= 3.0 + 1.0
+    assert isinstance(speed["noisy"], bool) and (speed["noise_warning"] is not None) == speed["noisy"]
+    verdict = speed["verdict"]
+    assert verdict["accurate"] == (not result.manifest.precision_report["accuracy"]["violations"])
+    assert verdict["faster"] == (speed["speedup"] >= 1.05 and not speed["noisy"])
     said = "\n".join(lines) + caplog.text
-    assert "vs fp32" in said and ("NOT faster" in said) == (speed["speedup"] < 1.0)
+    assert "vs fp32" in said and "interleaved rounds" in said
+    assert ("the better plan" in said) == (verdict["better"] is not None)
+    assert ("not faster" in said or "not measurably faster" in said) == (not verdict["faster"])
     quiet = streamrt.build(path, config.replace(speed_check=False), tmp_path / "b.plan", cache=False)
     assert "speed" not in quiet.manifest.precision_report
     assert "--no-speed-check" in quiet.manifest.build_command
+
+
+def test_gate_on_random_inputs_warns_and_records_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No calibration data, no --sample-inputs: the fp16 gate says it measured noise, as a warning and in the record."""
+    path = tmp_path / "bn.onnx"
+    onnx.save(bn_model(np.random.default_rng()), path)
+    with caplog.at_level("WARNING"):
+        result = streamrt.build(path, BuildConfig(precision="fp16"), tmp_path / "a.plan", cache=False)
+    accuracy = result.manifest.precision_report["accuracy"]
+    assert accuracy["inputs"] == "random inputs" and accuracy["real_data"] is False
+    warned = [r for r in caplog.records if "RANDOM inputs" in r.getMessage()]
+    assert warned and warned[0].levelname == "WARNING" and warned[0].getMessage() == accuracy["warning"]
+    for needed in ("activation ranges of real inputs", "agrees with fp32 on the classes", "--sample-inputs", "--calib"):
+        assert needed in accuracy["warning"]
+
+
+def test_inspect_shows_the_random_inputs_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from streamrt.cli.main import main
+
+    path = tmp_path / "bn.onnx"
+    onnx.save(bn_model(np.random.default_rng()), path)
+    plan = streamrt.build(path, BuildConfig(precision="fp16"), tmp_path / "a.plan", cache=False).path
+    capsys.readouterr()
+    assert main(["inspect", str(plan)]) == 0
+    shown = capsys.readouterr().out
+    assert "accuracy vs onnxruntime fp32 on 2 feed(s) of random inputs" in shown
+    assert "warning: the accuracy gate ran on 2 feed(s) of RANDOM inputs" in shown and "--sample-inputs" in shown
+
+
+@pytest.mark.parametrize("data", ["sample_inputs", "calibration"])
+def test_gate_on_real_data_uses_it_and_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, data: str
+) -> None:
+    """fp16 too, not only int8: --sample-inputs or --calib data feed the gate, and no random-inputs warning."""
+    from streamrt.config import CalibrationConfig
+
+    path = tmp_path / "bn.onnx"
+    onnx.save(bn_model(np.random.default_rng()), path)
+    rng = np.random.default_rng()
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i in range(3):
+        np.savez(calib / f"{i}.npz", x=rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    if data == "sample_inputs":
+        config = BuildConfig(precision="fp16", sample_inputs=calib / "0.npz")
+        expected, samples = "sample inputs 0.npz", 1
+    else:
+        config = BuildConfig(precision="fp16", calibration=CalibrationConfig(calib))
+        expected, samples = "calibration data (3 samples)", 3
+    with caplog.at_level("WARNING"):
+        result = streamrt.build(path, config, tmp_path / "a.plan", cache=False)
+    accuracy = result.manifest.precision_report["accuracy"]
+    assert accuracy["inputs"] == expected and accuracy["samples"] == samples
+    assert accuracy["real_data"] is True and "warning" not in accuracy
+    assert "RANDOM inputs" not in caplog.text

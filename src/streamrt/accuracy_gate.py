@@ -15,17 +15,18 @@ ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.Accura
    the per-output metrics and records them in the manifest's ``precision_report``. With
    ``--accuracy-threshold`` a miss raises :class:`~streamrt.errors.AccuracyError` before the plan
    is written; without one, a miss of :data:`WARN_BELOW` (cosine 0.99, relative L2 error 0.5:
-   the scale is lost) is a warning. int8 builds also
-   time the plan against an fp32 plan of the same backend and say when int8 is not faster
-   (``--no-speed-check`` skips that second build).
+   the scale is lost) is a warning. Measured on random inputs (no calibration data, no
+   ``--sample-inputs``), the build warns that the numbers say nothing about real data
+   (:data:`RANDOM_INPUTS_CAVEAT`) and the record says so (``accuracy.real_data``, ``accuracy.warning``).
+3. int8 builds also time the plan against an fp32 plan of the same backend in interleaved rounds
+   and say when fp32 is the better plan (:mod:`streamrt.speed_check`; ``--no-speed-check`` skips
+   that second build).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ import numpy as np
 from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
 from streamrt.backends.base import Engine
 from streamrt.config import BuildConfig, Precision
-from streamrt.errors import AccuracyError, ShapeError, StreamRTError
+from streamrt.errors import AccuracyError, ShapeError
 from streamrt.plan import Plan, PlanManifest
 from streamrt.types import ShapeProfile
 
@@ -45,7 +46,15 @@ if TYPE_CHECKING:
     from streamrt.backends.base import Backend, Progress
     from streamrt.onnx.model import OnnxModel
 
-__all__ = ["TF32_BOUNDS", "WARN_BELOW", "PrecisionStep", "measure_accuracy", "sample_feeds"]
+__all__ = [
+    "RANDOM_INPUTS_CAVEAT",
+    "TF32_BOUNDS",
+    "WARN_BELOW",
+    "PrecisionStep",
+    "measure_accuracy",
+    "random_inputs_warning",
+    "sample_feeds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +70,21 @@ WARN_BELOW = AccuracyThreshold({"cosine": 0.99, "rel_l2": 0.5})
 TF32_BOUNDS = AccuracyThreshold({"rel_l2": 1e-2})
 _MAX_SAMPLES = 8  # calibration samples the gate and the fp16 range check run on
 _RANDOM_FEEDS = 2
-_TIMING_SECONDS = 0.5  # per plan; at least _TIMING_RUNS runs after 2 warm-up runs
-_TIMING_RUNS = 5
+#: What a gate on random inputs cannot show (printed with the warning, kept in the record).
+RANDOM_INPUTS_CAVEAT = (
+    "noise is not data: these numbers cannot show the activation ranges of real inputs (where fp16 "
+    "overflows and int8 ranges clip) nor whether the plan agrees with fp32 on the classes, boxes or "
+    "maps of real inputs"
+)
+_GIVE_DATA = "give real inputs with --sample-inputs FILE.npz (arrays keyed by input name) or --calib DIR"
+
+
+def random_inputs_warning(feeds: int, why: str = "no calibration data and no --sample-inputs") -> str:
+    """The build's warning for a gate that ran on ``feeds`` random inputs (``why``: how it came to that)."""
+    return (
+        f"warning: the accuracy gate ran on {feeds} feed(s) of RANDOM inputs at the opt shapes ({why}): "
+        f"{RANDOM_INPUTS_CAVEAT}; {_GIVE_DATA}"
+    )
 
 
 def measure_accuracy(
@@ -165,6 +187,7 @@ class PrecisionStep:
         self.progress = progress
         self.record: dict[str, Any] = {}
         self._feeds: tuple[Feeds, str, bool] | None = None
+        self._random_why = "no calibration data and no --sample-inputs"
 
     def feeds(self) -> tuple[Feeds, str, bool]:
         if self._feeds is None:
@@ -201,9 +224,23 @@ class PrecisionStep:
             for line in report.lines():
                 self.progress(line)
             self.record["accuracy"] = report.to_dict()
-            self._judge(report)  # raises on a --accuracy-threshold miss; fills passed/threshold
+            self._say_where_the_feeds_came_from(report)
+            misses = self._judge(report)  # raises on a --accuracy-threshold miss; fills passed/threshold
             if self.config.precision is Precision.INT8 and self.config.speed_check:
-                self.record["speed"] = self._speed(engine, manifest)
+                from streamrt.speed_check import speed_against_fp32
+
+                self.record["speed"] = speed_against_fp32(
+                    engine,
+                    manifest,
+                    source=self.source,
+                    config=self.config,
+                    profiles=self.profiles,
+                    backend=self.backend,
+                    cache_dir=self.cache_dir,
+                    feeds=self.feeds()[0][0],
+                    misses=misses + self._target_misses(report),
+                    progress=self.progress,
+                )
         finally:
             engine.close()
         return dataclasses.replace(manifest, precision_report=dict(self.record))
@@ -214,13 +251,32 @@ class PrecisionStep:
             return measure_accuracy(self.source.proto, engine, feeds, inputs=label)
         except ShapeError as exc:  # sample shapes outside the plan's profiles: measure at opt shapes
             log.warning("accuracy gate: %s; measuring on random inputs at the opt shapes instead", exc)
+            self._random_why = f"the sample data does not fit the plan's profiles: {exc}"
             self._feeds = sample_feeds(
                 self.source, dataclasses.replace(self.config, sample_inputs=None, calibration=None), self.profiles
             )
             feeds, label, _ = self._feeds
             return measure_accuracy(self.source.proto, engine, feeds, inputs=label)
 
-    def _judge(self, report: AccuracyReport) -> None:
+    def _say_where_the_feeds_came_from(self, report: AccuracyReport) -> None:
+        """Random feeds: a warning now and in the record (inspect shows it); real ones: recorded as such."""
+        real = self.feeds()[2]
+        self.record["accuracy"]["real_data"] = real
+        if not real:
+            warning = random_inputs_warning(report.samples, self._random_why)
+            self.record["accuracy"]["warning"] = warning
+            log.warning("%s", warning)
+
+    def _target_misses(self, report: AccuracyReport) -> list[str]:
+        """How the gate's feeds miss ``--int8-target`` (or the sensitivity pass missed it)."""
+        misses = report.violations(AccuracyThreshold.parse(self.config.int8_target)) if self.config.int8_target else []
+        sensitivity = self.record.get("sensitivity") or {}
+        if sensitivity and not sensitivity.get("met", True):
+            misses.append(f"--int8-target {sensitivity.get('target')} not met by the sensitivity pass")
+        return misses
+
+    def _judge(self, report: AccuracyReport) -> list[str]:
+        """The misses of the gate's bounds (the threshold's, else :data:`WARN_BELOW`); raises on a threshold."""
         precision = self.config.numeric_precision
         threshold_text = self.config.accuracy_threshold or (str(TF32_BOUNDS) if self.config.tf32 else None)
         if threshold_text is not None:
@@ -234,51 +290,12 @@ class PrecisionStep:
                     f"{'; '.join(misses[:3])}{' ...' if len(misses) > 3 else ''}; no plan was written",
                     hint=_hint(self.config),
                 )
-            return
+            return misses
         misses = report.violations(WARN_BELOW)
         self.record["accuracy"].update(threshold=f"{WARN_BELOW} (warning)", passed=not misses, violations=misses)
         if misses:
             log.warning("the %s plan is far from fp32: %s; %s", precision, "; ".join(misses[:3]), _hint(self.config))
-
-    def _speed(self, engine: Engine, manifest: PlanManifest) -> dict[str, Any]:
-        """Time the plan and an fp32 plan of the same backend on this machine."""
-        from streamrt.backends.base import BuildJob
-
-        feeds = self.feeds()[0][0]
-        fp32_config = self.config.replace(precision=Precision.FP32, accuracy_threshold=None, int8_target=None)
-        self.progress(f"timing {self.config.precision.value} against fp32 ({self.backend.name}, this machine)")
-        try:
-            built = self.backend.build(
-                BuildJob(self.source, fp32_config, self.profiles, lambda line: None, self.cache_dir)
-            )
-            fp32_manifest = dataclasses.replace(
-                manifest,
-                precision="fp32",
-                inputs=self.source.inputs,
-                outputs=self.source.outputs,
-                build_settings={"config": fp32_config.to_dict(), "backend": dict(built.settings)},
-            )
-            reference = self.backend.load(Plan(fp32_manifest, built.payload))
-            try:
-                fp32_ms = _median_ms(reference, feeds)
-            finally:
-                reference.close()
-            low_ms = _median_ms(engine, feeds)
-        except StreamRTError as exc:
-            log.warning("could not time the fp32 plan: %s", exc)
-            return {"error": str(exc)}
-        speedup = fp32_ms / low_ms if low_ms > 0 else float("inf")
-        precision = self.config.precision.value
-        line = (
-            f"{precision} {low_ms:.3f} ms vs fp32 {fp32_ms:.3f} ms per call on {self.backend.name} here: "
-            f"{speedup:.2f}x fp32"
-        )
-        if speedup < 1.0:
-            line += f" -- {precision} is NOT faster than fp32 on this backend"
-            log.warning("%s", line)
-        else:
-            self.progress(line)
-        return {"low_ms": low_ms, "fp32_ms": fp32_ms, "speedup": speedup, "device": engine.device_kind}
+        return misses
 
 
 def _hint(config: BuildConfig) -> str:
@@ -287,25 +304,6 @@ def _hint(config: BuildConfig) -> str:
     if config.precision is Precision.INT8:
         return "try --int8-target top1=0.99 (or cosine=0.99) to keep sensitive layers in fp32, or build fp16"
     return "keep sensitive op types in fp32 with --fp32-ops, give real data with --sample-inputs, or build fp32"
-
-
-def _median_ms(engine: Engine, feeds: Mapping[str, np.ndarray]) -> float:
-    from streamrt.inputs import cast_inputs, to_device
-
-    values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device_kind)
-    sync = _synchronize if engine.device_kind == "cuda" else (lambda: None)
-    times: list[float] = []
-    with engine.create_context() as ctx:
-        for _ in range(2):
-            ctx.infer(values)
-        sync()
-        deadline = time.perf_counter() + _TIMING_SECONDS
-        while len(times) < _TIMING_RUNS or (time.perf_counter() < deadline and len(times) < 200):
-            start = time.perf_counter()
-            ctx.infer(values)
-            sync()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def _synchronize() -> None:

@@ -128,10 +128,29 @@ def _precision_lines(record: dict[str, Any]) -> list[str]:
         if "passed" in accuracy:
             verdict = "pass" if accuracy["passed"] else "MISS: " + "; ".join(accuracy.get("violations", [])[:3])
             lines.append(f"  gate {accuracy.get('threshold')}: {verdict}")
+        lines += _random_inputs_lines(accuracy)
     speed = record.get("speed") or {}
     if "speedup" in speed:
-        lines.append(f"speed: {speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms ({speed['speedup']:.2f}x)")
+        rounds = f", median of {speed['rounds']} interleaved rounds" if "rounds" in speed else ""
+        noisy = ", NOISY: the rounds disagreed" if speed.get("noisy") else ""
+        times = f"{speed['low_ms']:.3f} ms vs fp32 {speed['fp32_ms']:.3f} ms"
+        lines.append(f"speed: {times} ({speed['speedup']:.2f}x{rounds}{noisy})")
+        verdict_line = (speed.get("verdict") or {}).get("line")
+        if verdict_line:
+            lines.append(f"  verdict: {verdict_line}")
     return lines
+
+
+def _random_inputs_lines(accuracy: dict[str, Any]) -> list[str]:
+    """The gate's random-inputs warning (plans built before it was recorded: from the inputs label)."""
+    if accuracy.get("real_data", not str(accuracy.get("inputs", "")).startswith("random inputs")):
+        return []
+    warning = accuracy.get("warning")
+    if not warning:
+        from streamrt.accuracy_gate import random_inputs_warning
+
+        warning = random_inputs_warning(int(accuracy.get("samples", 0)))
+    return [f"  {warning}"]
 
 
 def run(args: argparse.Namespace) -> int:
