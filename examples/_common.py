@@ -3,6 +3,11 @@
 Each example takes ``--device auto|cpu|cuda`` (auto: CUDA when torch sees a GPU), ``--out DIR``
 (default ``out/examples/NN``, which git ignores) and ``--small`` (or ``STREAMRT_EXAMPLES_SMALL=1``)
 for the quick sizes the test suite uses.
+
+Importing this module (every example does it first) installs :func:`missing_extra_guard`: an
+example that needs an extra which is not installed (torch, matplotlib, the server's aiohttp...)
+ends with one line naming what to install and exit status 2, as the ``streamrt`` command does,
+instead of a traceback.
 """
 
 from __future__ import annotations
@@ -14,14 +19,36 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-import matplotlib
+from streamrt._optional import missing_dependency
+
+
+def missing_extra_guard(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook`` for the examples: a missing optional package is one line and exit status 2.
+
+    Any other exception goes to the previous hook (the usual traceback). Installed at import, before
+    this module's own ``import matplotlib``, so a missing matplotlib is reported the same way.
+    """
+    missing = missing_dependency(exc)
+    if missing is None:
+        _previous_hook(kind, exc, tb)
+        return
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "example"
+    print(f"{script}: error: {missing}", file=sys.stderr, flush=True)
+    sys.exit(2)  # from inside the hook, Python exits with this status
+
+
+_previous_hook = sys.excepthook
+sys.excepthook = missing_extra_guard
+
+import matplotlib  # noqa: E402  (after the guard: a missing matplotlib is one line too)
 
 matplotlib.use("Agg")  # write PNG files; no window
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402
 
-from streamrt.device import cuda_available
+from streamrt.device import cuda_available  # noqa: E402
 
 
 def parse_args(number: str, doc: str | None, add: Callable[[argparse.ArgumentParser], None] | None = None,

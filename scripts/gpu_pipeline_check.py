@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU: this script is for the GPU machine", file=sys.stderr)
         return 2
     _facts()
-    return bench_main(["--device", "cuda", "--graphs", "both", "-o", args.out_dir, *extra])
+    return bench_main(["--device", "cuda", "--compare-graphs", "-o", args.out_dir, *extra])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ The examples are the course (docs: examples/README.md); a GPU run of the same sc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,18 @@ def test_example_runs_on_the_cpu(script: Path, tmp_path: Path, cache: Path) -> N
     produced = out / PRODUCES[script.stem[:2]]
     assert produced.stat().st_size > 0, f"{script.name} did not write {produced.name}"
     assert "Traceback" not in proc.stderr
+    if script.stem.startswith("08_"):
+        reading_matches_the_table(proc.stdout)
+
+
+def reading_matches_the_table(stdout: str) -> None:
+    """Example 08's "reading it" figures are those of the bench table it printed, not of another run."""
+    table = re.search(r"^Latency: .*?max = ([\d.]+) ms, mean = ([\d.]+) ms, median = ([\d.]+) ms.*"
+                      r"percentile\(99%\) = ([\d.]+) ms", stdout, re.M)
+    reading = re.search(r"- median ([\d.]+) ms .* mean ([\d.]+) ms .*\(max ([\d.]+) ms\)\n- p99 ([\d.]+) ms", stdout)
+    assert table and reading, stdout[-3000:]
+    (t_max, t_mean, t_median, t_p99), (r_median, r_mean, r_max, r_p99) = (
+        [float(v) for v in table.groups()], [float(v) for v in reading.groups()])
+    for name, shown, printed, digits in (("median", r_median, t_median, 3), ("mean", r_mean, t_mean, 3),
+                                         ("max", r_max, t_max, 2), ("p99", r_p99, t_p99, 3)):
+        assert abs(shown - printed) <= 0.6 * 10 ** -digits, (name, shown, printed)

@@ -9,6 +9,12 @@ Markers the docs may put at the end of a command line:
 - ``# keeps running``: a server; started in the background, waited for until ready, stopped at the end.
 
 Blocks in other languages (``console`` transcripts, tree drawings without a language) are not run.
+
+A section that activates the checkout's virtualenv (``source .venv/bin/activate``, what a reader
+does after the README's first command, ``bash scripts/demo.sh``) runs in a fresh shell: PATH
+without this interpreter's virtualenv, no VIRTUAL_ENV, and a ``.venv`` in the working directory
+that is this interpreter's virtualenv. So a command that works only in an already activated shell
+fails here as it does for a reader. (The sources under test still come first through PYTHONPATH.)
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_MARK = "# on a GPU machine"
+ACTIVATE = "source .venv/bin/activate"
 SERVER_MARK = "# keeps running"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 _FILE_COMMENT = re.compile(r"^#\s*([\w./-]+\.\w+)\b")
@@ -91,6 +98,22 @@ def _gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def fresh_shell_env(work: Path) -> dict[str, str]:
+    """The environment of a new terminal in a checkout where ``bash scripts/demo.sh`` made ``.venv``.
+
+    ``work/.venv`` links to this interpreter's virtualenv; PATH loses every entry inside it.
+    """
+    venv = Path(sys.prefix)
+    if sys.prefix == sys.base_prefix or not (venv / "bin" / "activate").is_file():
+        pytest.skip("not running from a virtualenv: no .venv/bin/activate to source")
+    (work / ".venv").symlink_to(venv, target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    kept = [d for d in env.get("PATH", "").split(os.pathsep)
+            if d and not Path(d).resolve().is_relative_to(venv.resolve())]
+    env["PATH"] = os.pathsep.join(kept)
+    return env
+
+
 def _port_busy(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -99,6 +122,15 @@ def _port_busy(port: int) -> bool:
 def test_the_docs_have_quick_starts() -> None:
     names = {p.name for p in _documents()}
     assert {"README.md", "serving.md"} <= names
+
+
+def test_the_readme_quick_start_activates_the_venv_first() -> None:
+    """Its first command runs in the shell that ran ``bash scripts/demo.sh``: nothing is on PATH yet."""
+    section = quick_start(ROOT / "README.md")
+    assert section is not None
+    first = next(line for lang, code in _FENCE.findall(section) if lang == "bash" for line in code.splitlines()
+                 if line.strip() and not line.startswith("#"))
+    assert first.split("#")[0].strip() == ACTIVATE
 
 
 def test_markers_are_translated() -> None:
@@ -117,9 +149,13 @@ def test_quick_start_runs_as_written(doc: Path, tmp_path: Path) -> None:
     assert section is not None
     if SERVER_MARK in section and _port_busy(8000):
         pytest.skip("port 8000 is taken on this machine; the quick start serves there")
-    env = dict(os.environ)
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    if ACTIVATE in section:
+        env = fresh_shell_env(tmp_path)
+        unactivated = subprocess.run(["bash", "-c", "command -v streamrt"], env=env, capture_output=True)
+        assert unactivated.returncode != 0, "the fresh shell already finds streamrt: the test could not fail"
+    else:
+        env = dict(os.environ)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env["STREAMRT_CACHE"] = str(tmp_path / "cache")
     env["MPLBACKEND"] = "Agg"

@@ -16,9 +16,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from streamrt.errors import MissingDependencyError
+from streamrt.errors import MissingDependencyError, install_hint
 
-__all__ = ["available", "require"]
+__all__ = ["EXTRAS", "available", "install_hint", "missing_dependency", "require"]
 
 # The PyPI name when it differs from the module name, for the message.
 _DISTRIBUTIONS = {
@@ -32,6 +32,27 @@ _DISTRIBUTIONS = {
     "google": "protobuf",
     "cuda": "cuda-python",
     "opentelemetry": "opentelemetry-sdk",
+}
+
+# The extra that installs each optional module (pyproject.toml's [project.optional-dependencies]),
+# for turning a bare ModuleNotFoundError (a script's own ``import torch``) into the same message.
+EXTRAS = {
+    "torch": "torch",
+    "torchvision": "torch",
+    "matplotlib": "plot",
+    "PIL": "vision",
+    "cv2": "video",
+    "av": "video",
+    "aiohttp": "serve",
+    "grpc": "serve",
+    "google": "serve",
+    "tritonclient": "serve",
+    "uvloop": "serve",
+    "pynvml": "serve",
+    "tensorrt": "tensorrt",
+    "cuda": "cuda-shm",
+    "ray": "ray",
+    "opentelemetry": "otel",
 }
 
 
@@ -55,3 +76,20 @@ def available(module: str) -> bool:
     except ImportError:
         return False
     return True
+
+
+def missing_dependency(exc: BaseException) -> MissingDependencyError | None:
+    """``exc`` as the one-line error naming the extra, or None when it is not a missing optional module.
+
+    A :class:`MissingDependencyError` is returned as it is; a ``ModuleNotFoundError`` for a module
+    in :data:`EXTRAS` (``import torch`` where torch is not installed) becomes one. The examples'
+    guard (``examples/_common.py``) prints the result instead of a traceback.
+    """
+    if isinstance(exc, MissingDependencyError):
+        return exc
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    if top not in EXTRAS:
+        return None
+    return MissingDependencyError(_DISTRIBUTIONS.get(top, top), EXTRAS[top])

@@ -107,11 +107,19 @@ class StreamRTError(Exception):
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
-# torch's default wheel on PyPI bundles CUDA (several GB): CPU-only machines want the CPU wheel.
+# The one wording of each extra's install command, stated here only: the hint of every
+# MissingDependencyError, README.md and examples/README.md say it (tests/test_install_wording.py
+# checks the docs). torch: the extra on a GPU machine; on a CPU-only machine the pinned version,
+# whose wheel here is the CPU build (any other request pulls a multi-GB CUDA build).
+TORCH_CPU_INSTALL = "pip install torch==2.13.0"
 _INSTALL_HINTS = {
-    "torch": "CPU-only machine: pip install torch --index-url https://download.pytorch.org/whl/cpu; "
-    "with an NVIDIA GPU: pip install 'streamrt[torch]'",
+    "torch": f"pip install 'streamrt[torch]'; on a CPU-only machine: {TORCH_CPU_INSTALL}",
 }
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra`` (``pip install 'streamrt[video]'``), as errors and docs say it."""
+    return _INSTALL_HINTS.get(extra, f"pip install 'streamrt[{extra}]'")
 
 
 class MissingDependencyError(StreamRTError, ImportError):
@@ -121,7 +129,7 @@ class MissingDependencyError(StreamRTError, ImportError):
         what = f" for {purpose}" if purpose else ""
         super().__init__(
             f"the optional package '{package}' is required{what} but is not installed",
-            hint=_INSTALL_HINTS.get(extra, f"pip install 'streamrt[{extra}]'"),
+            hint=install_hint(extra),
         )
         self.package = package
         self.extra = extra

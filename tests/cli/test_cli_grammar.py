@@ -54,7 +54,9 @@ def test_old_spellings_still_work_and_are_hidden() -> None:
                                 ("detect", "--out", "output"), ("perf", "--csv", "output"),
                                 ("bench", "--warmup", "warmup_ms"), ("perf", "--warmup", "warmup_ms"),
                                 ("pipeline-bench", "--warmup", "warmup_items"), ("detect", "--json", "jsonl"),
-                                ("demo", "--size", "frame_size")):
+                                ("demo", "--size", "frame_size"), ("pipeline-bench", "--frames", "distinct_frames"),
+                                ("pipeline-bench", "--height", "old_height"),
+                                ("pipeline-bench", "--width", "old_width")):
         action = _options(subs[name])[old]
         assert action.dest == new_dest and action.help == argparse.SUPPRESS, (name, old)
         assert old not in subs[name].format_help().replace(f"{old}-", "").split(), (name, old)
@@ -62,6 +64,69 @@ def test_old_spellings_still_work_and_are_hidden() -> None:
     assert args.output == Path("x")
     args = _parser().parse_args(["pipeline-bench", "--warmup", "3"])
     assert args.warmup_items == 3
+
+
+def test_one_spelling_per_concept() -> None:
+    """CUDA graphs, frame size and frame counts are spelled the same in every command that has them."""
+    subs = _subparsers()
+    for name in ("demo", "detect", "pipeline-bench"):
+        opts = _options(subs[name])
+        assert "--graphs" in opts and "--no-graphs" in opts, name
+        assert opts["--graphs"].dest == opts["--no-graphs"].dest, name
+    for name in ("demo", "pipeline-bench"):
+        assert _options(subs[name])["--frame-size"].metavar == "WxH", name
+    demo, bench = _options(subs["demo"]), _options(subs["pipeline-bench"])
+    assert "clip length" in (demo["--frames"].help or "")  # --frames: a clip's length, only there
+    assert "--distinct-frames" in bench and bench["--frames"].help == argparse.SUPPRESS
+    assert "--compare-graphs" in bench and "--height" not in subs["pipeline-bench"].format_help()
+
+
+@pytest.mark.parametrize(("argv", "note", "field", "value"), [
+    (["detect", "v.mp4", "--out", "a.mp4"], "--out is deprecated; use --output", "output", Path("a.mp4")),
+    (["detect", "v.mp4", "--json", "d.jsonl"], "--json is deprecated; use --jsonl", "jsonl", Path("d.jsonl")),
+    (["demo", "--out-dir", "d"], "--out-dir is deprecated; use --output", "output", Path("d")),
+    (["demo", "--size", "320x192"], "--size is deprecated; use --frame-size", "frame_size", (320, 192)),
+    (["pipeline-bench", "--out", "d"], "--out is deprecated; use --output", "output", Path("d")),
+    (["pipeline-bench", "--frames", "3"], "--frames is deprecated; use --distinct-frames", "distinct_frames", 3),
+    (["pipeline-bench", "--height", "36"], "--height is deprecated; use --frame-size WxH", "old_height", 36),
+    (["pipeline-bench", "--graphs", "both"], "--graphs both is deprecated; use --compare-graphs", "graphs", "both"),
+    (["pipeline-bench", "--graphs", "on"], "--graphs on is deprecated; use --graphs", "graphs", "on"),
+    (["pipeline-bench", "--graphs", "off"], "--graphs off is deprecated; use --no-graphs", "graphs", "off"),
+])
+def test_an_old_spelling_works_and_warns_once(argv: list[str], note: str, field: str, value: object,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(argv)
+    assert getattr(args, field) == value
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f"note: {note}"), lines
+
+
+@pytest.mark.parametrize(("argv", "field", "value"), [
+    (["pipeline-bench"], "graphs", "both"), (["pipeline-bench", "--graphs"], "graphs", "on"),
+    (["pipeline-bench", "--no-graphs"], "graphs", "off"), (["pipeline-bench", "--compare-graphs"], "graphs", "both"),
+    (["pipeline-bench", "--frame-size", "64x36"], "frame_size", (64, 36)),
+    (["pipeline-bench", "--distinct-frames", "3"], "distinct_frames", 3),
+    (["demo", "--no-graphs"], "cuda_graphs", False), (["demo", "--graphs"], "cuda_graphs", True),
+    (["demo", "--frame-size", "320x192"], "frame_size", (320, 192)),
+    (["detect", "v.mp4", "--no-graphs"], "cuda_graphs", False), (["detect", "v.mp4", "--graphs"], "cuda_graphs", True),
+])
+def test_the_new_spellings_work_silently(argv: list[str], field: str, value: object,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert getattr(_parser().parse_args(argv), field) == value
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bad_frame_size_is_one_argparse_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args(["pipeline-bench", "--frame-size", "1080"])
+    assert exc.value.code == 2
+    assert "argument --frame-size: must be WxH, e.g. 1280x720, got '1080'" in capsys.readouterr().err
+
+
+def test_port_help_says_what_0_and_minus_1_do() -> None:
+    serve = _options(_subparsers()["serve"])
+    for flag in ("--http-port", "--grpc-port", "--metrics-port"):
+        assert "0: any free port" in (serve[flag].help or "") and "-1: off" in (serve[flag].help or ""), flag
 
 
 def test_deprecated_warmup_prints_a_note(capsys: pytest.CaptureFixture[str]) -> None:

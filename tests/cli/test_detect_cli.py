@@ -72,9 +72,15 @@ def test_detect_errors_are_one_line(tmp_path: Path, cache: Path, capsys: pytest.
 
 def test_demo_runs_both_loops_and_writes_its_outputs(tmp_path: Path, cache: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "--size", "320x192", "--frames", "16", "--out-dir", str(tmp_path), "--cache-dir", str(cache)])
+    rc = main(["demo", "--frame-size", "320x192", "--frames", "16", "-o", str(tmp_path), "--cache-dir", str(cache)])
     assert rc == 0
     out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("StreamRT demo:"))
+    plans = {"sync": "shapes_detector.onnxruntime.plan", "pipeline": "shapes_detector.onnxruntime-threads1.plan"}
+    if (tmp_path / plans["pipeline"]).exists():  # CPU lanes: one-thread sessions, the loop another plan
+        assert f"synchronous loop on {plans['sync']}, pipeline on {plans['pipeline']}" in header, header
+    else:
+        assert f"both runs on {plans['sync']}" in header, header
     assert "synchronous loop" in out and "speed-up" in out and "same detections in both runs: yes" in out
     for name in ("annotated.mp4", "detections.jsonl", "sync_timeline.png", "pipeline_timeline.png", "demo.json",
                  "shapes_detector.onnxruntime.plan"):

@@ -75,7 +75,7 @@ def test_failed_run_leaves_no_outputs(tmp_path: Path, cache: Path, capsys: pytes
     (folder / "b.png").write_bytes(b"not an image")
     out, dets = tmp_path / "o.mp4", tmp_path / "o.jsonl"
     line = _fails(["detect", str(folder), "--backend", "onnxruntime", "--cache-dir", str(cache),
-                   "--out", str(out), "--json", str(dets), "--no-progress"], capsys)
+                   "-o", str(out), "--jsonl", str(dets), "--no-progress"], capsys)
     assert "b.png" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"], "a failed run left files behind"
 
@@ -90,7 +90,7 @@ def test_json_lines_name_the_image_file(tmp_path: Path, cache: Path, capsys: pyt
         cv2.imwrite(str(folder / name), rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))
     dets = tmp_path / "d.jsonl"
     assert main(["detect", str(folder), "synthetic:96x64x3", "--backend", "onnxruntime", "--cache-dir", str(cache),
-                 "--json", str(dets), "--no-progress", "--topology", "sync"]) == 0
+                 "--jsonl", str(dets), "--no-progress", "--topology", "sync"]) == 0
     records = [json.loads(line) for line in dets.read_text().splitlines()]
     files = {r["frame"]: r["file"] for r in records if r["source"] == 0}
     assert files == {0: "a.png", 1: "b.jpg", 2: "c.jpg"}
@@ -111,7 +111,7 @@ def test_damaged_video_counts_bad_frames_quietly(tmp_path: Path, cache: Path, ca
     damaged.write_bytes(bytes(data))
     dets = tmp_path / "d.jsonl"
     assert main(["detect", str(damaged), "--backend", "onnxruntime", "--cache-dir", str(cache),
-                 "--json", str(dets), "--no-progress"]) == 0
+                 "--jsonl", str(dets), "--no-progress"]) == 0
     assert "[h264 @" not in capfd.readouterr().err, "FFmpeg's own log lines reached stderr"
     decoded = len(dets.read_text().splitlines())
     assert 0 < decoded < 60
@@ -132,7 +132,7 @@ def test_video_where_nothing_decodes_exits_2(tmp_path: Path, cache: Path, capsys
 def test_annotated_mp4_is_h264(tmp_path: Path, cache: Path) -> None:
     out = tmp_path / "out.mp4"
     assert main(["detect", "synthetic:160x90x6", "--backend", "onnxruntime", "--cache-dir", str(cache),
-                 "--out", str(out), "--no-progress"]) == 0
+                 "-o", str(out), "--no-progress"]) == 0
     with av.open(str(out)) as container:
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264"

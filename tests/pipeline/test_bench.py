@@ -61,9 +61,9 @@ def test_case_throughput_is_the_median_rounds_figure() -> None:
 
 def test_pipeline_bench_command_writes_its_report(tmp_path, capsys) -> None:
     out = tmp_path / "report"
-    code = main(["--device", "cpu", "--height", "36", "--width", "64", "--size", "32", "--classes", "10",
+    code = main(["--device", "cpu", "--frame-size", "64x36", "--size", "32", "--classes", "10",
                  "--items", "6", "--warmup", "2", "--rounds", "1", "--warmup-rounds", "0", "--trace-items", "6",
-                 "--workers", "2", "--frames", "3", "--verify", "4", "--out", str(out)])
+                 "--workers", "2", "--distinct-frames", "3", "--verify", "4", "-o", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| (a) sync |" in printed and "bit-identical in every case" in printed

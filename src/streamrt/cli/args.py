@@ -35,6 +35,7 @@ from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.serve.config import ServerConfig
 
 __all__ = [
+    "GRAPHS_OPTION",
     "BuildArgs",
     "CacheArgs",
     "DeprecatedAlias",
@@ -43,7 +44,9 @@ __all__ = [
     "PipelineArgs",
     "ServerArgs",
     "add_alias",
+    "add_frame_size",
     "backend_choices",
+    "frame_size",
     "parse_options",
     "plain_text",
 ]
@@ -76,10 +79,12 @@ class DeprecatedAlias(argparse.Action):
 
 
 def add_alias(parser: argparse.ArgumentParser | Any, old: str, action: argparse.Action, *,
-              note: bool = False) -> None:
+              note: bool = True) -> None:
     """Accept ``old`` as a hidden spelling of ``action`` (``--out`` for ``-o/--output``).
 
-    ``note=True`` prints a deprecation note when it is used (for spellings whose unit changed name).
+    Using it prints one deprecation note naming the new spelling (docs/cli.md lists the old
+    spellings), so a script keeps working and its author learns the new flag; ``note=False`` is
+    for spellings that are not deprecated, only hidden.
     """
     kwargs: dict[str, Any] = {"dest": action.dest, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
     if action.type is not None:
@@ -88,6 +93,23 @@ def add_alias(parser: argparse.ArgumentParser | Any, old: str, action: argparse.
         parser.add_argument(old, action=DeprecatedAlias, new=action.option_strings[-1], **kwargs)
     else:
         parser.add_argument(old, **kwargs)
+
+
+def frame_size(text: str) -> tuple[int, int]:
+    """``--frame-size WxH`` (width first, as in 1280x720) -> ``(width, height)``; every command spells it so."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be WxH, e.g. 1280x720, got {text!r}") from None
+    if w < 1 or h < 1:
+        raise argparse.ArgumentTypeError(f"must be WxH with both sizes >= 1, got {text!r}")
+    return (w, h)
+
+
+def add_frame_size(parser: argparse.ArgumentParser | Any, default: str) -> argparse.Action:
+    """The shared ``--frame-size WxH`` flag (``demo``, ``pipeline-bench``); ``default`` is said in its help."""
+    return parser.add_argument("--frame-size", type=frame_size, default=None, metavar="WxH",
+                               help=f"frame width x height (default {default})")
 
 
 @dataclass(frozen=True)
@@ -329,6 +351,10 @@ class CacheArgs:
 DEVICE_OPTION = Option("device", ("--device",), "where to run: auto (CUDA when there is one), cuda or cpu",
                        {"choices": ("auto", "cuda", "cpu")})
 
+GRAPHS_OPTION = Option("cuda_graphs", ("--graphs",), "replay graphable stages as CUDA graphs, or never "
+                       "(--no-graphs); CUDA only, the CPU runs without", {"action": argparse.BooleanOptionalAction})
+"""``--graphs/--no-graphs``, the same in every command (pipeline-bench adds ``--compare-graphs``)."""
+
 PIPELINE_OPTIONS = (
     Option("topology", ("--topology",),
            "sync: the synchronous loop; streams: a stream per stage; single: one stream per lane",
@@ -336,8 +362,7 @@ PIPELINE_OPTIONS = (
     Option("workers", ("--workers",), "replicated lanes, each with its own streams and engine context",
            {"type": int, "metavar": "N"}),
     Option("ring_size", ("--ring",), "items in flight per lane", {"type": int, "metavar": "N"}),
-    Option("cuda_graphs", ("--graphs",), "replay graphable stages as CUDA graphs (CUDA only)",
-           {"action": "store_true"}),
+    GRAPHS_OPTION,
 )
 """PipelineConfig fields with a flag (its ``device`` follows the engine in detect and demo)."""
 
@@ -377,9 +402,9 @@ SERVER_OPTIONS = (
     Option("host", ("--host",), "address to bind (default 127.0.0.1: this machine only)"),
     Option("http_port", ("--http-port",), "HTTP port (default 8000; 0: any free port; -1: off)",
            {"type": _port, "metavar": "N"}, value=_port_value),
-    Option("grpc_port", ("--grpc-port",), "gRPC port (default 8001; -1: off)",
+    Option("grpc_port", ("--grpc-port",), "gRPC port (default 8001; 0: any free port; -1: off)",
            {"type": _port, "metavar": "N"}, value=_port_value),
-    Option("metrics_port", ("--metrics-port",), "Prometheus /metrics port (default 8002; -1: off)",
+    Option("metrics_port", ("--metrics-port",), "Prometheus /metrics port (default 8002; 0: any free port; -1: off)",
            {"type": _port, "metavar": "N"}, value=_port_value),
     Option("startup_models", ("--model",), "load only these models at start (repeatable; default: all)",
            {"action": "append", "metavar": "NAME"}, value=tuple),

@@ -13,12 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from streamrt.cli.args import PipelineArgs, add_alias, backend_choices, plain_text
+from streamrt.cli.args import PipelineArgs, add_alias, add_frame_size, backend_choices, plain_text
 from streamrt.errors import ConfigError
 
 __all__ = ["register", "run"]
 
-_PIPELINE = PipelineArgs(skip=("cuda_graphs",))
+_PIPELINE = PipelineArgs()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,26 +29,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     output = parser.add_argument("-o", "--output", type=Path, default=Path("out/demo"), metavar="DIR",
                                  help="where outputs go (default out/demo)")
     add_alias(parser, "--out-dir", output)
-    size = parser.add_argument("--frame-size", default=None, metavar="WxH",
-                               help="clip size (default 1920x1080 on CUDA, 1280x720 on the CPU)")
+    size = add_frame_size(parser, "1920x1080 on CUDA, 1280x720 on the CPU")
     add_alias(parser, "--size", size)  # --size is the model input size in pipeline-bench
-    parser.add_argument("--frames", type=int, default=None, help="clip length (default 300 on CUDA, 150 on CPU)")
+    parser.add_argument("--frames", type=int, default=None, metavar="N",
+                        help="clip length in frames (default 300 on CUDA, 150 on CPU)")
     parser.add_argument("--backend", default=None, choices=backend_choices(),
                         help="backend (default: the best available)")
-    pipe = _PIPELINE.group.add_to(parser)  # defaults: 1 lane, ring 4 on CUDA; a lane per core, ring 2 on the CPU
-    pipe.add_argument("--no-graphs", action="store_true", help="no CUDA graphs in the pipeline run (CUDA only)")
+    # defaults: 1 lane, ring 4 and CUDA graphs on CUDA; a lane per core, ring 2 on the CPU
+    _PIPELINE.group.add_to(parser)
     parser.add_argument("--cache-dir", type=Path, default=None, help="build cache (default ~/.cache/streamrt)")
     parser.set_defaults(func=run)
-
-
-def _size(text: str | None) -> tuple[int | None, int | None]:
-    if text is None:
-        return None, None
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ConfigError(f"--frame-size must be WxH, e.g. 1280x720, got {text!r}") from None
-    return w, h
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,18 +48,21 @@ def run(args: argparse.Namespace) -> int:
     from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
     check_output(args.output, directory=True)
-    width, height = _size(args.frame_size)
+    width, height = args.frame_size or (None, None)
     cuda = cuda_available()
-    base = default_pipeline(cuda)
-    pipeline = _PIPELINE.config(args, base.replace(cuda_graphs=cuda and not args.no_graphs))
+    pipeline = _PIPELINE.config(args, default_pipeline(cuda).replace(cuda_graphs=cuda))
+    pipeline = pipeline.replace(cuda_graphs=pipeline.cuda_graphs and cuda)  # --graphs on the CPU: nothing to capture
     if pipeline.topology.value == "sync":
         raise ConfigError("demo compares the synchronous loop with a pipeline: --topology must be streams or single")
     config = DemoConfig(out_dir=args.output, width=width, height=height, frames=args.frames, backend=args.backend,
                         pipeline=pipeline, cache_dir=args.cache_dir)
     result = run_demo(config, progress=lambda line: print(f"  · {line}", file=sys.stderr, flush=True))
     sync, piped = result.sync, result.pipeline
-    print(f"\nStreamRT demo: {result.detector.source} on {result.detector.backend} ({result.detector.device}), "
-          f"{piped.frames} frames {piped.frame_size}\n")
+    plans = result.plans
+    runs_on = (f"both runs on {plans['sync']}" if plans["sync"] == plans["pipeline"] else
+               f"synchronous loop on {plans['sync']}, pipeline on {plans['pipeline']}")
+    print(f"\nStreamRT demo: the bundled detector on {result.detector.backend} ({result.detector.device}), "
+          f"{piped.frames} frames {piped.frame_size}; {runs_on}\n")
     rows = (("synchronous loop", "sync"), (f"pipeline, {piped.label}", "pipeline"))
     width = max(len(label) for label, _ in rows)
     for label, key in rows:

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamrt.cli.args import DEVICE_OPTION, add_alias, plain_text
+from streamrt.cli.args import DEVICE_OPTION, GRAPHS_OPTION, DeprecatedAlias, add_alias, add_frame_size, plain_text
 from streamrt.profiling.provenance import git_commit
 
 __all__ = ["add_arguments", "main", "register", "run"]
@@ -37,6 +37,54 @@ _DEFAULTS = {
 }
 
 
+# pipeline-bench's old --graphs values and the flag that says each now.
+_GRAPHS_SPELLING = {"off": "--no-graphs", "on": "--graphs", "both": "--compare-graphs"}
+
+
+class GraphsMode(argparse.Action):
+    """``--graphs`` / ``--no-graphs`` (every command's spelling) and ``--compare-graphs``, into one mode.
+
+    The mode is ``on``, ``off`` or ``both`` (every case without and with graphs, side by side: the
+    default). The old ``--graphs off|on|both`` still works and prints one deprecation note.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string == "--no-graphs":
+            mode = "off"
+        elif option_string == "--compare-graphs":
+            mode = "both"
+        elif values is None:
+            mode = "on"
+        elif values in _GRAPHS_SPELLING:
+            mode = values
+            new = _GRAPHS_SPELLING[values]
+            print(f"{parser.prog}: note: --graphs {values} is deprecated; use {new}", file=sys.stderr)
+        else:
+            parser.error(f"argument --graphs: takes no value (or the old off, on, both), got {values!r}")
+        setattr(namespace, self.dest, mode)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows ``--graphs`` without a value: its optional value is only the deprecated old form."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        return ", ".join(action.option_strings) if isinstance(action, GraphsMode) else \
+            super()._format_action_invocation(action)
+
+    def _format_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None) -> str:
+        return super()._format_usage(usage, actions, groups, prefix).replace("[--graphs ]", "[--graphs]")
+
+
+def _add_graphs(parser: argparse.ArgumentParser) -> None:
+    flag = GRAPHS_OPTION.flags[0]
+    parser.add_argument(flag, dest="graphs", action=GraphsMode, nargs="?", default="both", metavar="",
+                        help="only with CUDA graphs (CUDA only)")
+    parser.add_argument(f"--no-{flag[2:]}", dest="graphs", action=GraphsMode, nargs=0, help="only without them")
+    parser.add_argument("--compare-graphs", dest="graphs", action=GraphsMode, nargs=0,
+                        help="every case without and with CUDA graphs, side by side (the default; CUDA only)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the benchmark (shared by the subcommand and the standalone scripts)."""
     parser.add_argument(*DEVICE_OPTION.flags, default="auto", help=DEVICE_OPTION.help, **DEVICE_OPTION.kwargs)
@@ -47,15 +95,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved runs per case; the median is reported")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="rounds of all cases run first, discarded")
     parser.add_argument("--trace-items", type=int, help="items in the extra traced run per case (0: none)")
-    parser.add_argument("--frames", type=int, default=16, help="distinct random frames, cycled (default 16)")
-    parser.add_argument("--height", type=int, default=1080, help="frame height (default 1080)")
-    parser.add_argument("--width", type=int, default=1920, help="frame width (default 1920)")
+    distinct = parser.add_argument("--distinct-frames", type=int, default=16, metavar="N",
+                                   help="distinct random frames, cycled through the items (default 16)")
+    add_alias(parser, "--frames", distinct)  # --frames is a clip's length in demo
+    add_frame_size(parser, "1920x1080")
+    for old in ("--height", "--width"):  # the old spelling of --frame-size, one dimension each
+        parser.add_argument(old, dest=f"old_{old[2:]}", type=int, default=None, help=argparse.SUPPRESS,
+                            action=DeprecatedAlias, new="--frame-size WxH")
     parser.add_argument("--size", type=int, help="model input size (default 640 on CUDA, 320 on CPU)")
     parser.add_argument("--classes", type=int, default=1000, help="outputs of the bundled CNN (default 1000)")
     parser.add_argument("--ring", type=int, default=4, help="slots per worker (default 4)")
     parser.add_argument("--workers", default="2,4", metavar="N[,M...]",
                         help="replicated lanes; the worker counts to compare, comma separated (default 2,4)")
-    parser.add_argument("--graphs", choices=("off", "on", "both"), default="both", help="CUDA graphs (CUDA only)")
+    _add_graphs(parser)
     parser.add_argument("--plan", type=Path, help="run this plan (streamrt.load) instead of the bundled CNN")
     parser.add_argument("--torch-threads", type=int, help="torch intra-op threads (CPU runs)")
     parser.add_argument("--verify", type=int, default=16, help="compare the first N outputs of every case (0: off)")
@@ -70,7 +122,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "pipeline-bench",
         help="compare pipeline topologies (sync, stage-per-stream, replicated workers) on a frame workload",
         description=plain_text(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -176,9 +228,10 @@ def run(args: argparse.Namespace) -> int:
     defaults = _DEFAULTS[device.kind]
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    spec = FrameSpec(height=args.height, width=args.width, size=args.size or defaults["size"], classes=args.classes)
+    width, height = args.frame_size or (args.old_width or 1920, args.old_height or 1080)
+    spec = FrameSpec(height=height, width=width, size=args.size or defaults["size"], classes=args.classes)
     engine = _engine(args, spec, device)
-    frames = make_frames(args.frames, spec, seed=args.seed)
+    frames = make_frames(args.distinct_frames, spec, seed=args.seed)
     graphs = {"off": [False], "on": [True], "both": [False, True]}[args.graphs] if device.is_cuda else [False]
     workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
     cases = standard_cases(ring_size=args.ring, workers=workers, graphs=graphs)
@@ -249,7 +302,7 @@ def _write(out: Path, env: dict[str, Any], spec: Any, lines: list[str], results:
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point (``benchmarks/pipeline_topologies.py``, ``scripts/gpu_pipeline_check.py``)."""
     parser = argparse.ArgumentParser(prog="pipeline-bench", description=plain_text(__doc__),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

@@ -63,7 +63,11 @@ class DemoConfig:
 
 @dataclass
 class DemoResult:
-    """Both runs, the speed-up, whether they agree, the accuracy, and the files written."""
+    """Both runs, the speed-up, whether they agree, the accuracy, and the files written.
+
+    ``detector`` and ``plan`` are the pipeline's; ``sync_detector`` is the one the synchronous loop
+    ran (on the CPU another plan: all cores for one session, while each pipeline lane has one thread).
+    """
 
     detector: DetectorModel
     plan: Path
@@ -73,6 +77,13 @@ class DemoResult:
     map50: float
     files: dict[str, Path] = field(default_factory=dict)
     rounds: dict[str, Rounds] = field(default_factory=dict)
+    sync_detector: DetectorModel | None = None
+
+    @property
+    def plans(self) -> dict[str, str]:
+        """The plan file each run used, by run name (``sync``, ``pipeline``)."""
+        sync = self.sync_detector or self.detector
+        return {"sync": sync.source, "pipeline": self.detector.source}
 
     @property
     def speedup(self) -> float | None:
@@ -198,7 +209,8 @@ def run_demo(config: DemoConfig = DemoConfig(), progress: Callable[[str], None] 
             files[f"{name}:{path.name}"] = path
     rounds = {name: Rounds.of(rep.fps for rep in done) for name, done in runs.items()}
     files["summary"] = out / "demo.json"
-    result = DemoResult(detector, lane_plan, reports["sync"], reports["pipeline"], identical, map50, files, rounds)
+    result = DemoResult(detector, lane_plan, reports["sync"], reports["pipeline"], identical, map50, files, rounds,
+                        sync_detector=detectors["sync"])
     summary = {"speedup": result.speedup, "identical": identical, "map50": map50,
                "rounds_fps": {name: list(r.values) for name, r in rounds.items()},
                "rounds_noisy": {name: r.noisy for name, r in rounds.items()},

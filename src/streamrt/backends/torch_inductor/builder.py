@@ -34,10 +34,11 @@ from streamrt._features import cuda_available
 from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
 from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
+from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
 from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
 from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
 from streamrt.backends.torch_inductor.payload import pack_payload
-from streamrt.backends.torch_inductor.target import device_kind, device_target
+from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target
 from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
@@ -274,6 +275,9 @@ class TorchInductorBackend(Backend):
         """
         threads = _threads_option(config)  # checked before the long compile
         recipe = resolve_recipe(config, kind)
+        note = cpu_target_note(config, kind)
+        if note:
+            progress(note)
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
         progress(f"optimization level {recipe.level}: {_describe(recipe)}")
         with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
@@ -320,19 +324,20 @@ class TorchInductorBackend(Backend):
                 progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
                 ep = export_profiles(module, names, dtypes, profile, kind)
                 tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
-                progress(f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}")
+                step = f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}"
+                progress(step)
                 if recipe.memory_format == "measure" and layout is None:
                     if not has_convolutions(ep):
                         layout = {"memory_format": "inductor", "reason": "no convolutions"}
                     else:
-                        choice = choose_memory_format(
-                            ep, functools.partial(_compile_in_layout, ep, configs), kind, progress
-                        )
+                        choice = with_heartbeat(functools.partial(
+                            choose_memory_format, ep, functools.partial(_compile_in_layout, ep, configs), kind,
+                            progress), progress, step)
                         layout = choice.to_dict()
                         configs.update(layout_knobs(choice.memory_format))
                         packages.append(choice.package)
                         continue
-                packages.append(compile_package(ep, configs))
+                packages.append(with_heartbeat(functools.partial(compile_package, ep, configs), progress, step))
         return packages, layout
 
     def load(self, plan: Plan) -> Engine:

@@ -9,7 +9,7 @@ from streamrt._features import cpu_capability, cuda_available, cuda_target
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["device_kind", "device_target"]
+__all__ = ["cpu_target_note", "device_kind", "device_target"]
 
 
 def device_target(kind: str) -> dict[str, Any]:
@@ -35,3 +35,18 @@ def device_kind(config: BuildConfig) -> str:
     if wanted == "auto":
         return "cuda" if cuda_available() else "cpu"
     return wanted
+
+
+def cpu_target_note(config: BuildConfig, kind: str) -> str | None:
+    """The line a build says when it makes a CPU plan only because no GPU is here, else None.
+
+    ``device=auto`` (the default) falls back to the CPU on a machine without CUDA; the plan then
+    holds C++ kernels for this CPU's ISA and never runs on a GPU (on a GPU machine it loads only
+    where the CPU matches, and runs there on the CPU), which a user who ran a "GPU backend"
+    command would not expect. ``device=cpu`` asked for it, so nothing is said.
+    """
+    if kind != "cpu" or str(config.backend_options.get("device", "auto")) != "auto":
+        return None
+    isa = device_target("cpu")["isa"]
+    return (f"no CUDA device: building a CPU plan (C++ kernels for this CPU, {isa}); it will not run on a GPU "
+            "(build on the GPU machine for a GPU plan, or pass --option device=cpu to ask for a CPU plan)")
