@@ -256,7 +256,7 @@ def _build(
         config,
         built,
         transformed.inputs,
-        transformed.outputs,
+        built.outputs or transformed.outputs,  # what the payload returns, where the backend knows it
         profiles,
         source_sha256=source.sha256,
         source_name=source.name,

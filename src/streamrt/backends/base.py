@@ -71,11 +71,15 @@ class BuildOutput:
         settings: backend settings that shaped the payload, recorded in the manifest.
         manifest_facts: backend facts recorded in the manifest's ``extra`` section
             (compatibility flags, package names...).
+        outputs: the outputs as the payload returns them (``-1`` for a dimension that follows a
+            dynamic input), when the backend knows them from what it compiled; the plan records
+            these instead of the model's declared outputs. Empty: the declared outputs stand.
     """
 
     payload: bytes
     settings: Mapping[str, Any] = field(default_factory=dict)
     manifest_facts: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[TensorSpec, ...] = ()
 
 
 @dataclass(frozen=True)
