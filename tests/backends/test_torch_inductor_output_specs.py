@@ -79,7 +79,7 @@ def test_names_replace_the_positional_ones() -> None:
     compiled = (TensorSpec("output_0", F32, (-1, 10)),)
     assert named(compiled, ["logits"]) == (TensorSpec("logits", F32, (-1, 10)),)
     assert named(compiled, None) == compiled
-    with pytest.raises(ConfigError, match="output_names has 2 names .* the module returns 1 outputs"):
+    with pytest.raises(ConfigError, match=r"output_names has 2 names .* the module returns 1 outputs"):
         named(compiled, ["a", "b"])
 
 
@@ -87,7 +87,8 @@ def test_declared_onnx_outputs_take_the_compiled_dynamic_dims() -> None:
     declared = (TensorSpec("y", F32, (8, 3)), TensorSpec("z", DType.INT64, (-1, 2)), TensorSpec("w", F32, ()))
     compiled = (TensorSpec("output_0", F32, (-1, 3)), TensorSpec("output_1", DType.INT32, (4, 2)),
                 TensorSpec("output_2", F32, (-1, 5)))
-    # Names and dtypes stay the graph's; a dim is -1 when either side says so; a shapeless output takes the compiled one.
+    # Names and dtypes stay the graph's; a dim is -1 when either side says so; a shapeless output
+    # takes the compiled shape.
     assert refine_declared(declared, compiled) == (
         TensorSpec("y", F32, (-1, 3)), TensorSpec("z", DType.INT64, (-1, 2)), TensorSpec("w", F32, (-1, 5)))
     assert refine_declared(declared, ()) == declared
