@@ -86,12 +86,12 @@ def build_plan(name: str, out: Path, max_batch: int) -> Path:
     config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,),
                                   backend_options={"device": "cuda", "freezing": True})
     started = time.perf_counter()
-    path = build_module(net, [torch.randn(max_batch, 3, 224, 224, device="cuda")], out / f"{name}.plan", config,
-                        input_names=["images"], output_names=["logits"])
+    built = build_module(net, [torch.randn(max_batch, 3, 224, 224, device="cuda")], out / f"{name}.plan", config,
+                         input_names=["images"], output_names=["logits"])
     say(f"{name}: plan built in {time.perf_counter() - started:.0f} s")
     del net
     torch.cuda.empty_cache()
-    return Path(path)
+    return built.path  # a BuildResult since issue 20 (Path(result) crashed the H200 run)
 
 
 def offline(plan: Path, batch: int, seconds: float) -> float:

@@ -68,6 +68,12 @@ def _hash_folder(folder: Path) -> str:
     return digest.hexdigest()
 
 
+#: Bumped whenever a StreamRT change alters what a build writes or accepts, so the build cache
+#: never hands back a plan made by older rules. 2: output specs from the exported program
+#: (dynamic outputs were recorded static), shape verification relative to the output's scale.
+BUILD_RULES = 2
+
+
 def cache_key(
     model: OnnxModel,
     config: BuildConfig,
@@ -79,6 +85,7 @@ def cache_key(
     parts = {
         "recipe": dict(recipe or {}),
         "format": FORMAT_VERSION,
+        "rules": BUILD_RULES,
         "model": model.sha256,
         "config": config.cache_key_dict(),
         "calibration": _hash_folder(config.calibration.data) if config.calibration else None,
@@ -256,7 +263,7 @@ def _build(
         config,
         built,
         transformed.inputs,
-        transformed.outputs,
+        built.outputs or transformed.outputs,  # what the payload returns, where the backend knows it
         profiles,
         source_sha256=source.sha256,
         source_name=source.name,

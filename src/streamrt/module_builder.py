@@ -21,6 +21,7 @@ from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt.backends.base import Progress
 from streamrt.backends.torch_inductor.builder import TorchInductorBackend
 from streamrt.backends.torch_inductor.cache import inductor_cache
+from streamrt.backends.torch_inductor.output_specs import named
 from streamrt.backends.torch_inductor.target import device_kind, device_target
 from streamrt.builder import BuildResult, make_manifest
 from streamrt.config import BuildConfig, default_cache_dir
@@ -77,8 +78,10 @@ def build_module(
     are never cached: ``cached`` is False).
 
     Shapes come from ``config.profiles`` (by input name) or, when there are none, are static at
-    the example inputs' shapes. fp16/bf16 cast the module's weights (inputs and outputs stay
-    fp32 when ``keep_io_types``); int8 is only available through the ONNX path.
+    the example inputs' shapes. The plan's output shapes come from the exported program: a
+    dimension that follows a dynamic input (a batch) is recorded as ``-1``. fp16/bf16 cast the
+    module's weights (inputs and outputs stay fp32 when ``keep_io_types``); int8 is only
+    available through the ONNX path.
 
     Example:
         >>> build_module(net, [torch.randn(8, 3, 224, 224)], "net.plan",
@@ -123,16 +126,13 @@ def build_module(
         inputs = tuple(
             TensorSpec(s.name, DType.from_any(t.dtype), s.shape) for s, t in zip(inputs, example_inputs, strict=True)
         )
-    with torch.no_grad():
-        outs = net(*[t.to(kind) for t in example_inputs])
-    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
-    onames = list(output_names or [f"output_{i}" for i in range(len(outs))])
-    outputs = tuple(TensorSpec(n, DType.from_any(o.dtype), tuple(o.shape)) for n, o in zip(onames, outs, strict=True))
     dtypes = [t.dtype for t in example_inputs]
     backend = TorchInductorBackend()
     with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()), \
             out_of_memory_guard(f"building {type(module).__qualname__} with torch_inductor", BUILD_HINT):
         built = backend.build_from_module(net, names, dtypes, config, profiles, report, kind)
+    # From the exported programs, not an eager run at the example: -1 where an output follows a dynamic input.
+    outputs = named(built.outputs, output_names)
     out_path = Path(output)
     manifest = make_manifest(
         backend.name,

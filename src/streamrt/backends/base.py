@@ -5,8 +5,10 @@ payload bytes that :mod:`streamrt.plan` freezes; ``Backend.load`` turns a verifi
 into an :class:`Engine`. An engine only validates and runs; it never imports builder code.
 
 Lifecycle (after Polygraphy's runners): nothing heavy in ``__init__``; ``Engine.close()`` and
-the context-manager protocol release resources; :meth:`ExecutionContext.infer` checks names,
-dtypes and shapes against the profiles in one place, then calls the backend's ``_infer_impl``.
+the context-manager protocol release resources, after which the engine, its contexts and
+``create_context`` raise :class:`~streamrt.errors.InferenceError` (load the plan again);
+:meth:`ExecutionContext.infer` checks names, dtypes and shapes against the profiles in one
+place, then calls the backend's ``_infer_impl``.
 A caller that validated its inputs already (the model server, once per request) passes
 ``check_inputs=False``, as with Polygraphy's ``infer(feed, check_inputs=False)``.
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrt._oom import INFER_HINT, as_out_of_memory
-from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
+from streamrt.errors import DTypeMismatchError, InferenceError, MissingInputError, ShapeError, UnknownInputError
 from streamrt.onnx.profiles import check_shapes
 from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
@@ -71,11 +73,15 @@ class BuildOutput:
         settings: backend settings that shaped the payload, recorded in the manifest.
         manifest_facts: backend facts recorded in the manifest's ``extra`` section
             (compatibility flags, package names...).
+        outputs: the outputs as the payload returns them (``-1`` for a dimension that follows a
+            dynamic input), when the backend knows them from what it compiled; the plan records
+            these instead of the model's declared outputs. Empty: the declared outputs stand.
     """
 
     payload: bytes
     settings: Mapping[str, Any] = field(default_factory=dict)
     manifest_facts: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[TensorSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,21 @@ class Engine(abc.ABC):
     def __init__(self, manifest: PlanManifest) -> None:
         self.manifest = manifest
         self.device_kind: str = "cpu"
-        self._closed = False
+        self._closed = False  # read on every call (a bool check): a closed engine runs nothing
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: the engine, and every context made from it, then refuse to run."""
+        return self._closed
+
+    def closed_error(self) -> InferenceError:
+        """The error a closed engine raises when it is asked to run or to create a context."""
+        m = self.manifest
+        return InferenceError(
+            f"the {m.backend} engine of plan '{m.source_name}' ({m.precision}) was closed; "
+            "a closed engine and its contexts run nothing",
+            hint="load the plan again (streamrt.load) and create contexts from the new engine",
+        )
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -199,7 +219,13 @@ class Engine(abc.ABC):
         return None
 
     def validate(self, inputs: Mapping[str, Any]) -> int:
-        """Check names, dtypes and shapes; return the index of the profile that accepts them."""
+        """Check names, dtypes and shapes; return the index of the profile that accepts them.
+
+        Raises:
+            InferenceError: the engine was closed.
+        """
+        if self._closed:
+            raise self.closed_error()
         expected = {s.name: s for s in self.inputs}
         for name in inputs:
             if name not in expected:
@@ -239,6 +265,7 @@ class Engine(abc.ABC):
         return check_shapes(self.profiles, {name: _shape_of(value) for name, value in inputs.items()})
 
     def close(self) -> None:
+        """Release the engine; afterwards it and its contexts raise :meth:`closed_error` instead of running."""
         self._closed = True
 
     def __enter__(self) -> Engine:
@@ -260,6 +287,8 @@ class ExecutionContext(abc.ABC):
     """
 
     def __init__(self, engine: Engine) -> None:
+        if engine._closed:  # every backend's create_context comes through here
+            raise engine.closed_error()
         self.engine = engine
 
     def infer(self, inputs: Mapping[str, Any], stream: Any = None, *, check_inputs: bool = True) -> dict[str, Any]:
@@ -273,8 +302,11 @@ class ExecutionContext(abc.ABC):
                 or, worse, runs. The profile is picked by shape either way (:meth:`Engine.select_profile`).
 
         Raises:
+            InferenceError: the engine was closed (:meth:`Engine.close`).
             OutOfMemoryError: host or device memory ran out while running.
         """
+        if self.engine._closed:  # one attribute read: nothing measurable on the hot path
+            raise self.engine.closed_error()
         profile = self.engine.validate(inputs) if check_inputs else self.engine.select_profile(inputs)
         try:
             return self._infer_impl(inputs, profile, stream)

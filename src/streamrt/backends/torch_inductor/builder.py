@@ -17,6 +17,7 @@ mismatch message. See ``docs/gpu-backend.md``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -37,13 +38,19 @@ from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autot
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
 from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
 from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
+from streamrt.backends.torch_inductor.output_specs import (
+    CompiledOutput,
+    exported_outputs,
+    merge_profiles,
+    refine_declared,
+)
 from streamrt.backends.torch_inductor.payload import pack_payload
 from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target
 from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
 from streamrt.plan import Plan, PlanManifest, check_field
-from streamrt.types import ShapeProfile
+from streamrt.types import ShapeProfile, TensorSpec
 
 __all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
 
@@ -256,7 +263,9 @@ class TorchInductorBackend(Backend):
         names = [s.name for s in model.inputs]
         dtypes = [s.dtype.torch for s in model.inputs]
         with inductor_cache(job.cache_dir):
-            return self.build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+            built = self.build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+        # The graph's names and dtypes, with the dims the compiled program makes follow its inputs.
+        return dataclasses.replace(built, outputs=refine_declared(model.outputs, built.outputs))
 
     def build_from_module(
         self,
@@ -271,7 +280,9 @@ class TorchInductorBackend(Backend):
         """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
 
         The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
-        Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``.
+        Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``. The
+        result's ``outputs`` (named ``output_<i>``) come from the exported programs' symbolic
+        shapes (:mod:`.output_specs`): ``-1`` where an output follows a dynamic input.
         """
         threads = _threads_option(config)  # checked before the long compile
         recipe = resolve_recipe(config, kind)
@@ -281,7 +292,7 @@ class TorchInductorBackend(Backend):
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
         progress(f"optimization level {recipe.level}: {_describe(recipe)}")
         with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
-            packages, layout = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind)
+            packages, layout, exported = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind)
         progress(stats.line())
         decided = layout_knobs(layout["memory_format"]) if layout else {}
         settings = {
@@ -295,7 +306,10 @@ class TorchInductorBackend(Backend):
             "fp32_precision": "tf32" if config.tf32 else "ieee",
             "cudnn_benchmark": recipe.cudnn_benchmark,
         }
-        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings)
+        outputs = tuple(
+            TensorSpec(f"output_{i}", dtype, shape) for i, (shape, dtype) in enumerate(merge_profiles(exported))
+        )
+        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings, outputs=outputs)
 
     def _timings(self, config: BuildConfig, kind: str) -> contextlib.AbstractContextManager[TimingCacheStats]:
         """The explicit ``--timing-cache`` directory, or counting in the current Inductor cache."""
@@ -315,14 +329,19 @@ class TorchInductorBackend(Backend):
         profiles: tuple[ShapeProfile, ...],
         progress: Progress,
         kind: str,
-    ) -> tuple[list[bytes], dict[str, Any] | None]:
-        """One package per profile; at ``memory_format=measure`` profile 0 decides the layout for all."""
+    ) -> tuple[list[bytes], dict[str, Any] | None, list[list[CompiledOutput]]]:
+        """One package per profile, and each profile's exported outputs (:func:`.output_specs.exported_outputs`).
+
+        At ``memory_format=measure`` profile 0 decides the layout for all.
+        """
         configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
         packages, layout = [], None
+        exported: list[list[CompiledOutput]] = []
         with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for i, profile in enumerate(profiles):
                 progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
                 ep = export_profiles(module, names, dtypes, profile, kind)
+                exported.append(exported_outputs(ep))
                 tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
                 step = f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}"
                 progress(step)
@@ -338,7 +357,7 @@ class TorchInductorBackend(Backend):
                         packages.append(choice.package)
                         continue
                 packages.append(with_heartbeat(functools.partial(compile_package, ep, configs), progress, step))
-        return packages, layout
+        return packages, layout, exported
 
     def load(self, plan: Plan) -> Engine:
         from streamrt.backends.torch_inductor.engine import TorchInductorEngine
