@@ -33,11 +33,12 @@ import torch
 from streamrt._features import cuda_available
 from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
+from streamrt.backends.torch_inductor.budget import BuildBudget
 from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
 from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
 from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
 from streamrt.backends.torch_inductor.payload import pack_payload
-from streamrt.backends.torch_inductor.target import device_kind, device_target
+from streamrt.backends.torch_inductor.target import device_kind, device_target, refuse_gpu_int8
 from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
@@ -189,8 +190,12 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
 
 
 
-def _compile_in_layout(ep: torch.export.ExportedProgram, configs: Mapping[str, Any], memory_format: str) -> bytes:
-    return compile_package(ep, {**configs, **layout_knobs(memory_format)})
+def _compile_in_layout(
+    budget: BuildBudget, ep: torch.export.ExportedProgram, configs: Mapping[str, Any], label: str,
+    memory_format: str, optional: bool,
+) -> bytes | None:
+    return budget.compile(ep, {**configs, **layout_knobs(memory_format)}, label=f"{label} {memory_format}",
+                          optional=optional)
 
 
 def _describe(recipe: Recipe) -> str:
@@ -222,7 +227,9 @@ class TorchInductorBackend(Backend):
         return versions
 
     def target_device(self, config: BuildConfig) -> dict[str, Any]:
-        return device_target(device_kind(config))
+        kind = device_kind(config)
+        refuse_gpu_int8(config, kind)  # before calibration: int8 has no GPU kernels here
+        return device_target(kind)
 
     def runs_operator(self, op_type: str, domain: str) -> bool | None:
         from streamrt.onnx.importer.registry import converter_table
@@ -276,8 +283,10 @@ class TorchInductorBackend(Backend):
         recipe = resolve_recipe(config, kind)
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
         progress(f"optimization level {recipe.level}: {_describe(recipe)}")
+        budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark)
         with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
-            packages, layout = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind)
+            packages, layout = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
+            stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
         progress(stats.line())
         decided = layout_knobs(layout["memory_format"]) if layout else {}
         settings = {
@@ -285,6 +294,7 @@ class TorchInductorBackend(Backend):
             "inductor": dict(sorted({**recipe.inductor, **decided}.items())),
             "optimization": {**recipe.to_dict(), **({"memory_format_decision": layout} if layout else {})},
             "timing_cache": stats.to_dict(),
+            "build_budget": budget.to_dict(),
             # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
             "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
             "threads": threads,
@@ -311,8 +321,12 @@ class TorchInductorBackend(Backend):
         profiles: tuple[ShapeProfile, ...],
         progress: Progress,
         kind: str,
+        budget: BuildBudget,
     ) -> tuple[list[bytes], dict[str, Any] | None]:
-        """One package per profile; at ``memory_format=measure`` profile 0 decides the layout for all."""
+        """One package per profile; at ``memory_format=measure`` profile 0 decides the layout for all.
+
+        Autotuning compiles run under ``budget`` (:mod:`.budget`): in a child with a deadline, else
+        with the level-3 recipe."""
         configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
         packages, layout = [], None
         with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
@@ -326,13 +340,16 @@ class TorchInductorBackend(Backend):
                         layout = {"memory_format": "inductor", "reason": "no convolutions"}
                     else:
                         choice = choose_memory_format(
-                            ep, functools.partial(_compile_in_layout, ep, configs), kind, progress
+                            ep, functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}"),
+                            kind, progress,
                         )
                         layout = choice.to_dict()
                         configs.update(layout_knobs(choice.memory_format))
                         packages.append(choice.package)
                         continue
-                packages.append(compile_package(ep, configs))
+                package = budget.compile(ep, configs, label=f"profile {i + 1}/{len(profiles)}")
+                assert package is not None  # only optional compiles are skipped
+                packages.append(package)
         return packages, layout
 
     def load(self, plan: Plan) -> Engine:
