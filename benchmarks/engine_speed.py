@@ -19,6 +19,8 @@ warm-up with CUDA events (host clock on the CPU), median of many runs:
   the partner of levels 0-3); on the CPU the default mode.
 * **max-autotune**: ``torch.compile(mode="max-autotune")``: the partner of levels 4-5.
 * **compile-plain** (opt-in): ``torch.compile()`` default mode, no CUDA graphs.
+* **L4r/L5r** (``--rebuild``): the level-4/5 plan built again right after the first build into the
+  same timing cache: the warm rebuild's build time and its timing-cache hits.
 
 Columns: build seconds (plan: ``build_module``'s wall time with a fresh Inductor cache; torch.compile:
 the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (throughput over eager's and
@@ -32,6 +34,8 @@ rows, which run first, always make the table.
 
 Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
+    python benchmarks/engine_speed.py --out DIR --batches 32 --levels 3,5 --baselines eager,compile,max-autotune \
+        --budget 520 --build-budget-s 200 --deadlines eager=90,compile=150,L3=180,L5=270,max-autotune=300
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
     python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
@@ -55,18 +59,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS
+from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS, level_of
 from streamrt.backends.torch_inductor.deadline import child_env, live_children, run_with_deadline
 from streamrt.profiling.peaks import peaks_for
 from streamrt.profiling.provenance import report_header
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIORS_S = {"eager": 20.0, "compile": 60.0, "compile-plain": 40.0, "max-autotune": 280.0, "L0": 90.0, "L1": 90.0,
-            "L2": 100.0, "L3": 110.0, "L4": 280.0, "L5": 280.0}
+            "L2": 100.0, "L3": 110.0, "L4": 280.0, "L5": 280.0, "L4r": 90.0, "L5r": 90.0}
 """Expected seconds of a child (start, model, build, timing) for a ResNet-50-sized model on an H200, until one
 is measured: shared/reference/h200-2026-12-01.md (plan fp16 build 82 s; torch.compile max-autotune 246 s)."""
 DEADLINES_S = {"eager": 120.0, "compile": 240.0, "compile-plain": 240.0, "L0": 240.0, "L1": 240.0, "L2": 240.0,
-               "L3": 240.0, "L4": 420.0, "L5": 420.0, "max-autotune": 420.0}
+               "L3": 240.0, "L4": 420.0, "L5": 420.0, "L4r": 240.0, "L5r": 240.0, "max-autotune": 420.0}
 """Default deadline per variant (``--deadline``/``--deadlines`` replace them)."""
 RESERVE_S = 5.0
 """Seconds of ``--budget`` kept for writing the table after the last child."""
@@ -85,7 +89,7 @@ class Task:
     def tier(self) -> int:
         if self.variant == "eager":
             return 0
-        if self.variant == "max-autotune" or (self.variant.startswith("L") and int(self.variant[1:]) >= 4):
+        if self.variant == "max-autotune" or (level_of(self.variant) or 0) >= 4:
             return 2
         return 1
 
@@ -100,7 +104,7 @@ def tasks_in_order(models: list[str], precisions: list[str], batches: list[int],
     tasks = [Task(m, p, b, v) for m in models for p in precisions for b in batches for v in variants]
     order = {t: i for i, t in enumerate(tasks)}
     return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier,
-                                        not t.variant.startswith("L"), order[t]))
+                                        level_of(t.variant) is None, order[t]))
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: f
     name = f"{task.model}-{task.precision}-b{task.batch}-{task.variant}"
     spec = {**task.row(), "device": args.device, "runs": args.runs, "warmup": args.warmup,
             "scratch": str(spec_dir), "cudnn_benchmark": args.cudnn_benchmark,
-            "build_budget_s": args.build_budget_s,
+            "build_budget_s": args.build_budget_s, "rebuild": args.rebuild,
             "timing_cache": str(args.timing_cache) if args.timing_cache else None}
     spec_path, result_path = spec_dir / f"{name}.spec.json", spec_dir / f"{name}.row.json"
     spec_path.write_text(json.dumps(spec))
@@ -171,7 +175,8 @@ def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: f
 
 def run(args: argparse.Namespace) -> int:
     """Every task in a child, rows written as they come; 143 when interrupted, else 0."""
-    variants = [*args.baselines, *(f"L{level}" for level in args.levels)]
+    variants = [*args.baselines, *(f"L{level}" for level in args.levels),
+                *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)]
     tasks = tasks_in_order(args.models, args.precisions, args.batches, variants)
     started = time.monotonic()
     meta: dict[str, Any] = {
@@ -379,6 +384,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--build-budget-s", type=float, default=None, metavar="SECONDS",
                    help="plans' BuildConfig.build_budget_s (0: none; default: BuildConfig's)")
     p.add_argument("--timing-cache", type=Path, default=None, help="plans' --timing-cache directory (shared)")
+    p.add_argument("--rebuild", action="store_true", help="after each level >= 4 plan, build it again into the "
+                   "same timing cache (variant L5r: the warm rebuild's time and timing-cache hits)")
     p.add_argument("--runs", type=int, default=None, help="timed calls per variant (default 200; quick 10)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick 2)")
     p.add_argument("--heartbeat", type=float, default=30.0, help="seconds between progress lines of a child")
@@ -407,7 +414,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"{name}: unknown {unknown}; known: {sorted(known)}")
     if any(not 0 <= level <= 5 for level in args.levels):
         p.error(f"--levels must be in 0..5, got {args.levels}")
-    variants = {*args.baselines, *(f"L{level}" for level in args.levels)}
+    variants = {*args.baselines, *(f"L{level}" for level in args.levels),
+                *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
     unknown = sorted(set(args.deadlines) - set(DEADLINES_S))
     if unknown:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -31,8 +32,9 @@ import torch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
-         "L5": "max-autotune"}
-"""The torch.compile variant each StreamRT level is compared with (same CUDA-graph use, same tuning effort)."""
+         "L5": "max-autotune", "L4r": "max-autotune", "L5r": "max-autotune"}
+"""The torch.compile variant each StreamRT level is compared with (same CUDA-graph use, same tuning effort).
+``L5r`` is level 5 built again right after ``L5`` into the same timing cache (the warm rebuild)."""
 BASELINES = ("eager", "compile", "max-autotune", "compile-plain")
 
 
@@ -93,6 +95,12 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
                     ("StreamRT zoo ViTLike (2 layers, 32x32)", _zoo("vit"), (3, 32, 32))],
     "tiny": [("StreamRT zoo MTCNNPNet (3 convs, 2 outputs)", _zoo("mtcnn"), (3, 48, 48))],
 }
+
+
+def level_of(variant: str) -> int | None:
+    """The optimization level of a plan variant (``L5``, or ``L5r`` for its warm rebuild); ``None`` for torch's."""
+    match = re.fullmatch(r"L(\d)r?", variant)
+    return int(match.group(1)) if match else None
 
 
 def make_model(key: str) -> Model:
@@ -188,6 +196,7 @@ class Spec:
     cudnn_benchmark: bool = True
     build_budget_s: float | None = None
     timing_cache: str | None = None
+    rebuild: bool = False
 
     def row(self) -> dict[str, Any]:
         return {"model": self.model, "precision": self.precision, "batch": self.batch, "variant": self.variant}
@@ -198,9 +207,14 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
     from streamrt import load
     from streamrt.module_builder import build_module
 
-    config = plan_config(spec.precision, int(spec.variant[1:]), spec.device, spec.build_budget_s)
+    level = level_of(spec.variant)
+    assert level is not None
+    config = plan_config(spec.precision, level, spec.device, spec.build_budget_s)
     if spec.timing_cache:
         config = config.replace(timing_cache=Path(spec.timing_cache))
+    elif spec.variant.endswith("r") or (spec.rebuild and level >= 4):  # L5 and its rebuild L5r share one
+        config = config.replace(timing_cache=Path(spec.scratch) / f"timing-{spec.model}-{spec.precision}-b{spec.batch}"
+                                f"-L{level}")
     with torch.no_grad():
         names = [f"out{i}" for i in range(output_count(model.net(x[0][:1].float())))]
     tag = f"{spec.model}-{spec.precision}-b{spec.batch}-{spec.variant}"
@@ -212,10 +226,14 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
     row["build_s"] = time.perf_counter() - t0
     backend = built.manifest.build_settings.get("backend", {})
     budget = backend.get("build_budget") or {}
-    if budget.get("fell_back"):
-        row["notes"] = f"build budget {budget.get('seconds')} s: fell back ({budget['fell_back'][0].get('to')})"
     cache = backend.get("timing_cache") or {}
     row["timing_cache"] = {"hits": cache.get("hits"), "misses": cache.get("misses")}
+    row["build_budget"] = budget
+    notes = [f"timing cache {cache.get('hits')} hits, {cache.get('misses')} misses"]
+    for event in budget.get("fell_back") or []:
+        notes.append(f"build budget {budget.get('seconds'):g} s: {event.get('what')} -> {event.get('to')} "
+                     f"after {event.get('after_s')} s")
+    row["notes"] = "; ".join(notes)
     engine = load(built.path)
     ctx = engine.create_context()
     cleanup += [ctx.close, engine.close]
@@ -291,7 +309,8 @@ def measure(spec: Spec) -> dict[str, Any]:
     set_tf32(spec.precision == "tf32")
     cleanup: list[Callable[[], None]] = []
     print(f"building {spec.variant}", flush=True)
-    fn = _plan_fn(spec, model, x, row, cleanup) if spec.variant.startswith("L") else _torch_fn(spec, model, x, row)
+    plan = level_of(spec.variant) is not None
+    fn = _plan_fn(spec, model, x, row, cleanup) if plan else _torch_fn(spec, model, x, row)
     print(f"timing {spec.variant}: {spec.warmup} warm-up + {spec.runs} runs", flush=True)
     try:
         with torch.no_grad():
