@@ -1,254 +1,82 @@
 """Engine speed: StreamRT plans at optimization levels against eager PyTorch and torch.compile, with the roofline.
 
-For each model, precision and batch, side by side in one process, on fresh random (non-zero)
-inputs rotated over 4 sets, timed after warm-up with CUDA events (host clock on the CPU), median
-of many runs:
+Always ends with a table. Every variant (a plan at a level, a torch.compile mode, eager) is built
+and timed in its own child process (``engine_speed.py --worker``, :mod:`speed_variants`) with a
+deadline; at the deadline the child's whole process group is killed (Inductor's workers
+included) and the row says "did not finish in N s" with what it was doing. Each row is appended to
+``OUT/engine-speed.jsonl`` the moment it is known and ``OUT/engine-speed.md`` is rewritten, so even a
+call killed from outside leaves the table so far; SIGTERM/SIGINT kill the running child, record it
+as interrupted, print the table and exit 143.
 
-* **StreamRT** torch_inductor plans built from the module at each ``--levels`` (static shapes at
-  the batch; plan inputs in the plan's precision, no casts), run through the plan's default
-  context: CUDA graphs on the GPU. Build time is ``build_module``'s wall time with a fresh
-  Inductor disk cache per build.
+Variants, side by side on fresh random (non-zero) inputs rotated over 4 sets, timed after
+warm-up with CUDA events (host clock on the CPU), median of many runs:
+
+* **L0..L5**: torch_inductor plans built from the module at each ``--levels`` (static shapes at
+  the batch; plan inputs in the plan's precision), run through the plan's default context: CUDA
+  graphs on the GPU. Level 4/5 builds keep to ``--build-budget-s`` (BuildConfig.build_budget_s).
 * **eager**: the module in the same precision (``torch.no_grad``).
-* **compile**: ``torch.compile(mode="reduce-overhead")`` on the GPU: Inductor's default kernel
-  choices plus CUDA graphs, the fair partner of a StreamRT plan below level 4 (which replays CUDA
-  graphs). On the CPU, ``torch.compile()`` (default mode; no graphs there).
-* **max-autotune**: ``torch.compile(mode="max-autotune")``, which autotunes matmuls/convolutions
-  and uses CUDA graphs by default: the partner of StreamRT at level 5.
-* **compile-plain** (opt-in): ``torch.compile()`` default mode, no CUDA graphs: what a user tries first.
+* **compile**: ``torch.compile(mode="reduce-overhead")`` on the GPU (default kernels + CUDA graphs:
+  the partner of levels 0-3); on the CPU the default mode.
+* **max-autotune**: ``torch.compile(mode="max-autotune")``: the partner of levels 4-5.
+* **compile-plain** (opt-in): ``torch.compile()`` default mode, no CUDA graphs.
+* **L4r/L5r** (``--rebuild``): the level-4/5 plan built again right after the first build into the
+  same timing cache: the warm rebuild's build time and its timing-cache hits.
 
-"build s" of a torch.compile variant is the first call (compilation) plus the calls until its
-CUDA graph is recorded. The roofline column is FLOPs per image (``FlopCounterMode`` on the
-module) x images/s over the device's datasheet peak for the precision
-(:mod:`streamrt.profiling.peaks`; blank for an unknown device). "rel. L2" compares the first
-output with eager fp32 (TF32 off) on the same input.
+Columns: build seconds (plan: ``build_module``'s wall time with a fresh Inductor cache; torch.compile:
+the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (throughput over eager's and
+over the paired torch.compile variant's in the same table), the fraction of the precision's dense
+tensor-core peak (CUDA), and the relative L2 error of the first output against eager fp32.
 
-``--budget SECONDS`` stops starting new builds when the time already spent plus the expected
-build time (measured earlier in the run, else a prior for a ResNet-50-sized model on an H200)
-would pass the budget; skipped rows say so. Each batch's comparison runs whole before the next
-batch's (the first batch named is the one that gets measured when time is short), and within a
-batch eager, then the cheap builds (levels <= 3, compile), then the autotuning ones (level >= 4,
-max-autotune), StreamRT's first in each group. ``--merge A.json B.json ...`` writes one table from
-several runs (e.g. two device calls that each fit the per-call limit).
+Deadlines: ``--deadline S`` for every variant, ``--deadlines L5=200,max-autotune=240`` per variant;
+``--budget S`` bounds the whole call: a child never gets more than what is left, and a variant whose
+expected time (measured earlier in the call, else a prior) does not fit is skipped, so the cheap
+rows, which run first, always make the table.
 
 Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
-    python benchmarks/engine_speed.py --out DIR --models resnet50,mobilenet,yolo,transformer \\
-        --precisions fp16,fp32,tf32 --budget 540
+    python benchmarks/engine_speed.py --out DIR --batches 32 --levels 3,5 --baselines eager,compile,max-autotune \
+        --budget 520 --build-budget-s 200 --deadlines eager=90,compile=150,L3=180,L5=270,max-autotune=300
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
-
-Writes DIR/engine-speed.md (tables with date, commit, device, command) and DIR/engine-speed.json.
+    python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
-import dataclasses
-import gc
 import json
 import os
 import platform
-import shlex
-import statistics
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from streamrt import load
-from streamrt.backends.torch_inductor.tf32 import set_tf32
-from streamrt.config import BuildConfig
-from streamrt.module_builder import build_module
-from streamrt.profiling.flops import count_flops
-from streamrt.profiling.peaks import peak_precision, peaks_for
-from streamrt.profiling.provenance import git_commit
+from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS, level_of
+from streamrt.backends.torch_inductor.deadline import child_env, live_children, run_with_deadline
+from streamrt.profiling.peaks import peaks_for
+from streamrt.profiling.provenance import report_header
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
-PRIORS_S = {"eager": 5.0, "compile": 30.0, "compile-plain": 20.0, "max-autotune": 260.0, "L0": 70.0, "L1": 70.0,
-            "L2": 80.0, "L3": 90.0, "L4": 260.0, "L5": 260.0}
-"""Expected seconds (build + timing) of a ResNet-50-sized model on an H200, until one is measured: from
-shared/reference/h200-2026-12-01.md (plan fp16 build 82 s; torch.compile default 13 s, max-autotune 246 s)."""
-PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
-         "L5": "max-autotune"}
-"""The torch.compile variant each StreamRT level is compared with (same CUDA-graph use, same tuning effort)."""
-
-
-# --- models ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Model:
-    """A model made from the first candidate source that imports here."""
-
-    key: str
-    net: torch.nn.Module
-    shape: tuple[int, ...]
-    source: str
+ROOT = Path(__file__).resolve().parents[1]
+PRIORS_S = {"eager": 20.0, "compile": 60.0, "compile-plain": 40.0, "max-autotune": 280.0, "L0": 90.0, "L1": 90.0,
+            "L2": 100.0, "L3": 110.0, "L4": 280.0, "L5": 280.0, "L4r": 90.0, "L5r": 90.0}
+"""Expected seconds of a child (start, model, build, timing) for a ResNet-50-sized model on an H200, until one
+is measured: shared/reference/h200-2026-12-01.md (plan fp16 build 82 s; torch.compile max-autotune 246 s)."""
+DEADLINES_S = {"eager": 120.0, "compile": 240.0, "compile-plain": 240.0, "L0": 240.0, "L1": 240.0, "L2": 240.0,
+               "L3": 240.0, "L4": 420.0, "L5": 420.0, "L4r": 240.0, "L5r": 240.0, "max-autotune": 420.0}
+"""Default deadline per variant (``--deadline``/``--deadlines`` replace them)."""
+RESERVE_S = 5.0
+"""Seconds of ``--budget`` kept for writing the table after the last child."""
 
 
-def _torchvision(name: str) -> Callable[[], torch.nn.Module]:
-    def make() -> torch.nn.Module:
-        import torchvision
-
-        return getattr(torchvision.models, name)(weights=None)  # type: ignore[no-any-return]
-
-    return make
-
-
-def _timm(name: str) -> Callable[[], torch.nn.Module]:
-    def make() -> torch.nn.Module:
-        import timm
-
-        return timm.create_model(name, pretrained=False)  # type: ignore[no-any-return]
-
-    return make
-
-
-def _zoo(name: str) -> Callable[[], torch.nn.Module]:
-    def make() -> torch.nn.Module:
-        from streamrt.testing.zoo import MODELS
-
-        return MODELS[name].make()
-
-    return make
-
-
-def _yolo() -> torch.nn.Module:
-    from streamrt.testing.yolo import yolo_like
-
-    return yolo_like(num_classes=80)
-
-
-CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...]]]] = {
-    "resnet50": [("torchvision resnet50", _torchvision("resnet50"), (3, 224, 224)),
-                 ("timm resnet50", _timm("resnet50"), (3, 224, 224)),
-                 ("StreamRT zoo ResNetLike (stand-in: no torchvision/timm)", _zoo("resnet"), (3, 224, 224))],
-    "mobilenet": [("torchvision mobilenet_v3_large", _torchvision("mobilenet_v3_large"), (3, 224, 224)),
-                  ("timm mobilenetv3_large_100", _timm("mobilenetv3_large_100"), (3, 224, 224)),
-                  ("StreamRT zoo MobileNetLike", _zoo("mobilenet"), (3, 224, 224))],
-    "yolo": [("StreamRT yolo_like (YOLOv8n-sized, 80 classes)", _yolo, (3, 640, 640))],
-    "transformer": [("timm vit_small_patch16_224", _timm("vit_small_patch16_224"), (3, 224, 224)),
-                    ("StreamRT zoo ViTLike (2 layers, 32x32)", _zoo("vit"), (3, 32, 32))],
-    "tiny": [("StreamRT zoo MTCNNPNet (3 convs, 2 outputs)", _zoo("mtcnn"), (3, 48, 48))],
-}
-
-
-def make_model(key: str) -> Model:
-    """The model ``key`` from its first source that imports (torchvision, then timm, then the repo's)."""
-    errors = []
-    for source, make, shape in CANDIDATES[key]:
-        try:
-            torch.manual_seed(0)
-            return Model(key, make().eval(), shape, source)
-        except ImportError as exc:
-            errors.append(f"{source}: {exc}")
-    raise SystemExit(f"no source for model {key}: {'; '.join(errors)}")
-
-
-# --- timing ----------------------------------------------------------------------------------
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_ms(fn: Callable[[torch.Tensor], Any], inputs: list[torch.Tensor], runs: int, warmup: int,
-              device: str) -> float:
-    """Median time of ``fn`` over ``runs`` calls on rotating inputs after ``warmup`` calls.
-
-    CUDA: events around each call on the current stream; CPU: the host clock.
-    """
-    for i in range(warmup):
-        fn(inputs[i % len(inputs)])
-    _sync(device)
-    times = []
-    for i in range(runs):
-        x = inputs[i % len(inputs)]
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(x)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def first_tensor(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict):
-        return first_tensor(next(iter(out.values())))
-    return first_tensor(out[0])
-
-
-def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
-    g, r = got.detach().double().cpu(), ref.detach().double().cpu()
-    return float((g - r).norm() / r.norm())
-
-
-@contextlib.contextmanager
-def fresh_inductor_cache(root: Path, name: str) -> Iterator[Path]:
-    """``TORCHINDUCTOR_CACHE_DIR`` at a new folder for one torch.compile variant, restored after."""
-    folder = root / name
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    try:
-        yield folder
-    finally:
-        if before is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
-
-
-def set_precision_mode(precision: str) -> None:
-    """TF32 on only for tf32 (process-wide; a loaded plan sets it too, so it is set before every variant)."""
-    set_tf32(precision == "tf32")
-
-
-def plan_config(precision: str, level: int, device: str) -> tuple[BuildConfig, str]:
-    """The BuildConfig of a plan; TF32 through ``BuildConfig.tf32`` where it exists, else ``precision="tf32"``."""
-    fields = {f.name for f in dataclasses.fields(BuildConfig)}
-    extra: dict[str, Any] = {}
-    plan_precision = precision
-    note = ""
-    if precision == "tf32":
-        if "tf32" in fields:
-            plan_precision, extra["tf32"] = "fp32", True
-            note = "fp32 + BuildConfig.tf32"
-        else:
-            note = "precision tf32 (BuildConfig has no tf32 field in this tree)"
-    config = BuildConfig(backend="torch_inductor", precision=plan_precision, optimization_level=level,
-                         keep_io_types=False, backend_options={"device": device}, **extra)
-    return config, note
-
-
-# --- the run ---------------------------------------------------------------------------------
-
-@dataclass
-class Budget:
-    seconds: float
-    started: float = dataclasses.field(default_factory=time.perf_counter)
-    observed: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def spent(self) -> float:
-        return time.perf_counter() - self.started
-
-    def allows(self, variant: str) -> tuple[bool, float]:
-        expected = self.observed.get(variant, PRIORS_S.get(variant, 60.0))
-        return self.spent + expected <= self.seconds, expected
-
+# --- tasks -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Task:
@@ -261,9 +89,12 @@ class Task:
     def tier(self) -> int:
         if self.variant == "eager":
             return 0
-        if self.variant == "max-autotune" or (self.variant.startswith("L") and int(self.variant[1:]) >= 4):
+        if self.variant == "max-autotune" or (level_of(self.variant) or 0) >= 4:
             return 2
         return 1
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def tasks_in_order(models: list[str], precisions: list[str], batches: list[int], variants: list[str]) -> list[Task]:
@@ -273,201 +104,189 @@ def tasks_in_order(models: list[str], precisions: list[str], batches: list[int],
     tasks = [Task(m, p, b, v) for m in models for p in precisions for b in batches for v in variants]
     order = {t: i for i, t in enumerate(tasks)}
     return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier,
-                                        not t.variant.startswith("L"), order[t]))
+                                        level_of(t.variant) is None, order[t]))
 
 
-def run_variant(task: Task, model: Model, inputs: list[torch.Tensor], args: argparse.Namespace,
-                scratch: Path) -> dict[str, Any]:
-    """Build (or compile) one variant, time it, and return its row (without the derived columns)."""
-    device, dtype = args.device, DTYPES[task.precision]
-    row: dict[str, Any] = {"model": task.model, "precision": task.precision, "batch": task.batch,
-                           "variant": task.variant}
-    x = [t.to(dtype) for t in inputs]
-    set_precision_mode(task.precision)
-    cleanup: list[Callable[[], None]] = []
-    if task.variant.startswith("L"):
-        level = int(task.variant[1:])
-        config, note = plan_config(task.precision, level, device)
-        with torch.no_grad():
-            outputs = first_level(model.net(inputs[0][:1].float()))
-        names = [f"out{i}" for i in range(outputs)]
-        t0 = time.perf_counter()
-        tag = f"{task.model}-{task.precision}-b{task.batch}-{task.variant}"
-        built = build_module(model.net, [x[0]], scratch / f"{tag}.plan", config, input_names=["input"],
-                             output_names=names, cache_dir=scratch / f"cache-{tag}")
-        row["build_s"] = time.perf_counter() - t0
-        engine = load(built.path)
-        ctx = engine.create_context()
-        cleanup += [ctx.close, engine.close]
-        row["graphs"] = bool(getattr(ctx, "cuda_graph", False))
-        row["notes"] = "; ".join(n for n in (note, f"pair: {PAIRS[task.variant]}" if device == "cuda" else "") if n)
-        set_precision_mode(task.precision)  # loading a plan set TF32 for it: same value, stated again
+# --- the run ---------------------------------------------------------------------------------
 
-        def fn(t: torch.Tensor) -> Any:
-            return ctx.infer({"input": t})[names[0]]
-
-    else:
-        net = copy.deepcopy(model.net).to(device=device, dtype=dtype)
-        if task.variant == "eager":
-            compiled: Any = net
-            row["graphs"] = False
-        else:
-            torch._dynamo.reset()
-            mode = {"compile": "reduce-overhead" if device == "cuda" else None, "compile-plain": None,
-                    "max-autotune": "max-autotune"}[task.variant]
-            compiled = torch.compile(net, mode=mode, dynamic=False)
-            row["graphs"] = device == "cuda" and mode is not None
-            row["notes"] = f"torch.compile(mode={mode!r}, dynamic=False)"
-        step = getattr(torch.compiler, "cudagraph_mark_step_begin", None) if row["graphs"] else None
-
-        def fn(t: torch.Tensor) -> Any:
-            if step is not None:
-                step()
-            return compiled(t)
-
-        if task.variant != "eager":
-            with fresh_inductor_cache(scratch, f"compile-{id(task)}"), torch.no_grad():
-                t0 = time.perf_counter()
-                for i in range(3):  # compile, then (reduce-overhead) warm up and record the graph
-                    fn(x[i % len(x)])
-                _sync(device)
-                row["build_s"] = time.perf_counter() - t0
-    try:
-        with torch.no_grad():
-            row["ms"] = median_ms(fn, x, args.runs, args.warmup, device)
-            row["output"] = first_tensor(fn(x[0])).clone()
-            _sync(device)
-    finally:
-        for close in cleanup:
-            close()
-    return row
+class Interrupted(Exception):
+    """SIGTERM/SIGINT arrived: the running child is killed and the table written."""
 
 
-def first_level(out: Any) -> int:
-    """How many outputs a module returns (a tensor is one)."""
-    return 1 if isinstance(out, torch.Tensor) else len(out)
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
 
 
-def add_x_eager(rows: list[dict[str, Any]]) -> None:
-    """Speed-up over eager of the same model, precision and batch, where eager was measured."""
-    for row in rows:
-        eager = next((r for r in rows if r.get("ms") and r["variant"] == "eager" and
-                      (r["model"], r["precision"], r["batch"]) == (row["model"], row["precision"], row["batch"])), None)
-        if eager and row.get("ms"):
-            row["x_eager"] = eager["ms"] / row["ms"]
+class Results:
+    """Rows as they come: appended to ``engine-speed.jsonl`` and the Markdown table rewritten after each."""
+
+    def __init__(self, out: Path, meta: dict[str, Any]) -> None:
+        self.out, self.meta, self.started = out, meta, time.monotonic()
+        self.rows: list[dict[str, Any]] = []
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = out / "engine-speed.jsonl"
+        self.jsonl.write_text(json.dumps({"meta": meta}) + "\n")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps({"row": row}) + "\n")
+        self.write()
+
+    def write(self) -> str:
+        self.meta["spent_s"] = time.monotonic() - self.started
+        text = markdown(self.rows, self.meta)
+        (self.out / "engine-speed.md").write_text(text)
+        return text
 
 
-def merge(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One table from several runs' JSON files: rows in file order, the commands of every run."""
-    runs = [json.loads(p.read_text()) for p in paths]
-    meta = dict(runs[0]["meta"])
-    devices = {r["meta"]["device"] for r in runs}
-    if len(devices) > 1:
-        raise SystemExit(f"--merge: runs from different devices {sorted(devices)}")
-    meta["command"] = " ; ".join(r["meta"]["command"] for r in runs)
-    meta["commit"] = " / ".join(dict.fromkeys(r["meta"]["commit"] for r in runs))
-    meta["models"] = {k: v for r in runs for k, v in r["meta"]["models"].items()}
-    meta["spent_s"] = sum(r["meta"]["spent_s"] for r in runs)
-    meta["budget_s"] = sum(r["meta"]["budget_s"] for r in runs)
-    rows = [row for r in runs for row in r["rows"]]
-    add_x_eager(rows)
-    return rows, meta
+def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
+    """Run one variant in a child with ``deadline``; its row, or what became of it."""
+    name = f"{task.model}-{task.precision}-b{task.batch}-{task.variant}"
+    spec = {**task.row(), "device": args.device, "runs": args.runs, "warmup": args.warmup,
+            "scratch": str(spec_dir), "cudnn_benchmark": args.cudnn_benchmark,
+            "build_budget_s": args.build_budget_s, "rebuild": args.rebuild,
+            "timing_cache": str(args.timing_cache) if args.timing_cache else None}
+    spec_path, result_path = spec_dir / f"{name}.spec.json", spec_dir / f"{name}.row.json"
+    spec_path.write_text(json.dumps(spec))
+    last = [""]
+
+    def relay(line: str) -> None:
+        if line.strip():
+            last[0] = line.strip()
+        if args.verbose or line.startswith(("build:", "building", "timing", "failed")):
+            print(f"  [{task.variant}] {line}", flush=True)
+
+    def beat(elapsed: float) -> None:
+        print(f"  [{task.variant}] {elapsed:.0f} s of {deadline:.0f} s; last: {last[0][:160]}", flush=True)
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path), str(result_path)]
+    done = run_with_deadline(command, deadline, env=child_env(), cwd=ROOT, on_line=relay, on_heartbeat=beat,
+                             heartbeat_s=args.heartbeat)
+    base = {**task.row(), "elapsed_s": done.elapsed_s}
+    if done.timed_out:
+        return {**base, "status": "did not finish",
+                "notes": f"did not finish in {deadline:.0f} s (killed; last: {last[0][:200]})"}
+    if result_path.is_file():
+        return {**base, **json.loads(result_path.read_text())}
+    tail = " | ".join(line for line in done.tail[-3:] if line.strip())[:300]
+    return {**base, "status": "failed", "notes": f"failed: child exit {done.returncode}: {tail}"}
 
 
-def reference_output(model: Model, x: torch.Tensor, device: str) -> torch.Tensor:
-    set_tf32(False)
-    net = copy.deepcopy(model.net).to(device=device, dtype=torch.float32)
-    with torch.no_grad():
-        return first_tensor(net(x.float())).clone()
-
-
-def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    device = args.device
-    budget = Budget(args.budget)
-    if device == "cuda":
-        torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    else:
-        # On a small shared CPU machine the compile worker pool's start-up (each worker imports
-        # torch) costs more than the parallel compiles save; GPU runs keep Inductor's default.
-        import torch._inductor.config as inductor_config
-
-        from streamrt.device.threads import resolve_cpu_threads
-
-        inductor_config.compile_threads = 1
-        torch.set_num_threads(resolve_cpu_threads(None))  # eager and torch.compile get the plans' thread count
-    variants = [*args.baselines, *(f"L{level}" for level in args.levels)]
+def run(args: argparse.Namespace) -> int:
+    """Every task in a child, rows written as they come; 143 when interrupted, else 0."""
+    variants = [*args.baselines, *(f"L{level}" for level in args.levels),
+                *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)]
     tasks = tasks_in_order(args.models, args.precisions, args.batches, variants)
-    peaks = peaks_for(torch.cuda.get_device_name()) if device == "cuda" else None
-    models: dict[str, Model] = {}
-    per_image: dict[str, float] = {}
-    inputs: dict[tuple[str, int], list[torch.Tensor]] = {}
-    refs: dict[tuple[str, int], torch.Tensor] = {}
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="engine-speed-") as tmp:
-        scratch = Path(tmp)
-        for task in tasks:
-            if task.model not in models:
-                models[task.model] = m = make_model(task.model)
-                m.net.to(device)
-                flops = count_flops(m.net, [torch.randn(1, *m.shape, device=device)])
-                per_image[task.model] = flops.per_item
-                print(f"# {task.model}: {m.source}, input {m.shape}, {flops.per_item / 1e9:.3f} GFLOP per image",
-                      flush=True)
-            model = models[task.model]
-            key = (task.model, task.batch)
-            if key not in inputs:
-                gen = torch.Generator(device="cpu").manual_seed(task.batch)
-                inputs[key] = [torch.randn(task.batch, *model.shape, generator=gen).to(device) for _ in range(4)]
-                refs[key] = reference_output(model, inputs[key][0], device)
-            ok, expected = budget.allows(task.variant)
-            if not ok:
-                rows.append({"model": task.model, "precision": task.precision, "batch": task.batch,
-                             "variant": task.variant,
-                             "notes": f"skipped: budget ({budget.spent:.0f} s spent, ~{expected:.0f} s expected, "
-                                      f"budget {budget.seconds:.0f} s)"})
-                print(f"skip {task}: budget", flush=True)
-                continue
-            t0 = time.perf_counter()
-            try:
-                row = run_variant(task, model, inputs[key], args, scratch)
-            except Exception as exc:  # one failing variant must not lose the rest of the table
-                row = {"model": task.model, "precision": task.precision, "batch": task.batch,
-                       "variant": task.variant, "notes": f"failed: {type(exc).__name__}: {str(exc)[:200]}"}
-            budget.observed[task.variant] = max(budget.observed.get(task.variant, 0.0), time.perf_counter() - t0)
-            out = row.pop("output", None)
-            if out is not None:
-                row["rel_l2"] = rel_l2(out, refs[key])
-                row["images_per_s"] = task.batch / row["ms"] * 1e3
-                if peaks is not None:
-                    row["roofline"] = per_image[task.model] * row["images_per_s"] / (
-                        peaks.tflops(task.precision) * 1e12)
-            rows.append(row)
-            print(_row_line(row), flush=True)
-            gc.collect()
-            if device == "cuda":
-                torch.cuda.empty_cache()
-    add_x_eager(rows)
-    meta = {
-        "device_kind": device,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": git_commit(Path(__file__).resolve().parent),
-        "device": torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or 'unknown'})",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "command": "python " + shlex.join(["benchmarks/engine_speed.py", *sys.argv[1:]]),
-        "models": {k: {"source": m.source, "input": list(m.shape), "gflop_per_image": per_image[k] / 1e9}
-                   for k, m in models.items()},
-        "peaks": peaks.to_json() if peaks is not None else None,
-        "cudnn_benchmark": bool(args.cudnn_benchmark) if device == "cuda" else None,
-        "budget_s": args.budget,
-        "spent_s": budget.spent,
-        "pairs": PAIRS,
+    started = time.monotonic()
+    meta: dict[str, Any] = {
+        "device_kind": args.device, "header": report_header(["python", *args.command], ROOT),
+        "python": platform.python_version(), "budget_s": args.budget, "deadlines_s": args.deadline_map,
+        "build_budget_s": args.build_budget_s, "cudnn_benchmark": args.cudnn_benchmark if args.device == "cuda"
+        else None, "pairs": PAIRS, "runs": args.runs, "warmup": args.warmup,
     }
-    return rows, meta
+    results = Results(args.out, meta)
+    observed: dict[str, float] = {}
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    status = 0
+    try:
+        with _scratch(args) as scratch:
+            for task in tasks:
+                left = args.budget - (time.monotonic() - started) - RESERVE_S
+                deadline = min(args.deadline_map[task.variant], left)
+                expected = min(observed.get(task.variant, PRIORS_S.get(task.variant, 60.0)), deadline)
+                if left < max(expected, 1.0):
+                    results.add({**task.row(), "status": "skipped",
+                                 "notes": f"skipped: budget ({left:.0f} s left, ~{expected:.0f} s expected)"})
+                    print(f"skip {task}: budget", flush=True)
+                    continue
+                print(f"# {task.model} {task.precision} b{task.batch} {task.variant}: deadline {deadline:.0f} s",
+                      flush=True)
+                t0 = time.monotonic()
+                try:
+                    row = _child_row(task, scratch, args, deadline)
+                except Interrupted as exc:
+                    results.add({**task.row(), "status": "interrupted", "elapsed_s": time.monotonic() - t0,
+                                 "notes": f"interrupted ({exc}) after {time.monotonic() - t0:.0f} s"})
+                    status = 143
+                    break
+                observed[task.variant] = max(observed.get(task.variant, 0.0), row.get("elapsed_s", 0.0))
+                results.add(row)
+                print(_row_line(row), flush=True)
+    except Interrupted:
+        status = 143
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for proc in live_children():
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    print(results.write(), flush=True)
+    return status
 
 
-# --- output ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _scratch(args: argparse.Namespace) -> Iterator[Path]:
+    if args.keep_scratch:
+        folder = args.out / "scratch"
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="engine-speed-") as tmp:
+        yield Path(tmp)
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+def read_jsonl(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The meta and rows of one call's ``engine-speed.jsonl`` (a cut-off last line is ignored)."""
+    meta: dict[str, Any] = {}
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "meta" in item:
+            meta = item["meta"]
+        elif "row" in item:
+            rows.append(item["row"])
+    return meta, rows
+
+
+def merge(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One table from several calls' JSONL files: every call's header, rows in file order."""
+    metas, rows = [], []
+    for path in paths:
+        meta, got = read_jsonl(path)
+        metas.append(meta)
+        rows += got
+    kinds = {m.get("device_kind") for m in metas}
+    if len(kinds) > 1:
+        raise SystemExit(f"--merge: runs on different device kinds {sorted(map(str, kinds))}")
+    meta = dict(metas[0])
+    meta["merged"] = [m.get("header", []) for m in metas]
+    meta["spent_s"] = sum(m.get("spent_s", 0.0) for m in metas)
+    meta["budget_s"] = sum(m.get("budget_s", 0.0) for m in metas)
+    return meta, rows
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """``x_eager`` and ``x_pair``: throughput over eager's and over the paired torch.compile row's."""
+    def find(row: dict[str, Any], variant: str) -> dict[str, Any] | None:
+        key = (row["model"], row["precision"], row["batch"])
+        return next((r for r in rows if r.get("ms") and r["variant"] == variant
+                     and (r["model"], r["precision"], r["batch"]) == key), None)
+
+    for row in rows:
+        if not row.get("ms"):
+            continue
+        eager, pair = find(row, "eager"), find(row, PAIRS.get(row["variant"], ""))
+        if eager:
+            row["x_eager"] = eager["ms"] / row["ms"]
+        if pair:
+            row["x_pair"] = pair["ms"] / row["ms"]
+
 
 def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
@@ -475,55 +294,55 @@ def _fmt(value: Any, spec: str) -> str:
 
 def _row_line(row: dict[str, Any]) -> str:
     roof = _fmt(100 * row["roofline"], ".1f") + "%" if "roofline" in row else "-"
-    return (f"{row['model']} {row['precision']} b{row['batch']} {row['variant']}: "
+    return (f"{row['model']} {row['precision']} b{row['batch']} {row['variant']}: {row.get('status', '')} "
             f"build {_fmt(row.get('build_s'), '.1f')} s, {_fmt(row.get('ms'), '.3f')} ms, "
             f"{_fmt(row.get('images_per_s'), '.0f')} img/s, roofline {roof}, "
             f"rel L2 {_fmt(row.get('rel_l2'), '.1e')} {row.get('notes', '')}")
 
 
-def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], device: str) -> str:
-    peaks = meta["peaks"]
-    timing = ("CUDA events around each call on the current stream" if device == "cuda" else "host clock")
-    lines = [
-        "# Engine speed: StreamRT plans by optimization level vs eager PyTorch and torch.compile",
-        "",
-        f"- date: {meta['date']}",
-        f"- commit: {meta['commit']}",
-        f"- device: {meta['device']}, torch {meta['torch']}, CUDA {meta['cuda']}, python {meta['python']}",
-        f"- command: `{meta['command']}`",
-        f"- timing: {timing}, median after warm-up, 4 rotating random inputs (randn); build = cold Inductor disk "
-        "cache per build (in-process caches are not cleared between builds)",
-        "- pairings: StreamRT L0-L3 (CUDA graphs) vs torch.compile mode='reduce-overhead' (CUDA graphs, default "
-        "kernels); StreamRT L4-L5 vs mode='max-autotune' (autotuned matmul/conv, CUDA graphs by default)"
-        if device == "cuda" else "- pairings: CPU: no CUDA graphs anywhere; torch.compile default mode; Inductor "
-        "compiles in-process (compile_threads=1) for every build; eager and torch.compile use the plans' thread "
-        f"count ({torch.get_num_threads()})",
-        f"- cudnn.benchmark = {meta['cudnn_benchmark']} for every variant" if device == "cuda" else "",
-        "- roofline: FLOPs per image (torch.utils.flop_counter.FlopCounterMode) x images/s / "
-        + (f"{peaks['name']} dense peak of the precision (fp16/bf16 {peaks['fp16_bf16_dense_tflops']}, tf32 "
-           f"{peaks['tf32_dense_tflops']}, fp32 {peaks['fp32_tflops']} TFLOP/s; {peaks['source']})"
-           if peaks else "unknown device: no roofline column"),
-        f"- budget {meta['budget_s']:.0f} s, spent {meta['spent_s']:.0f} s",
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The report: header lines (every merged call's), then one table per model."""
+    rows = [dict(r) for r in rows]
+    add_ratios(rows)
+    cuda = meta.get("device_kind") == "cuda"
+    devices = sorted({r["device_name"] for r in rows if r.get("device_name")})
+    peaks = peaks_for(devices[0]) if cuda and devices else None
+    lines = ["# Engine speed: StreamRT plans by optimization level vs eager PyTorch and torch.compile", ""]
+    for header in meta.get("merged") or [meta.get("header", [])]:
+        lines += [*header, ""] if meta.get("merged") else header
+    lines += [
+        f"- device: {', '.join(devices) or meta.get('device_kind')}; "
+        + ", ".join(sorted({f"torch {r['torch']}" for r in rows if r.get("torch")})),
+        "- timing: " + ("CUDA events around each call on the current stream" if cuda else "host clock (perf_counter)")
+        + f", median of {meta.get('runs')} runs after {meta.get('warmup')} warm-up, 4 rotating randn inputs; "
+        "every variant built and timed in its own child process with a deadline",
+        "- pairings (x pair): L0-L3 vs torch.compile mode='reduce-overhead', L4-L5 vs mode='max-autotune'"
+        if cuda else "- CPU: no CUDA graphs; torch.compile default mode; compile_threads=1",
+        "- roofline: FLOPs (FlopCounterMode) x images/s / "
+        + (f"{peaks.name} dense peak of the precision (fp16/bf16 {peaks.fp16:g}, tf32 {peaks.tf32:g}, fp32 "
+           f"{peaks.fp32:g} TFLOP/s; {peaks.source})" if peaks else "unknown device: no roofline column"),
+        f"- budget {_fmt(meta.get('budget_s'), '.0f')} s, spent {_fmt(meta.get('spent_s'), '.0f')} s; deadlines "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("deadlines_s") or {}).items())
+        + f"; plan build budget {meta.get('build_budget_s') if meta.get('build_budget_s') is not None else 'default'}",
         "",
     ]
-    for key, info in meta["models"].items():
-        lines += [f"## {key}: {info['source']}, input {'x'.join(map(str, info['input']))}, "
-                  f"{info['gflop_per_image']:.3f} GFLOP per image", "",
-                  "| precision | batch | variant | CUDA graphs | build s | median ms | images/s | x eager | roofline "
-                  "| rel. L2 vs fp32 | notes |",
-                  "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
-        for r in rows:
-            if r["model"] != key:
-                continue
+    for model in dict.fromkeys(r["model"] for r in rows):
+        info = next((r for r in rows if r["model"] == model and r.get("source")), {})
+        title = f"## {model}" + (f": {info['source']}, input {'x'.join(map(str, info['input']))}, "
+                                 f"{info['gflop_per_image']:.3f} GFLOP per image" if info else "")
+        lines += [title, "", "| precision | batch | variant | status | CUDA graphs | build s | median ms | images/s "
+                  "| x eager | x pair | roofline | rel. L2 vs fp32 | notes |",
+                  "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in (r for r in rows if r["model"] == model):
             graphs = "" if "graphs" not in r else ("yes" if r["graphs"] else "no")
             roof = _fmt(100 * r["roofline"], ".1f") + "%" if "roofline" in r else ""
-            lines.append(f"| {r['precision']} | {r['batch']} | {r['variant']} | {graphs} "
+            lines.append(f"| {r['precision']} | {r['batch']} | {r['variant']} | {r.get('status', '')} | {graphs} "
                          f"| {_fmt(r.get('build_s'), '.1f')} | {_fmt(r.get('ms'), '.3f')} "
-                         f"| {_fmt(r.get('images_per_s'), '.0f')} "
-                         f"| {_fmt(r.get('x_eager'), '.2f')} | {roof} | {_fmt(r.get('rel_l2'), '.1e')} "
+                         f"| {_fmt(r.get('images_per_s'), '.0f')} | {_fmt(r.get('x_eager'), '.2f')} "
+                         f"| {_fmt(r.get('x_pair'), '.2f')} | {roof} | {_fmt(r.get('rel_l2'), '.1e')} "
                          f"| {r.get('notes', '')} |")
         lines.append("")
-    return "\n".join(line for line in lines if line is not None) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -536,10 +355,18 @@ def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+def _deadlines(text: str) -> dict[str, float]:
+    out = {}
+    for item in _names(text):
+        key, _, value = item.partition("=")
+        out[key.strip()] = float(value)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("out/engine-speed"), help="folder for engine-speed.md/.json")
+    p.add_argument("--out", type=Path, default=Path("out/engine-speed"), help="folder for engine-speed.md/.jsonl")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny model, batch 1, fp32, levels 0,3, eager + torch.compile "
                    "(the CI smoke run; use with --device cpu)")
@@ -548,16 +375,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--levels", type=_ints, default=None, help="StreamRT optimization levels (default 0,3,5)")
     p.add_argument("--precisions", type=_names, default=None, help="comma list of fp16,bf16,fp32,tf32 (default fp16)")
     p.add_argument("--baselines", type=_names, default=None,
-                   help="comma list of eager,compile,max-autotune,compile-plain (default eager,compile,max-autotune)")
-    p.add_argument("--budget", type=float, default=450.0, metavar="SECONDS",
-                   help="stop starting builds that would end past this many seconds (default 450)")
-    p.add_argument("--runs", type=int, default=None, help="timed calls per variant (default 100; quick 10)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 10; quick 2)")
+                   help=f"comma list of {','.join(BASELINES)} (default eager,compile,max-autotune)")
+    p.add_argument("--budget", type=float, default=540.0, metavar="SECONDS",
+                   help="the whole call ends within this (default 540): no child outlives what is left")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS", help="deadline of every variant")
+    p.add_argument("--deadlines", type=_deadlines, default={}, metavar="V=S,...",
+                   help="per-variant deadlines, e.g. L5=200,max-autotune=240")
+    p.add_argument("--build-budget-s", type=float, default=None, metavar="SECONDS",
+                   help="plans' BuildConfig.build_budget_s (0: none; default: BuildConfig's)")
+    p.add_argument("--timing-cache", type=Path, default=None, help="plans' --timing-cache directory (shared)")
+    p.add_argument("--rebuild", action="store_true", help="after each level >= 4 plan, build it again into the "
+                   "same timing cache (variant L5r: the warm rebuild's time and timing-cache hits)")
+    p.add_argument("--runs", type=int, default=None, help="timed calls per variant (default 200; quick 10)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick 2)")
+    p.add_argument("--heartbeat", type=float, default=30.0, help="seconds between progress lines of a child")
     p.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                    help="leave torch.backends.cudnn.benchmark off (default: on for every variant)")
-    p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
-                   help="write one table from earlier runs' engine-speed.json files (runs nothing)")
+    p.add_argument("--keep-scratch", action="store_true", help="keep plans and caches under OUT/scratch")
+    p.add_argument("--verbose", action="store_true", help="relay every line the children print")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSONL", help="one table from earlier calls (runs nothing)")
     args = p.parse_args(argv)
+    args.command = ["benchmarks/engine_speed.py", *(argv if argv is not None else sys.argv[1:])]
     if args.merge:
         return args
     quick = args.quick
@@ -567,31 +405,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.precisions = args.precisions or (["fp32"] if quick else ["fp16"])
     args.baselines = args.baselines if args.baselines is not None else (
         ["eager", "compile"] if quick else ["eager", "compile", "max-autotune"])
-    args.runs = args.runs or (10 if quick else 100)
-    args.warmup = args.warmup or (2 if quick else 10)
+    args.runs = args.runs or (10 if quick else 200)
+    args.warmup = args.warmup or (2 if quick else 20)
     for name, values, known in (("--models", args.models, CANDIDATES), ("--precisions", args.precisions, DTYPES),
-                                ("--baselines", args.baselines, ("eager", "compile", "max-autotune", "compile-plain"))):
+                                ("--baselines", args.baselines, BASELINES)):
         unknown = [v for v in values if v not in known]
         if unknown:
             p.error(f"{name}: unknown {unknown}; known: {sorted(known)}")
     if any(not 0 <= level <= 5 for level in args.levels):
         p.error(f"--levels must be in 0..5, got {args.levels}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA GPU here (use --device cpu --quick)")
+    variants = {*args.baselines, *(f"L{level}" for level in args.levels),
+                *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
+    unknown = sorted(set(args.deadlines) - set(DEADLINES_S))
+    if unknown:
+        p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")
+    args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or DEADLINES_S[v])) for v in sorted(variants)}
     if args.device == "cpu" and any(p_ in ("fp16", "bf16", "tf32") for p_ in args.precisions):
         p.error("--device cpu runs fp32 only (half precision is emulated on CPUs)")
-    for precision in args.precisions:
-        peak_precision(precision)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        from speed_variants import worker_main
+
+        return worker_main(Path(sys.argv[2]), Path(sys.argv[3]))
     args = parse_args(argv)
-    rows, meta = merge(args.merge) if args.merge else run(args)
-    text = markdown(rows, meta, meta.get("device_kind", args.device))
+    if not args.merge:
+        return run(args)
+    meta, rows = merge(args.merge)
     args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "engine-speed.jsonl").open("w") as f:
+        f.write(json.dumps({"meta": meta}) + "\n")
+        f.writelines(json.dumps({"row": row}) + "\n" for row in rows)
+    text = markdown(rows, meta)
     (args.out / "engine-speed.md").write_text(text)
-    (args.out / "engine-speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(text)
     return 0
 

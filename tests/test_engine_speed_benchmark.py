@@ -1,12 +1,17 @@
-"""``benchmarks/engine_speed.py`` on the CPU: the quick run builds, times and writes its table; the budget skips."""
+"""``benchmarks/engine_speed.py`` on the CPU: every variant in a child with a deadline, the table always written.
+
+The smoke run (CI) times eager in a child, kills a plan build at a 2 s deadline ("did not finish"),
+and merges two calls' JSONL files into one table; SIGTERM mid-build still leaves the table.
+"""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,42 +21,18 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "engine_speed.py"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
 
 
-def _run(out: Path, *extra: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
+def _command(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out), "--runs", "5", *extra]
+
+
+def _run(out: Path, *extra: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    done = subprocess.run(_command(out, *extra), capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "# Engine speed" in done.stdout
-    return json.loads((out / "engine-speed.json").read_text())  # type: ignore[no-any-return]
-
-
-@pytest.mark.slow
-def test_quick_cpu_run_builds_times_and_writes_the_table(tmp_path: Path) -> None:
-    data = _run(tmp_path, "--runs", "3", "--warmup", "1")
-    rows = {r["variant"]: r for r in data["rows"]}
-    assert set(rows) == {"eager", "compile", "L0", "L3"}
-    for variant, row in rows.items():
-        assert row["ms"] > 0 and row["images_per_s"] > 0, variant
-        assert row["rel_l2"] < 1e-4, variant  # fp32 on the CPU against eager fp32
-        assert "roofline" not in row  # a CPU has no peak figures here
-    for variant in ("compile", "L0", "L3"):
-        assert rows[variant]["build_s"] > 0
-    assert rows["eager"]["x_eager"] == pytest.approx(1.0)
-    meta = data["meta"]
-    assert meta["commit"] and meta["date"] and meta["device"].startswith("CPU")
-    assert "engine_speed.py --device cpu --quick" in meta["command"]
-    assert meta["models"]["tiny"]["gflop_per_image"] > 0
-    text = (tmp_path / "engine-speed.md").read_text()
-    assert f"- commit: {meta['commit']}" in text and "| fp32 | 1 | L3 |" in text
-    assert "unknown device: no roofline column" in text
-
-
-def test_budget_skips_builds_that_would_not_fit(tmp_path: Path) -> None:
-    data = _run(tmp_path, "--budget", "0")
-    assert {r["variant"] for r in data["rows"]} == {"eager", "compile", "L0", "L3"}
-    assert all(r["notes"].startswith("skipped: budget") and "ms" not in r for r in data["rows"])
+    return _module().read_jsonl(out / "engine-speed.jsonl")  # type: ignore[no-any-return]
 
 
 def _module() -> Any:
@@ -65,6 +46,69 @@ def _module() -> Any:
     return module
 
 
+def test_smoke_eager_times_a_build_past_its_deadline_is_reported_and_two_calls_merge(tmp_path: Path) -> None:
+    started = time.monotonic()
+    meta, rows = _run(tmp_path / "a", "--baselines", "eager", "--levels", "0", "--deadlines", "L0=2")
+    by_variant = {r["variant"]: r for r in rows}
+    assert set(by_variant) == {"eager", "L0"}
+    eager, plan = by_variant["eager"], by_variant["L0"]
+    assert eager["status"] == "ok" and eager["ms"] > 0 and eager["images_per_s"] > 0
+    assert eager["rel_l2"] < 1e-6 and "roofline" not in eager  # eager fp32 against itself; no CPU peak
+    assert plan["status"] == "did not finish" and "ms" not in plan
+    assert plan["notes"].startswith("did not finish in 2 s") and 1.9 < plan["elapsed_s"] < 30
+    assert meta["header"][1].startswith("- commit: ") and "--deadlines L0=2" in meta["header"][3]
+    text = (tmp_path / "a" / "engine-speed.md").read_text()
+    assert "| fp32 | 1 | L0 | did not finish |" in text and "| fp32 | 1 | eager | ok | no |" in text
+
+    _run(tmp_path / "b", "--baselines", "eager", "--levels", "", "--batches", "2")
+    module = _module()
+    merged = tmp_path / "merged"
+    parts = [str(tmp_path / side / "engine-speed.jsonl") for side in ("a", "b")]
+    assert module.main(["--merge", *parts, "--out", str(merged)]) == 0
+    text = (merged / "engine-speed.md").read_text()
+    assert "--deadlines L0=2" in text and "--batches 2" in text  # both calls' headers
+    assert "| fp32 | 1 | L0 | did not finish |" in text and "| fp32 | 2 | eager | ok |" in text
+    assert "| fp32 | 1 | eager | ok | no |" in text and text.count("1.00 |") >= 2  # x eager of each batch
+    assert len(_module().read_jsonl(merged / "engine-speed.jsonl")[1]) == 3
+    assert time.monotonic() - started < 300
+
+
+def test_sigterm_kills_the_running_child_and_still_writes_the_table(tmp_path: Path) -> None:
+    proc = subprocess.Popen(_command(tmp_path, "--baselines", "eager", "--levels", "3"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # eager's row, then the plan build starts: interrupt that
+        if line.startswith("# tiny fp32 b1 L3"):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == 143, rest[-2000:]
+    _, rows = _module().read_jsonl(tmp_path / "engine-speed.jsonl")
+    assert [r["status"] for r in rows] == ["ok", "interrupted"]
+    assert "| fp32 | 1 | L3 | interrupted |" in (tmp_path / "engine-speed.md").read_text()
+    assert "# Engine speed" in rest
+
+
+def test_budget_skips_variants_that_would_not_fit(tmp_path: Path) -> None:
+    _, rows = _run(tmp_path, "--budget", "0")
+    assert {r["variant"] for r in rows} == {"eager", "compile", "L0", "L3"}
+    assert all(r["status"] == "skipped" and r["notes"].startswith("skipped: budget") for r in rows)
+
+
+@pytest.mark.slow
+def test_quick_cpu_run_builds_times_and_writes_the_table(tmp_path: Path) -> None:
+    _, rows = _run(tmp_path, "--runs", "3", "--warmup", "1")
+    by_variant = {r["variant"]: r for r in rows}
+    assert set(by_variant) == {"eager", "compile", "L0", "L3"}
+    for variant, row in by_variant.items():
+        assert row["status"] == "ok" and row["ms"] > 0 and row["images_per_s"] > 0, variant
+        assert row["rel_l2"] < 1e-4, variant  # fp32 on the CPU against eager fp32
+    for variant in ("compile", "L0", "L3"):
+        assert by_variant[variant]["build_s"] > 0
+    assert "| fp32 | 1 | L3 | ok |" in (tmp_path / "engine-speed.md").read_text()
+
+
 def test_one_batch_runs_whole_before_the_next_cheap_variants_first() -> None:
     module = _module()
     tasks = module.tasks_in_order(["resnet50"], ["fp16"], [32, 1], ["eager", "compile", "max-autotune", "L0", "L3",
@@ -75,21 +119,12 @@ def test_one_batch_runs_whole_before_the_next_cheap_variants_first() -> None:
     assert module.PAIRS["L5"] == "max-autotune" and module.PAIRS["L3"] == "compile"
 
 
-def test_merge_puts_two_runs_in_one_table(tmp_path: Path) -> None:
-    module = _module()
-    meta = {"device_kind": "cuda", "device": "NVIDIA H200", "date": "2026-12-01 15:00 UTC", "commit": "abc",
-            "torch": "2.11", "cuda": "13.0", "python": "3.12", "cudnn_benchmark": True, "budget_s": 450.0,
-            "spent_s": 400.0, "peaks": None, "models": {"resnet50": {"source": "torchvision resnet50",
-                                                                    "input": [3, 224, 224], "gflop_per_image": 8.2}}}
-    first = {"meta": {**meta, "command": "python benchmarks/engine_speed.py --levels 0"},
-             "rows": [{"model": "resnet50", "precision": "fp16", "batch": 32, "variant": "eager", "ms": 4.0}]}
-    second = {"meta": {**meta, "command": "python benchmarks/engine_speed.py --levels 5", "commit": "def"},
-              "rows": [{"model": "resnet50", "precision": "fp16", "batch": 32, "variant": "L5", "ms": 2.0,
-                        "graphs": True}]}
-    paths = [tmp_path / "a.json", tmp_path / "b.json"]
-    for path, data in zip(paths, (first, second), strict=True):
-        path.write_text(json.dumps(data))
-    assert module.main(["--merge", *map(str, paths), "--out", str(tmp_path / "merged")]) == 0
-    text = (tmp_path / "merged" / "engine-speed.md").read_text()
-    assert "--levels 0 ; python benchmarks/engine_speed.py --levels 5" in text and "abc / def" in text
-    assert "| fp16 | 32 | L5 | yes |  | 2.000 |  | 2.00 |" in text  # x eager across the two runs
+def test_ratios_pair_each_level_with_its_torch_compile_partner() -> None:
+    rows = [{"model": "m", "precision": "fp16", "batch": 32, "variant": v, "ms": ms}
+            for v, ms in (("eager", 4.0), ("compile", 2.0), ("max-autotune", 1.6), ("L3", 2.5), ("L5", 1.6))]
+    rows.append({"model": "m", "precision": "fp16", "batch": 32, "variant": "L0", "status": "did not finish"})
+    _module().add_ratios(rows)
+    by_variant = {r["variant"]: r for r in rows}
+    assert by_variant["L3"]["x_pair"] == pytest.approx(0.8) and by_variant["L3"]["x_eager"] == pytest.approx(1.6)
+    assert by_variant["L5"]["x_pair"] == pytest.approx(1.0)
+    assert "x_pair" not in by_variant["L0"] and "x_pair" not in by_variant["eager"]

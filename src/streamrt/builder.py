@@ -112,6 +112,8 @@ def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
         args += ["--optimization-level", str(config.optimization_level)]
     if config.timing_cache is not None:
         args += ["--timing-cache", str(config.timing_cache)]
+    if config.build_budget_s != BuildConfig.build_budget_s:
+        args += ["--build-budget-s", f"{config.build_budget_s:g}" if config.build_budget_s else "0"]
     if config.memory_limit_mb is not None:
         args += ["--memory-limit", str(config.memory_limit_mb)]
     if config.verify_shapes is not None:
@@ -274,7 +276,10 @@ def _build(
         manifest = precision.check(manifest, built.payload)  # AccuracyError: nothing is written
     manifest = verify_build(source, manifest, built.payload, config, report)
     write_plan(out_path, manifest, built.payload)
-    if cache and out_path.resolve() != cached_plan.resolve():
+    # A plan whose build ran out of its budget is not what its settings ask for: a rebuild (with a
+    # warmer timing cache) may finish, so it does not go into the plan cache.
+    complete = not built.settings.get("build_budget", {}).get("fell_back")
+    if cache and complete and out_path.resolve() != cached_plan.resolve():
         with atomic_write(cached_plan) as dst, open(out_path, "rb") as src:
             shutil.copyfileobj(src, dst)
     seconds = time.perf_counter() - started

@@ -130,6 +130,9 @@ class BuildConfig:
         timing_cache: a file (TensorRT) or directory (torch_inductor) keeping kernel timings
             across builds, like trtexec's ``--timingCacheFile``; ``None``: the backend's default
             under the cache directory.
+        build_budget_s: seconds the autotuning compiles of one build may take (torch_inductor
+            levels 4-5): past it the build stops autotuning and compiles the rest with the
+            level-3 recipe, and says so in its progress and manifest; ``None``: no limit.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
         verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
             writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
@@ -154,6 +157,7 @@ class BuildConfig:
     optimization_level: int = 3
     tf32: bool = False
     timing_cache: Path | None = None
+    build_budget_s: float | None = 300.0
     backend_options: Mapping[str, Any] = field(default_factory=dict)
     verify_shapes: bool | None = None
     sample_inputs: Path | None = None
@@ -178,6 +182,12 @@ class BuildConfig:
         if isinstance(self.optimization_level, bool) or not isinstance(self.optimization_level, int) \
                 or not 0 <= self.optimization_level <= 5:
             raise ConfigError(f"optimization_level must be an integer in 0..5, got {self.optimization_level}")
+        if self.build_budget_s is not None:
+            if isinstance(self.build_budget_s, bool) or not isinstance(self.build_budget_s, (int, float)) \
+                    or not self.build_budget_s > 0:
+                raise ConfigError(f"build_budget_s must be a number of seconds > 0 (or None: no limit), "
+                                  f"got {self.build_budget_s!r}", hint="e.g. --build-budget-s 300; 0 means no limit")
+            object.__setattr__(self, "build_budget_s", float(self.build_budget_s))
         if self.memory_limit_mb is not None and self.memory_limit_mb < 1:
             raise ConfigError(f"memory_limit_mb must be an integer >= 1, got {self.memory_limit_mb}")
         if self.sample_inputs is not None:

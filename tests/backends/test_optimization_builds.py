@@ -80,7 +80,8 @@ def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
         ep = torch.export.export(net, (torch.randn(2, 3, 16, 16),))
         lines: list[str] = []
         choice = choose_memory_format(
-            ep, lambda fmt: compile_package(ep, {"cpp.dynamic_threads": True, **layout_knobs(fmt)}), "cpu", lines.append
+            ep, lambda fmt, _optional: compile_package(ep, {"cpp.dynamic_threads": True, **layout_knobs(fmt)}), "cpu",
+            lines.append,
         )
     assert set(choice.timings_ms) == {"channels_last", "contiguous"} and all(t > 0 for t in choice.timings_ms.values())
     assert choice.timings_ms[choice.memory_format] == min(choice.timings_ms.values())

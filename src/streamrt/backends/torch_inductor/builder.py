@@ -34,6 +34,7 @@ import torch
 from streamrt._features import cuda_available
 from streamrt._optional import available, require
 from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
+from streamrt.backends.torch_inductor.budget import BuildBudget, tunes
 from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
 from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
@@ -45,7 +46,7 @@ from streamrt.backends.torch_inductor.output_specs import (
     refine_declared,
 )
 from streamrt.backends.torch_inductor.payload import pack_payload
-from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target
+from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target, refuse_gpu_int8
 from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
@@ -197,8 +198,12 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
 
 
 
-def _compile_in_layout(ep: torch.export.ExportedProgram, configs: Mapping[str, Any], memory_format: str) -> bytes:
-    return compile_package(ep, {**configs, **layout_knobs(memory_format)})
+def _compile_in_layout(
+    budget: BuildBudget, ep: torch.export.ExportedProgram, configs: Mapping[str, Any], label: str,
+    memory_format: str, optional: bool,
+) -> bytes | None:
+    return budget.compile(ep, {**configs, **layout_knobs(memory_format)}, label=f"{label} {memory_format}",
+                          optional=optional)
 
 
 def _describe(recipe: Recipe) -> str:
@@ -230,7 +235,9 @@ class TorchInductorBackend(Backend):
         return versions
 
     def target_device(self, config: BuildConfig) -> dict[str, Any]:
-        return device_target(device_kind(config))
+        kind = device_kind(config)
+        refuse_gpu_int8(config, kind)  # before calibration: int8 has no GPU kernels here
+        return device_target(kind)
 
     def runs_operator(self, op_type: str, domain: str) -> bool | None:
         from streamrt.onnx.importer.registry import converter_table
@@ -291,8 +298,11 @@ class TorchInductorBackend(Backend):
             progress(note)
         meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
         progress(f"optimization level {recipe.level}: {_describe(recipe)}")
+        budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark)
         with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
-            packages, layout, exported = self._compile(module, names, dtypes, recipe, meta, profiles, progress, kind)
+            packages, layout, exported = self._compile(
+                module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
+            stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
         progress(stats.line())
         decided = layout_knobs(layout["memory_format"]) if layout else {}
         settings = {
@@ -300,6 +310,7 @@ class TorchInductorBackend(Backend):
             "inductor": dict(sorted({**recipe.inductor, **decided}.items())),
             "optimization": {**recipe.to_dict(), **({"memory_format_decision": layout} if layout else {})},
             "timing_cache": stats.to_dict(),
+            "build_budget": budget.to_dict(),
             # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
             "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
             "threads": threads,
@@ -329,11 +340,13 @@ class TorchInductorBackend(Backend):
         profiles: tuple[ShapeProfile, ...],
         progress: Progress,
         kind: str,
+        budget: BuildBudget,
     ) -> tuple[list[bytes], dict[str, Any] | None, list[list[CompiledOutput]]]:
         """One package per profile, and each profile's exported outputs (:func:`.output_specs.exported_outputs`).
 
-        At ``memory_format=measure`` profile 0 decides the layout for all.
-        """
+        At ``memory_format=measure`` profile 0 decides the layout for all. Autotuning compiles run
+        under ``budget`` (:mod:`.budget`): in a child with a deadline (which reports its own
+        progress), else with the level-3 recipe; other compiles run here behind a heartbeat."""
         configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
         packages, layout = [], None
         exported: list[list[CompiledOutput]] = []
@@ -349,14 +362,20 @@ class TorchInductorBackend(Backend):
                     if not has_convolutions(ep):
                         layout = {"memory_format": "inductor", "reason": "no convolutions"}
                     else:
-                        choice = with_heartbeat(functools.partial(
-                            choose_memory_format, ep, functools.partial(_compile_in_layout, ep, configs), kind,
-                            progress), progress, step)
+                        choose = functools.partial(
+                            choose_memory_format, ep,
+                            functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}"),
+                            kind, progress,
+                        )
+                        choice = choose() if tunes(configs) else with_heartbeat(choose, progress, step)
                         layout = choice.to_dict()
                         configs.update(layout_knobs(choice.memory_format))
                         packages.append(choice.package)
                         continue
-                packages.append(with_heartbeat(functools.partial(compile_package, ep, configs), progress, step))
+                compile_step = functools.partial(budget.compile, ep, configs, label=f"profile {i + 1}/{len(profiles)}")
+                package = compile_step() if tunes(configs) else with_heartbeat(compile_step, progress, step)
+                assert package is not None  # only optional compiles are skipped
+                packages.append(package)
         return packages, layout, exported
 
     def load(self, plan: Plan) -> Engine:

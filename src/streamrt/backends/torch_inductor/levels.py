@@ -22,7 +22,8 @@ from typing import Any
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["MEMORY_FORMATS", "Recipe", "gemm_backends", "layout_knobs", "resolve_recipe"]
+__all__ = ["BOUNDED_AUTOTUNE", "MEMORY_FORMATS", "Recipe", "gemm_backends", "inductor_knows", "layout_knobs",
+           "resolve_recipe"]
 
 #: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges
 #: worth it); ``measure``: compile both layouts and keep the faster at the opt shape;
@@ -40,6 +41,31 @@ _FAST_BUILD: dict[str, dict[str, Any]] = {
         "triton.autotune_pointwise": False,
     },
 }
+
+# Levels 4-5 on CUDA: autotuning that stays bounded (docs/optimization-levels.md, "Bounded autotuning").
+# Prune Triton GEMM/convolution configs whose shared memory cannot fit the GPU before they are compiled
+# (the H200 run failed choices with "out of resource: shared memory, Required: 262144, Hardware limit:
+# 232448"; Inductor's estimate is an upper bound and drops a few valid configs too: it has been off by
+# default since pytorch#170832), and keep the GEMM search space at DEFAULT even where a user's
+# TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_SEARCH_SPACE says EXHAUSTIVE. Knobs this torch lacks are left out.
+BOUNDED_AUTOTUNE: dict[str, Any] = {
+    "max_autotune_prune_choices_based_on_shared_mem": True,
+    "max_autotune_gemm_search_space": "DEFAULT",
+}
+
+
+def inductor_knows(name: str) -> bool:
+    """Whether this torch's ``torch._inductor.config`` has the (dotted) knob ``name``."""
+    try:
+        import torch._inductor.config as node
+    except ImportError:
+        return False
+    obj: Any = node
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 @dataclass(frozen=True)
@@ -98,6 +124,8 @@ def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
     if level >= 4:
         inductor["max_autotune_gemm_backends"] = gemm_backends(kind)
         inductor["max_autotune_conv_backends"] = "ATEN,TRITON" if kind == "cuda" else "ATEN"
+        if kind == "cuda":
+            inductor.update({k: v for k, v in BOUNDED_AUTOTUNE.items() if inductor_knows(k)})
     for key in ("max_autotune", "coordinate_descent_tuning", "freezing"):
         if key in opts:
             inductor[key] = bool(opts[key])

@@ -85,20 +85,31 @@ def _time_package(package: bytes, inputs: tuple[Any, ...], device: str) -> float
 
 def choose_memory_format(
     ep: torch.export.ExportedProgram,
-    compile_with: Callable[[str], bytes],
+    compile_with: Callable[[str, bool], bytes | None],
     device: str,
     progress: Callable[[str], None],
 ) -> LayoutChoice:
-    """Compile ``ep`` in both layouts (``compile_with(memory_format)``), time them, keep the faster."""
+    """Compile ``ep`` in both layouts (``compile_with(memory_format, optional)``), time them, keep the faster.
+
+    channels_last is compiled first; the contiguous candidate is optional: under a build budget
+    that is spent, ``compile_with`` returns ``None`` and channels_last is kept unmeasured against it.
+    """
     args, _ = ep.example_inputs
     inputs = tuple(args)
-    packages, timings = {}, {}
+    packages: dict[str, bytes] = {}
+    timings: dict[str, float] = {}
     for memory_format in ("channels_last", "contiguous"):
         progress(f"memory format: compiling and timing {memory_format}")
-        packages[memory_format] = compile_with(memory_format)
-        timings[memory_format] = round(_time_package(packages[memory_format], inputs, device), 4)
+        package = compile_with(memory_format, bool(packages))
+        if package is None:
+            progress(f"memory format: {memory_format} not compiled (build budget spent)")
+            continue
+        packages[memory_format] = package
+        timings[memory_format] = round(_time_package(package, inputs, device), 4)
     best = min(timings, key=lambda name: timings[name])
     progress(
         f"memory format: {best} ({', '.join(f'{k} {v:.3f} ms' for k, v in timings.items())} at the opt shape)"
     )
     return LayoutChoice(best, packages[best], timings)
+
+

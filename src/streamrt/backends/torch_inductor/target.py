@@ -9,7 +9,7 @@ from streamrt._features import cpu_capability, cuda_available, cuda_target
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["cpu_target_note", "device_kind", "device_target"]
+__all__ = ["cpu_target_note", "device_kind", "device_target", "refuse_gpu_int8"]
 
 
 def device_target(kind: str) -> dict[str, Any]:
@@ -50,3 +50,21 @@ def cpu_target_note(config: BuildConfig, kind: str) -> str | None:
     isa = device_target("cpu")["isa"]
     return (f"no CUDA device: building a CPU plan (C++ kernels for this CPU, {isa}); it will not run on a GPU "
             "(build on the GPU machine for a GPU plan, or pass --option device=cpu to ask for a CPU plan)")
+
+
+def refuse_gpu_int8(config: BuildConfig, kind: str) -> None:
+    """torch_inductor int8 on CUDA is refused: it would run no int8 kernels there.
+
+    The importer turns Q/DQ nodes into float arithmetic and runs integer convolutions and matmuls
+    in float64 (``onnx/importer/ops_quant.py``), which is exact on any device but, on a GPU, far
+    slower than the fp16 plan and no more accurate. On the CPU it stays available as an accuracy
+    preview (the int8 speed check reports its speed).
+    """
+    if kind == "cuda" and config.precision.value == "int8":
+        raise ConfigError(
+            "torch_inductor has no int8 GPU kernels: an int8 plan would compute Q/DQ in float and integer "
+            "convolutions/matmuls in float64 on the GPU, slower than fp16",
+            hint="on the GPU build --precision fp16 (or bf16) with torch_inductor; for int8 use --backend tensorrt "
+                 "on the GPU, or --backend onnxruntime on the CPU (torch_inductor's float int8 preview: "
+                 "--option device=cpu)",
+        )

@@ -1,0 +1,132 @@
+"""The build budget: autotuning compiles end on time or fall back to the level-3 recipe; bounded knobs; GPU int8.
+
+The slow test builds a real level-4 CPU plan with a budget too small for its autotuning child:
+the child is killed, the plan is compiled without autotuning, the manifest and progress say so,
+and the plan still computes the module (fresh random data, 1e-4).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamrt.cli.args import BuildArgs
+from streamrt.config import BuildConfig, CalibrationConfig
+from streamrt.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+
+from streamrt.backends.torch_inductor.budget import BuildBudget, fallback_configs, tunes  # noqa: E402
+from streamrt.backends.torch_inductor.levels import BOUNDED_AUTOTUNE, inductor_knows, resolve_recipe  # noqa: E402
+from streamrt.backends.torch_inductor.target import refuse_gpu_int8  # noqa: E402
+
+
+class RecordingCompiler:
+    """A compile function that records the configs it was given and returns a marker package."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, ep: Any, configs: Mapping[str, Any]) -> bytes:
+        self.calls.append(dict(configs))
+        return b"PK-" + str(len(self.calls)).encode()
+
+
+def test_build_budget_s_defaults_to_300_and_is_checked() -> None:
+    assert BuildConfig().build_budget_s == 300.0 and BuildConfig(build_budget_s=None).build_budget_s is None
+    for bad in (0, -1, True, "300"):
+        with pytest.raises(ConfigError, match="build_budget_s must be a number of seconds > 0"):
+            BuildConfig(build_budget_s=bad)
+    parser = argparse.ArgumentParser()
+    BuildArgs().add_to(parser)
+    assert BuildArgs().config(parser.parse_args(["--build-budget-s", "120"])).build_budget_s == 120.0
+    assert BuildArgs().config(parser.parse_args(["--build-budget-s", "0"])).build_budget_s is None
+    assert BuildArgs().config(parser.parse_args([])).build_budget_s == 300.0
+    assert BuildConfig(build_budget_s=120).cache_key_dict()["build_budget_s"] == 120.0
+
+
+def test_a_spent_budget_compiles_required_work_without_autotuning_and_skips_optional_work() -> None:
+    compiler = RecordingCompiler()
+    lines: list[str] = []
+    budget = BuildBudget(1e-6, lines.append, compiler)  # spent before it starts: no child is started
+    configs = {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True, "layout_optimization": False}
+    assert budget.compile(None, configs, label="profile 1/2") == b"PK-1"
+    assert compiler.calls == [{**configs, "max_autotune": False, "coordinate_descent_tuning": False}]
+    assert budget.compile(None, configs, label="profile 1 contiguous", optional=True) is None
+    assert budget.compile(None, configs, label="profile 2/2") == b"PK-2" and len(compiler.calls) == 2
+    assert budget.child_compiles == 0 and budget.exhausted
+    fell = budget.to_dict()["fell_back"]
+    assert [e["what"] for e in fell] == ["profile 1/2", "profile 1 contiguous", "profile 2/2"]
+    assert fell[1]["to"] == "skipped" and fell[0]["to"].startswith("level-3 recipe")
+    assert any("compiling with the level-3 recipe (no autotuning) instead" in line for line in lines)
+
+
+def test_compiles_without_autotuning_or_without_a_budget_run_here_unchanged() -> None:
+    compiler = RecordingCompiler()
+    plain = {"max_autotune": False, "freezing": True}
+    assert BuildBudget(1e-6, print, compiler).compile(None, plain, label="p") == b"PK-1"
+    tuned = {"max_autotune": True}
+    assert BuildBudget(None, print, compiler).compile(None, tuned, label="p") == b"PK-2"
+    assert compiler.calls == [plain, tuned]
+    assert tunes({"coordinate_descent_tuning": True}) and not tunes(plain)
+    assert fallback_configs(tuned) == {"max_autotune": False, "coordinate_descent_tuning": False}
+
+
+def test_levels_4_and_5_on_cuda_prune_choices_that_cannot_fit_shared_memory() -> None:
+    assert inductor_knows("max_autotune_prune_choices_based_on_shared_mem")
+    assert inductor_knows("triton.autotune_pointwise") and not inductor_knows("triton.no_such_knob")
+    for level in (4, 5):
+        knobs = resolve_recipe(BuildConfig(backend="torch_inductor", optimization_level=level), "cuda").inductor
+        assert knobs["max_autotune_prune_choices_based_on_shared_mem"] is True, level
+        assert knobs["max_autotune_gemm_search_space"] == "DEFAULT"
+    for level, kind in ((3, "cuda"), (5, "cpu")):
+        knobs = resolve_recipe(BuildConfig(backend="torch_inductor", optimization_level=level), kind).inductor
+        assert not set(BOUNDED_AUTOTUNE) & set(knobs), (level, kind)
+
+
+def test_int8_is_refused_for_cuda_with_what_to_use_instead(tmp_path: Path) -> None:
+    config = BuildConfig(backend="torch_inductor", precision="int8", calibration=CalibrationConfig(tmp_path))
+    with pytest.raises(ConfigError, match="no int8 GPU kernels") as info:
+        refuse_gpu_int8(config, "cuda")
+    assert "--precision fp16" in str(info.value.hint) and "--backend onnxruntime" in str(info.value.hint)
+    assert "--backend tensorrt" in str(info.value.hint)
+    refuse_gpu_int8(config, "cpu")  # the CPU's float int8 preview stays
+    refuse_gpu_int8(BuildConfig(backend="torch_inductor", precision="fp16"), "cuda")
+
+
+@pytest.mark.gpu
+def test_int8_torch_inductor_build_on_a_gpu_is_refused_before_calibration(tmp_path: Path) -> None:
+    import streamrt
+    from helpers import catalogue_file
+
+    config = BuildConfig(backend="torch_inductor", precision="int8", calibration=CalibrationConfig(tmp_path),
+                         backend_options={"device": "cuda"})
+    with pytest.raises(ConfigError, match="no int8 GPU kernels"):
+        streamrt.build(catalogue_file("conv_bn_relu", tmp_path), config, tmp_path / "m.plan", cache=False)
+
+
+@pytest.mark.slow
+def test_a_level_4_build_past_its_budget_falls_back_and_still_computes_the_module(tmp_path: Path) -> None:
+    from streamrt import load
+    from streamrt.module_builder import build_module
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=6.0,
+                         timing_cache=tmp_path / "timings", backend_options={"device": "cpu"})
+    lines: list[str] = []
+    built = build_module(net, [torch.randn(4, 64)], tmp_path / "m.plan", config, progress=lines.append,
+                         cache_dir=tmp_path / "c")
+    budget = built.manifest.build_settings["backend"]["build_budget"]
+    assert budget["seconds"] == 6.0 and budget["child_compiles"] == 1
+    assert [e["what"] for e in budget["fell_back"]] == ["profile 1/1"]
+    assert "deadline" in budget["fell_back"][0]["why"]
+    assert any(line.startswith("build budget 6 s: autotuning passed its") for line in lines), lines
+    x = torch.randn(4, 64)
+    with load(built.path) as engine, engine.create_context() as ctx:
+        got = ctx.infer({"input_0": x})["output_0"]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.as_tensor(got), net(x), rtol=1e-4, atol=1e-4)
