@@ -115,3 +115,21 @@ def test_diff_names_what_differs_between_two_runs() -> None:
     confident = det(np.vstack([box, [[200, 200, 230, 230]]]), [0.9, 0.6, 0.8], [1, 2, 0])
     assert "has no match" in diff_detections([same], [confident], match_iou=0.5).problems[0]
     assert "frame order" in diff_detections([same], [det(box, [0.9, 0.6], [1, 2], index=3)]).problems[0]
+
+
+def test_the_gpu_tests_tf32_bound_covers_emulated_tf32(detector: Any) -> None:
+    """test_gpu_detection.py bounds batch 1 vs batch 2 on the GPU by TF32_BOX_PX / TF32_SCORE (cuDNN may run
+    TF32 on one side only). Here, on its clips (fewer frames), TF32 convolutions emulated on the CPU against
+    IEEE fp32: the bound leaves at least 4x headroom (measured: 0.04 px and 1.6e-3 over 8 frames)."""
+    from video.test_gpu_detection import TF32_BOX_PX, TF32_SCORE
+
+    fp32 = dataclasses.replace(detector, engine=ImportedEngine("cpu"), device="cuda", backend="torch")
+    tf32 = dataclasses.replace(fp32, engine=ImportedEngine("cpu", tf32=True))
+    config = DetectConfig(pipeline=PipelineConfig(topology=Topology.SYNC, trace=False), use_triton=False)
+    for seed in (4, 9):
+        clip = SyntheticClip(width=1280, height=720, frames=1, seed=seed)
+        exact = _run(fp32, [clip], config, FakeCudaDevice())[0]
+        emulated = _run(tf32, [clip], config, FakeCudaDevice())[0]
+        diff = diff_detections(exact, emulated, match_iou=0.5, box_atol=TF32_BOX_PX / 4, score_atol=TF32_SCORE / 4)
+        assert diff.ok, diff.format()
+        assert diff.max_box > 1e-3  # the emulation changes the numbers: TF32 is not fp32
