@@ -124,7 +124,7 @@ def _matched(a: Detections, b: Detections, iou: float, box_atol: float, score_at
         if dbox > box_atol or dscore > score_atol:
             problem = problem or (f"{where}: {_row(a, j)} -> {_row(b, i)} (|box| {dbox:.3g} px, "
                                   f"|score| {dscore:.3g}; allowed {box_atol:g} px, {score_atol:g})")
-    for j in np.flatnonzero(~taken):
+    for j in (int(k) for k in np.flatnonzero(~taken)):
         if abs(float(a.scores[j]) - conf) <= score_atol:
             out.unmatched_near_conf += 1
         else:
