@@ -58,10 +58,11 @@ TF32_BOX_PX, TF32_SCORE = 0.25, 1e-2
 torch runs fp32 cuDNN convolutions in TF32 by default (10 mantissa bits, unit roundoff 2^-11), and
 cuDNN picks its kernels by shape: batch 1 and batch 2 may get a TF32 tensor-core kernel on one side
 and an fp32 one on the other. Emulating TF32 on the CPU (every convolution's input and weights rounded
-to 10 mantissa bits, the products summed exactly) moves this detector's boxes on 1280x720 clips by at
-most 0.04 frame px and its scores by 1.6e-3 against IEEE fp32; and a detection within that of the
-confidence threshold may appear on one side only. Allowed here: 6x that (truncating instead of
-rounding doubles the error, and TF32 may run on both sides)."""
+to 10 mantissa bits, the products summed in float64: ImportedEngine(tf32=True)) moves this detector's
+boxes on these 1280x720 clips by at most 0.04 frame px and its scores by 1.6e-3 against IEEE fp32; and
+a detection within that of the confidence threshold may appear on one side only. Allowed here: 6x that
+(truncating instead of rounding doubles the error, and TF32 may run on both sides); the headroom is
+checked on the CPU by test_batched_cameras.py::test_the_gpu_tests_tf32_bound_covers_emulated_tf32."""
 
 
 def _cameras(detector: Any, clips: list[SyntheticClip], config: DetectConfig) -> list[list[Detections]]:
