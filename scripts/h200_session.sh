@@ -9,7 +9,8 @@
 # Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
 # serving, video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
-# speed (benchmarks/engine_speed.py with SPEED_ARGS).
+# speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
+# two-stage GPU tests explained).
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
 commit=${1:?commit}
@@ -43,6 +44,7 @@ part() {  # part NAME: one part of the session
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
+        trust) run trust 540 python3 scripts/gpu_trust_check.py "$out/trust" ;;
         sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
         detens) run detens 240 python3 benchmarks/detection_ensemble.py "$out/detens" --seconds "${DETENS_SECONDS:-10}" ;;
         speed) run speed "${SPEED_LIMIT:-540}" python3 benchmarks/engine_speed.py --out "$out/speed" ${SPEED_ARGS:-} ;;

@@ -1,7 +1,8 @@
 """The two-stage ensemble of examples/12-detection-ensemble (detect_classify: preprocess -> detector ->
 postprocess -> crop -> classifier) served by the real server on the CPU, compared with the same chain
 run in-process (streamrt's ops and engines, no server): boxes within rtol 1e-4 / atol 1e-2 px, class
-scores within atol 1e-4."""
+scores within atol 1e-4. On GPU instances the letterbox is the float one (OpenCV's rounds to uint8), so
+the boxes are checked part by part (check_float_letterbox_chain)."""
 
 from __future__ import annotations
 
@@ -72,20 +73,27 @@ def infer(server: ServerThread, model: str, **inputs: np.ndarray) -> dict[str, n
 
 def in_process(frame: np.ndarray, classifier: Path) -> tuple[np.ndarray, np.ndarray]:
     """The chain without a server: letterbox, detector, NMS, frame pixels, crops, classifier."""
-    import streamrt
-
     op = CpuLetterbox(frame.shape[:2], (SIZE, SIZE))
     pixels = np.empty((1, 3, SIZE, SIZE), np.float32)
     op(frame, pixels[0])
+    dets, n = detect(pixels[0], frame.shape[:2])
+    g = LetterboxGeometry.fit(frame.shape[:2], (SIZE, SIZE))
+    return dets[:n], classify(pixels[0], dets, n, g, classifier)
+
+
+def detect(pixels: np.ndarray, frame_hw: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """The detector (ONNX Runtime, CPU, fp32) and NMS on letterboxed ``pixels`` [3, SIZE, SIZE]: [MAX_DET, 6]
+    detections in frame pixels and their count."""
+    import streamrt
+
     options = streamrt.BuildConfig(backend_options={"threads": 1})
     with streamrt.open(DETECTOR, options, max_batch=1, cache=True) as detector:
-        raw = detector.create_context().infer({"images": pixels})["output0"]
+        raw = detector.create_context().infer({"images": np.ascontiguousarray(pixels[None])})["output0"]
     dets, counts = np.empty((1, MAX_DET, 6), np.float32), np.empty(1, np.int32)
     CpuPostprocess(PostprocessConfig(conf=0.25, iou=0.45, max_det=MAX_DET), "yolov8", CLASSES)(raw, dets, counts)
     n = int(counts[0])
-    g = LetterboxGeometry.fit(frame.shape[:2], (SIZE, SIZE))
-    g.to_source(dets[0, :n, :4])
-    return dets[0][:n], classify(pixels[0], dets[0], n, g, classifier)
+    LetterboxGeometry.fit(frame_hw, (SIZE, SIZE)).to_source(dets[0, :n, :4])
+    return dets[0], n
 
 
 def classify(pixels: np.ndarray, dets: np.ndarray, n: int, g: LetterboxGeometry, classifier: Path) -> np.ndarray:
@@ -201,12 +209,95 @@ def test_classify_client_over_tritonclient(server: ServerThread, classifier: Pat
     sys.modules.pop("client", None)  # classify.py imported the detection client by that name
 
 
+LEVEL = 1 / 255
+"""One uint8 level of a YOLO input (pixels / 255)."""
+FLOAT_LETTERBOX_ATOL = 1e-4
+"""The letterbox kernel against the float letterbox on the host (CpuLetterbox ``numpy``): the same formula
+in float32, tap positions rounded in float32 on the device (as ``tests/ops/test_gpu_ops.py``)."""
+SAME_OBJECTS_IOU = 0.7
+"""The served boxes against the CPU chain, whose OpenCV letterbox rounds to uint8: the same objects only."""
+
+
+def check_float_letterbox_chain(frame: np.ndarray, pixels: np.ndarray, dets: np.ndarray, n: int) -> list[str]:
+    """The GPU steps' contract, part by part, for one frame: ``pixels`` [3, SIZE, SIZE] the served letterbox,
+    ``dets`` [MAX_DET, 6] and ``n`` the served boxes. Returns what fails (empty: all holds).
+
+    1. ``pixels`` equal the float letterbox of ``frame`` (FLOAT_LETTERBOX_ATOL) and are within one level of
+       OpenCV's (it interpolates in 11-bit fixed point and rounds to uint8: <= 0.5 level measured).
+    2. The detector (the same ONNX Runtime CPU fp32 engine) and the host NMS on the served ``pixels`` give
+       the served boxes: rtol 1e-4 (float32 decode and frame mapping on the device) and atol 1e-2 px, as
+       the CPU server is held to.
+    3. Against the CPU chain (OpenCV letterbox) the same objects, matched by IoU >= SAME_OBJECTS_IOU with
+       the same class: half a level of input difference moves this detector's box edges by up to 1.9 px
+       (scene 21, 640x480: 107.36 vs 105.48, reproduced on the CPU by
+       test_the_float_letterbox_chain_holds_its_contract_on_the_cpu), so no pixel tolerance holds there.
+    """
+    from streamrt.video import Detections
+    from streamrt.video.compare import diff_detections
+
+    failed = []
+    reference = np.empty((3, SIZE, SIZE), np.float32)
+    CpuLetterbox(frame.shape[:2], (SIZE, SIZE), method="numpy")(frame, reference)
+    if (d := float(np.abs(pixels - reference).max())) > FLOAT_LETTERBOX_ATOL:
+        failed.append(f"letterbox vs the float letterbox: max |d| {d:.3g} > {FLOAT_LETTERBOX_ATOL:g}")
+    opencv = np.empty((3, SIZE, SIZE), np.float32)
+    CpuLetterbox(frame.shape[:2], (SIZE, SIZE), method="opencv")(frame, opencv)
+    if (d := float(np.abs(pixels - opencv).max())) > LEVEL:
+        failed.append(f"letterbox vs OpenCV's: max |d| {d / LEVEL:.2f} levels > 1")
+    same, m = detect(pixels, frame.shape[:2])
+    if m != n:
+        failed.append(f"the detector on the served pixels finds {m} boxes, the server {n}")
+    elif not np.allclose(dets[:n], same[:n], rtol=1e-4, atol=1e-2):
+        failed.append(f"boxes on the served pixels: max |d| {np.abs(dets[:n] - same[:n]).max():.3g}\n"
+                      f"served {dets[:n].round(2).tolist()}\nin-process {same[:n].round(2).tolist()}")
+    cpu, k = detect(opencv, frame.shape[:2])
+
+    def as_detections(rows: np.ndarray) -> Detections:
+        return Detections(0, 0, rows[:, :4], rows[:, 4], rows[:, 5].astype(np.int64))
+
+    diff = diff_detections([as_detections(cpu[:k])], [as_detections(dets[:n])], match_iou=SAME_OBJECTS_IOU,
+                           box_atol=float("inf"), score_atol=1e-2)
+    print(f"served boxes vs the CPU chain (OpenCV letterbox): {diff.format()}")
+    if not diff.ok:
+        failed.append(f"not the same objects as the CPU chain: {diff.format()}")
+    return failed
+
+
+def test_the_float_letterbox_chain_holds_its_contract_on_the_cpu() -> None:
+    """The GPU steps' checks (check_float_letterbox_chain) on the CPU, with the float letterbox and the
+    torch NMS standing in for the GPU steps. The frames of the GPU test: scene 21 is the one whose box
+    the OpenCV chain puts 1.9 px away, beyond the 1 px the GPU test once allowed."""
+    import streamrt
+    from streamrt.ops import TorchPostprocess
+
+    for frame in (scene(21), scene(22, 1280, 720)):
+        pixels = np.empty((3, SIZE, SIZE), np.float32)
+        CpuLetterbox(frame.shape[:2], (SIZE, SIZE), method="numpy")(frame, pixels)
+        with streamrt.open(DETECTOR, streamrt.BuildConfig(backend_options={"threads": 1}), max_batch=1,
+                           cache=True) as detector:
+            raw = detector.create_context().infer({"images": pixels[None]})["output0"]
+        post = TorchPostprocess(PostprocessConfig(conf=0.25, iou=0.45, max_det=MAX_DET), "yolov8", CLASSES,
+                                int(np.asarray(raw).shape[2]), device="cpu", use_triton=False)
+        dets, counts = torch.empty((1, MAX_DET, 6)), torch.empty(1, dtype=torch.int32)
+        post(torch.from_numpy(np.asarray(raw)), dets, counts)
+        n = int(counts[0])
+        served = dets[0].numpy().copy()
+        LetterboxGeometry.fit(frame.shape[:2], (SIZE, SIZE)).to_source(served[:n, :4])
+        assert check_float_letterbox_chain(frame, pixels, served, n) == []
+        moved = served.copy()
+        moved[0, 3] += 0.5  # half a pixel off: beyond the served-pixels check, inside the old 1 px tolerance
+        assert any("boxes on the served pixels" in f for f in check_float_letterbox_chain(frame, pixels, moved, n))
+        assert len(check_float_letterbox_chain(frame, pixels + 2 * LEVEL, served, n)) >= 2  # both letterbox bounds
+
+
 @pytest.mark.gpu
 def test_two_stage_steps_on_gpu_instances_match_the_in_process_chain(tmp_path: Path, classifier: Path) -> None:
     """KIND_GPU Python steps: letterbox, NMS and crops on the device, PIXELS and CROPS passed as device
     tensors. The class scores are checked exactly against the served boxes and letterboxed pixels
-    (crop + classifier in-process, atol 1e-4); the boxes against the CPU chain (TorchLetterbox's float
-    resize vs OpenCV's fixed point: same count, within 1 px)."""
+    (crop + classifier in-process, atol 1e-4); the boxes part by part (check_float_letterbox_chain): the
+    device letterbox is the float one, not OpenCV's uint8 one, and half a level of input moves a box of
+    this detector by up to 1.9 px, so the served boxes are checked against the in-process detector on the
+    served pixels (1e-4), and against the CPU chain only as the same objects."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     repo = tmp_path / "repo"
@@ -217,12 +308,14 @@ def test_two_stage_steps_on_gpu_instances_match_the_in_process_chain(tmp_path: P
         images = np.array([[png(f)] for f in frames], dtype=np.object_)
         out = infer(gpu_server, "detect_classify", IMAGE=images)
         letterboxed = infer(gpu_server, "preprocess", IMAGE=images)["INPUT"]
+        failed = []
         for i, frame in enumerate(frames):
             n = int(out["COUNT"][i, 0])
             g = LetterboxGeometry.fit(frame.shape[:2], (SIZE, SIZE))
             scores = classify(letterboxed[i], out["DETECTIONS"][i], n, g, classifier)
             np.testing.assert_allclose(out["SCORES"][i], scores, atol=1e-4)
             assert not out["SCORES"][i, n:].any() and not out["DETECTIONS"][i, n:].any()
-            expected, _ = in_process(frame, classifier)
-            assert n == len(expected) and (n > 0) == (i < 2)
-            np.testing.assert_allclose(out["DETECTIONS"][i, :n, :4], expected[:, :4], atol=1.0)
+            assert (n > 0) == (i < 2)
+            failed += [f"frame {i}: {f}" for f in check_float_letterbox_chain(frame, letterboxed[i],
+                                                                              out["DETECTIONS"][i], n)]
+        assert not failed, "\n".join(failed)

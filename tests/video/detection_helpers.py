@@ -5,6 +5,7 @@ Imported as ``video.detection_helpers`` (``tests`` is on the test path).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,12 @@ def recall_precision(detections: list[Any], clip: Any, iou: float = 0.5, conf: f
 class ImportedEngine:
     """The bundled ONNX model through StreamRT's ONNX importer as a torch module, with the engine contract.
 
-    Runs on ``device``; on a CUDA stream the forward pass is enqueued there.
+    Runs on ``device``; on a CUDA stream the forward pass is enqueued there. ``tf32=True`` (CPU) emulates
+    TF32 convolutions: each convolution's input and weights rounded to TF32 (10 mantissa bits), the
+    products summed in float64: what cuDNN computes with TF32 on, up to the summation order.
     """
 
-    def __init__(self, device: str = "cpu", batch: int = 4) -> None:
+    def __init__(self, device: str = "cpu", batch: int = 4, *, tf32: bool = False) -> None:
         import torch
 
         from streamrt.onnx.importer import import_onnx
@@ -87,6 +90,7 @@ class ImportedEngine:
         from streamrt.video.model import bundled_model
 
         self.torch = torch
+        self.tf32 = tf32
         self.module = import_onnx(onnx.load(str(bundled_model()))).to(device).eval()
         self.device_kind = device
         self.inputs = (TensorSpec("images", DType.FLOAT32, (-1, 3, 320, 320)),)
@@ -104,7 +108,7 @@ class _ImportedContext:
 
     def infer(self, inputs: dict[str, Any], stream: Any = None) -> dict[str, Any]:
         torch = self.engine.torch
-        with torch.no_grad():
+        with torch.no_grad(), (_tf32_mode() if self.engine.tf32 else contextlib.nullcontext()):
             cuda_stream = getattr(stream, "torch", None)
             if cuda_stream is not None:
                 with torch.cuda.stream(cuda_stream):
@@ -114,3 +118,34 @@ class _ImportedContext:
         return {"output0": out}
 
 
+
+
+
+def _round_to_tf32(t: Any) -> Any:
+    """``t`` (float32) rounded to TF32: 10 explicit mantissa bits, round to nearest (ties away from zero)."""
+    import torch
+
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(t.dtype)
+
+
+def _tf32_mode() -> Any:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Tf32Convolutions(TorchFunctionMode):
+        """2-D convolutions with TF32 operands (see ImportedEngine's ``tf32``)."""
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.conv2d and args[0].dtype == torch.float32:
+                x, w, *rest = args
+                rest = [r.double() if isinstance(r, torch.Tensor) else r for r in rest]
+                bias = kwargs.pop("bias", None)
+                if bias is not None:
+                    kwargs["bias"] = bias.double()
+                out = func(_round_to_tf32(x).double(), _round_to_tf32(w).double(), *rest, **kwargs)
+                return out.to(torch.float32)
+            return func(*args, **kwargs)
+
+    return Tf32Convolutions()
