@@ -150,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
     from streamrt.cli.common import check_output
     from streamrt.video.sources import open_source
 
-    for path in (args.output, args.jsonl):
+    for path, flag, example in ((args.output, "-o", "annotated.mp4"), (args.jsonl, "--jsonl", "detections.jsonl")):
         if path is not None:
-            check_output(path, example="annotated.mp4" if path is args.output else "detections.jsonl")
+            check_output(path, example=example, flag=flag)
     if args.report is not None:
-        check_output(args.report, directory=True)
+        check_output(args.report, directory=True, flag="--report")
     config = detect_config(args, paced=args.paced)
     # Sources next: a missing or unreadable video must fail before minutes of building.
     sources = []

@@ -100,6 +100,10 @@ def _setup_logging(level: str, fmt: str, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else getattr(logging, level))
     for noisy in ("aiohttp.access", "grpc", "onnxruntime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if available("aiohttp"):
+        from streamrt.serve.http import quiet_bad_requests
+
+        quiet_bad_requests()  # a gRPC client at the HTTP port: one warning line, not a traceback
 
 
 async def _serve(repository: Path, config: ServerConfig, exit_on_error: bool) -> int:
