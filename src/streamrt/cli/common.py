@@ -14,7 +14,7 @@ from typing import Any
 
 from streamrt.cli.args import BuildArgs, CacheArgs, parse_options
 from streamrt.config import BuildConfig
-from streamrt.errors import ConfigError
+from streamrt.errors import ConfigError, ModelNotFoundError
 from streamrt.plan import is_plan_file
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "config_from_args",
     "engine_from_path",
     "parse_options",
+    "require_file",
     "stderr_progress",
 ]
 
@@ -75,6 +76,12 @@ def _read_only(path: Path) -> bool:
         return False
 
 
+def require_file(path: Path) -> None:
+    """A missing model or plan, in the same words for every subcommand (build, inspect, bench, ...)."""
+    if not path.exists():
+        raise ModelNotFoundError(f"file not found: {path}", hint="check the path: give an ONNX model or a plan file")
+
+
 def stderr_progress(line: str) -> None:
     """Build progress for the terminal: one line per step on stderr."""
     print(f"  · {line}", file=sys.stderr, flush=True)
@@ -88,6 +95,7 @@ def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "", pro
     """
     import streamrt
 
+    require_file(path)
     # A plan is loaded as it is: its build flags are not even read (a plan needs no --config).
     config = None
     if not is_plan_file(path):

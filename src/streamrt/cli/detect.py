@@ -147,8 +147,11 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.cli.common import check_output
+    from streamrt.cli.common import check_output, require_file
     from streamrt.video.sources import open_source
+
+    if args.model is not None:
+        require_file(Path(args.model))  # the words build, inspect and bench use
 
     for path, flag, example in ((args.output, "-o", "annotated.mp4"), (args.jsonl, "--jsonl", "detections.jsonl")):
         if path is not None:

@@ -135,10 +135,9 @@ def _precision_lines(record: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.path.exists():
-        from streamrt.errors import ModelNotFoundError
+    from streamrt.cli.common import require_file
 
-        raise ModelNotFoundError(f"file not found: {args.path}")
+    require_file(args.path)
     info = describe(args.path)
     if args.layers and info["kind"] == "plan":
         import streamrt
