@@ -200,7 +200,8 @@ def _client(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_example_12_client_with_a_missing_or_non_image_file(tmp_path: Path) -> None:
-    assert _last_line(_client(str(tmp_path / "nope.jpg"))) == f"client.py: error: image not found: {tmp_path / 'nope.jpg'}"
+    missing = tmp_path / "nope.jpg"
+    assert _last_line(_client(str(missing))) == f"client.py: error: image not found: {missing}"
     text = tmp_path / "notes.txt"
     text.write_text("hello")
     assert "is not a JPEG or PNG image" in _last_line(_client(str(text)))

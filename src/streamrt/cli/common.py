@@ -53,7 +53,8 @@ def check_output(path: Path, *, directory: bool = False, example: str = "", flag
     import os
 
     if not directory and path.is_dir():
-        raise ConfigError(f"output {path} is a directory", hint=f"{flag} {path / example}" if example else f"{flag} FILE")
+        raise ConfigError(f"output {path} is a directory",
+                          hint=f"{flag} {path / example}" if example else f"{flag} FILE")
     if directory and path.exists() and not path.is_dir():
         raise ConfigError(f"output {path} is a file, not a directory", hint=f"{flag} DIR with a new or existing folder")
     nearest = path if path.exists() else next(p for p in path.parents if p.exists())
