@@ -28,7 +28,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Any:
     (root / "cnn" / "1").mkdir(parents=True)
     onnx.save(CATALOGUE["small_cnn"].make(), str(root / "m.onnx"))
     streamrt.build(root / "m.onnx", streamrt.BuildConfig(profiles=CATALOGUE["small_cnn"].profiles),
-                   root / "cnn" / "1" / "model.plan", cache_dir=root / "cache")
+                   root / "cnn" / "1" / "model.plan", cache_dir=tmp_path_factory.mktemp("perf-cache"))
     (root / "cnn" / "config.yaml").write_text("max_batch_size: 8\ndynamic_batching: {}\n")
     with ServerThread(root, ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5)) as s:
         yield s

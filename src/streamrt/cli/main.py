@@ -75,9 +75,9 @@ def _quiet_stdout() -> None:
 
 def _flag_for(parser: argparse.ArgumentParser, args: argparse.Namespace, filename: object) -> str | None:
     """The flag (``--export-times``, ``-o/--output``) whose value is ``filename`` or a folder above it."""
-    if filename is None:
+    if not isinstance(filename, (str, bytes, os.PathLike)):
         return None
-    target = os.path.abspath(os.fsdecode(filename))  # type: ignore[call-overload]
+    target = os.path.abspath(os.fsdecode(filename))
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     command = subparsers[0].choices.get(getattr(args, "command", None) or "") if subparsers else None
     for action in command._actions if command is not None else ():

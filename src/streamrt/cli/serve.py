@@ -107,21 +107,28 @@ def _setup_logging(level: str, fmt: str, verbose: bool) -> None:
 
 
 async def _serve(repository: Path, config: ServerConfig, exit_on_error: bool) -> int:
-    """Serve until SIGINT/SIGTERM; the signal received (0 if start-up failed with --exit-on-error)."""
+    """Serve until SIGINT/SIGTERM and return the signal; a start-up model that failed to load raises
+    StreamRTError instead when ``exit_on_error`` (Triton's --exit-on-error)."""
     from streamrt.serve.server import InferenceServer
 
     server = InferenceServer(repository, config)
-    stop: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     loop = asyncio.get_running_loop()
+    stop: asyncio.Future[int] = loop.create_future()
+
+    def on_signal(signum: int) -> None:
+        if not stop.done():
+            stop.set_result(signum)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # non-POSIX event loops
-            loop.add_signal_handler(sig, lambda s=sig: stop.done() or stop.set_result(int(s)))
+            loop.add_signal_handler(sig, on_signal, int(sig))
     await server.start()
     log = logging.getLogger("streamrt.serve")
     try:
         if exit_on_error:
-            loaded = asyncio.ensure_future(server.startup_failures())
-            await asyncio.wait({loaded, stop}, return_when=asyncio.FIRST_COMPLETED)
+            loaded: asyncio.Future[list[str]] = asyncio.ensure_future(server.startup_failures())
+            either: list[asyncio.Future[Any]] = [loaded, stop]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             failed = loaded.result() if loaded.done() and not stop.done() else []
             loaded.cancel()
             if failed:
