@@ -99,3 +99,34 @@ def test_server_answers_out_of_memory_as_resource_exhausted() -> None:
 
     error = OutOfMemoryError("running onnxruntime inference on x 3x32", memory="host", requested=None, hint="h")
     assert (status_for(error).http, status_for(error).grpc) == (503, "RESOURCE_EXHAUSTED")
+
+
+def test_torch_cpu_allocator_failure_is_out_of_host_memory() -> None:
+    """torch's CPU allocator raises RuntimeError('[enforce fail at alloc_cpu.cpp:...]'), not MemoryError
+    (issue 29): the device's allocation says out of host memory, with the size in TiB."""
+    torch = pytest.importorskip("torch")
+    from streamrt.device import get_device
+
+    with pytest.raises(OutOfMemoryError) as info:
+        get_device("cpu").empty((2**46,), torch.uint8)  # 64 TiB
+    assert info.value.memory == "host" and info.value.requested == "64.0 TiB"
+    assert "alloc_cpu" not in str(info.value) and info.value.hint
+
+
+@pytest.mark.timeout(300)
+def test_example_09_reports_out_of_memory_as_the_docs_show(tmp_path: Path) -> None:
+    """examples/09 writes its table of errors; the out-of-memory row is OutOfMemoryError (docs/errors.md)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "STREAMRT_CACHE": str(tmp_path / "cache"),
+           "MPLBACKEND": "Agg", "STREAMRT_EXAMPLES_SMALL": "1"}
+    proc = subprocess.run([sys.executable, str(root / "examples" / "09_errors.py"), "--device", "cpu", "--out",
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = next(line for line in (tmp_path / "out" / "errors.md").read_text().splitlines()
+               if line.startswith("| out of memory |"))
+    assert "`OutOfMemoryError`" in row and "out of host memory" in row and "enforce fail" not in row

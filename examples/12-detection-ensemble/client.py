@@ -10,7 +10,9 @@ Serve the example's models first (the detector file copied in, see models/detect
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -40,14 +42,41 @@ def _synthetic_png() -> bytes:
     return bytes(cv2.imencode(".png", SyntheticClip(width=640, height=480, frames=1).frame(0))[1].tobytes())
 
 
+# The formats the ensemble's decode step reads, by their first bytes.
+_MAGIC = {b"\xff\xd8\xff": "JPEG", b"\x89PNG\r\n\x1a\n": "PNG"}
+
+
+def read_image(path: Path) -> bytes:
+    """The encoded bytes of a JPEG or PNG file; ValueError (one line) for a missing or non-image file."""
+    if not path.is_file():
+        raise ValueError(f"image not found: {path}")
+    data = path.read_bytes()
+    if not any(data.startswith(magic) for magic in _MAGIC):
+        raise ValueError(f"{path} is not a JPEG or PNG image (it starts with {data[:8]!r})")
+    return data
+
+
+def _fail(prog: str, message: str) -> NoReturn:
+    """One line on stderr and exit status 2, as the ``streamrt`` commands do."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> list[np.ndarray]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("images", nargs="*", type=Path, help="JPEG/PNG files (up to 8; none: a synthetic frame)")
     parser.add_argument("--url", default="127.0.0.1:8000", help="server address (gRPC: port 8001)")
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
     args = parser.parse_args(argv)
-    images = [p.read_bytes() for p in args.images] or [_synthetic_png()]
-    found = detect(args.url, images, args.protocol)
+    try:
+        images = [read_image(p) for p in args.images] or [_synthetic_png()]
+    except ValueError as exc:
+        _fail(parser.prog, str(exc))
+    try:
+        found = detect(args.url, images, args.protocol)
+    except Exception as exc:  # tritonclient's InferenceServerException, a refused connection: one line
+        message = " ".join(str(getattr(exc, "message", lambda: None)() or exc).split())
+        _fail(parser.prog, f"the server at {args.url} ({args.protocol}) failed: {message[:300]}")
     for name, boxes in zip([str(p) for p in args.images] or ["synthetic"], found, strict=True):
         print(f"{name}: {len(boxes)} objects")
         for x1, y1, x2, y2, score, cls in boxes:

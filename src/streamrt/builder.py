@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -36,7 +37,7 @@ from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError, StreamRTError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
-from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, write_plan
+from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, read_plan, write_plan
 from streamrt.types import ShapeProfile, TensorSpec, format_shape
 from streamrt.verify import verify_build
 
@@ -209,6 +210,29 @@ def build(
         return _build(model, config, output, cache=cache, cache_dir=cache_dir, progress=progress)
 
 
+def _reuse_cached(cached_plan: Path, out_path: Path, command: str) -> PlanManifest | None:
+    """The cache entry, written to ``out_path``; None when the entry is unreadable (then rebuild).
+
+    The entry records the command of the build that made it (maybe another ONNX path, another
+    ``-o``); the copy records ``command``, so a later rebuild hint names this source and output.
+    """
+    try:
+        manifest = read_manifest(cached_plan)
+        if out_path.resolve() == cached_plan.resolve():
+            return manifest
+        if command == manifest.build_command:
+            with atomic_write(out_path) as dst, open(cached_plan, "rb") as src:
+                shutil.copyfileobj(src, dst)
+            return manifest
+        plan = read_plan(cached_plan)
+    except PlanError:
+        log.warning("ignoring unreadable cache entry %s", cached_plan)
+        return None
+    manifest = dataclasses.replace(plan.manifest, build_command=command)
+    write_plan(out_path, manifest, plan.payload)
+    return manifest
+
+
 def _build(
     model: str | Path | OnnxModel,
     config: BuildConfig,
@@ -235,16 +259,11 @@ def _build(
     out_path = Path(output) if output is not None else cached_plan
 
     if cache and cached_plan.is_file():
-        try:
-            manifest = read_manifest(cached_plan)
-        except PlanError:
-            log.warning("ignoring unreadable cache entry %s", cached_plan)
-        else:
-            if out_path.resolve() != cached_plan.resolve():
-                with atomic_write(out_path) as dst, open(cached_plan, "rb") as src:
-                    shutil.copyfileobj(src, dst)
+        command = build_command(str(source.path) if source.path else source.name, out_path, config)
+        reused = _reuse_cached(cached_plan, out_path, command)
+        if reused is not None:
             report(f"reused cached plan {cached_plan.name[:16]}… (same model, settings and target)")
-            return BuildResult(out_path, manifest, True, time.perf_counter() - started)
+            return BuildResult(out_path, reused, True, time.perf_counter() - started)
 
     transformed, precision = source, None
     if config.precision.value != "fp32" or config.tf32:  # lower the graph, then gate the plan's accuracy

@@ -51,6 +51,7 @@ Hierarchy::
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -354,3 +355,34 @@ class UnsupportedRequestError(ServeError):
 
 class UnauthorizedError(ServeError):
     """The request lacks the bearer token the server was started with."""
+
+
+# --- OSError, in words (a helper, not an error class: ``__all__`` lists only the classes) ----------
+
+_OS_ERROR_WORDS = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "a part of the path is not a folder",
+    errno.EISDIR: "is a directory",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+}
+READ_ONLY_ERRNOS = (errno.EROFS,)
+"""errno values of a file system that cannot be written at all (no path on it will do)."""
+PERMISSION_ERRNOS = (errno.EACCES, errno.EPERM)
+"""errno values of a path this user may not write (another folder will do)."""
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``out/x.plan: read-only file system``: the path and what went wrong, on one line.
+
+    A read-only file system is called that, not "permission denied" (Python's ``strerror`` for
+    EROFS is right, but callers that test ``os.access`` see only "not writable").
+    """
+    what = _OS_ERROR_WORDS.get(exc.errno or 0) or exc.strerror or str(exc)
+    if exc.filename is None:
+        return what
+    target = f" -> {exc.filename2}" if getattr(exc, "filename2", None) else ""
+    return f"{exc.filename}{target}: {what}"

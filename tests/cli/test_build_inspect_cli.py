@@ -82,7 +82,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["build", str(good), "-o", str(tmp / "o.plan"), "--precision", "int8", "--calib", str(bad_calib)],
             "input 'x' expects shape ?x32, got 1x16",
         ),
-        "missing": (["build", str(tmp / "none.onnx"), "-o", str(tmp / "o.plan")], "model file not found"),
+        "missing": (["build", str(tmp / "none.onnx"), "-o", str(tmp / "o.plan")], "file not found"),
         "not onnx": (["build", str(not_onnx), "-o", str(tmp / "o.plan")], "not an ONNX model"),
         "checker": (
             ["build", str(save(checker_failing_model(), tmp / "c.onnx")), "-o", str(tmp / "o.plan")],

@@ -47,7 +47,7 @@ def test_detect_two_sources_sync_topology(tmp_path: Path, cache: Path, capsys: p
 
 @pytest.mark.parametrize(
     ("make", "message"),
-    [("corrupt_video", "cannot open video"), ("missing_model", "detector model not found"),
+    [("corrupt_video", "cannot open video"), ("missing_model", "file not found"),
      ("classifier", "expected a 3-D YOLO output")],
 )
 def test_detect_errors_are_one_line(tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str], make: str,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from streamrt.cli._inputs import add_input_arguments, inputs_from_args
 from streamrt.cli.args import add_alias
-from streamrt.cli.common import add_build_arguments, engine_from_path
+from streamrt.cli.common import add_build_arguments, check_output, engine_from_path
 
 __all__ = ["register", "run"]
 
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from streamrt.profiling.bench import benchmark
 
     duration, iterations = _run_length(args)
+    if args.export_times:  # before the run, not after it: an unwritable path fails in a second
+        check_output(args.export_times, example="times.json", flag="--export-times")
     engine = engine_from_path(args.engine, args)
     with engine:
         inputs, source = inputs_from_args(engine, args)
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             info={"inputs": source},
         )
     if args.export_times:
+        args.export_times.parent.mkdir(parents=True, exist_ok=True)  # as build -o does
         result.write_times(args.export_times)
         print(f"wrote {result.summary.queries} per-query times to {args.export_times}", file=sys.stderr)
     if args.json:

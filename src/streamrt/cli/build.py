@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streamrt.cli._optimization import optimization_lines
 from streamrt.cli.args import CacheArgs
-from streamrt.cli.common import add_build_arguments, check_output, config_from_args, stderr_progress
+from streamrt.cli.common import add_build_arguments, check_output, config_from_args, require_file, stderr_progress
 
 __all__ = ["register", "run"]
 
@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import streamrt
 
+    require_file(args.model)
     check_output(args.output, example=f"{args.model.stem}.plan")
     config = config_from_args(args)
     result = streamrt.build(

@@ -14,7 +14,7 @@ from typing import Any
 
 from streamrt.cli.args import BuildArgs, CacheArgs, parse_options
 from streamrt.config import BuildConfig
-from streamrt.errors import ConfigError
+from streamrt.errors import ConfigError, ModelNotFoundError
 from streamrt.plan import is_plan_file
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "config_from_args",
     "engine_from_path",
     "parse_options",
+    "require_file",
     "stderr_progress",
 ]
 
@@ -42,23 +43,44 @@ def config_from_args(args: argparse.Namespace, prefix: str = "") -> BuildConfig:
     return BuildArgs(prefix).config(args)
 
 
-def check_output(path: Path, *, directory: bool = False, example: str = "") -> None:
+def check_output(path: Path, *, directory: bool = False, example: str = "", flag: str = "-o") -> None:
     """Refuse an output path that cannot be written before any work is done (one line, a hint).
 
     ``directory``: the command writes several files into ``path``; else ``path`` is one file and
-    ``example`` names a file to suggest when ``path`` is a folder.
+    ``example`` names a file to suggest when ``path`` is a folder. ``flag`` is the option that
+    gave ``path``, named in the hint.
     """
     import os
 
     if not directory and path.is_dir():
-        raise ConfigError(f"output {path} is a directory", hint=f"-o {path / example}" if example else "-o FILE")
+        raise ConfigError(f"output {path} is a directory",
+                          hint=f"{flag} {path / example}" if example else f"{flag} FILE")
     if directory and path.exists() and not path.is_dir():
-        raise ConfigError(f"output {path} is a file, not a directory", hint="-o DIR with a new or existing folder")
+        raise ConfigError(f"output {path} is a file, not a directory", hint=f"{flag} DIR with a new or existing folder")
     nearest = path if path.exists() else next(p for p in path.parents if p.exists())
     if nearest is not path and not nearest.is_dir():
-        raise ConfigError(f"cannot write {path}: {nearest} is a file, not a folder", hint="-o PATH in a folder")
+        raise ConfigError(f"cannot write {path}: {nearest} is a file, not a folder", hint=f"{flag} PATH in a folder")
+    if _read_only(nearest):
+        raise ConfigError(f"cannot write {path}: {nearest} is on a read-only file system",
+                          hint=f"{flag} PATH on a writable file system")
     if not os.access(nearest, os.W_OK):
-        raise ConfigError(f"cannot write {path}: permission denied", hint="-o PATH in a folder you can write to")
+        raise ConfigError(f"cannot write {path}: permission denied", hint=f"{flag} PATH in a folder you can write to")
+
+
+def _read_only(path: Path) -> bool:
+    """True when ``path`` lies on a file system mounted read-only (EROFS, not a permission)."""
+    import os
+
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): the write itself will say
+        return False
+
+
+def require_file(path: Path) -> None:
+    """A missing model or plan, in the same words for every subcommand (build, inspect, bench, ...)."""
+    if not path.exists():
+        raise ModelNotFoundError(f"file not found: {path}", hint="check the path: give an ONNX model or a plan file")
 
 
 def stderr_progress(line: str) -> None:
@@ -74,6 +96,7 @@ def engine_from_path(path: Path, args: argparse.Namespace, prefix: str = "", pro
     """
     import streamrt
 
+    require_file(path)
     # A plan is loaded as it is: its build flags are not even read (a plan needs no --config).
     config = None
     if not is_plan_file(path):

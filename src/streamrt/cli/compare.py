@@ -74,13 +74,43 @@ def _profiles_from_inputs(args: argparse.Namespace) -> tuple[Any, ...]:
     return (ShapeProfile({name: ShapeRange.fixed(shape) for name, shape in shapes.items()}),)
 
 
+def _onnx_input_names(path: Path) -> list[str] | None:
+    """The graph inputs of an ONNX file (initializers excluded); None when it cannot be read here."""
+    try:
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # not ONNX, unreadable: the build says so in its own words
+        return None
+    initializers = {t.name for t in graph.initializer}
+    return [i.name for i in graph.input if i.name not in initializers]
+
+
+def _check_input_names(path: Path, args: argparse.Namespace, profiles: tuple[Any, ...]) -> None:
+    """``--inputs`` names that are not the model's: say so, before they become a shape profile
+    (which would fail as "profile 0 names input 'wrongname'", about a profile the user never gave)."""
+    from streamrt.errors import UnknownInputError
+
+    given = list(profiles[0].ranges) if profiles else []
+    expected = _onnx_input_names(path) if given and path.is_file() and not is_plan_file(path) else None
+    if expected is None or set(given) == set(expected):
+        return
+    raise UnknownInputError(
+        f"the arrays in --inputs {args.inputs} ({', '.join(given)}) do not match the inputs of {path} "
+        f"({', '.join(expected)})",
+        hint=f"save one array per model input under its name, e.g. numpy.savez(FILE, {expected[0]}=...)"
+        if expected else "this model takes no inputs")
+
+
 def _side(path: Path, args: argparse.Namespace, side: str) -> Any:
     if is_plan_file(path) and BuildArgs(prefix=f"{side}-").build.given(args):
         print(
             f"streamrt compare: note: {path} is a plan; --{side}-backend/--{side}-precision are ignored",
             file=sys.stderr,
         )
-    return engine_from_path(path, args, prefix=f"{side}-", profiles=_profiles_from_inputs(args))
+    profiles = _profiles_from_inputs(args)
+    _check_input_names(path, args, profiles)
+    return engine_from_path(path, args, prefix=f"{side}-", profiles=profiles)
 
 
 def _label(path: Path, engine: Any) -> str:

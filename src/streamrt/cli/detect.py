@@ -147,14 +147,17 @@ def open_model(args: argparse.Namespace, path: Path | None, labels: Path | None 
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.cli.common import check_output
+    from streamrt.cli.common import check_output, require_file
     from streamrt.video.sources import open_source
 
-    for path in (args.output, args.jsonl):
+    if args.model is not None:
+        require_file(Path(args.model))  # the words build, inspect and bench use
+
+    for path, flag, example in ((args.output, "-o", "annotated.mp4"), (args.jsonl, "--jsonl", "detections.jsonl")):
         if path is not None:
-            check_output(path, example="annotated.mp4" if path is args.output else "detections.jsonl")
+            check_output(path, example=example, flag=flag)
     if args.report is not None:
-        check_output(args.report, directory=True)
+        check_output(args.report, directory=True, flag="--report")
     config = detect_config(args, paced=args.paced)
     # Sources next: a missing or unreadable video must fail before minutes of building.
     sources = []

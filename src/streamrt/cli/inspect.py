@@ -154,10 +154,9 @@ def _random_inputs_lines(accuracy: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.path.exists():
-        from streamrt.errors import ModelNotFoundError
+    from streamrt.cli.common import require_file
 
-        raise ModelNotFoundError(f"file not found: {args.path}")
+    require_file(args.path)
     info = describe(args.path)
     if args.layers and info["kind"] == "plan":
         import streamrt

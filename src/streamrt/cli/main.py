@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from streamrt._version import __version__
-from streamrt.errors import StreamRTError
+from streamrt.errors import PERMISSION_ERRNOS, READ_ONLY_ERRNOS, StreamRTError, describe_os_error
 
 __all__ = ["SUBCOMMANDS", "main"]
 
@@ -73,15 +73,37 @@ def _quiet_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def _os_error(exc: OSError) -> str:
-    """``cannot write out/x.plan: Permission denied`` (with a hint for the usual causes)."""
-    what = exc.strerror or str(exc)
-    line = f"{exc.filename}: {what}" if exc.filename else what
+def _flag_for(parser: argparse.ArgumentParser, args: argparse.Namespace, filename: object) -> str | None:
+    """The flag (``--export-times``, ``-o/--output``) whose value is ``filename`` or a folder above it."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return None
+    target = os.path.abspath(os.fsdecode(filename))
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    command = subparsers[0].choices.get(getattr(args, "command", None) or "") if subparsers else None
+    for action in command._actions if command is not None else ():
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or not isinstance(value, (str, os.PathLike)):
+            continue
+        given = os.path.abspath(os.fspath(value))
+        if target == given or target.startswith(given.rstrip(os.sep) + os.sep):
+            shorts = [o for o in action.option_strings if not o.startswith("--")][:1]
+            longs = [o for o in action.option_strings if o.startswith("--")][:1]
+            return "/".join(shorts + longs)
+    return None
+
+
+def _os_error(exc: OSError, flag: str | None = None) -> str:
+    """``out/x.plan: read-only file system (hint: ...)``; the hint names ``flag``, the one given."""
+    line = describe_os_error(exc)
     if exc.errno == errno.EISDIR:
-        line += " (hint: give a file path, e.g. -o DIR/model.plan)"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        line += " (hint: choose a writable path with -o/--output)"
-    return line
+        return line + f" (hint: give a file path, e.g. {flag or '-o'} {exc.filename}/NAME)"
+    if exc.errno in READ_ONLY_ERRNOS:
+        fix = "choose a path on a writable file system"
+    elif exc.errno in PERMISSION_ERRNOS:
+        fix = "choose a path you can write to"
+    else:
+        return line
+    return line + f" (hint: {fix}" + (f" with {flag})" if flag else ")")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if args.verbose:
             log.exception("streamrt %s failed", args.command)
-        print(f"streamrt {args.command}: error: {_os_error(exc)}", file=sys.stderr)
+        flag = _flag_for(parser, args, exc.filename)
+        print(f"streamrt {args.command}: error: {_os_error(exc, flag)}", file=sys.stderr)
         return 2
 
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from streamrt.cli.args import add_alias
-from streamrt.errors import ConfigError
+from streamrt.errors import ConfigError, StreamRTError
 from streamrt.types import parse_shape
 
 __all__ = ["parse_concurrency", "register", "run"]
@@ -83,8 +83,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamrt.cli.common import check_output
     from streamrt.client.loadgen import LoadConfig, format_results, run_load
 
+    if args.output:  # before minutes of load, as build checks -o
+        check_output(args.output, example="perf.csv")
     shapes = {}
     for item in args.shape:
         name, sep, dims = item.partition(":")
@@ -110,7 +113,14 @@ def run(args: argparse.Namespace) -> int:
         output_shared_memory_size=args.output_shared_memory_size,
     )
     results = run_load(cfg)
+    refused = next((r for r in results if not r.requests and r.errors), None)
+    if refused is not None:  # no latencies to report: say why instead of a table of nan and a CSV of zeros
+        raise StreamRTError(
+            f"the server refused every request at concurrency {refused.concurrency} (all {refused.errors} "
+            f"failed); the first error: {refused.first_error}",
+            hint="fix what the error names (e.g. -b/--batch-size within the model's max_batch_size, --shape)")
     if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)  # as build -o does
         with open(args.output, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["Concurrency", "Inferences/Second", "Server Queue", "Server Compute Input",

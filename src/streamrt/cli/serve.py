@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from streamrt._optional import available, require
 from streamrt.cli.args import ServerArgs
@@ -28,7 +28,19 @@ from streamrt.serve.config import ServerConfig
 from streamrt.serve.process import configure_serving_process
 from streamrt.serve.tracing import REQUEST_CONTEXT
 
-__all__ = ["JsonFormatter", "config_from_args", "register", "run"]
+__all__ = ["JsonFormatter", "config_from_args", "parse_truth", "register", "run"]
+
+T = TypeVar("T")
+
+
+def parse_truth(text: str) -> bool:
+    """``true/false``, ``1/0``, ``yes/no``, ``on/off`` (Triton's ``--exit-on-error=false``)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +52,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("repository", type=Path, metavar="REPO", help="model repository directory")
     ServerArgs().add_to(parser)
+    exits = parser.add_argument(
+        "--exit-on-error", type=parse_truth, nargs="?", const=True, default=True, metavar="BOOL",
+        help="exit with status 2 when a start-up model fails to load (default true, as Triton's); "
+        "--exit-on-error=false or --no-exit-on-error keeps serving the models that loaded")
+    parser.add_argument("--no-exit-on-error", dest=exits.dest, action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="auto: uvloop when it is installed (faster sockets and callbacks), else asyncio's")
     logs = parser.add_argument_group("logging")
@@ -83,50 +100,75 @@ def _setup_logging(level: str, fmt: str, verbose: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else getattr(logging, level))
     for noisy in ("aiohttp.access", "grpc", "onnxruntime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if available("aiohttp"):
+        from streamrt.serve.http import quiet_bad_requests
+
+        quiet_bad_requests()  # a gRPC client at the HTTP port: one warning line, not a traceback
 
 
-async def _serve(repository: Path, config: ServerConfig) -> None:
+async def _serve(repository: Path, config: ServerConfig, exit_on_error: bool) -> int:
+    """Serve until SIGINT/SIGTERM and return the signal; a start-up model that failed to load raises
+    StreamRTError instead when ``exit_on_error`` (Triton's --exit-on-error)."""
     from streamrt.serve.server import InferenceServer
 
     server = InferenceServer(repository, config)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stop: asyncio.Future[int] = loop.create_future()
+
+    def on_signal(signum: int) -> None:
+        if not stop.done():
+            stop.set_result(signum)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # non-POSIX event loops
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, int(sig))
     await server.start()
+    log = logging.getLogger("streamrt.serve")
     try:
-        await stop.wait()
+        if exit_on_error:
+            loaded: asyncio.Future[list[str]] = asyncio.ensure_future(server.startup_failures())
+            either: list[asyncio.Future[Any]] = [loaded, stop]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            failed = loaded.result() if loaded.done() and not stop.done() else []
+            loaded.cancel()
+            if failed:
+                raise StreamRTError(
+                    f"{len(failed)} of {len(server.startup_models)} start-up models failed to load "
+                    f"({', '.join(failed)}; the log above says why): exiting (--exit-on-error)",
+                    hint="fix the models, or serve the others with --exit-on-error=false")
+        signum = await stop
+        log.info("signal received: graceful shutdown")
+        return signum
     finally:
-        logging.getLogger("streamrt.serve").info("signal received: graceful shutdown")
         await server.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-
+    """Serve until interrupted: 0 after SIGTERM, 130 after SIGINT (Ctrl-C), 2 on a start-up error."""
     if not args.repository.is_dir():
         raise ConfigError(f"model repository {args.repository} is not a directory")
     config = config_from_args(args)
     _setup_logging(args.log_level, args.log_format, getattr(args, "verbose", False))
     configure_serving_process()
     try:
-        _run_loop(_serve(args.repository, config), loop_factory(getattr(args, "event_loop", "auto")))
+        signum = _run_loop(_serve(args.repository, config, getattr(args, "exit_on_error", True)),
+                           loop_factory(getattr(args, "event_loop", "auto")))
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             raise
         raise _port_in_use(exc, config) from None
-    return 0
+    return 128 + signal.SIGINT if signum == signal.SIGINT else 0  # a shell's status for Ctrl-C: 130
 
 
-def _run_loop(main: Coroutine[Any, Any, None], factory: Callable[[], asyncio.AbstractEventLoop] | None) -> None:
+def _run_loop(main: Coroutine[Any, Any, T], factory: Callable[[], asyncio.AbstractEventLoop] | None) -> T:
     if factory is None:
-        asyncio.run(main)
-        return
+        return asyncio.run(main)
     loop = factory()
     try:
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(main)
+        result = loop.run_until_complete(main)
         loop.run_until_complete(loop.shutdown_asyncgens())
+        return result
     finally:
         asyncio.set_event_loop(None)
         loop.close()

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from streamrt._optional import require
+from streamrt.client.failures import grpc_error_line, http_error_text, unreachable
 from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.inputs import random_inputs
@@ -199,7 +200,7 @@ class _HttpClient:
         async with self.session.post(self.base + "/infer", data=self.body, headers=self.headers) as r:
             body = await r.read()
             if r.status != 200:
-                raise StreamRTError(f"HTTP {r.status}: {body[:200].decode(errors='replace')}")
+                raise StreamRTError(f"HTTP {r.status}: {http_error_text(body)}")
 
     async def stats(self) -> dict[str, Any]:
         data = await self._get("/stats")
@@ -282,6 +283,8 @@ class _GrpcClient:
             if code is not None and code.name == "RESOURCE_EXHAUSTED" and len(self.body) > 4 * 2**20:
                 raise StreamRTError(f"{exc.details()} (request of {len(self.body)} bytes)",  # type: ignore[attr-defined]
                                     hint="start the server with a larger --grpc-max-message-mb") from None
+            if code is not None:  # AioRpcError's str() is a multi-line block; one line is "CODE: details"
+                raise StreamRTError(grpc_error_line(exc)) from None
             raise
 
     async def stats(self) -> dict[str, Any]:
@@ -378,8 +381,7 @@ async def _open(cfg: LoadConfig, concurrency: int) -> tuple[Any, ClientRegions |
         raise
     except Exception as exc:
         await client.close()
-        raise StreamRTError(f"cannot get the metadata of model '{cfg.model}' from {cfg.protocol}://{cfg.url}: "
-                            f"{type(exc).__name__}: {str(exc)[:200]}", hint="is the server running there?") from exc
+        raise unreachable(cfg.protocol, cfg.url, cfg.model, exc) from exc
     batched = bool(meta["inputs"]) and int(meta["inputs"][0]["shape"][0]) == -1
     inputs = make_inputs(meta, cfg, batched)
     regions = None

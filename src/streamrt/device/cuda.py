@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from streamrt._oom import INFER_HINT, out_of_memory_guard
 from streamrt.device.base import BufferPool, Event, Stream, StreamWork
 from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.device.host import HostStream, InlineStream
@@ -220,7 +221,9 @@ class CudaDevice:
 
     def empty(self, shape: Sequence[int], dtype: Any) -> Any:
         torch = import_torch()
-        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=self._torch_device)
+        with out_of_memory_guard(f"allocating a {'x'.join(map(str, shape))} {dtype} tensor on {self._torch_device}",
+                                 INFER_HINT):
+            return torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=self._torch_device)
 
     def pool(
         self, shape: Sequence[int], dtype: Any, count: int, *, host: bool = False, pinned: bool = True

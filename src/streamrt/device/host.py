@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from streamrt._oom import INFER_HINT, out_of_memory_guard
 from streamrt.device.base import BufferPool, Event, Stream, StreamWork
 from streamrt.device.buffers import import_torch, torch_dtype
 from streamrt.errors import PipelineClosedError, PipelineError
@@ -319,7 +320,9 @@ class CpuDevice:
         return import_torch().empty(tuple(shape), dtype=torch_dtype(dtype))
 
     def empty(self, shape: Sequence[int], dtype: Any) -> Any:
-        return import_torch().empty(tuple(shape), dtype=torch_dtype(dtype))
+        # torch's CPU allocator fails with a RuntimeError; say out of memory, with the size.
+        with out_of_memory_guard(f"allocating a {'x'.join(map(str, shape))} {dtype} tensor on the cpu", INFER_HINT):
+            return import_torch().empty(tuple(shape), dtype=torch_dtype(dtype))
 
     def pool(
         self, shape: Sequence[int], dtype: Any, count: int, *, host: bool = False, pinned: bool = True

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from streamrt.serve.core import ServerCore
 
-__all__ = ["build_app", "read_body", "start_http"]
+__all__ = ["BadRequestLogFilter", "build_app", "quiet_bad_requests", "read_body", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -317,9 +317,33 @@ def add_unimplemented(app: web.Application) -> None:
             app.router.add_route(method, path, refuse)
 
 
+class BadRequestLogFilter(logging.Filter):
+    """aiohttp logs a malformed request (a gRPC client at the HTTP port, a port scanner) as an ERROR
+    with a traceback; the server did nothing wrong, so it becomes one WARNING line saying what came."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not any(c.__name__ == "HttpProcessingError" for c in type(exc).__mro__):
+            return True
+        what = " ".join(str(getattr(exc, "message", "") or exc).split(" b'")[0].split()).rstrip(":")  # not the bytes
+        guess = " (an HTTP/2 or gRPC client at the HTTP port?)" if "PRI" in what else ""
+        record.msg, record.args = f"{record.getMessage()}: malformed HTTP request: {what[:120]}{guess}", ()
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_bad_requests() -> None:
+    """Install :class:`BadRequestLogFilter` on aiohttp's server logger (once per process)."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequestLogFilter) for f in logger.filters):
+        logger.addFilter(BadRequestLogFilter())
+
+
 async def start_http(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the HTTP site; returns the runner (``await runner.cleanup()`` stops it) and the bound port."""
     require("aiohttp", extra="serve", purpose="the HTTP front end")
+    quiet_bad_requests()
     from aiohttp import web
 
     runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)

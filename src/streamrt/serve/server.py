@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from streamrt.errors import ConfigError
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.core import EXTENSIONS, ServerCore
 from streamrt.serve.model import EngineLoader
@@ -29,9 +30,15 @@ from streamrt.serve.model import EngineLoader
 if TYPE_CHECKING:
     from streamrt.serve.frontends.supervisor import FrontendSupervisor
 
-__all__ = ["EXTENSIONS", "InferenceServer", "ServerThread"]
+__all__ = ["EXTENSIONS", "InferenceServer", "ServerThread", "port_in_use"]
 
 log = logging.getLogger(__name__)
+
+
+def port_in_use(listener: str, host: str, port: int, flag: str) -> ConfigError:
+    """One line naming the port that cannot be bound and the flag that moves it (0: any free port)."""
+    return ConfigError(f"cannot listen for {listener} on {host}:{port}: the port is already in use "
+                       "(another server running?)", hint=f"{flag} N with a free port, or {flag} 0 to pick any")
 
 
 class InferenceServer(ServerCore):
@@ -57,6 +64,13 @@ class InferenceServer(ServerCore):
         self.frontends: FrontendSupervisor | None = None
 
     async def _open_listeners(self) -> None:
+        try:
+            await self._bind_listeners()
+        except BaseException:  # a port in use: the listeners already bound are closed, not leaked
+            await self._close_listeners()
+            raise
+
+    async def _bind_listeners(self) -> None:
         cfg = self.config
         if cfg.frontend_processes > 1 and (cfg.http_port is not None or cfg.grpc_port is not None):
             from streamrt.serve.frontends.supervisor import FrontendSupervisor
@@ -73,13 +87,44 @@ class InferenceServer(ServerCore):
         if cfg.grpc_port is not None and self.frontends is None:
             from streamrt.serve.grpc_service import start_grpc
 
-            grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)
+            try:
+                grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)
+            except RuntimeError as exc:  # grpcio >= 1.6x raises "Failed to bind to address ..." (no 0 return)
+                if "bind" not in str(exc).lower():
+                    raise
+                raise port_in_use("gRPC", cfg.host, cfg.grpc_port, "--grpc-port") from None
             self._closers.append(lambda: grpc_server.stop(grace=1.0))
         if cfg.metrics_port is not None:
             from streamrt.serve.metrics import start_metrics
 
             runner, self.metrics_port = await start_metrics(self, cfg.host, cfg.metrics_port)
             self._closers.append(runner.cleanup)
+
+    @property
+    def startup_models(self) -> list[str]:
+        """The models loaded at start-up (``--model`` or every model of the repository)."""
+        return list(self._startup)
+
+    async def startup_failures(self) -> list[str]:
+        """Wait until the start-up models finished loading; the names of those that are not READY."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+        return self._not_ready()
+
+    def _not_ready(self) -> list[str]:
+        repository = self.repository
+        return [n for n in self._startup if repository is None or not repository.is_ready(n)]
+
+    async def _load_startup(self) -> None:
+        await super()._load_startup()
+        failed = self._not_ready()
+        if failed and len(failed) == len(self._startup):
+            # Each failure was logged as it happened; this last line says what the server is now.
+            log.error("no model loaded: all %d start-up models failed (%s); the server is not ready and "
+                      "serves nothing until a model loads", len(failed), ", ".join(failed))
+        elif failed:
+            log.warning("%d of %d start-up models failed to load (%s); serving the others", len(failed),
+                        len(self._startup), ", ".join(failed))
 
     def _describe_listeners(self) -> str:
         processes = f" ({self.config.frontend_processes} front-end processes)" if self.frontends else ""

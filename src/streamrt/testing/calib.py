@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrt.errors import ConfigError, StreamRTError
+from streamrt.errors import ConfigError, StreamRTError, describe_os_error
 from streamrt.onnx.model import load_model
 
 __all__ = ["synthetic_images", "write_calibration_data"]
@@ -103,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dest = write_calibration_data(args.model, args.dest, count=count, seed=args.seed)
     except StreamRTError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a read-only or missing folder: one line, not a traceback
+        print(f"{parser.prog}: error: cannot write {describe_os_error(exc)} "
+              "(hint: give a destination in a folder you can write to)", file=sys.stderr)
         return 2
     print(f"wrote {count} image-like samples to {dest}")
     return 0

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from streamrt.errors import describe_os_error
 from streamrt.types import ShapeProfile, ShapeRange
 
 __all__ = ["CATALOGUE", "CatalogueModel", "resnet_like", "small_cnn"]
@@ -382,11 +383,31 @@ _WRITERS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet34": lambda: resnet_like(34),
 }
 
-if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in _WRITERS:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m streamrt.testing.models NAME OUT.onnx``: write one catalogue model (status 2 on errors).
+
+    A path that cannot be written is one line (``error: cannot write ...: read-only file system``),
+    not an OSError traceback; missing folders are created, as ``streamrt build -o`` does.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in _WRITERS:
         sys.stderr.write(f"usage: python -m streamrt.testing.models {{{','.join(_WRITERS)}}} OUT.onnx\n")
-        raise SystemExit(2)
-    written = _WRITERS[sys.argv[1]]()
-    onnx.save(written, sys.argv[2])
-    size = Path(sys.argv[2]).stat().st_size
-    print(f"wrote {sys.argv[2]}: {sys.argv[1]}, {len(written.graph.node)} nodes, {size / 1024:.1f} KiB")
+        return 2
+    name, out = args[0], Path(args[1])
+    written = _WRITERS[name]()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(written, str(out))
+    except OSError as exc:
+        sys.stderr.write(f"python -m streamrt.testing.models: error: cannot write {describe_os_error(exc)} "
+                         "(hint: give a path in a folder you can write to)\n")
+        return 2
+    size = out.stat().st_size
+    print(f"wrote {out}: {name}, {len(written.graph.node)} nodes, {size / 1024:.1f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    status = main()
+    if status:
+        raise SystemExit(status)

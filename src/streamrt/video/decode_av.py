@@ -94,9 +94,13 @@ class AvSource:
         try:
             self._container = av.open(self.spec, options=opts, timeout=(timeout_s, timeout_s) if self.url else None)
         except (av.FFmpegError, OSError) as exc:
-            what = "cannot reach stream" if self.url else "cannot open video"
-            raise SourceError(f"{what} {self.spec}: {type(exc).__name__}: {exc}"
-                              + ("" if self.url else " (corrupt, truncated, or not a video file)"),
+            if self.url:
+                raise SourceError(f"cannot reach stream {self.spec}: {type(exc).__name__}: {exc}",
+                                  hint="check it with ffprobe; re-encode to H.264 MP4 if needed") from None
+            # The file exists (checked above): say it is not a video, in FFmpeg's words without its errno.
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise SourceError(f"cannot open video {self.spec}: not a readable video (FFmpeg: {why}; corrupt, "
+                              "truncated, or not a video file)",
                               hint="check it with ffprobe; re-encode to H.264 MP4 if needed") from None
         if not self._container.streams.video:
             self._container.close()

@@ -129,8 +129,8 @@ class VideoFileSource(_SkipByReading):
             raise SourceError(f"video file not found: {self.path}")
         self._cap = cv2.VideoCapture(str(self.path))
         if not self._cap.isOpened():
-            raise SourceError(f"cannot open video {self.path}: not a video file OpenCV can decode "
-                              "(corrupt, truncated, or an unsupported codec)",
+            raise SourceError(f"cannot open video {self.path}: not a readable video (not a file OpenCV can decode: "
+                              "corrupt, truncated, or an unsupported codec)",
                               hint="check it with ffprobe; re-encode to H.264 MP4 if needed")
         count = int(self._cap.get(cv2.CAP_PROP_FRAME_COUNT))
         self._expected = count if count > 0 else None

@@ -43,14 +43,26 @@ if TYPE_CHECKING:
 __all__ = ["OnnxRuntimeBackend"]
 
 
+_OPTIONS = ("providers", "threads", "inter_op_threads", "execution_mode")
+_THREAD_OPTIONS = ("threads", "inter_op_threads")
+
+
+def _thread_count(opts: dict[str, Any], key: str) -> int:
+    """A thread-count option, checked where the option table is: ``threads=abc`` or ``threads=-3``
+    is a one-line ConfigError, not a ValueError from ``int()`` or a session that ignores it."""
+    value = opts.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"onnxruntime option {key} must be an integer >= 0 (0 = automatic), got {value!r}",
+                          hint=f"--option {key}=N with N >= 0")
+    return value
+
+
 def _session_settings(config: BuildConfig) -> dict[str, Any]:
     opts = dict(config.backend_options)
-    unknown = sorted(set(opts) - {"providers", "threads", "inter_op_threads", "execution_mode"})
+    unknown = sorted(set(opts) - set(_OPTIONS))
     if unknown:
-        raise ConfigError(
-            f"unknown onnxruntime backend options {unknown}; known: providers, threads, "
-            "inter_op_threads, execution_mode"
-        )
+        raise ConfigError(f"unknown onnxruntime backend options {unknown}; known: {', '.join(_OPTIONS)}")
+    threads = {key: _thread_count(opts, key) for key in _THREAD_OPTIONS}
     providers = [PROVIDERS.get(p, p) for p in opts.get("providers", ["cpu"])]
     missing = [p for p in providers if p not in ort.get_available_providers()]
     if missing:
@@ -64,8 +76,8 @@ def _session_settings(config: BuildConfig) -> dict[str, Any]:
         raise ConfigError(f"execution_mode must be sequential or parallel, got {mode!r}")
     return {
         "providers": providers,
-        "threads": int(opts.get("threads", 0)),
-        "inter_op_threads": int(opts.get("inter_op_threads", 0)),
+        "threads": threads["threads"],
+        "inter_op_threads": threads["inter_op_threads"],
         "execution_mode": mode,
         "graph_optimization_level": config.optimization_level,
         "memory_limit_mb": config.memory_limit_mb,

@@ -384,6 +384,9 @@ def main() -> None:
                         format=f"%(asctime)s %(levelname)s frontend[{spec['index']}] %(name)s: %(message)s")
     for noisy in ("aiohttp.access", "grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from streamrt.serve.http import quiet_bad_requests
+
+    quiet_bad_requests()  # a malformed request is one warning line, not a traceback
     configure_serving_process()
     try:  # as `streamrt serve --event-loop auto`: uvloop when it is installed
         import uvloop
