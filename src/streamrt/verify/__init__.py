@@ -42,6 +42,7 @@ from typing import Any
 
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError
+from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest
 from streamrt.verify.checks import CornerCheck, shape_sets, verify_engine
 from streamrt.verify.measure import TOLERANCE, Tolerance, scaled_error
@@ -162,7 +163,7 @@ def verify_plan(
 
 
 def verify_build(
-    source: Any, manifest: PlanManifest, payload: bytes, config: BuildConfig, progress: Callable[[str], None]
+    source: OnnxModel, manifest: PlanManifest, payload: bytes, config: BuildConfig, progress: Callable[[str], None]
 ) -> PlanManifest:
     """Verify an ONNX build's plan against ONNX Runtime fp32 on ``source`` (the un-transformed OnnxModel)."""
     if _skipped(manifest, config, progress):

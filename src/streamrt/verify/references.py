@@ -25,6 +25,7 @@ import numpy as np
 
 from streamrt.config import BuildConfig
 from streamrt.inputs import cast_inputs, random_inputs, shapes_of, to_device, to_numpy
+from streamrt.onnx.model import OnnxModel
 from streamrt.types import DType, Shape, ShapeProfile, TensorSpec
 
 __all__ = ["Arrays", "Inputs", "PlanRunner", "Reference", "Runner", "module_reference", "onnx_reference", "user_inputs"]
@@ -52,8 +53,8 @@ class Reference:
     label: str
 
 
-def onnx_reference(model: Any) -> Reference:
-    """ONNX Runtime fp32 (CPU) on ``model`` (an :class:`~streamrt.onnx.model.OnnxModel`)."""
+def onnx_reference(model: OnnxModel) -> Reference:
+    """ONNX Runtime fp32 (CPU) on ``model``."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
