@@ -279,10 +279,11 @@ def test_build_module_is_verified_against_the_eager_module(tmp_path: Path) -> No
         assert "the reference gives 1x2x41x41; it passes with --shape-multiple image:1x1x2x2" in str(exc)
         assert not (tmp_path / "pnet.plan").exists()
         return
-    assert result.manifest.extra["shape_verification"]["reference"] == "eager PyTorch fp32 (the module)"
     got = streamrt.load(result.path).create_context().infer({"image": x.numpy()})
     for name, ref in zip(("prob", "box"), want, strict=True):
+        assert got[name].shape == ref.shape, f"'{name}' at 97x131: {got[name].shape}, eager {ref.shape}"
         np.testing.assert_allclose(got[name], ref, atol=1e-4)
+    assert result.manifest.extra["shape_verification"]["reference"] == "eager PyTorch fp32 (the module)"
 
 
 def test_a_precision_that_loses_every_shape_says_so(tmp_path: Path) -> None:
