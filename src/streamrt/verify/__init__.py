@@ -45,7 +45,7 @@ from streamrt.errors import BuildError
 from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest
 from streamrt.verify.checks import CornerCheck, shape_sets, verify_engine
-from streamrt.verify.measure import TOLERANCE, Tolerance, scaled_error
+from streamrt.verify.measure import TOLERANCE, Tolerance, scaled_error, tolerance_for
 from streamrt.verify.references import Inputs, Reference, module_reference, onnx_reference, user_inputs
 from streamrt.verify.shapes import corner_shapes
 
@@ -86,7 +86,7 @@ def _skipped(manifest: PlanManifest, config: BuildConfig, progress: Callable[[st
 
 
 def _data_summary(checks: Sequence[tuple[str, str]]) -> str:
-    """``sample inputs page.npz at opt, random at min, max, odd`` from ``(label, data)`` pairs."""
+    """``random inputs at min, max, odd; sample inputs page.npz at opt`` from ``(label, data)`` pairs."""
     by_data: dict[str, list[str]] = {}
     for label, data in checks:
         by_data.setdefault(data, []).append(label)
@@ -129,7 +129,7 @@ def verify_plan(
 
     started = time.perf_counter()
     inputs = user_inputs(reference.inputs, config)
-    planned = [(label, inputs.at(shapes)[1]) for _, label, shapes in shape_sets(manifest.profiles, inputs)]
+    planned = [(label, inputs.data_at(shapes)) for _, label, shapes in shape_sets(manifest.profiles, inputs)]
     progress(
         f"verifying {len(planned)} shapes against {reference.label} on {_data_summary(planned)} "
         "(skip with --no-verify-shapes)"
@@ -146,7 +146,7 @@ def verify_plan(
         hint = _hint(problem, failed, checks, manifest.precision)
         raise BuildError(f"shape verification failed: {problem}", hint=f"{hint}; --no-verify-shapes skips this check")
     worst = max((v for c in checks for v in c.errors.values()), default=0.0)
-    tol = TOLERANCE.get(manifest.precision, TOLERANCE["fp32"])
+    tol = tolerance_for(manifest.precision)
     progress(
         f"verified {len(checks)} shapes in {seconds:.1f} s on {_data_summary([(c.label, c.data) for c in checks])} "
         f"(worst error {worst:.1e}, allowed {tol.describe()})"

@@ -142,12 +142,19 @@ class Inputs:
     samples: tuple[Arrays, ...] = ()
     source: str = ""
 
+    def _sample(self, shapes: Mapping[str, Shape]) -> Arrays | None:
+        return next((s for s in self.samples if shapes_of(s) == dict(shapes)), None)
+
     def at(self, shapes: Mapping[str, Shape]) -> tuple[Arrays, str]:
         """A feed at ``shapes`` and what it is: a user sample of exactly these shapes, else random."""
-        for sample in self.samples:
-            if shapes_of(sample) == dict(shapes):
-                return sample, self.source
+        sample = self._sample(shapes)
+        if sample is not None:
+            return sample, self.source
         return random_inputs(self.specs, shapes, np.random.default_rng(_SEED)), "random"
+
+    def data_at(self, shapes: Mapping[str, Shape]) -> str:
+        """What :meth:`at` would feed at ``shapes`` (``random`` or the samples' source), without making it."""
+        return self.source if self._sample(shapes) is not None else "random"
 
     def sample_shapes(self, profile: ShapeProfile) -> list[dict[str, Shape]]:
         """The distinct shapes of the samples that ``profile`` accepts, in order."""
