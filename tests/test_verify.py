@@ -1,9 +1,12 @@
 """Build-time shape verification (streamrt.verify): corners, refusals with a suggested constraint, the record.
 
-Real engines throughout: ONNX Runtime plans of models that disagree with the reference, and one
-torch_inductor CPU plan of a stride-4 network with a skip connection that, built without a
-multiple-of constraint, returns 68x68 maps for a 66x66 input that differ between two identical
-calls (issue 11, item 5: the same failure as a text detector's 352x352 map at 336x336).
+Real engines throughout: ONNX Runtime plans of models that disagree with the reference, and
+torch_inductor CPU plans (marked slow: each compiles C++ for tens of seconds): a stride-4 network
+with a skip connection that, built without a multiple-of constraint, returns 68x68 maps for a 66x66
+input that differ between two identical calls (issue 11, item 5: the same failure as a text
+detector's 352x352 map at 336x336), a detector head whose map is ~0 on random noise (issue 24:
+refused by the relative L2 measure) and a ceil-mode MTCNN P-Net built with ``build_module``
+(issue 24, item 2a: 43x60 maps at 97x131 where eager PyTorch gives 44x61).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from streamrt.device.threads import usable_cores
 from streamrt.errors import BuildError, ShapeError
 from streamrt.onnx.model import load_model
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec, parse_shape
-from streamrt.verify import TOLERANCE, corner_shapes, user_inputs, verify_engine, wants_verification
+from streamrt.verify import TOLERANCE, corner_shapes, scaled_error, user_inputs, verify_engine, wants_verification
+from streamrt.verify.shapes import probes
 
 FREE = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128))
 ON_GRID = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128), (1, 1, 4, 4))
@@ -429,3 +433,26 @@ def test_the_hint_never_suggests_a_multiple_the_failing_shape_meets(tmp_path: Pa
     (check,) = verify_engine(load_model(tmp_path / "id.onnx"), plan, plan.profiles)
     assert "differs from the reference at x=1x3x64x64 (profile 0, min)" in str(check.problem)
     assert "it passes with" not in str(check.problem), check.problem
+
+
+def test_the_error_is_relative_to_the_output_scale_with_an_absolute_floor() -> None:
+    fp32, fp16 = TOLERANCE["fp32"], TOLERANCE["fp16"]
+    tail = np.random.default_rng().uniform(1e-6, 4.1e-5, 64)  # a sigmoid map on noise
+    assert scaled_error(tail, tail + 1.3e-7, fp32.floor) == pytest.approx(1.3e-5)  # 1.3e-7 absolute: passes
+    logits = np.random.default_rng().uniform(-100, 100, 64)
+    assert scaled_error(logits, logits + 0.5, fp32.floor) == pytest.approx(0.5 / np.abs(logits).max())
+    assert scaled_error(logits, np.where(logits > 0, np.nan, logits), fp32.floor) == 0.0  # NaN is judged apart
+    assert scaled_error(np.zeros(4), np.zeros(4), fp16.floor) == 0.0
+    assert scaled_error(np.zeros(4), np.full(4, 1e-8), fp16.floor) == float("inf")
+    # fp16 has no floor: logits of 1e-10 that underflow to 0 are lost, not "small"
+    assert scaled_error(np.full(4, 1e-10), np.zeros(4), fp16.floor) == pytest.approx(1.0)  # > fp16.rel (0.5)
+
+
+def test_probes_never_stand_for_a_constraint_the_failing_shape_meets() -> None:
+    profile = ShapeProfile({"x": ShapeRange((1, 3, 320, 320), (1, 3, 640, 640), (1, 3, 960, 960))})
+    steps = [multiples["x"][2] for _, multiples in probes(profile, {"x": (1, 3, 320, 320)})]
+    assert steps == [128]  # 320 is a multiple of 2 .. 64
+    steps = [multiples["x"][2] for _, multiples in probes(profile, {"x": (1, 3, 641, 641)})]
+    assert steps == [2, 4, 8, 16, 32, 64, 128]
+    shapes, _ = next(iter(probes(profile, {"x": (1, 3, 641, 641)})))
+    assert all(d % 2 == 0 and d % 4 for d in shapes["x"][2:])  # odd multiples of 2: off the 4-grid
