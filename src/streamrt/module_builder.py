@@ -2,7 +2,9 @@
 
 For users who start in PyTorch: the module (a copy, cast to the plan's precision) goes through
 the torch_inductor backend's export-and-compile step, and the plan gets the same manifest as an
-ONNX build, with the weights' hash as its source model.
+ONNX build, with the weights' hash as its source model. Before it is written the plan is verified
+at its profiles' corners against the eager module in fp32 (:mod:`streamrt.verify`), as ONNX
+builds are against ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from streamrt.errors import ConfigError
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import write_plan
 from streamrt.types import DType, TensorSpec
+from streamrt.verify import verify_module_build
 
 __all__ = ["build_module", "module_sha256"]
 
@@ -146,6 +149,7 @@ def build_module(
         source_name=type(module).__qualname__,
         build_command=f"streamrt.build_module({type(module).__qualname__}, ...) from your PyTorch code",
     )
+    manifest = verify_module_build(module, manifest, built.payload, config, report)  # BuildError: nothing written
     write_plan(out_path, manifest, built.payload)
     report(f"wrote {out_path} ({out_path.stat().st_size / 2**20:.2f} MiB)")
     return BuildResult(out_path, manifest, False, time.perf_counter() - started)

@@ -91,6 +91,12 @@ def test_build_from_pytorch_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
     # The same result type as streamrt.build (issue 20 item 9: it was a bare Path).
     assert isinstance(result, BuildResult) and not result.cached and result.manifest.backend == "torch_inductor"
+    # Verified at the profile's corners against the eager module before it was written (issue 24, 2a):
+    record = result.manifest.extra["shape_verification"]
+    assert record["reference"] == "eager PyTorch fp32 (the module)"
+    assert [(c["label"], c["inputs"]["features"]) for c in record["checks"]] == [
+        ("min", "1x12"), ("opt", "4x12"), ("max", "32x12"), ("odd", "15x12"),
+    ]
     path = result.path
     # Inductor compiled into the cache the caller named, and the process environment is as before.
     assert any((tmp_path / "cache" / "inductor").iterdir()) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
