@@ -66,7 +66,7 @@ Runner = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 WARN_BELOW = AccuracyThreshold({"cosine": 0.99, "rel_l2": 0.5})
 #: A TF32 plan's default gate (``--tf32`` without --accuracy-threshold), a refusal when missed: TF32
 #: keeps 10 mantissa bits, about 1e-3 relative error per product, which a deep network accumulates to
-#: 1e-3..5e-3 relative L2. fp32 plans get no such allowance: ``verify.TOLERANCE["fp32"]`` is 1e-3.
+#: 1e-3..5e-3 relative L2. fp32 plans get no such allowance: ``verify.TOLERANCE["fp32"].rel`` is 1e-3.
 TF32_BOUNDS = AccuracyThreshold({"rel_l2": 1e-2})
 _MAX_SAMPLES = 8  # calibration samples the gate and the fp16 range check run on
 _RANDOM_FEEDS = 2
