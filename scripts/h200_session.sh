@@ -44,7 +44,7 @@ part() {  # part NAME: one part of the session
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
-        trust) run trust 540 python3 scripts/gpu_trust_check.py "$out/trust" ;;
+        trust) run trust "${TRUST_LIMIT:-540}" python3 scripts/gpu_trust_check.py "$out/trust" --budget "${TRUST_BUDGET:-520}" ;;
         sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
         detens) run detens 240 python3 benchmarks/detection_ensemble.py "$out/detens" --seconds "${DETENS_SECONDS:-10}" ;;
         speed) run speed "${SPEED_LIMIT:-540}" python3 benchmarks/engine_speed.py --out "$out/speed" ${SPEED_ARGS:-} ;;
