@@ -19,7 +19,7 @@ import torch
 
 from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt.backends.base import Progress
-from streamrt.backends.torch_inductor.builder import TorchInductorBackend
+from streamrt.backends.torch_inductor.backend import TorchInductorBackend
 from streamrt.backends.torch_inductor.cache import inductor_cache
 from streamrt.backends.torch_inductor.output_specs import named
 from streamrt.backends.torch_inductor.target import device_kind, device_target

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.torch
 
 torch = pytest.importorskip("torch")
 
-from streamrt.backends.torch_inductor.builder import TorchInductorBackend  # noqa: E402
+from streamrt.backends.torch_inductor.backend import TorchInductorBackend  # noqa: E402
 from streamrt.backends.torch_inductor.cache import IDENTITY_FILE, timing_cache  # noqa: E402
 from streamrt.backends.torch_inductor.levels import resolve_recipe  # noqa: E402
 from streamrt.backends.torch_inductor.tf32 import backend_flags  # noqa: E402
