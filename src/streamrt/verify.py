@@ -38,9 +38,9 @@ import numpy as np
 
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError
-from streamrt.inputs import cast_inputs, random_inputs, to_device, to_numpy
 from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest
+from streamrt.running.inputs import cast_inputs, random_inputs, to_device, to_numpy
 from streamrt.types import Shape, ShapeProfile, ShapeRange, format_shape
 
 __all__ = ["TOLERANCE", "CornerCheck", "corner_shapes", "verify_build", "verify_engine", "wants_verification"]

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.inputs import batch_size, shapes_of
 from streamrt.profiling.loops import BenchSettings, TimedRun, host_loop
 from streamrt.profiling.stats import Stats
 from streamrt.profiling.summary import (
@@ -48,6 +47,7 @@ from streamrt.profiling.summary import (
     IterationRecord,
     check_warnings,
 )
+from streamrt.running.inputs import batch_size, shapes_of
 from streamrt.types import Shape, format_shape
 
 if TYPE_CHECKING:

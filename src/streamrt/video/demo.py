@@ -119,7 +119,7 @@ def _sample(path: Path, clip: SyntheticClip) -> list[np.ndarray]:
 
 
 def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, say: Callable[[str], None]) -> Path:
-    import streamrt
+    from streamrt.building.builder import build
     from streamrt.onnx.model import load_model
     from streamrt.video.model import detector_build_config
 
@@ -133,7 +133,7 @@ def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, 
     plan = out / f"shapes_detector.{backend}{suffix}.plan"
     say(f"plan for the bundled detector: {backend} {build_config.precision.value}"
         + (f" {options}" if options else ""))
-    built = streamrt.build(source, build_config, plan, cache_dir=config.cache_dir, progress=say)
+    built = build(source, build_config, plan, cache_dir=config.cache_dir, progress=say)
     say(f"{'reused' if built.cached else 'built'} {plan} in {built.seconds:.1f} s")
     return plan
 
