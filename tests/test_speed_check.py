@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from streamrt.building.speed_check import FASTER, int8_verdict, interleaved_rounds
-from streamrt.profiling.summary import COV_THRESHOLD
+from streamrt.measure.noise import COV_THRESHOLD
 
 
 def test_ratio_of_runners_of_known_cost_comes_from_interleaved_rounds() -> None:

@@ -80,9 +80,11 @@ def _shape_texts(label: str) -> Callable[[tuple[ShapeProfile, ...]], list[str]]:
     def texts(profiles: tuple[ShapeProfile, ...]) -> list[str]:
         out = []
         for profile in profiles:
-            ranges = {n: getattr(r, label) for n, r in profile.ranges.items()}
-            if any(ranges.values()):
-                out.append(",".join(f"{n}:{format_shape(s)}" for n, s in ranges.items() if s))
+            shapes = {n: getattr(r, label) for n, r in profile.ranges.items()}
+            if label == "multiple":  # optional per input: only the inputs (and profiles) that have one
+                shapes = {n: s for n, s in shapes.items() if s}
+            if shapes:
+                out.append(",".join(f"{n}:{format_shape(s)}" for n, s in shapes.items()))
         return out
 
     return texts

@@ -10,7 +10,7 @@ Steps (:func:`run_demo`):
    and decoding stays out of the comparison;
 3. run it through the synchronous loop (``topology=sync``) and through the pipeline, ``rounds``
    times each, interleaved; the median run of each is reported with the spread of the rounds, and
-   the speed-up only when the synchronous baseline was steady (:mod:`streamrt.profiling.rounds`);
+   the speed-up only when the synchronous baseline was steady (:mod:`streamrt.measure.rounds`);
 4. check both gave the same detections, score them against the clip's ground truth (mAP@0.5),
    and write the annotated video, the detections (JSON Lines), both run reports and timelines.
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.measure.rounds import Rounds, ratio
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.profiling.rounds import Rounds, ratio
 from streamrt.video.metrics import mean_average_precision
 from streamrt.video.model import DetectorModel, best_backend, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import RunReport, write_report_files
