@@ -10,7 +10,7 @@ ONNX model against a reference on feeds, as an :class:`~streamrt.measure.accurac
    with the real sample data when there is some (calibration data or ``--sample-inputs``), and
    prints one line saying what stayed in fp32 (each node and its reason at ``--verbose``).
 2. :meth:`PrecisionStep.check` loads the built payload in memory, runs it against ONNX Runtime
-   fp32 on the original model (:func:`~streamrt.measure.accuracy.measure_accuracy`) on the sample
+   fp32 on the original model (:func:`measure_accuracy`) on the sample
    feeds (calibration data, ``--sample-inputs``, else random inputs at the opt shapes), prints
    the per-output metrics and records them in the manifest's ``precision_report``. With
    ``--accuracy-threshold`` a miss raises :class:`~streamrt.errors.AccuracyError` before the plan
