@@ -49,6 +49,8 @@ def rewrite(text: str) -> str:
 def main(paths: list[str]) -> int:
     for name in paths:
         path = Path(name)
+        if path.resolve() == Path(__file__).resolve():
+            continue  # its own table names the old paths
         text = path.read_text()
         new = rewrite(text)
         if new != text:
