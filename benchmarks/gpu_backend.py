@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 import streamrt
+from streamrt.building.module_builder import build_module
 from streamrt.config import BuildConfig
-from streamrt.module_builder import build_module
 from streamrt.profiling.provenance import git_commit
 from streamrt.types import ShapeProfile, ShapeRange
 

@@ -40,11 +40,11 @@ import onnxruntime as ort
 
 import streamrt
 from streamrt.backends.base import Engine
-from streamrt.compare import compare_outputs
 from streamrt.config import BuildConfig, CalibrationConfig, Precision
 from streamrt.profiling.bench import BenchResult, benchmark, benchmark_function
 from streamrt.profiling.layers import LayerProfile
 from streamrt.profiling.provenance import git_commit
+from streamrt.running.compare import compare_outputs
 from streamrt.testing.models import resnet_like
 from streamrt.types import ShapeProfile, ShapeRange
 

@@ -205,7 +205,7 @@ class Spec:
 def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any],
              cleanup: list[Callable[[], None]]) -> Callable[[torch.Tensor], Any]:
     from streamrt import load
-    from streamrt.module_builder import build_module
+    from streamrt.building.module_builder import build_module
 
     level = level_of(spec.variant)
     assert level is not None

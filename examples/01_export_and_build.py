@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import streamrt
-from streamrt.inputs import to_device
+from streamrt.running.inputs import to_device
 
 args = _common.parse_args("01", __doc__)
 

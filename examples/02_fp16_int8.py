@@ -17,9 +17,9 @@ import matplotlib.pyplot as plt
 import onnx
 
 import streamrt
-from streamrt.compare import compare_outputs
 from streamrt.config import CalibrationConfig
-from streamrt.inputs import to_device, to_numpy
+from streamrt.running.compare import compare_outputs
+from streamrt.running.inputs import to_device, to_numpy
 from streamrt.testing.calib import synthetic_images, write_calibration_data
 from streamrt.testing.models import CATALOGUE, small_cnn
 

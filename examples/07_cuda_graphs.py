@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import streamrt
-from streamrt.inputs import to_device
+from streamrt.running.inputs import to_device
 from streamrt.testing.calib import synthetic_images
 from streamrt.testing.models import CATALOGUE, small_cnn
 

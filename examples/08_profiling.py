@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import onnx
 
 import streamrt
-from streamrt.profiling.stats import Stats
+from streamrt.measure.stats import Stats
 from streamrt.testing.models import CATALOGUE, small_cnn
 
 args = _common.parse_args("08", __doc__)

@@ -28,8 +28,8 @@ import torch
 import streamrt
 from streamrt.config import CalibrationConfig
 from streamrt.device import get_device
-from streamrt.inputs import to_device
 from streamrt.plan import read_plan, write_plan
+from streamrt.running.inputs import to_device
 from streamrt.testing.models import CATALOGUE, small_cnn
 
 args = _common.parse_args("09", __doc__)

@@ -10,8 +10,8 @@ import argparse
 
 import torch
 
+from streamrt.building.module_builder import build_module
 from streamrt.config import BuildConfig
-from streamrt.module_builder import build_module
 from streamrt.testing.workloads import FrameSpec, tiny_cnn
 
 

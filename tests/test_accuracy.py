@@ -13,10 +13,10 @@ import pytest
 
 import streamrt
 from precision_models import bn_model, overflow_chain, tiny_scale
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
-from streamrt.accuracy_gate import measure_accuracy
+from streamrt.building.accuracy_gate import measure_accuracy
 from streamrt.config import BuildConfig
 from streamrt.errors import AccuracyError, ConfigError
+from streamrt.measure.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
 from streamrt.plan import read_plan
 
 

@@ -45,14 +45,32 @@ def test_import_contracts_hold() -> None:
 
 def test_an_upward_import_and_a_circle_break_the_contracts(tmp_path: Path) -> None:
     # The contracts must bite: a copy of the package where errors.py (the bottom layer) imports
-    # the CLI (the top) and builder.py is imported back by plan.py must fail both checks.
+    # the CLI (the top) and building/builder.py is imported back by plan.py must fail both checks.
     src = tmp_path / "src"
     shutil.copytree(ROOT / "src" / "streamrt", src / "streamrt", ignore=shutil.ignore_patterns("__pycache__"))
     with (src / "streamrt" / "errors.py").open("a") as f:
         f.write("\nimport streamrt.cli.main  # noqa: E402\n")
     with (src / "streamrt" / "plan.py").open("a") as f:
-        f.write("\nimport streamrt.builder  # noqa: E402\n")
+        f.write("\nimport streamrt.building.builder  # noqa: E402\n")
     run = _lint(src)
     assert run.returncode != 0
     assert "streamrt.errors -> streamrt.cli.main" in run.stdout
     assert "No cycles are allowed in streamrt" in run.stdout
+
+
+def test_the_run_side_importing_the_build_side_breaks_the_contracts(tmp_path: Path) -> None:
+    # Loading must not import the build side: running/ importing building/ breaks the layers and
+    # the engines-without-builders contract, and measure/ (below the configs) importing the
+    # profiling room breaks the layers too: the noise rule has one home, below both.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "streamrt", src / "streamrt", ignore=shutil.ignore_patterns("__pycache__"))
+    with (src / "streamrt" / "running" / "runtime.py").open("a") as f:
+        f.write("\nimport streamrt.building.builder  # noqa: E402\n")
+    with (src / "streamrt" / "measure" / "noise.py").open("a") as f:
+        f.write("\nimport streamrt.profiling.bench  # noqa: E402\n")
+    run = _lint(src)
+    assert run.returncode != 0
+    assert "streamrt.running is not allowed to import streamrt.building" in run.stdout
+    assert "streamrt.running.runtime -> streamrt.building.builder" in run.stdout
+    assert "are separate) BROKEN" in run.stdout  # engines-without-builders (its name wraps in the report)
+    assert "streamrt.measure is not allowed to import streamrt.profiling" in run.stdout

@@ -10,10 +10,10 @@ import pytest
 
 import streamrt
 from helpers import catalogue_file
-from streamrt.compare import compare_outputs, format_diffs, run_numpy, top1_agreement, topk_agreement
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
-from streamrt.inputs import random_inputs, resolve_shapes
+from streamrt.running.compare import compare_outputs, format_diffs, run_numpy, top1_agreement, topk_agreement
+from streamrt.running.inputs import random_inputs, resolve_shapes
 from streamrt.testing.models import CATALOGUE
 
 

@@ -15,7 +15,7 @@ from streamrt.errors import (
     ShapeError,
     UnknownInputError,
 )
-from streamrt.inputs import (
+from streamrt.running.inputs import (
     batch_size,
     cast_inputs,
     default_shapes,

@@ -43,7 +43,7 @@ class TinyCNN(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def cnn_plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TinyCNN]]:
-    from streamrt.module_builder import build_module
+    from streamrt.building.module_builder import build_module
 
     tmp = tmp_path_factory.mktemp("module-plan")
     torch.manual_seed(0)
@@ -108,7 +108,7 @@ def test_the_server_batches_a_module_plan(cnn_plan: tuple[Path, TinyCNN], tmp_pa
 @pytest.mark.gpu
 def test_a_cuda_fp16_module_plan_records_dynamic_outputs(tmp_path: Path) -> None:
     """The GPU path of the serving check (fp16 weights behind fp32 I/O): logits follow the batch there too."""
-    from streamrt.module_builder import build_module
+    from streamrt.building.module_builder import build_module
 
     torch.manual_seed(0)
     net = TinyCNN().eval()

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import streamrt
-import streamrt.builder
+import streamrt.building.builder
 import streamrt.onnx.model
 from helpers import catalogue_file
+from streamrt.building.opening import batch_profile, with_batch_profile
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
-from streamrt.opening import batch_profile, with_batch_profile
 from streamrt.serve.config import ModelConfig
 from streamrt.serve.model import load_engine
 from streamrt.testing.models import CATALOGUE
@@ -76,7 +76,7 @@ def test_the_server_reads_an_onnx_model_once(tmp_path: Path, monkeypatch: pytest
         return real(path)
 
     monkeypatch.setattr(streamrt.onnx.model, "load_model", counting)
-    monkeypatch.setattr(streamrt.builder, "load_model", counting)
+    monkeypatch.setattr(streamrt.building.builder, "load_model", counting)
     engine = load_engine(tmp_path / "cnn", 1, ModelConfig(name="cnn", max_batch_size=4))
     assert len(reads) == 1
     assert engine.profiles[0].ranges["x"].max[0] == 4

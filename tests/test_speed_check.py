@@ -1,4 +1,4 @@
-"""The int8 speed check (:mod:`streamrt.speed_check`): interleaved rounds, bench's noise rule, the verdict.
+"""The int8 speed check (:mod:`streamrt.building.speed_check`): interleaved rounds, bench's noise rule, the verdict.
 
 The measuring function is driven with fake runners of known relative cost (sleeps: their cost
 does not depend on how busy the 2 CPU cores are); the verdict with numbers.
@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from streamrt.profiling.summary import COV_THRESHOLD
-from streamrt.speed_check import FASTER, int8_verdict, interleaved_rounds
+from streamrt.building.speed_check import FASTER, int8_verdict, interleaved_rounds
+from streamrt.measure.noise import COV_THRESHOLD
 
 
 def test_ratio_of_runners_of_known_cost_comes_from_interleaved_rounds() -> None:

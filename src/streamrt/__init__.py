@@ -41,17 +41,17 @@ from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
 if TYPE_CHECKING:
     from streamrt.backends.base import Engine, ExecutionContext
-    from streamrt.builder import BuildResult, build
-    from streamrt.module_builder import build_module
-    from streamrt.opening import open
-    from streamrt.runtime import load
+    from streamrt.building.builder import BuildResult, build
+    from streamrt.building.module_builder import build_module
+    from streamrt.building.opening import open
+    from streamrt.running.runtime import load
 
 _LAZY = {
-    "build": ("streamrt.builder", "build"),
-    "BuildResult": ("streamrt.builder", "BuildResult"),
-    "load": ("streamrt.runtime", "load"),
-    "open": ("streamrt.opening", "open"),
-    "build_module": ("streamrt.module_builder", "build_module"),
+    "build": ("streamrt.building.builder", "build"),
+    "BuildResult": ("streamrt.building.builder", "BuildResult"),
+    "load": ("streamrt.running.runtime", "load"),
+    "open": ("streamrt.building.opening", "open"),
+    "build_module": ("streamrt.building.module_builder", "build_module"),
     "Engine": ("streamrt.backends.base", "Engine"),
     "ExecutionContext": ("streamrt.backends.base", "ExecutionContext"),
 }

@@ -139,7 +139,7 @@ class BuildConfig:
         sample_inputs: an ``.npz`` of real inputs (keyed by input name) that fp16 range checks
             and the accuracy gate run on (default: the calibration data, else random inputs).
         accuracy_threshold: bounds the fp16/bf16/int8 plan must meet against ONNX Runtime fp32,
-            e.g. ``"cosine=0.999"`` (:class:`streamrt.accuracy.AccuracyThreshold`); a miss fails
+            e.g. ``"cosine=0.999"`` (:class:`streamrt.measure.accuracy.AccuracyThreshold`); a miss fails
             the build. Without it the metrics are still measured, recorded and warned about.
         int8_target: the accuracy int8's sensitivity pass restores by keeping the most
             sensitive quantized layers in fp32, e.g. ``"top1=0.99"`` or ``"cosine=0.99"``.
@@ -192,7 +192,7 @@ class BuildConfig:
             raise ConfigError(f"memory_limit_mb must be an integer >= 1, got {self.memory_limit_mb}")
         if self.sample_inputs is not None:
             object.__setattr__(self, "sample_inputs", Path(self.sample_inputs))
-        from streamrt.accuracy import AccuracyThreshold  # numpy only: checks the grammar early
+        from streamrt.measure.accuracy import AccuracyThreshold  # numpy only: checks the grammar early
 
         for name in ("accuracy_threshold", "int8_target"):
             value = getattr(self, name)

@@ -84,7 +84,7 @@ class PlanManifest:
             so applications can read them from a plan without the ONNX file.
         precision_report: for fp16/bf16/int8 plans, what the precision transform kept in fp32
             and why, the accuracy against the fp32 reference, and (int8) the speed against fp32
-            (:mod:`streamrt.accuracy_gate`).
+            (:mod:`streamrt.building.accuracy_gate`).
     """
 
     backend: str

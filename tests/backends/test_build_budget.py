@@ -112,7 +112,7 @@ def test_int8_torch_inductor_build_on_a_gpu_is_refused_before_calibration(tmp_pa
 @pytest.mark.slow
 def test_a_level_4_build_past_its_budget_falls_back_and_still_computes_the_module(tmp_path: Path) -> None:
     from streamrt import load
-    from streamrt.module_builder import build_module
+    from streamrt.building.module_builder import build_module
 
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
     config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=6.0,

@@ -15,20 +15,20 @@ import numpy as np
 import pytest
 
 from helpers import catalogue_file
-from streamrt.accuracy import accuracy_of
-from streamrt.accuracy_gate import PrecisionStep
-from streamrt.builder import build_command, cache_key
+from streamrt.building.accuracy_gate import PrecisionStep
+from streamrt.building.builder import build_command, cache_key
 from streamrt.cli._optimization import optimization_lines
 from streamrt.cli.args import BuildArgs
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import AccuracyError, ConfigError
+from streamrt.measure.accuracy import accuracy_of
 from streamrt.onnx.model import load_model
 
 pytestmark = pytest.mark.torch
 
 torch = pytest.importorskip("torch")
 
-from streamrt.backends.torch_inductor.builder import TorchInductorBackend  # noqa: E402
+from streamrt.backends.torch_inductor.backend import TorchInductorBackend  # noqa: E402
 from streamrt.backends.torch_inductor.cache import IDENTITY_FILE, timing_cache  # noqa: E402
 from streamrt.backends.torch_inductor.levels import resolve_recipe  # noqa: E402
 from streamrt.backends.torch_inductor.tf32 import backend_flags  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 import streamrt
 from helpers import catalogue_file
-from streamrt.builder import BuildResult
+from streamrt.building.builder import BuildResult
 from streamrt.config import BuildConfig
 from streamrt.errors import PlanMismatchError, ShapeError
 from streamrt.plan import read_plan, write_plan
@@ -75,7 +75,7 @@ def test_build_from_pytorch_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     import torch
 
-    from streamrt.module_builder import build_module
+    from streamrt.building.module_builder import build_module
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
@@ -116,7 +116,7 @@ def test_half_precision_wrapper_exports_static_and_dynamic(dynamic: bool) -> Non
     import torch
 
     from streamrt.backends.torch_inductor.builder import export_profiles
-    from streamrt.module_builder import _CastIO
+    from streamrt.building.module_builder import _CastIO
 
     net = _CastIO(torch.nn.Linear(4, 2), torch.bfloat16)
     rng = ShapeRange((1, 4), (4, 4), (8, 4)) if dynamic else ShapeRange.fixed((3, 4))

@@ -14,7 +14,7 @@ from helpers import catalogue_file, save
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ShapeError
-from streamrt.inputs import to_device, to_numpy
+from streamrt.running.inputs import to_device, to_numpy
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import ShapeProfile, ShapeRange
 

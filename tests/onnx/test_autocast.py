@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from precision_models import bn_model
-from streamrt.accuracy_gate import measure_accuracy
+from streamrt.building.accuracy_gate import measure_accuracy
 from streamrt.config import BuildConfig
 from streamrt.onnx.autocast import DATA_MAX, large_activations, name_nodes, overflowing_constants
 from streamrt.onnx.precision import lower_precision

@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 from precision_models import seq_model
-from streamrt.accuracy_gate import measure_accuracy
+from streamrt.building.accuracy_gate import measure_accuracy
 from streamrt.config import BuildConfig, CalibrationConfig
 from streamrt.onnx.precision import lower_precision
 

@@ -15,7 +15,6 @@ from helpers import catalogue_file
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError, DTypeMismatchError
-from streamrt.inputs import random_inputs, resolve_shapes
 from streamrt.plan import PlanManifest
 from streamrt.profiling.bench import (
     BenchSummary,
@@ -24,6 +23,7 @@ from streamrt.profiling.bench import (
     benchmark_function,
     check_warnings,
 )
+from streamrt.running.inputs import random_inputs, resolve_shapes
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 
@@ -239,7 +239,7 @@ def test_cuda_engine_is_timed_with_events_on_a_side_stream(tmp_path: Path) -> No
 def test_run_numpy_moves_data_to_a_cuda_engine_and_back() -> None:
     import torch
 
-    from streamrt.compare import run_numpy
+    from streamrt.running.compare import run_numpy
 
     engine = _MatmulEngine()
     x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)

@@ -17,8 +17,8 @@ def test_profile_of_a_small_cuda_plan(tmp_path: Path) -> None:
     import torch
 
     from streamrt import load
+    from streamrt.building.module_builder import build_module
     from streamrt.config import BuildConfig
-    from streamrt.module_builder import build_module
     from streamrt.profiling.flops import count_flops
     from streamrt.profiling.gpu_report import GpuProfileReport
     from streamrt.profiling.kernel_profile import profile_cuda_kernels

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from streamrt.measure.noise import COV_THRESHOLD, is_unstable
+from streamrt.measure.rounds import Rounds, format_ratio, noise_warning, ratio
+from streamrt.measure.stats import Stats
 from streamrt.profiling.pipeline_summary import BOUND_FLAG, PipelineSummary, format_comparison
-from streamrt.profiling.rounds import Rounds, format_ratio, noise_warning, ratio
-from streamrt.profiling.stats import Stats
-from streamrt.profiling.summary import COV_THRESHOLD, is_unstable
 
 
 def test_median_and_spread() -> None:

@@ -35,21 +35,21 @@ class BackendEntry:
 
 BACKENDS: dict[str, BackendEntry] = {
     "onnxruntime": BackendEntry(
-        "streamrt.backends.onnxruntime.builder",
+        "streamrt.backends.onnxruntime.backend",
         "OnnxRuntimeBackend",
         "onnxruntime",
         "core",
         "ONNX Runtime (CPU by default; CUDA/TensorRT providers with onnxruntime-gpu)",
     ),
     "torch_inductor": BackendEntry(
-        "streamrt.backends.torch_inductor.builder",
+        "streamrt.backends.torch_inductor.backend",
         "TorchInductorBackend",
         "torch",
         "torch",
         "PyTorch torch.export + AOTInductor packages (GPU, or CPU through Inductor's C++ path)",
     ),
     "tensorrt": BackendEntry(
-        "streamrt.backends.tensorrt.builder",
+        "streamrt.backends.tensorrt.backend",
         "TensorRTBackend",
         "tensorrt",
         "tensorrt",

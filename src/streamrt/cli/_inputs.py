@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError
-from streamrt.inputs import DISTRIBUTIONS, load_inputs, random_inputs, resolve_shapes, shapes_of
 from streamrt.onnx.profiles import parse_shape_list
+from streamrt.running.inputs import DISTRIBUTIONS, load_inputs, random_inputs, resolve_shapes, shapes_of
 from streamrt.types import format_shape
 
 __all__ = ["add_input_arguments", "describe_inputs", "inputs_from_args"]

@@ -2,11 +2,12 @@
 
 In the manner of Polygraphy's ``tools/args``: a subcommand adds the groups it needs
 (``BuildArgs().add_to(parser)``) and asks each group for its config (``BuildArgs().config(args)``).
-An :class:`Option` ties the flag spellings, the config field it fills, its help and how the
-flag's text becomes the field's value; the group derives the argparse destination, so no
-subcommand builds attribute names from strings. A group made with a ``prefix`` adds per-side
-copies of some of its options (``compare`` has ``--a-precision`` and ``--b-precision``) and lays
-them over the shared ones.
+An :class:`~streamrt._flags.Option` ties the flag spellings, the config field it fills, its help
+and how the flag's text becomes the field's value (and back: the build flags' table lives in
+:mod:`streamrt.building.flags`, where the builder writes a config back as flags); the group
+derives the argparse destination, so no subcommand builds attribute names from strings. A group
+made with a ``prefix`` adds per-side copies of some of its options (``compare`` has
+``--a-precision`` and ``--b-precision``) and lays them over the shared ones.
 
 Example:
     >>> import argparse
@@ -20,17 +21,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamrt.config import BuildConfig, CalibrationConfig, CalibrationMethod, ImagePreprocess, Precision
-from streamrt.errors import ConfigError
+from streamrt._flags import Option
+from streamrt.building.flags import (
+    BUILD_OPTIONS,
+    CALIBRATION_OPTIONS,
+    PREPROCESS_OPTIONS,
+    SHAPE_OPTIONS,
+    backend_choices,
+    parse_options,
+)
+from streamrt.config import BuildConfig, CalibrationConfig, ImagePreprocess
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.serve.config import ServerConfig
 
@@ -56,13 +64,6 @@ def plain_text(doc: str | None) -> str:
     """A docstring as plain help text: RST double backticks and roles removed."""
     text = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc or "")
     return text.replace("``", "")
-
-
-def backend_choices() -> list[str]:
-    """Every registered backend name (whether its library is installed or not)."""
-    from streamrt.backends import BACKENDS
-
-    return list(BACKENDS)
 
 
 class DeprecatedAlias(argparse.Action):
@@ -112,25 +113,6 @@ def add_frame_size(parser: argparse.ArgumentParser | Any, default: str) -> argpa
                                help=f"frame width x height (default {default})")
 
 
-@dataclass(frozen=True)
-class Option:
-    """One flag: its spellings, the config field it fills, its help and argparse settings.
-
-    ``value`` turns what argparse parsed into the field's value (``--no-keep-io-types`` -> False);
-    a flag that was not given leaves the field alone (its default is None in argparse).
-    """
-
-    field: str
-    flags: tuple[str, ...]
-    help: str
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    value: Callable[[Any], Any] = lambda v: v
-    per_side: bool = False  # copied as --<prefix>flag by prefixed groups
-
-    def spellings(self, prefix: str) -> list[str]:
-        return [f"--{prefix}{f[2:]}" for f in self.flags if f.startswith("--")] if prefix else list(self.flags)
-
-
 @dataclass
 class OptionGroup:
     """Options of one config, added to a parser and read back as that config's fields."""
@@ -172,114 +154,9 @@ class OptionGroup:
 
 
 # --- build ---------------------------------------------------------------------------------------
+# The build flags' table (BUILD_OPTIONS, SHAPE_OPTIONS, CALIBRATION_OPTIONS, PREPROCESS_OPTIONS) lives
+# in streamrt.building.flags, where the builder reads it back into a rebuild command.
 
-
-def parse_options(items: list[str]) -> dict[str, Any]:
-    """``['threads=4', 'providers=["cuda"]']`` -> ``{'threads': 4, 'providers': ['cuda']}``."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"bad --option {item!r}: expected KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
-
-
-def _floats(name: str) -> Callable[[str], tuple[float, float, float]]:
-    def parse(text: str) -> tuple[float, float, float]:
-        try:
-            a, b, c = (float(v) for v in text.split(","))
-        except ValueError:
-            raise ConfigError(f"{name} must be three comma-separated numbers, got {text!r}") from None
-        return (a, b, c)
-
-    return parse
-
-
-def _size(text: str) -> tuple[int, int]:
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ConfigError(f"--calib-size must be HxW, got {text!r}") from None
-    return (h, w)
-
-
-def _ops(text: str) -> tuple[str, ...]:
-    return tuple(op.strip() for op in text.split(",") if op.strip())
-
-
-_PRECISIONS = [p.value for p in Precision]
-
-BUILD_OPTIONS = (
-    Option("backend", ("--backend",), "backend (default onnxruntime)", {"choices": backend_choices()},
-           per_side=True),
-    Option("precision", ("--precision",), "numeric precision, applied to the ONNX graph (default fp32)",
-           {"choices": _PRECISIONS}, per_side=True),
-    Option("optimization_level", ("--optimization-level", "--opt-level"), "0 (fastest build) .. 5 (slowest build, "
-           "fastest kernels), TensorRT's levels; default 3 (docs/optimization-levels.md)",
-           {"type": int, "choices": range(6), "metavar": "{0..5}"}),
-    Option("tf32", ("--tf32",), "fp32 plans: allow TF32 tensor-core math in matmuls and convolutions (about 1e-3 "
-           "relative error; default off: IEEE fp32)", {"action": "store_true"}),
-    Option("timing_cache", ("--timing-cache",), "keep kernel timings across builds here and reuse them (like "
-           "trtexec --timingCacheFile): a file for tensorrt, a directory for torch_inductor",
-           {"type": Path, "metavar": "PATH"}),
-    Option("build_budget_s", ("--build-budget-s",), "seconds the autotuning of one build may take (torch_inductor "
-           "levels 4-5; default 300): past it the rest is compiled without autotuning, and the build says so; "
-           "0: no limit", {"type": float, "metavar": "SECONDS"}, value=lambda v: None if v == 0 else v),
-    Option("memory_limit_mb", ("--memory-limit",), "workspace/arena limit", {"type": int, "metavar": "MB"}),
-    Option("keep_io_types", ("--no-keep-io-types",), "fp16/bf16: convert inputs/outputs too (default keeps them fp32)",
-           {"action": "store_true"}, value=lambda _: False),
-    Option("fp32_ops", ("--fp32-ops",), "comma-separated op types kept in fp32", {"metavar": "OPS"}, value=_ops),
-    Option("backend_options", ("--option",), 'backend option (e.g. threads=4, providers=["cuda"]); repeatable',
-           {"action": "append", "metavar": "KEY=VALUE"}, value=parse_options),
-    Option("verify_shapes", ("--verify-shapes",),
-           "run the plan at each profile's min/opt/max and an odd size against ONNX Runtime fp32 and refuse a "
-           "mismatch (default: on for every backend but onnxruntime)", {"action": argparse.BooleanOptionalAction}),
-    # fp16/bf16/int8 accuracy (streamrt.accuracy_gate): sample data, the gate, int8's sensitivity target
-    Option("sample_inputs", ("--sample-inputs",), "real inputs (keyed by input name) for fp16 range checks and "
-           "the accuracy gate (default: calibration data, else random inputs)", {"type": Path, "metavar": "FILE.npz"}),
-    Option("accuracy_threshold", ("--accuracy-threshold",), "fail the fp16/bf16/int8 build when the plan misses it "
-           "vs onnxruntime fp32: cosine=0.999, top1=0.99, rel_l2=0.01, max_abs=..., rel_p99=... (comma-separated; "
-           "a bare number is a min cosine)", {"metavar": "SPEC"}),
-    Option("int8_target", ("--int8-target",), "int8: keep the most sensitive quantized layers in fp32 until this "
-           "is met (e.g. top1=0.99)", {"metavar": "SPEC"}),
-    Option("speed_check", ("--no-speed-check",), "int8: skip timing the plan against an fp32 plan of the same "
-           "backend (a second build)", {"action": "store_true"}, value=lambda _: False),
-)
-"""BuildConfig fields set by one flag each; profiles and calibration are read by BuildArgs itself."""
-
-SHAPE_OPTIONS = (
-    Option("min", ("--min-shapes",), "name:1x3x224x224,... minimum shapes of one profile (repeat per profile)",
-           {"action": "append", "metavar": "SPECS"}),
-    Option("opt", ("--opt-shapes",), "shapes kernels are tuned for (default: the min shapes)",
-           {"action": "append", "metavar": "SPECS"}),
-    Option("max", ("--max-shapes",), "maximum shapes", {"action": "append", "metavar": "SPECS"}),
-    Option("multiple", ("--shape-multiple",), "name:1x1x32x32,... each dimension must be a multiple of this "
-           "(checked at build and run; once for all profiles or once per profile)",
-           {"action": "append", "metavar": "SPECS"}),
-)
-
-CALIBRATION_OPTIONS = (
-    Option("data", ("--calib",), "int8 calibration data: a folder of .npy/.npz files or images",
-           {"type": Path, "metavar": "DIR"}),
-    Option("method", ("--calib-method",), "how activation ranges are chosen (default entropy)",
-           {"choices": [m.value for m in CalibrationMethod]}, value=CalibrationMethod),
-    Option("max_samples", ("--calib-samples",), "use at most N calibration samples", {"type": int, "metavar": "N"}),
-    Option("per_channel", ("--per-tensor",), "int8: per-tensor weight scales", {"action": "store_true"},
-           value=lambda _: False),
-)
-
-PREPROCESS_OPTIONS = (
-    Option("size", ("--calib-size",), "image calibration: resize to HxW (default 224x224)", {"metavar": "HxW"},
-           value=_size),
-    Option("mean", ("--calib-mean",), "image calibration: mean in [0, 1] units", {"metavar": "R,G,B"},
-           value=_floats("--calib-mean")),
-    Option("std", ("--calib-std",), "image calibration: std in [0, 1] units", {"metavar": "R,G,B"},
-           value=_floats("--calib-std")),
-)
 
 
 class BuildArgs:

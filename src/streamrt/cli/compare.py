@@ -119,8 +119,8 @@ def _label(path: Path, engine: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.compare import compare_outputs, format_diffs, run_numpy
-    from streamrt.inputs import cast_inputs
+    from streamrt.running.compare import compare_outputs, format_diffs, run_numpy
+    from streamrt.running.inputs import cast_inputs
 
     engine_a = _side(args.a, args, "a")
     with engine_a:

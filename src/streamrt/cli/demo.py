@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from streamrt.cli.common import check_output
     from streamrt.device import cuda_available
-    from streamrt.profiling.rounds import format_ratio, noise_warning
+    from streamrt.measure.rounds import format_ratio, noise_warning
     from streamrt.video.demo import DemoConfig, default_pipeline, run_demo
 
     check_output(args.output, directory=True)

@@ -47,7 +47,7 @@ def describe(path: Path) -> dict[str, Any]:
             info.update(get_backend(plan.manifest.backend).describe_payload(plan.payload))
         except MissingDependencyError as exc:
             # The manifest needs no backend library: show it, and say what running the plan takes.
-            from streamrt.runtime import requirements_error
+            from streamrt.running.runtime import requirements_error
 
             info["runnable_here"] = str(requirements_error(plan.manifest, path, exc))
         return info
@@ -108,7 +108,7 @@ def _precision_lines(record: dict[str, Any]) -> list[str]:
     """What the precision transform kept in fp32, the accuracy vs fp32 and (int8) the speed."""
     if not record:
         return []
-    from streamrt.accuracy import AccuracyReport
+    from streamrt.measure.accuracy import AccuracyReport
 
     lines = []
     kept = record.get("kept_nodes", [])
@@ -147,7 +147,7 @@ def _random_inputs_lines(accuracy: dict[str, Any]) -> list[str]:
         return []
     warning = accuracy.get("warning")
     if not warning:
-        from streamrt.accuracy_gate import random_inputs_warning
+        from streamrt.building.accuracy_gate import random_inputs_warning
 
         warning = random_inputs_warning(int(accuracy.get("samples", 0)))
     return [f"  {warning}"]

@@ -168,7 +168,7 @@ def _slug(label: str) -> str:
 def _analysis(results: Sequence[Any], summaries: Sequence[tuple[Any, Any]], rounds: Sequence[Any],
               device: str) -> list[str]:
     """Plain-language lines under the table: noise, best case, its bound, what graphs changed."""
-    from streamrt.profiling.rounds import format_ratio, noise_warning
+    from streamrt.measure.rounds import format_ratio, noise_warning
 
     best = max(range(len(results)), key=lambda i: results[i].items_per_s)
     vs = format_ratio(rounds[best], rounds[0])
@@ -215,9 +215,9 @@ def run(args: argparse.Namespace) -> int:
     torch = require("torch", extra="torch", purpose="pipeline-bench's frame workload, on the CPU too")
 
     from streamrt.device import get_device
+    from streamrt.measure.rounds import Rounds
     from streamrt.pipeline.bench import compare, standard_cases
     from streamrt.profiling.pipeline_summary import format_comparison, summarize
-    from streamrt.profiling.rounds import Rounds
     from streamrt.testing.workloads import FrameSpec, FrameWorkload, make_frames
 
     if args.output is not None:

@@ -57,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from streamrt.inputs import to_device
     from streamrt.profiling.layers import LayerProfile
+    from streamrt.running.inputs import to_device
 
     if args.iterations < 1:
         raise ConfigError(f"--iterations must be an integer >= 1, got {args.iterations}")
@@ -100,11 +100,11 @@ def _run_cuda(engine: Any, arrays: dict[str, Any], source: str, args: argparse.N
     """Kernel table, kinds with rates and the roofline of a CUDA engine."""
     import torch
 
-    from streamrt.inputs import to_device
     from streamrt.plan import is_plan_file
     from streamrt.profiling.flops import count_onnx_flops
     from streamrt.profiling.gpu_report import GpuProfileReport, plan_precision
     from streamrt.profiling.kernel_profile import profile_cuda_kernels
+    from streamrt.running.inputs import to_device
 
     flops_model = args.flops_model or (None if is_plan_file(args.engine) else args.engine)
     if flops_model is not None and not Path(flops_model).is_file():

@@ -40,8 +40,8 @@ from streamrt._optional import require
 from streamrt.client.failures import grpc_error_line, http_error_text, unreachable
 from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
-from streamrt.inputs import random_inputs
-from streamrt.profiling.stats import Stats
+from streamrt.measure.stats import Stats
+from streamrt.running.inputs import random_inputs
 from streamrt.serve.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 

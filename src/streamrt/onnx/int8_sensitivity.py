@@ -2,7 +2,7 @@
 
 Plain int8 can destroy a model whose accuracy hangs on a few layers (attention scores, the
 classifier of a CTC recognizer). The pass works on the QDQ model with ONNX Runtime on the CPU,
-against the fp32 model on sample feeds, with an :class:`~streamrt.accuracy.AccuracyThreshold`
+against the fp32 model on sample feeds, with an :class:`~streamrt.measure.accuracy.AccuracyThreshold`
 as the target:
 
 1. Quantize everything; if the target is met, stop (no cost beyond one evaluation).
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
+from streamrt.measure.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
 from streamrt.onnx.runner import onnx_runner
 
 __all__ = ["SensitivityResult", "restore_accuracy"]

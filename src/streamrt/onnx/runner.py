@@ -1,6 +1,6 @@
 """Run an ONNX model with ONNX Runtime on the CPU: the fp32 reference of accuracy checks.
 
-The accuracy gate (:mod:`streamrt.accuracy_gate`), int8's sensitivity pass and the fp16 range
+The accuracy gate (:mod:`streamrt.building.accuracy_gate`), int8's sensitivity pass and the fp16 range
 check all compare against the model run here, so one place decides how a reference runs: the CPU
 provider, quiet logs, and float inputs cast to the dtype each model input expects (an fp16 model
 built without kept I/O types takes the same feeds as its fp32 original).

@@ -3,7 +3,7 @@
 One *query* is one ``infer`` call on one batch. Every query gets a record with trtexec's
 timestamps (enqueue, H2D, compute and D2H start/end, in ms from the start of the run); the
 summary gives throughput (queries/s and items/s), min/max/mean/median/p90/p95/p99 of each
-metric (:mod:`streamrt.profiling.stats`), total host walltime and total compute time, and
+metric (:mod:`streamrt.measure.stats`), total host walltime and total compute time, and
 trtexec's warnings.
 
 How each kind of engine is timed:
@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.inputs import batch_size, shapes_of
+from streamrt.measure.stats import Stats
 from streamrt.profiling.loops import BenchSettings, TimedRun, host_loop
-from streamrt.profiling.stats import Stats
 from streamrt.profiling.summary import (
     COV_THRESHOLD,
     ENQUEUE_BOUND_RATIO,
@@ -48,6 +47,7 @@ from streamrt.profiling.summary import (
     IterationRecord,
     check_warnings,
 )
+from streamrt.running.inputs import batch_size, shapes_of
 from streamrt.types import Shape, format_shape
 
 if TYPE_CHECKING:

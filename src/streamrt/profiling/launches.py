@@ -38,7 +38,7 @@ def count_kernel_launches(engine: Any, inputs: Mapping[str, Any], calls: int = 5
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from streamrt.inputs import to_device
+    from streamrt.running.inputs import to_device
 
     feeds = to_device({k: v for k, v in inputs.items()}, "cuda") if _on_host(inputs) else dict(inputs)
     ctx = _plain_context(engine)

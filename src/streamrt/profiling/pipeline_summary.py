@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.measure.rounds import Rounds, format_ratio
 from streamrt.pipeline.tracing import ENQUEUE, TRACK_CUDA, PipelineTrace
-from streamrt.profiling.rounds import Rounds, format_ratio
 
 __all__ = ["BOUND_FLAG", "PipelineSummary", "format_comparison", "summarize"]
 
@@ -184,7 +184,7 @@ def format_comparison(
 
     With ``rounds`` (one per row: the throughput of every timed round), a column gives their
     spread, and "vs base" reads "baseline unstable" when the baseline's rounds are noisy
-    (:mod:`streamrt.profiling.rounds`). A bound below the timed throughput, a contradiction that
+    (:mod:`streamrt.measure.rounds`). A bound below the timed throughput, a contradiction that
     a slowed traced run produces (tracing overhead, or noise during that run), is marked
     :data:`BOUND_FLAG` and explained under the table instead of being passed off as a limit.
     """

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamrt.profiling.stats import Stats
+from streamrt.measure.noise import COV_THRESHOLD, is_unstable, unstable_advice  # re-exported: the shared rule
+from streamrt.measure.stats import Stats
 
 __all__ = [
     "COV_THRESHOLD",
@@ -32,8 +33,6 @@ __all__ = [
     "unstable_advice",
 ]
 
-COV_THRESHOLD = 2.5
-"""Compute time with a coefficient of variation above this (percent) is reported unstable."""
 ENQUEUE_BOUND_RATIO = 0.8
 """Median enqueue above this fraction of median compute is reported enqueue-bound."""
 
@@ -178,25 +177,6 @@ class BenchWarning:
 
     def to_json(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message, "advice": self.advice}
-
-
-def is_unstable(stats: Stats) -> bool:
-    """The noise rule every measurement shares: coefficient of variation above :data:`COV_THRESHOLD`.
-
-    ``bench`` applies it to per-iteration compute times; ``demo``, ``pipeline-bench`` and ``detect``
-    to throughput across rounds (:mod:`streamrt.profiling.rounds`).
-    """
-    return stats.cov > COV_THRESHOLD
-
-
-def unstable_advice(device: str, more: str) -> str:
-    """What to do about an unstable measurement on ``device``; ``more`` names the command's own knobs."""
-    quiet = (
-        "lock the GPU clocks (nvidia-smi --lock-gpu-clocks), keep other work off the GPU"
-        if device == "cuda"
-        else "keep other work off the machine"
-    )
-    return f"{quiet}, {more}"
 
 
 def check_warnings(summary: BenchSummary, device: str) -> list[BenchWarning]:

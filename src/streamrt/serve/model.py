@@ -37,8 +37,8 @@ from streamrt.errors import (
     RequestError,
     ShapeError,
 )
-from streamrt.inputs import random_inputs
 from streamrt.onnx.profiles import check_shapes
+from streamrt.running.inputs import random_inputs
 from streamrt.serve.classification import read_labels, top_k_classes
 from streamrt.serve.config import ModelConfig, TensorConfig, WarmupConfig
 from streamrt.serve.instances import DeviceEngines, DeviceOutputs, InstanceGroup
@@ -74,7 +74,7 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
     Raises:
         ModelNotFoundError: the version directory holds no model file.
     """
-    import streamrt
+    from streamrt.building.opening import open as open_engine
 
     folder = model_dir / str(version)
     names = [config.default_model_filename] if config.default_model_filename else ["model.plan", "model.onnx"]
@@ -94,13 +94,10 @@ def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
         source = load_model(path)  # read once: its inputs decide the profile, then it is built
         profile = derive_profile(config, source.inputs)
         build = build.replace(profiles=(profile,)) if profile is not None else build
-    engine = streamrt.open(source, build, max_batch=config.max_batch_size or None, cache=True)
+    engine = open_engine(source, build, max_batch=config.max_batch_size or None, cache=True)
     log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
              time.perf_counter() - started)
     return engine
-
-
-"""Loads the engine of one model version: ``(model_dir, version, config) -> Engine``."""
 
 
 def _tensors_from_engine(

@@ -3,7 +3,7 @@
 The reference is ONNX Runtime fp32 on the source model (:func:`onnx_reference`, ONNX builds) or
 the eager PyTorch module in fp32 (:func:`module_reference`, ``build_module``). Inputs are the
 user's data where their shapes fit (``--sample-inputs``, else the calibration samples; read with
-the loaders the accuracy gate uses, :func:`streamrt.inputs.load_inputs` and
+the loaders the accuracy gate uses, :func:`streamrt.running.inputs.load_inputs` and
 :class:`~streamrt.onnx.calibration.CalibrationDataset`) and fresh seeded random data elsewhere:
 random noise says little about an image model, and a detector's map is ~0 on it.
 
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from streamrt.config import BuildConfig
-from streamrt.inputs import cast_inputs, random_inputs, shapes_of, to_device, to_numpy
 from streamrt.onnx.model import OnnxModel
+from streamrt.running.inputs import cast_inputs, random_inputs, shapes_of, to_device, to_numpy
 from streamrt.types import DType, Shape, ShapeProfile, TensorSpec
 
 __all__ = ["Arrays", "Inputs", "PlanRunner", "Reference", "Runner", "module_reference", "onnx_reference", "user_inputs"]
@@ -184,7 +184,7 @@ def user_inputs(specs: Sequence[TensorSpec], config: BuildConfig) -> Inputs:
     """
     specs = tuple(specs)
     if config.sample_inputs is not None:
-        from streamrt.inputs import load_inputs
+        from streamrt.running.inputs import load_inputs
 
         return Inputs(specs, (load_inputs(config.sample_inputs, specs),), f"sample inputs {config.sample_inputs.name}")
     if config.calibration is not None and Path(config.calibration.data).exists():

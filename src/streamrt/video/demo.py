@@ -10,7 +10,7 @@ Steps (:func:`run_demo`):
    and decoding stays out of the comparison;
 3. run it through the synchronous loop (``topology=sync``) and through the pipeline, ``rounds``
    times each, interleaved; the median run of each is reported with the spread of the rounds, and
-   the speed-up only when the synchronous baseline was steady (:mod:`streamrt.profiling.rounds`);
+   the speed-up only when the synchronous baseline was steady (:mod:`streamrt.measure.rounds`);
 4. check both gave the same detections, score them against the clip's ground truth (mAP@0.5),
    and write the annotated video, the detections (JSON Lines), both run reports and timelines.
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.measure.rounds import Rounds, ratio
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.profiling.rounds import Rounds, ratio
 from streamrt.video.metrics import mean_average_precision
 from streamrt.video.model import DetectorModel, best_backend, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import RunReport, write_report_files
@@ -119,7 +119,7 @@ def _sample(path: Path, clip: SyntheticClip) -> list[np.ndarray]:
 
 
 def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, say: Callable[[str], None]) -> Path:
-    import streamrt
+    from streamrt.building.builder import build
     from streamrt.onnx.model import load_model
     from streamrt.video.model import detector_build_config
 
@@ -133,7 +133,7 @@ def _plan(backend: str, options: dict[str, Any], config: DemoConfig, out: Path, 
     plan = out / f"shapes_detector.{backend}{suffix}.plan"
     say(f"plan for the bundled detector: {backend} {build_config.precision.value}"
         + (f" {options}" if options else ""))
-    built = streamrt.build(source, build_config, plan, cache_dir=config.cache_dir, progress=say)
+    built = build(source, build_config, plan, cache_dir=config.cache_dir, progress=say)
     say(f"{'reused' if built.cached else 'built'} {plan} in {built.seconds:.1f} s")
     return plan
 

@@ -232,13 +232,13 @@ def detector_build_config(backend: str, spec: TensorSpec, *, max_batch: int = 16
                           precision: str | None = None) -> Any:
     """A :class:`~streamrt.config.BuildConfig` for the detector input ``spec``: the backend's precision
     (:data:`BACKEND_PREFERENCE`) and, when the batch is dynamic, a batch profile 1..``max_batch``
-    (:func:`streamrt.opening.with_batch_profile`).
+    (:func:`streamrt.building.opening.with_batch_profile`).
 
     Raises:
         ConfigError: the batch is dynamic and so is the image size (a detector needs a fixed one).
     """
+    from streamrt.building.opening import with_batch_profile
     from streamrt.config import BuildConfig, Precision
-    from streamrt.opening import with_batch_profile
 
     if backend not in BACKEND_PREFERENCE and precision is None:
         precision = "fp32"
@@ -287,7 +287,7 @@ def open_detector(
         ModelNotFoundError: no such file.
         ModelError: not a detector StreamRT can decode (the message says what was expected).
     """
-    import streamrt
+    from streamrt.building.opening import open as open_engine
     from streamrt.plan import is_plan_file
 
     p = Path(path)
@@ -297,7 +297,7 @@ def open_detector(
     if names is None and p.with_suffix(".txt").is_file():
         names = read_labels(p.with_suffix(".txt"))
     if is_plan_file(p):
-        engine = streamrt.open(p)
+        engine = open_engine(p)
         chosen = str(engine.manifest.backend)
     else:
         from streamrt.onnx.model import load_model
@@ -311,6 +311,6 @@ def open_detector(
                                                        precision=precision)
         if options and config is None:
             build_config = build_config.replace(backend_options=dict(options))
-        engine = streamrt.open(model, build_config, cache=cache, cache_dir=cache_dir, progress=progress)
+        engine = open_engine(model, build_config, cache=cache, cache_dir=cache_dir, progress=progress)
     metadata = dict(engine.manifest.source_metadata)  # the source ONNX's metadata_props
     return describe_engine(engine, labels=names, metadata=metadata, layout=layout, source=p.name, backend=chosen)

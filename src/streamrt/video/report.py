@@ -87,7 +87,7 @@ class RunReport:
             f"p99 {lat.get('p99', float('nan')):.1f} ms, max {lat.get('max', float('nan')):.1f} ms",
         ]
         if len(self.window_fps) > 1:
-            from streamrt.profiling.rounds import Rounds, noise_warning
+            from streamrt.measure.rounds import Rounds, noise_warning
 
             windows = Rounds.of(self.window_fps)
             lines.append(f"  throughput per window: {windows.describe('FPS', 'windows')}")

@@ -1,4 +1,4 @@
-"""NVIDIA TensorRT backend (10.x and 11.x): ONNX -> strongly typed network -> serialized engine.
+"""NVIDIA TensorRT backend (10.x and 11.x), build side: ONNX -> strongly typed network -> serialized engine.
 
 **This backend has never been executed in this repository's environment**: TensorRT's libraries
 come only from NVIDIA's package index, which these machines cannot reach. Every call below was
@@ -19,6 +19,8 @@ on otherwise. Options (``--option key=value``): ``version_compatible``, ``hardwa
 (``none``/``ampere_plus``/``same_compute_capability``), ``refit``, ``timing_cache`` (path or
 ``off``), ``cuda_graphs``.
 
+Only :meth:`.backend.TensorRTBackend.build` imports this module; loading a plan never does.
+
 Thread safety (TensorRT's rules): a new ``Builder`` per build, so concurrent builds in several
 threads never share one; ``build_serialized_network`` releases the GIL.
 
@@ -35,68 +37,20 @@ from typing import Any
 
 import tensorrt as trt
 
-from streamrt._features import cuda_target
-from streamrt._optional import require
-from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine
+from streamrt.backends.base import BuildJob, BuildOutput
 from streamrt.backends.tensorrt import compat
-from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError, ProfileError, StreamRTError
-from streamrt.plan import Plan, PlanManifest, atomic_write
+from streamrt.plan import atomic_write
 from streamrt.types import ShapeProfile, TensorSpec
 
-__all__ = ["TensorRTBackend", "local_gpu"]
+__all__ = ["build"]
 
 log = logging.getLogger(__name__)
 
 
-def _torch() -> Any:
-    return require("torch", extra="torch", purpose="the tensorrt backend's GPU memory and streams")
-
-
-def local_gpu() -> dict[str, Any] | None:
-    """This machine's GPU as a plan records it (name, compute capability, CUDA), or None without one."""
-    _torch()  # a missing torch names its extra instead of reading as "no GPU"
-    return cuda_target()
-
-
-class TensorRTBackend(Backend):
-    """Builds serialized TensorRT engines and loads them into :class:`TensorRTEngine` objects."""
-
-    name = "tensorrt"
-    pip_extra = "tensorrt"
-    device_fields = ("name", "compute_capability")
-    # Precision is decided in the ONNX graph; "tf32" only leaves TensorRT's TF32 flag on.
-    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
-
-    def version(self) -> str:
-        return str(trt.__version__)
-
-    def runtime_versions(self) -> dict[str, str]:
-        torch = _torch()
-        return {"tensorrt": self.version(), "torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
-
-    def runs_operator(self, op_type: str, domain: str) -> bool | None:
-        # Its ONNX parser covers the standard domain; anything else needs a plugin.
-        return None if domain in ("", "ai.onnx") else False
-
-    def target_device(self, config: BuildConfig) -> dict[str, Any]:
-        device = local_gpu()
-        if device is None:
-            raise ConfigError("the tensorrt backend builds for a CUDA GPU, and torch sees none on this machine")
-        return device
-
-    def check_compatible(self, manifest: PlanManifest) -> None:
-        """TensorRT version and GPU must match, except where the plan was built version/hardware compatible."""
-        compat.check_plan(manifest, self.version(), local_gpu())
-
-    def build(self, job: BuildJob) -> BuildOutput:
-        return _Build(job, self.target_device(job.config)).run()
-
-    def load(self, plan: Plan) -> Engine:
-        _torch()  # the engine side needs torch: a missing one names its extra
-        from streamrt.backends.tensorrt.engine import TensorRTEngine
-
-        return TensorRTEngine(plan.manifest, plan.payload)
+def build(job: BuildJob, device: dict[str, Any]) -> BuildOutput:
+    """Build one serialized engine of ``job.model`` for ``device`` (the backend's ``target_device``)."""
+    return _Build(job, device).run()
 
 
 class _Build:

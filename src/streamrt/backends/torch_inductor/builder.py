@@ -1,17 +1,13 @@
-"""GPU engine backend without TensorRT: torch.export + AOTInductor packages.
+"""GPU engine backend without TensorRT, build side: torch.export + AOTInductor packages.
 
 Build: ONNX -> StreamRT's importer (an ``nn.Module``) -> ``torch.export`` with dynamic dims
 from each shape profile -> ``aoti_compile_and_package`` (fused, optionally autotuned kernels
 for this GPU, or C++ kernels on CPU) -> one ``.pt2`` package per profile, stored together in
 the plan's payload. The opt shape of a profile is the example input the kernels are tuned for.
 
-Load: packages are extracted to a private directory and loaded with
-``torch._inductor.package.load_package``; each execution context gets its own runner (so
-contexts on different streams never contend for one model container's lock), which
-duplicates the weights per context: keep contexts few for large models.
-
-A plan records torch, CUDA and GPU architecture; loading it elsewhere fails with the standard
-mismatch message. See ``docs/gpu-backend.md``.
+Only :class:`.backend.TorchInductorBackend`'s ``build`` and ``build_from_module`` import this
+module (and :mod:`._compile_child`, the deadline's child process); loading a plan never does.
+See ``docs/gpu-backend.md``.
 """
 
 from __future__ import annotations
@@ -31,9 +27,7 @@ from typing import Any
 
 import torch
 
-from streamrt._features import cuda_available
-from streamrt._optional import available, require
-from streamrt.backends.base import Backend, BuildJob, BuildOutput, Engine, Progress
+from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.backends.torch_inductor.budget import BuildBudget, tunes
 from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
@@ -46,14 +40,20 @@ from streamrt.backends.torch_inductor.output_specs import (
     refine_declared,
 )
 from streamrt.backends.torch_inductor.payload import pack_payload
-from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target, refuse_gpu_int8
+from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target, runtime_versions
 from streamrt.backends.torch_inductor.tf32 import backend_flags
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError, ConfigError
-from streamrt.plan import Plan, PlanManifest, check_field
 from streamrt.types import ShapeProfile, TensorSpec
 
-__all__ = ["TorchInductorBackend", "compile_package", "export_profiles"]
+__all__ = [
+    "build_from_module",
+    "build_onnx",
+    "compile_package",
+    "export_profiles",
+    "torch_warnings_logged",
+    "warn_slow_cpu_precision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +160,6 @@ def export_profiles(
         raise BuildError(f"torch.export failed: {type(exc).__name__}: {message}", hint=hint) from exc
 
 
-def _inductor_configs(config: BuildConfig, metadata: Mapping[str, str], kind: str = "cuda") -> dict[str, Any]:
-    """The Inductor configs of ``config``'s optimization level (:mod:`.levels`), with the plan's metadata."""
-    return {**resolve_recipe(config, kind).inductor, "aot_inductor.metadata": dict(metadata)}
-
-
 @contextlib.contextmanager
 def torch_warnings_logged() -> Iterator[None]:
     """torch's own deprecation warnings during a build stay off the user's terminal.
@@ -216,169 +211,124 @@ def _describe(recipe: Recipe) -> str:
     return f"{', '.join(on) or 'no autotuning'}; memory format {recipe.memory_format}"
 
 
-class TorchInductorBackend(Backend):
-    """Builds AOTInductor packages (GPU or CPU) and loads them into engines."""
+def build_onnx(job: BuildJob) -> BuildOutput:
+    """Import ``job.model`` into torch and build it (:func:`build_from_module`) in the build's Inductor cache."""
+    from streamrt.onnx.importer import import_onnx
 
-    name = "torch_inductor"
-    pip_extra = "torch"
-    precisions = frozenset({"fp32", "tf32", "fp16", "bf16", "int8"})
-    _CUDA_FIELDS = ("kind", "name", "compute_capability", "cuda")
-    _CPU_FIELDS = ("kind", "arch", "isa")
+    model, config = job.model, job.config
+    unknown = sorted(set(config.backend_options) - _OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown torch_inductor options {unknown}; known: {sorted(_OPTIONS)}")
+    kind = device_kind(config)
+    warn_slow_cpu_precision(kind, config.precision.value)
+    job.progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
+    module = import_onnx(model.proto).eval().to(kind)
+    names = [s.name for s in model.inputs]
+    dtypes = [s.dtype.torch for s in model.inputs]
+    with inductor_cache(job.cache_dir):
+        built = build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+    # The graph's names and dtypes, with the dims the compiled program makes follow its inputs.
+    return dataclasses.replace(built, outputs=refine_declared(model.outputs, built.outputs))
 
-    def version(self) -> str:
-        return str(torch.__version__)
 
-    def runtime_versions(self) -> dict[str, str]:
-        versions = {"torch": self.version(), "cuda": str(torch.version.cuda)}
-        if available("triton"):
-            versions["triton"] = str(require("triton", extra="torch").__version__)
-        return versions
+def build_from_module(
+    module: torch.nn.Module,
+    names: Sequence[str],
+    dtypes: Sequence[torch.dtype],
+    config: BuildConfig,
+    profiles: tuple[ShapeProfile, ...],
+    progress: Progress,
+    kind: str,
+) -> BuildOutput:
+    """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
 
-    def target_device(self, config: BuildConfig) -> dict[str, Any]:
-        kind = device_kind(config)
-        refuse_gpu_int8(config, kind)  # before calibration: int8 has no GPU kernels here
-        return device_target(kind)
+    The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
+    Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``. The
+    result's ``outputs`` (named ``output_<i>``) come from the exported programs' symbolic
+    shapes (:mod:`.output_specs`): ``-1`` where an output follows a dynamic input.
+    """
+    threads = _threads_option(config)  # checked before the long compile
+    recipe = resolve_recipe(config, kind)
+    note = cpu_target_note(config, kind)
+    if note:
+        progress(note)
+    meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
+    progress(f"optimization level {recipe.level}: {_describe(recipe)}")
+    budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark)
+    with _timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
+        packages, layout, exported = _compile(
+            module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
+        stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
+    progress(stats.line())
+    decided = layout_knobs(layout["memory_format"]) if layout else {}
+    settings = {
+        "device": kind,
+        "inductor": dict(sorted({**recipe.inductor, **decided}.items())),
+        "optimization": {**recipe.to_dict(), **({"memory_format_decision": layout} if layout else {})},
+        "timing_cache": stats.to_dict(),
+        "build_budget": budget.to_dict(),
+        # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
+        "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
+        "threads": threads,
+        "fp32_precision": "tf32" if config.tf32 else "ieee",
+        "cudnn_benchmark": recipe.cudnn_benchmark,
+    }
+    outputs = tuple(
+        TensorSpec(f"output_{i}", dtype, shape) for i, (shape, dtype) in enumerate(merge_profiles(exported))
+    )
+    return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings, outputs=outputs)
 
-    def runs_operator(self, op_type: str, domain: str) -> bool | None:
-        from streamrt.onnx.importer.registry import converter_table
+def _timings(config: BuildConfig, kind: str) -> contextlib.AbstractContextManager[TimingCacheStats]:
+    """The explicit ``--timing-cache`` directory, or counting in the current Inductor cache."""
+    if config.timing_cache is not None:
+        identity = {"device": device_target(kind).get("name" if kind == "cuda" else "isa"),
+                    **runtime_versions()}
+        return timing_cache(config.timing_cache, identity)
+    return count_autotuning(TimingCacheStats(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor default")))
 
-        return domain in ("", "ai.onnx") and op_type in converter_table()
+def _compile(
+    module: torch.nn.Module,
+    names: Sequence[str],
+    dtypes: Sequence[torch.dtype],
+    recipe: Recipe,
+    meta: Mapping[str, str],
+    profiles: tuple[ShapeProfile, ...],
+    progress: Progress,
+    kind: str,
+    budget: BuildBudget,
+) -> tuple[list[bytes], dict[str, Any] | None, list[list[CompiledOutput]]]:
+    """One package per profile, and each profile's exported outputs (:func:`.output_specs.exported_outputs`).
 
-    def build_recipe(self, config: BuildConfig) -> dict[str, Any]:
-        return resolve_recipe(config, device_kind(config)).to_dict()
-
-    def check_compatible(self, manifest: PlanManifest) -> None:
-        check_field(manifest, "torch version", manifest.backend_version, self.version())
-        kind = str(manifest.device.get("kind"))
-        if kind == "cuda" and not cuda_available():
-            check_field(manifest, "device.kind", "cuda", "cpu (no CUDA GPU visible to torch)")
-        local = device_target(kind)
-        for key in self._CUDA_FIELDS if kind == "cuda" else self._CPU_FIELDS:
-            check_field(manifest, f"device.{key}", manifest.device.get(key), local.get(key))
-
-    def build(self, job: BuildJob) -> BuildOutput:
-        from streamrt.onnx.importer import import_onnx
-
-        model, config = job.model, job.config
-        unknown = sorted(set(config.backend_options) - _OPTIONS)
-        if unknown:
-            raise ConfigError(f"unknown torch_inductor options {unknown}; known: {sorted(_OPTIONS)}")
-        kind = device_kind(config)
-        warn_slow_cpu_precision(kind, config.precision.value)
-        job.progress(f"importing ONNX into torch ({len(model.proto.graph.node)} nodes)")
-        module = import_onnx(model.proto).eval().to(kind)
-        names = [s.name for s in model.inputs]
-        dtypes = [s.dtype.torch for s in model.inputs]
-        with inductor_cache(job.cache_dir):
-            built = self.build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
-        # The graph's names and dtypes, with the dims the compiled program makes follow its inputs.
-        return dataclasses.replace(built, outputs=refine_declared(model.outputs, built.outputs))
-
-    def build_from_module(
-        self,
-        module: torch.nn.Module,
-        names: Sequence[str],
-        dtypes: Sequence[torch.dtype],
-        config: BuildConfig,
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        kind: str,
-    ) -> BuildOutput:
-        """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
-
-        The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
-        Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``. The
-        result's ``outputs`` (named ``output_<i>``) come from the exported programs' symbolic
-        shapes (:mod:`.output_specs`): ``-1`` where an output follows a dynamic input.
-        """
-        threads = _threads_option(config)  # checked before the long compile
-        recipe = resolve_recipe(config, kind)
-        note = cpu_target_note(config, kind)
-        if note:
-            progress(note)
-        meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
-        progress(f"optimization level {recipe.level}: {_describe(recipe)}")
-        budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark)
-        with self._timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
-            packages, layout, exported = self._compile(
-                module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
-            stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
-        progress(stats.line())
-        decided = layout_knobs(layout["memory_format"]) if layout else {}
-        settings = {
-            "device": kind,
-            "inductor": dict(sorted({**recipe.inductor, **decided}.items())),
-            "optimization": {**recipe.to_dict(), **({"memory_format_decision": layout} if layout else {})},
-            "timing_cache": stats.to_dict(),
-            "build_budget": budget.to_dict(),
-            # On unless asked otherwise: GPU plans are often launch-bound (see engine.py).
-            "cuda_graphs": bool(config.backend_options.get("cuda_graphs", True)),
-            "threads": threads,
-            "fp32_precision": "tf32" if config.tf32 else "ieee",
-            "cudnn_benchmark": recipe.cudnn_benchmark,
-        }
-        outputs = tuple(
-            TensorSpec(f"output_{i}", dtype, shape) for i, (shape, dtype) in enumerate(merge_profiles(exported))
-        )
-        return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings, outputs=outputs)
-
-    def _timings(self, config: BuildConfig, kind: str) -> contextlib.AbstractContextManager[TimingCacheStats]:
-        """The explicit ``--timing-cache`` directory, or counting in the current Inductor cache."""
-        if config.timing_cache is not None:
-            identity = {"device": device_target(kind).get("name" if kind == "cuda" else "isa"),
-                        **self.runtime_versions()}
-            return timing_cache(config.timing_cache, identity)
-        return count_autotuning(TimingCacheStats(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor default")))
-
-    def _compile(
-        self,
-        module: torch.nn.Module,
-        names: Sequence[str],
-        dtypes: Sequence[torch.dtype],
-        recipe: Recipe,
-        meta: Mapping[str, str],
-        profiles: tuple[ShapeProfile, ...],
-        progress: Progress,
-        kind: str,
-        budget: BuildBudget,
-    ) -> tuple[list[bytes], dict[str, Any] | None, list[list[CompiledOutput]]]:
-        """One package per profile, and each profile's exported outputs (:func:`.output_specs.exported_outputs`).
-
-        At ``memory_format=measure`` profile 0 decides the layout for all. Autotuning compiles run
-        under ``budget`` (:mod:`.budget`): in a child with a deadline (which reports its own
-        progress), else with the level-3 recipe; other compiles run here behind a heartbeat."""
-        configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
-        packages, layout = [], None
-        exported: list[list[CompiledOutput]] = []
-        with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
-            for i, profile in enumerate(profiles):
-                progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
-                ep = export_profiles(module, names, dtypes, profile, kind)
-                exported.append(exported_outputs(ep))
-                tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
-                step = f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}"
-                progress(step)
-                if recipe.memory_format == "measure" and layout is None:
-                    if not has_convolutions(ep):
-                        layout = {"memory_format": "inductor", "reason": "no convolutions"}
-                    else:
-                        choose = functools.partial(
-                            choose_memory_format, ep,
-                            functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}"),
-                            kind, progress,
-                        )
-                        choice = choose() if tunes(configs) else with_heartbeat(choose, progress, step)
-                        layout = choice.to_dict()
-                        configs.update(layout_knobs(choice.memory_format))
-                        packages.append(choice.package)
-                        continue
-                compile_step = functools.partial(budget.compile, ep, configs, label=f"profile {i + 1}/{len(profiles)}")
-                package = compile_step() if tunes(configs) else with_heartbeat(compile_step, progress, step)
-                assert package is not None  # only optional compiles are skipped
-                packages.append(package)
-        return packages, layout, exported
-
-    def load(self, plan: Plan) -> Engine:
-        from streamrt.backends.torch_inductor.engine import TorchInductorEngine
-
-        return TorchInductorEngine(plan.manifest, plan.payload)
+    At ``memory_format=measure`` profile 0 decides the layout for all. Autotuning compiles run
+    under ``budget`` (:mod:`.budget`): in a child with a deadline (which reports its own
+    progress), else with the level-3 recipe; other compiles run here behind a heartbeat."""
+    configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
+    packages, layout = [], None
+    exported: list[list[CompiledOutput]] = []
+    with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
+        for i, profile in enumerate(profiles):
+            progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
+            ep = export_profiles(module, names, dtypes, profile, kind)
+            exported.append(exported_outputs(ep))
+            tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
+            step = f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}"
+            progress(step)
+            if recipe.memory_format == "measure" and layout is None:
+                if not has_convolutions(ep):
+                    layout = {"memory_format": "inductor", "reason": "no convolutions"}
+                else:
+                    choose = functools.partial(
+                        choose_memory_format, ep,
+                        functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}"),
+                        kind, progress,
+                    )
+                    choice = choose() if tunes(configs) else with_heartbeat(choose, progress, step)
+                    layout = choice.to_dict()
+                    configs.update(layout_knobs(choice.memory_format))
+                    packages.append(choice.package)
+                    continue
+            compile_step = functools.partial(budget.compile, ep, configs, label=f"profile {i + 1}/{len(profiles)}")
+            package = compile_step() if tunes(configs) else with_heartbeat(compile_step, progress, step)
+            assert package is not None  # only optional compiles are skipped
+            packages.append(package)
+    return packages, layout, exported

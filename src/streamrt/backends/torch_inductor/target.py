@@ -1,4 +1,4 @@
-"""What a torch_inductor plan is tied to: the device kind a build asks for, and that device's identity."""
+"""What a torch_inductor plan is tied to: the device kind a build asks for, that device's identity, the versions."""
 
 from __future__ import annotations
 
@@ -6,10 +6,24 @@ import platform
 from typing import Any
 
 from streamrt._features import cpu_capability, cuda_available, cuda_target
+from streamrt._optional import available, require
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["cpu_target_note", "device_kind", "device_target", "refuse_gpu_int8"]
+__all__ = ["cpu_target_note", "device_kind", "device_target", "refuse_gpu_int8", "runtime_versions"]
+
+
+def runtime_versions() -> dict[str, str]:
+    """torch, CUDA and (where installed) Triton versions: what a plan's packages depend on.
+
+    Shared by the backend (recorded in the plan) and the builder (the ``--timing-cache`` identity).
+    """
+    import torch
+
+    versions = {"torch": str(torch.__version__), "cuda": str(torch.version.cuda)}
+    if available("triton"):
+        versions["triton"] = str(require("triton", extra="torch").__version__)
+    return versions
 
 
 def device_target(kind: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.inputs import to_device, to_numpy
+from streamrt.running.inputs import to_device, to_numpy
 from streamrt.types import Shape, format_shape
 
 if TYPE_CHECKING:

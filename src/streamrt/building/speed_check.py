@@ -6,8 +6,8 @@ One timing of each, back to back, says little on a shared machine: the same buil
 int8 fp32 ...``: each round times a block of calls of each plan, the order flips every round so
 neither always runs first), a drifting machine slows both alike, and the speed-up is the
 **median of the per-round ratios**. Rounds that disagree by more than the noise rule ``bench``
-applies (:func:`streamrt.profiling.summary.is_unstable`, through
-:class:`streamrt.profiling.rounds.Rounds`) give a warning, and a speed-up measured on a noisy
+applies (:func:`streamrt.measure.noise.is_unstable`, through
+:class:`streamrt.measure.rounds.Rounds`) give a warning, and a speed-up measured on a noisy
 machine is not counted as one. The whole timing stays within :data:`BUDGET_S` (it stops early
 once :data:`MIN_ROUNDS` rounds agree).
 
@@ -38,11 +38,8 @@ import numpy as np
 from streamrt.backends.base import BuildJob, Engine
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import StreamRTError
+from streamrt.measure.rounds import Rounds, noise_warning  # bench's noise rule, one copy below both
 from streamrt.plan import Plan, PlanManifest
-
-# The noise rule lives with bench (profiling, a layer above the build); pyproject.toml lets this
-# one module import it rather than keep a second copy of the rule (docs/architecture.md).
-from streamrt.profiling.rounds import Rounds, noise_warning
 from streamrt.types import ShapeProfile
 
 if TYPE_CHECKING:
@@ -274,7 +271,7 @@ def speed_against_fp32(
 
 def _call(engine: Engine, ctx: Any, feeds: Mapping[str, np.ndarray]) -> Callable[[], object]:
     """One synchronised call of ``engine`` on ``feeds`` (already on its device) in ``ctx``."""
-    from streamrt.inputs import cast_inputs, to_device
+    from streamrt.running.inputs import cast_inputs, to_device
 
     values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device_kind)
     if engine.device_kind != "cuda":

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from streamrt.profiling.stats import PERCENTILES, Stats, median, percentile
+from streamrt.measure.stats import PERCENTILES, Stats, median, percentile
 
 
 def test_known_samples_1_to_100() -> None:

@@ -87,7 +87,7 @@ def open(
         PlanFormatError / PlanMismatchError: a plan that is damaged or built for another machine.
         ConfigError / ProfileError / BuildError: the model cannot be built with these settings.
     """
-    from streamrt.runtime import load
+    from streamrt.running.runtime import load
 
     if not isinstance(model, (str, Path)):
         return _build_and_load(model, config, max_batch, opt_batch, cache, cache_dir, progress)
@@ -110,8 +110,8 @@ def _build_and_load(
     cache_dir: str | Path | None,
     progress: Progress | None,
 ) -> Engine:
-    from streamrt.builder import build
-    from streamrt.runtime import load
+    from streamrt.building.builder import build
+    from streamrt.running.runtime import load
 
     config = with_batch_profile(config or BuildConfig(), model.inputs, max_batch, opt_batch)
     result = build(model, config, cache=cache, cache_dir=cache_dir, progress=progress)

@@ -33,12 +33,13 @@ from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt._version import __version__
 from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
+from streamrt.building.flags import build_flags
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError, StreamRTError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, read_plan, write_plan
-from streamrt.types import ShapeProfile, TensorSpec, format_shape
+from streamrt.types import ShapeProfile, TensorSpec
 from streamrt.verify import verify_build
 
 __all__ = ["BuildResult", "build", "build_command", "cache_key", "make_manifest"]
@@ -97,39 +98,12 @@ def cache_key(
 
 
 def build_command(source: str, output: str | Path, config: BuildConfig) -> str:
-    """The ``streamrt build`` command line that reproduces ``config`` for ``source``."""
-    args = ["streamrt", "build", source, "-o", str(output), "--backend", config.backend]
-    args += ["--precision", config.precision.value] + (["--tf32"] if config.tf32 else [])
-    for profile in config.profiles:
-        for label in ("min", "opt", "max"):
-            spec = ",".join(f"{n}:{format_shape(getattr(r, label))}" for n, r in profile.ranges.items())
-            args += [f"--{label}-shapes", spec]
-        steps = ",".join(f"{n}:{format_shape(r.multiple)}" for n, r in profile.ranges.items() if r.multiple)
-        if steps:
-            args += ["--shape-multiple", steps]
-    if config.calibration is not None:
-        args += ["--calib", str(config.calibration.data), "--calib-method", config.calibration.method.value]
-    if config.optimization_level != 3:
-        args += ["--optimization-level", str(config.optimization_level)]
-    if config.timing_cache is not None:
-        args += ["--timing-cache", str(config.timing_cache)]
-    if config.build_budget_s != BuildConfig.build_budget_s:
-        args += ["--build-budget-s", f"{config.build_budget_s:g}" if config.build_budget_s else "0"]
-    if config.memory_limit_mb is not None:
-        args += ["--memory-limit", str(config.memory_limit_mb)]
-    if config.verify_shapes is not None:
-        args += ["--verify-shapes" if config.verify_shapes else "--no-verify-shapes"]
-    for flag, value in (
-        ("--sample-inputs", config.sample_inputs),
-        ("--accuracy-threshold", config.accuracy_threshold),
-        ("--int8-target", config.int8_target),
-    ):
-        args += [flag, str(value)] if value is not None else []
-    if not config.speed_check:
-        args.append("--no-speed-check")
-    for key, value in config.backend_options.items():
-        args += ["--option", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
-    return shlex.join(args)
+    """The ``streamrt build`` command line that reproduces ``config`` for ``source``.
+
+    The flags come from the CLI's option table (:func:`streamrt.building.flags.build_flags`), so
+    every flag the CLI reads is written back.
+    """
+    return shlex.join(["streamrt", "build", source, "-o", str(output), *build_flags(config)])
 
 
 def backends_running(op_type: str, domain: str, *, exclude: str = "") -> tuple[str, ...]:
@@ -267,7 +241,7 @@ def _build(
 
     transformed, precision = source, None
     if config.precision.value != "fp32" or config.tf32:  # lower the graph, then gate the plan's accuracy
-        from streamrt.accuracy_gate import PrecisionStep
+        from streamrt.building.accuracy_gate import PrecisionStep
 
         precision = PrecisionStep(source, config, profiles, backend, cache_root, report)
         transformed = precision.transform() if not config.tf32 else source

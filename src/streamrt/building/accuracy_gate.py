@@ -1,7 +1,7 @@
 """The precision step of a build: transform the graph, then refuse plans that lost the model.
 
 :func:`measure_accuracy` is the entry point for any caller (the zoo benchmark): an engine or
-ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.AccuracyReport`.
+ONNX model against a reference on feeds, as an :class:`~streamrt.measure.accuracy.AccuracyReport`.
 
 :func:`streamrt.build` uses one :class:`PrecisionStep` for every fp16, bf16, int8 and TF32 build
 (a TF32 plan has no graph transform: step 2 only, with :data:`TF32_BOUNDS` as its default gate):
@@ -10,7 +10,7 @@ ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.Accura
    with the real sample data when there is some (calibration data or ``--sample-inputs``), and
    prints one line saying what stayed in fp32 (each node and its reason at ``--verbose``).
 2. :meth:`PrecisionStep.check` loads the built payload in memory, runs it against ONNX Runtime
-   fp32 on the original model (:func:`~streamrt.accuracy.measure_accuracy`) on the sample
+   fp32 on the original model (:func:`measure_accuracy`) on the sample
    feeds (calibration data, ``--sample-inputs``, else random inputs at the opt shapes), prints
    the per-output metrics and records them in the manifest's ``precision_report``. With
    ``--accuracy-threshold`` a miss raises :class:`~streamrt.errors.AccuracyError` before the plan
@@ -19,7 +19,7 @@ ONNX model against a reference on feeds, as an :class:`~streamrt.accuracy.Accura
    ``--sample-inputs``), the build warns that the numbers say nothing about real data
    (:data:`RANDOM_INPUTS_CAVEAT`) and the record says so (``accuracy.real_data``, ``accuracy.warning``).
 3. int8 builds also time the plan against an fp32 plan of the same backend in interleaved rounds
-   and say when fp32 is the better plan (:mod:`streamrt.speed_check`; ``--no-speed-check`` skips
+   and say when fp32 is the better plan (:mod:`streamrt.building.speed_check`; ``--no-speed-check`` skips
    that second build).
 """
 
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from streamrt.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
 from streamrt.backends.base import Engine
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import AccuracyError, ShapeError
+from streamrt.measure.accuracy import AccuracyReport, AccuracyThreshold, accuracy_of
 from streamrt.plan import Plan, PlanManifest
 from streamrt.types import ShapeProfile
 
@@ -129,7 +129,7 @@ def _runner(target: Any) -> Runner:
 
 
 def _run_engine(engine: Engine, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from streamrt.inputs import cast_inputs, to_device, to_numpy
+    from streamrt.running.inputs import cast_inputs, to_device, to_numpy
 
     values = to_device(cast_inputs(dict(feeds), engine.inputs), engine.device_kind)
     with engine.create_context() as ctx:
@@ -146,7 +146,7 @@ def sample_feeds(model: OnnxModel, config: BuildConfig, profiles: tuple[ShapePro
     inputs at the first profile's opt shapes (not real data: the fp16 activation-range rule
     ignores them).
     """
-    from streamrt.inputs import default_shapes, load_inputs, random_inputs
+    from streamrt.running.inputs import default_shapes, load_inputs, random_inputs
 
     if config.sample_inputs is not None:
         return [load_inputs(config.sample_inputs, model.inputs)], f"sample inputs {config.sample_inputs.name}", True
@@ -227,7 +227,7 @@ class PrecisionStep:
             self._say_where_the_feeds_came_from(report)
             misses = self._judge(report)  # raises on a --accuracy-threshold miss; fills passed/threshold
             if self.config.precision is Precision.INT8 and self.config.speed_check:
-                from streamrt.speed_check import speed_against_fp32
+                from streamrt.building.speed_check import speed_against_fp32
 
                 self.record["speed"] = speed_against_fp32(
                     engine,

@@ -1,6 +1,6 @@
 """How close a low-precision engine is to its fp32 reference: metrics, thresholds, reports.
 
-This module is the arithmetic only (NumPy): :func:`streamrt.accuracy_gate.measure_accuracy` runs
+This module is the arithmetic only (NumPy): :func:`streamrt.building.accuracy_gate.measure_accuracy` runs
 engines and ONNX models and hands their outputs here; every fp16, bf16 and int8 build is measured
 that way against ONNX Runtime fp32 on the original model, and so is int8's sensitivity pass.
 Per output, over all sample feeds together (in float64):

@@ -21,11 +21,11 @@ import torch
 
 from streamrt._oom import BUILD_HINT, out_of_memory_guard
 from streamrt.backends.base import Progress
-from streamrt.backends.torch_inductor.builder import TorchInductorBackend
+from streamrt.backends.torch_inductor.backend import TorchInductorBackend
 from streamrt.backends.torch_inductor.cache import inductor_cache
 from streamrt.backends.torch_inductor.output_specs import named
 from streamrt.backends.torch_inductor.target import device_kind, device_target
-from streamrt.builder import BuildResult, make_manifest
+from streamrt.building.builder import BuildResult, make_manifest
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError
 from streamrt.onnx.profiles import resolve_profiles
@@ -77,7 +77,7 @@ def build_module(
 ) -> BuildResult:
     """Build a torch_inductor plan straight from a PyTorch module, for users who start in PyTorch.
 
-    Returns the same :class:`~streamrt.builder.BuildResult` as :func:`streamrt.build` (module builds
+    Returns the same :class:`~streamrt.building.builder.BuildResult` as :func:`streamrt.build` (module builds
     are never cached: ``cached`` is False).
 
     Shapes come from ``config.profiles`` (by input name) or, when there are none, are static at
