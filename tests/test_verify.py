@@ -1,4 +1,4 @@
-"""Build-time shape verification (streamrt.verify): corners, refusals with a suggested constraint, the record.
+"""Build-time shape verification (streamrt.building.verify): corners, refusals with a suggested constraint, the record.
 
 Real engines throughout: ONNX Runtime plans of models that disagree with the reference, and
 torch_inductor CPU plans (marked slow: each compiles C++ for tens of seconds): a stride-4 network
@@ -21,14 +21,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import streamrt
+from streamrt.building.verify import (
+    TOLERANCE,
+    corner_shapes,
+    scaled_error,
+    user_inputs,
+    verify_engine,
+    wants_verification,
+)
+from streamrt.building.verify.shapes import probes
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
 from streamrt.device.threads import usable_cores
 from streamrt.errors import BuildError, ShapeError
 from streamrt.onnx.model import load_model
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec, parse_shape
-from streamrt.verify import TOLERANCE, corner_shapes, scaled_error, user_inputs, verify_engine, wants_verification
-from streamrt.verify.shapes import probes
 
 FREE = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128))
 ON_GRID = ShapeRange((1, 3, 32, 32), (1, 3, 64, 64), (1, 3, 128, 128), (1, 1, 4, 4))

@@ -135,7 +135,7 @@ class BuildConfig:
             level-3 recipe, and says so in its progress and manifest; ``None``: no limit.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
         verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
-            writing it (see :mod:`streamrt.verify`); ``None``: on for every backend but onnxruntime.
+            writing it (see :mod:`streamrt.building.verify`); ``None``: on for every backend but onnxruntime.
         sample_inputs: an ``.npz`` of real inputs (keyed by input name) that fp16 range checks
             and the accuracy gate run on (default: the calibration data, else random inputs).
         accuracy_threshold: bounds the fp16/bf16/int8 plan must meet against ONNX Runtime fp32,

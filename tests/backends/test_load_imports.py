@@ -34,7 +34,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # What loading may never import: StreamRT's build rooms by their last name (wherever they live in
 # the package) and the ONNX transforms by package.
 BUILD_NAMES = {"builder", "module_builder", "_compile_child", "verify", "accuracy_gate", "speed_check"}
-BUILD_PACKAGES = ("streamrt.building", "streamrt.verify", "streamrt.onnx.precision", "streamrt.onnx.quantize",
+BUILD_PACKAGES = ("streamrt.building", "streamrt.building.verify", "streamrt.onnx.precision", "streamrt.onnx.quantize",
                   "streamrt.onnx.calibration", "streamrt.onnx.importer")
 
 # Load, run one batch of random inputs (shapes from the engine's first profile's opt), save the

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import streamrt
+from streamrt.building.verify import corner_shapes
 from streamrt.config import BuildConfig
 from streamrt.errors import ShapeError
 from streamrt.onnx.importer import import_onnx
 from streamrt.testing.zoo import INPUT, MODELS, ZooModel, export
 from streamrt.types import Shape
-from streamrt.verify import corner_shapes
 
 pytestmark = pytest.mark.torch
 

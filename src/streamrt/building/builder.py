@@ -34,13 +34,13 @@ from streamrt._version import __version__
 from streamrt.backends import available_backends, get_backend
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.building.flags import build_flags
+from streamrt.building.verify import verify_build
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError, PlanError, StreamRTError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel, load_model
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import FORMAT_VERSION, PlanManifest, atomic_write, read_manifest, read_plan, write_plan
 from streamrt.types import ShapeProfile, TensorSpec
-from streamrt.verify import verify_build
 
 __all__ = ["BuildResult", "build", "build_command", "cache_key", "make_manifest"]
 

@@ -3,7 +3,7 @@
 For users who start in PyTorch: the module (a copy, cast to the plan's precision) goes through
 the torch_inductor backend's export-and-compile step, and the plan gets the same manifest as an
 ONNX build, with the weights' hash as its source model. Before it is written the plan is verified
-at its profiles' corners against the eager module in fp32 (:mod:`streamrt.verify`), as ONNX
+at its profiles' corners against the eager module in fp32 (:mod:`streamrt.building.verify`), as ONNX
 builds are against ONNX Runtime.
 """
 
@@ -26,12 +26,12 @@ from streamrt.backends.torch_inductor.cache import inductor_cache
 from streamrt.backends.torch_inductor.output_specs import named
 from streamrt.backends.torch_inductor.target import device_kind, device_target
 from streamrt.building.builder import BuildResult, make_manifest
+from streamrt.building.verify import verify_module_build
 from streamrt.config import BuildConfig, default_cache_dir
 from streamrt.errors import ConfigError
 from streamrt.onnx.profiles import resolve_profiles
 from streamrt.plan import write_plan
 from streamrt.types import DType, TensorSpec
-from streamrt.verify import verify_module_build
 
 __all__ = ["build_module", "module_sha256"]
 

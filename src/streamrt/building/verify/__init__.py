@@ -15,7 +15,7 @@ elsewhere; the progress line and the record say which. The build is refused when
 - the reference itself fails at those shapes (the model cannot run at that size),
 - an output's shape differs, or an output is non-finite where the reference is finite,
 - an output's error ``max |plan - ref| / max(max |ref|, floor)`` exceeds the precision's
-  tolerance (:data:`TOLERANCE`, the table in :mod:`streamrt.verify.measure`: relative to the
+  tolerance (:data:`TOLERANCE`, the table in :mod:`streamrt.building.verify.measure`: relative to the
   output's scale, absolute below the floor, so outputs that are ~0 on random noise are judged
   fairly; fp16/bf16/int8 values are judged by the accuracy gate, here only gross errors count),
 - two identical calls disagree; each is made after a run on a different poison feed, so a plan
@@ -40,14 +40,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from streamrt.building.verify.checks import CornerCheck, shape_sets, verify_engine
+from streamrt.building.verify.measure import TOLERANCE, Tolerance, scaled_error, tolerance_for
+from streamrt.building.verify.references import Inputs, Reference, module_reference, onnx_reference, user_inputs
+from streamrt.building.verify.shapes import corner_shapes
 from streamrt.config import BuildConfig
 from streamrt.errors import BuildError
 from streamrt.onnx.model import OnnxModel
 from streamrt.plan import Plan, PlanManifest
-from streamrt.verify.checks import CornerCheck, shape_sets, verify_engine
-from streamrt.verify.measure import TOLERANCE, Tolerance, scaled_error, tolerance_for
-from streamrt.verify.references import Inputs, Reference, module_reference, onnx_reference, user_inputs
-from streamrt.verify.shapes import corner_shapes
 
 __all__ = [
     "TOLERANCE",

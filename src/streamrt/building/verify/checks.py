@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.building.verify.measure import Tolerance, scaled_error, tolerance_for
+from streamrt.building.verify.references import Arrays, Inputs, PlanRunner, Reference, Runner, onnx_reference
+from streamrt.building.verify.shapes import Shapes, constraint_flag, corner_shapes, describe, probes
 from streamrt.onnx.model import OnnxModel
 from streamrt.types import ShapeProfile, format_shape
-from streamrt.verify.measure import Tolerance, scaled_error, tolerance_for
-from streamrt.verify.references import Arrays, Inputs, PlanRunner, Reference, Runner, onnx_reference
-from streamrt.verify.shapes import Shapes, constraint_flag, corner_shapes, describe, probes
 
 __all__ = ["CornerCheck", "check_shapes", "suggest_multiple", "verify_engine"]
 
@@ -27,7 +27,7 @@ class CornerCheck:
         profile: profile index.
         label: ``min``, ``opt``, ``max``, ``odd``, ``sample`` (a user sample's own shapes) or ``probe``.
         shapes: the input shapes.
-        errors: each output's error against the reference (:func:`~streamrt.verify.measure.scaled_error`).
+        errors: each output's error against the reference (:func:`~streamrt.building.verify.measure.scaled_error`).
         problem: why the shapes fail, ``None`` when they pass.
         data: what the inputs were: ``random`` or where the user's sample came from.
     """
@@ -199,11 +199,11 @@ def verify_engine(
     """Run ``engine`` at every corner of ``profiles`` against ``reference``.
 
     Args:
-        reference: a :class:`~streamrt.verify.references.Reference`, or an
+        reference: a :class:`~streamrt.building.verify.references.Reference`, or an
             :class:`~streamrt.onnx.model.OnnxModel` (judged by ONNX Runtime fp32).
         engine: a loaded plan.
         profiles: the profiles whose corners to run.
-        precision: picks the row of :data:`~streamrt.verify.measure.TOLERANCE`.
+        precision: picks the row of :data:`~streamrt.building.verify.measure.TOLERANCE`.
         inputs: the feeds (default: random data for the reference's inputs).
 
     Yields one :class:`CornerCheck` per shape set; a failed one carries ``problem`` and, where a
