@@ -24,13 +24,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
+from streamrt.serve.core import ServerCore
 from streamrt.serve.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
+from streamrt.serve.port import InferencePort
 from streamrt.serve.proto import SERVICE
 from streamrt.serve.protocol import (
     InferRequest,
@@ -44,10 +46,6 @@ from streamrt.serve.protocol import (
 )
 from streamrt.serve.shared_memory import RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.serve.status import status_for
-
-if TYPE_CHECKING:
-    from streamrt.serve.core import ServerCore
-    from streamrt.serve.port import InferencePort
 
 __all__ = ["UNARY_RPCS", "GrpcService", "InferenceRpcs", "decode_grpc_request", "encode_grpc_response", "grpc_server",
            "parse_infer_request", "serialize_grpc_response", "service_handler", "start_grpc"]

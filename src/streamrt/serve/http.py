@@ -45,6 +45,7 @@ from streamrt.errors import (
     UnsupportedRequestError,
 )
 from streamrt.serve.model_files import FILE_PREFIX
+from streamrt.serve.port import InferencePort
 from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
 from streamrt.serve.triton_config import message_json
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from streamrt.serve.core import ServerCore
-    from streamrt.serve.port import InferencePort
 
 __all__ = ["BadRequestLogFilter", "InferenceRoutes", "ServerRoutes", "build_app", "quiet_bad_requests", "read_body",
            "start_http"]

@@ -37,16 +37,7 @@ from typing import TYPE_CHECKING, Any
 import streamrt
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import (
-    FREE,
-    HELLO,
-    INFER,
-    OK,
-    STOP,
-    FrameReader,
-    FrameWriter,
-    error_message,
-)
+from streamrt.serve.frontends.channel import FREE, HELLO, INFER, OK, STOP, FrameReader, FrameWriter, error_message
 from streamrt.serve.frontends.tensors import pack_outputs, unpack_request
 
 if TYPE_CHECKING:

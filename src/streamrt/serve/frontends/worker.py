@@ -34,17 +34,7 @@ import numpy as np
 from streamrt.errors import ServerShuttingDownError
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import (
-    ERROR,
-    FREE,
-    HELLO,
-    INFER,
-    OK,
-    STOP,
-    FrameReader,
-    FrameWriter,
-    raise_error,
-)
+from streamrt.serve.frontends.channel import ERROR, FREE, HELLO, INFER, OK, STOP, FrameReader, FrameWriter, raise_error
 from streamrt.serve.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
 from streamrt.serve.port import RequestBuffer, check_bearer
 from streamrt.serve.process import configure_serving_process, settle_heap
