@@ -161,10 +161,14 @@ def test_traceparent_parsing_and_bad_urls() -> None:
         ServerConfig(trace_otlp_url="localhost:4318")
 
 
-def test_traceparent_through_front_end_workers(tmp_path: Path, plans: dict[str, Path], receiver: Receiver) -> None:
-    """With --frontend-processes 2 the header is read in a worker and crosses the channel."""
+@pytest.mark.parametrize("frontend_processes", [1, 2], ids=["one-process", "2-frontend-processes"])
+def test_traceparent_through_front_end_workers(tmp_path: Path, plans: dict[str, Path], receiver: Receiver,
+                                               frontend_processes: int) -> None:
+    """The header is read by the listeners over HTTP and gRPC: in the one process, and with
+    --frontend-processes 2 in a worker, from where it crosses the channel."""
     repo = make_repo(tmp_path / "repo", plans)
-    config = server_config(trace_otlp_url=receiver.url, startup_models=("cnn",), frontend_processes=2)
+    config = server_config(trace_otlp_url=receiver.url, startup_models=("cnn",),
+                           frontend_processes=frontend_processes)
     x = np.random.default_rng(6).standard_normal((1, 3, 32, 32)).astype(np.float32)
     with ServerThread(repo, config, engine_loader=fake_loader, start_timeout=120) as server:
         for protocol, port in (("http", server.http_port), ("grpc", server.grpc_port)):

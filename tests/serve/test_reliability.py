@@ -237,8 +237,10 @@ def test_client_disconnects_mid_request(server: Any, behaviours: Any) -> None:
     assert_serving(server)
 
 
-def test_auth_token(make_server: Any) -> None:
-    with make_server(auth_token="s3cret", startup_models=("cnn",), grpc_port=None, metrics_port=None) as server:
+@pytest.mark.parametrize("frontend_processes", [1, 2], ids=["one-process", "2-frontend-processes"])
+def test_auth_token(make_server: Any, frontend_processes: int) -> None:
+    with make_server(auth_token="s3cret", startup_models=("cnn",), grpc_port=None, metrics_port=None,
+                     frontend_processes=frontend_processes) as server:
         status, body = post(server, "/v2/models/cnn/infer", infer_json(X))
         assert status == 401 and "bearer token" in body["error"]
         assert post(server, "/v2/models/cnn/infer", infer_json(X), {"Authorization": "Bearer nope"})[0] == 401

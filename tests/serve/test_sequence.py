@@ -133,15 +133,18 @@ def recording_loader(model_dir: Path, version: int, config: ModelConfig) -> Engi
     return RecordingEngine(engine, config.name) if config.name in ("acc_controls", *SLOW) else engine
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "2-frontend-processes"])
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    """The sequence models in one process and through two front-end worker processes (the
+    sequence flags are parsed by the same listeners and cross the channel)."""
     repo = tmp_path_factory.mktemp("sequence_repo")
     for name, (model, config) in MODELS.items():
         (repo / name / "1").mkdir(parents=True)
         if model is not None:  # an ensemble's version directory is empty
             onnx.save(model, str(repo / name / "1" / "model.onnx"))
         (repo / name / "config.yaml").write_text(yaml.safe_dump(config))
-    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0)
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0,
+                          frontend_processes=request.param)
     with ServerThread(repo, config, engine_loader=recording_loader, start_timeout=120) as running:
         yield running
 

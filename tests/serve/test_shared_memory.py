@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,10 @@ pytest.importorskip("tritonclient.grpc")
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 import tritonclient.utils.shared_memory as shm
+from tests.serve.conftest import BEHAVIOURS, fake_loader, make_repo, server_config
 from tritonclient.utils import InferenceServerException
+
+from streamrt.serve.server import ServerThread
 
 
 def fan_out(n: int, fn: Any) -> list[Any]:
@@ -49,6 +53,19 @@ def _client(server: Any, protocol: str) -> Any:
 def _mappings(key: str) -> int:
     with open("/proc/self/maps") as f:
         return sum(1 for line in f if line.rstrip().endswith(f"/dev/shm/{key}"))
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "2-frontend-processes"])
+def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path],
+           request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    """conftest's server, in one process and through two front-end worker processes (the workers
+    parse the region parameters; the engine process resolves, checks and leases the regions)."""
+    repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
+    config = server_config(frontend_processes=request.param)
+    with ServerThread(repo, config, engine_loader=fake_loader, start_timeout=120) as running:
+        yield running
+    for b in BEHAVIOURS.values():
+        b.reset()
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -205,10 +222,11 @@ def test_unregister_while_in_use_is_refused(server: Any, behaviours: Any, region
         client.close()
 
 
-def test_regions_are_released_on_shutdown(make_server: Any, region: Any) -> None:
+@pytest.mark.parametrize("frontend_processes", [1, 2], ids=["one-process", "2-frontend-processes"])
+def test_regions_are_released_on_shutdown(make_server: Any, region: Any, frontend_processes: int) -> None:
     _, key = region
     mapped = _mappings(key.lstrip("/"))
-    with make_server() as server:
+    with make_server(frontend_processes=frontend_processes) as server:
         client = _client(server, "http")
         client.register_system_shared_memory("a", key, 4096)
         client.register_system_shared_memory("b", key, 4096, offset=8192)

@@ -7,9 +7,12 @@ READY); ``stop`` is the graceful shutdown: readiness goes false and new inferenc
 (GPU memory released).
 
 All front ends call :meth:`ServerCore.infer`, which also keeps the per-model success and failure
-counters, so HTTP, gRPC and in-process calls are counted the same way. The core imports no
-front end: :mod:`streamrt.serve.server` binds the HTTP, gRPC and metrics listeners over it
-through the :meth:`ServerCore._open_listeners` / :meth:`ServerCore._close_listeners` hooks.
+counters, so HTTP, gRPC and in-process calls are counted the same way. The listeners reach it
+through the :class:`~streamrt.serve.port.InferencePort` it implements (``check_auth``,
+``request_buffer``, ``answer``), the same port a front-end worker's engine link implements. The
+core imports no front end: :mod:`streamrt.serve.server` binds the HTTP, gRPC and metrics
+listeners over it through the :meth:`ServerCore._open_listeners` / :meth:`ServerCore._close_listeners`
+hooks.
 
 Example:
     >>> core = ServerCore("models", ServerConfig())              # doctest: +SKIP
@@ -20,18 +23,21 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import numpy as np
 
 from streamrt._version import __version__
-from streamrt.errors import ServerShuttingDownError, StreamRTError, UnauthorizedError
+from streamrt.errors import ServerShuttingDownError, StreamRTError
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.memory_budget import MemoryBudget
 from streamrt.serve.model import EngineLoader
+from streamrt.serve.port import RequestBuffer, check_bearer
 from streamrt.serve.protocol import InferRequest, InferResponse
 from streamrt.serve.rate_limiter import RateLimiter
 from streamrt.serve.repository import ModelRepository
@@ -43,6 +49,8 @@ from streamrt.serve.tracing import REQUEST_CONTEXT, RequestContext, Tracer
 __all__ = ["EXTENSIONS", "ServerCore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "schedule_policy",
               "statistics", "parameters", "system_shared_memory", "cuda_shared_memory", "sequence",
@@ -173,14 +181,23 @@ class ServerCore:
 
     def check_auth(self, header: str | None) -> None:
         """Raise :class:`UnauthorizedError` unless ``header`` is ``Bearer <token>`` (when a token is set)."""
-        token = self.config.auth_token
-        if token is None:
-            return
-        given = (header or "").removeprefix("Bearer ").strip() if (header or "").startswith("Bearer ") else ""
-        if not given or not hmac.compare_digest(given.encode(), token.encode()):
-            raise UnauthorizedError("missing or wrong bearer token", hint="send 'Authorization: Bearer <token>'")
+        check_bearer(self.config.auth_token, header)
 
     # --- inference ----------------------------------------------------------------------------
+
+    @property
+    def regions(self) -> SharedMemoryRegistry:
+        """The clients' registered shared-memory regions (what request parsers look names up in)."""
+        return self.shared_memory
+
+    def request_buffer(self, nbytes: int) -> RequestBuffer:
+        """Plain memory for a request body (uninitialised: ``bytearray(n)`` would zero it first)."""
+        return RequestBuffer(np.empty(nbytes, np.uint8))
+
+    async def answer(self, request: InferRequest, encode: Callable[[InferResponse], T],
+                     buffer: RequestBuffer | None = None) -> T:
+        """The listeners' :meth:`infer`: ``encode`` of the response (the port of one process)."""
+        return encode(await self.infer(request))
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request through its model's scheduler; count success or failure by reason.

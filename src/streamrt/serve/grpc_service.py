@@ -10,6 +10,11 @@ classification extension. ``ModelInfer`` takes and returns serialized bytes:
 :mod:`streamrt.serve.grpc_wire` keeps the tensors out of protobuf (zero-copy views in, one copy
 out). Errors use the status table's gRPC codes; RPCs not registered here answer ``UNIMPLEMENTED``.
 
+:class:`InferenceRpcs` is the inference path over an :class:`~streamrt.serve.port.InferencePort`;
+:class:`GrpcService` adds the other RPCs (:data:`UNARY_RPCS`) over a
+:class:`~streamrt.serve.core.ServerCore`. A front-end worker serves ``InferenceRpcs`` over its
+engine link and forwards the others to the engine process.
+
 Messages larger than ``ServerConfig.grpc_max_message_bytes`` (``--grpc-max-message-mb``) are
 refused by gRPC itself with ``RESOURCE_EXHAUSTED`` ("Received message larger than max").
 """
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +32,7 @@ from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
 from streamrt.serve.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
+from streamrt.serve.port import InferencePort
 from streamrt.serve.proto import SERVICE
 from streamrt.serve.protocol import (
     InferRequest,
@@ -38,11 +44,11 @@ from streamrt.serve.protocol import (
     raw_bytes,
     sequence_flags,
 )
-from streamrt.serve.shared_memory import SharedMemoryRegistry, region_ref
+from streamrt.serve.shared_memory import RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.serve.status import status_for
 
-__all__ = ["decode_grpc_request", "encode_grpc_response", "parse_infer_request", "serialize_grpc_response",
-           "start_grpc"]
+__all__ = ["UNARY_RPCS", "GrpcService", "InferenceRpcs", "decode_grpc_request", "encode_grpc_response", "grpc_server",
+           "parse_infer_request", "serialize_grpc_response", "service_handler", "start_grpc"]
 
 # Requests at least this large are split by hand (grpc_wire) instead of parsed whole by protobuf.
 _SPLIT_ABOVE = 16 * 1024
@@ -73,7 +79,7 @@ def _param(value: Any) -> Any:
     return getattr(value, choice) if choice else None
 
 
-def parse_infer_request(data: bytes, max_elements: int, memory: SharedMemoryRegistry | None = None) -> InferRequest:
+def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | None = None) -> InferRequest:
     """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``."""
     from streamrt.serve.proto import messages
 
@@ -89,7 +95,7 @@ def parse_infer_request(data: bytes, max_elements: int, memory: SharedMemoryRegi
 
 def decode_grpc_request(
     message: Any, max_elements: int, *, raw: Sequence[bytes | memoryview] | None = None,
-    memory: SharedMemoryRegistry | None = None,
+    memory: RegionSource | None = None,
 ) -> InferRequest:
     """``ModelInferRequest`` -> :class:`InferRequest`.
 
@@ -106,7 +112,7 @@ def decode_grpc_request(
 
 
 def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] | None,
-            memory: SharedMemoryRegistry | None, leases: list[Any]) -> InferRequest:
+            memory: RegionSource | None, leases: list[Any]) -> InferRequest:
     params = {k: _param(v) for k, v in message.parameters.items()}
     if raw is None:
         raw = list(message.raw_input_contents)
@@ -180,7 +186,7 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
     )
 
 
-def _requested_output(output: Any, memory: SharedMemoryRegistry | None, leases: list[Any]) -> RequestedOutput:
+def _requested_output(output: Any, memory: RegionSource | None, leases: list[Any]) -> RequestedOutput:
     oparams = {k: _param(v) for k, v in output.parameters.items()}
     where = f"output '{output.name}'"
     classes = oparams.get("classification", 0) or 0
@@ -227,26 +233,88 @@ def serialize_grpc_response(response: InferResponse) -> bytes:
     return encode_infer_response(message.SerializeToString(), blobs)
 
 
-class _Service:
-    """The RPC implementations; each returns a response message or aborts with the mapped status."""
+UNARY_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+              "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+              "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+              "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
+"""The service's RPCs other than inference (a front-end worker forwards these to the engine process)."""
+
+_REQUEST_TYPES = {"RepositoryIndex": "RepositoryIndexRequest", "RepositoryModelLoad": "RepositoryModelLoadRequest",
+                  "RepositoryModelUnload": "RepositoryModelUnloadRequest"}
+
+
+class InferenceRpcs:
+    """``ModelInfer`` and ``ModelStreamInfer`` over an :class:`~streamrt.serve.port.InferencePort`.
+
+    A front-end worker serves these over its engine link with the :data:`UNARY_RPCS` forwarded;
+    :class:`GrpcService` adds those over a core.
+    """
+
+    def __init__(self, port: InferencePort) -> None:
+        from streamrt.serve.proto import messages
+
+        self.port = port
+        self.messages = messages
+        self.grpc = import_grpc()
+
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Auth, then ``call``; a StreamRT error aborts the call with the status table's code."""
+        try:
+            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+            return await call()
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+
+    async def _infer(self, data: bytes, traceparent: str | None) -> bytes:
+        request = parse_infer_request(data, self.port.config.max_tensor_elements, self.port.regions)
+        request.trace_parent = traceparent
+        return await self.port.answer(request, serialize_grpc_response)
+
+    async def ModelInfer(self, request: bytes, context: Any) -> Any:
+        return await self._guard(context, lambda: self._infer(request, _traceparent(context)))
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        try:
+            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+        traceparent = _traceparent(context)
+        async for request in requests:
+            try:
+                # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.
+                yield encode_length_delimited(2, await self._infer(request, traceparent))
+            except StreamRTError as exc:
+                yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
+
+    def handler(self, unary: Mapping[str, Any]) -> Any:
+        """The generic handler of the service: ``unary`` (RPC name -> gRPC method handler, for each
+        of :data:`UNARY_RPCS`) and inference here, on serialized bytes (no (de)serializer: see
+        :mod:`streamrt.serve.grpc_wire`)."""
+        grpc = self.grpc
+        handlers = dict(unary)
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class GrpcService(InferenceRpcs):
+    """Every RPC of the one-process server over a :class:`~streamrt.serve.core.ServerCore`; each
+    returns a response message or aborts with the mapped status."""
 
     def __init__(self, server: ServerCore) -> None:
         from google.protobuf import json_format
 
-        from streamrt.serve.proto import messages
-
+        super().__init__(server)
         self.server = server
-        self.messages = messages
         self.json_format = json_format
-        self.grpc = import_grpc()
 
-    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            metadata = dict(context.invocation_metadata() or ())
-            self.server.check_auth(metadata.get("authorization"))
-            return await call()
-        except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+    def unary_handlers(self) -> dict[str, Any]:
+        """The gRPC method handlers of :data:`UNARY_RPCS` (messages parsed and serialized by protobuf)."""
+        return {name: self.grpc.unary_unary_rpc_method_handler(
+                    getattr(self, name),
+                    request_deserializer=getattr(self.messages, _REQUEST_TYPES.get(name, f"{name}Request")).FromString,
+                    response_serializer=lambda message: message.SerializeToString())
+                for name in UNARY_RPCS}
 
     @property
     def repo(self) -> Any:
@@ -322,31 +390,6 @@ class _Service:
             return self.messages.RepositoryModelUnloadResponse()
         return await self._guard(context, call)
 
-    async def ModelInfer(self, request: bytes, context: Any) -> Any:
-        async def call() -> Any:
-            infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
-                                                self.server.shared_memory)
-            infer_request.trace_parent = _traceparent(context)
-            return serialize_grpc_response(await self.server.infer(infer_request))
-        return await self._guard(context, call)
-
-    async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        try:
-            metadata = dict(context.invocation_metadata() or ())
-            self.server.check_auth(metadata.get("authorization"))
-        except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
-        async for request in requests:
-            try:
-                infer_request = parse_infer_request(request, self.server.config.max_tensor_elements,
-                                                    self.server.shared_memory)
-                infer_request.trace_parent = metadata.get("traceparent")
-                response = serialize_grpc_response(await self.server.infer(infer_request))
-                # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.
-                yield encode_length_delimited(2, response)
-            except StreamRTError as exc:
-                yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
-
     # --- shared-memory extensions -------------------------------------------------------------
 
     def _shm_status(self, kind: str, name: str, response: Any) -> Any:
@@ -390,42 +433,28 @@ class _Service:
         return await self._guard(context, call)
 
 
-_UNARY = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-          "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-          "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
-          "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
-_REQUEST_TYPES = {"RepositoryIndex": "RepositoryIndexRequest", "RepositoryModelLoad": "RepositoryModelLoadRequest",
-                  "RepositoryModelUnload": "RepositoryModelUnloadRequest"}
+def service_handler(server: ServerCore) -> Any:
+    """The generic gRPC handler of every RPC over ``server`` (its public port, or the private
+    socket front-end workers forward to)."""
+    service = GrpcService(server)
+    return service.handler(service.unary_handlers())
 
 
-def _handler(service: _Service) -> Any:
-    grpc = service.grpc
-    handlers = {}
-    for name in _UNARY:
-        request_type = getattr(service.messages, _REQUEST_TYPES.get(name, f"{name}Request"))
-        handlers[name] = grpc.unary_unary_rpc_method_handler(
-            getattr(service, name),
-            request_deserializer=request_type.FromString,
-            response_serializer=lambda message: message.SerializeToString(),
-        )
-    # Inference takes and returns serialized bytes (no deserializer/serializer): see grpc_wire.
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(service.ModelInfer)
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(service.ModelStreamInfer)
-    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
+    """A ``grpc.aio`` server taking messages up to ``max_receive_bytes`` and sending any size."""
+    return import_grpc().aio.server(options=[
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.so_reuseport", int(reuse_port)),
+    ])
 
 
 async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
-    grpc = import_grpc()
-    limit = server.config.grpc_max_message_bytes
-    grpc_server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", 2**31 - 1),
-        ("grpc.so_reuseport", 0),
-    ])
-    grpc_server.add_generic_rpc_handlers((_handler(_Service(server)),))
-    bound = grpc_server.add_insecure_port(f"{host}:{port}")
+    grpc_aio = grpc_server(server.config.grpc_max_message_bytes)
+    grpc_aio.add_generic_rpc_handlers((service_handler(server),))
+    bound = grpc_aio.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise StreamRTError(f"cannot bind the gRPC port {host}:{port}", hint="pick another --grpc-port")
-    await grpc_server.start()
-    return grpc_server, bound
+    await grpc_aio.start()
+    return grpc_aio, bound

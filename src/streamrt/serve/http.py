@@ -17,6 +17,11 @@ responses are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
 
 Uncompressed request bodies are read into one buffer of ``Content-Length`` bytes as they arrive
 (aiohttp's ``read()`` would copy them twice more); binary tensors are views of that buffer.
+
+:class:`InferenceRoutes` is the inference path over an :class:`~streamrt.serve.port.InferencePort`
+(the buffer comes from the port: a front-end worker's is its shared arena); :class:`ServerRoutes`
+adds the other routes over a :class:`~streamrt.serve.core.ServerCore`. A front-end worker serves
+``InferenceRoutes`` over its engine link and forwards the rest to the engine process.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from streamrt.errors import (
     UnsupportedRequestError,
 )
 from streamrt.serve.model_files import FILE_PREFIX
+from streamrt.serve.port import InferencePort
 from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
 from streamrt.serve.status import status_for
 from streamrt.serve.triton_config import message_json
@@ -49,7 +55,8 @@ if TYPE_CHECKING:
 
     from streamrt.serve.core import ServerCore
 
-__all__ = ["BadRequestLogFilter", "build_app", "quiet_bad_requests", "read_body", "start_http"]
+__all__ = ["BadRequestLogFilter", "InferenceRoutes", "ServerRoutes", "build_app", "quiet_bad_requests", "read_body",
+           "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,39 @@ def infer_reply(request: web.Request, payload: bytes, json_length: int | None) -
     return reply
 
 
+_MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+
+
+def model_and_version(request: web.Request) -> tuple[str, str]:
+    return request.match_info["model"], request.match_info.get("version", "")
+
+
+def _status(code: int) -> web.Response:
+    from aiohttp import web
+
+    return web.Response(status=code)
+
+
+def _json(data: Any) -> web.Response:
+    from aiohttp import web
+
+    return web.json_response(data)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """A control request's JSON object body ({} when empty)."""
+    text = await request.read()
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RequestError(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("the body must be a JSON object")
+    return data
+
+
 def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     value = body.get(key, default)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
@@ -121,18 +161,45 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> A
     return value
 
 
-def build_app(server: ServerCore) -> web.Application:
-    """The aiohttp application serving ``server`` (exposed for tests with aiohttp's test client)."""
-    require("aiohttp", extra="serve", purpose="the HTTP front end")
-    from aiohttp import web
+class InferenceRoutes:
+    """The HTTP listener's inference path over an :class:`~streamrt.serve.port.InferencePort`: auth
+    and the error table (a middleware for every route but health) and ``POST .../infer``.
 
-    limit = server.config.max_request_bytes
+    A front-end worker serves these over its engine link, with every other route forwarded to the
+    engine process (``app(fallback=...)``); :class:`ServerRoutes` adds the rest over a core.
+    """
 
-    @web.middleware
-    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    def __init__(self, port: InferencePort) -> None:
+        self.port = port
+        self.limit = port.config.max_request_bytes
+
+    def app(self, fallback: Handler | None = None) -> web.Application:
+        """The aiohttp application: these routes, and ``fallback`` for any other path and method."""
+        require("aiohttp", extra="serve", purpose="the HTTP front end")
+        from aiohttp import web
+
+        @web.middleware
+        async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await self.guard(request, handler)
+
+        app = web.Application(client_max_size=self.limit, middlewares=[errors])
+        self.add_routes(app)
+        if fallback is not None:
+            app.router.add_route("*", "/{tail:.*}", fallback)
+        return app
+
+    def add_routes(self, app: web.Application) -> None:
+        for base in _MODEL_PATHS:
+            app.router.add_route("POST", f"{base}/infer", self.infer)
+
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Auth (health probes need none), then ``handler``; errors become ``{"error": ...}`` with
+        the status table's code."""
+        from aiohttp import web
+
         try:
             if not request.path.startswith("/v2/health/"):
-                server.check_auth(request.headers.get("Authorization"))
+                self.port.check_auth(request.headers.get("Authorization"))
             return await handler(request)
         except StreamRTError as exc:
             status = status_for(exc)
@@ -140,87 +207,115 @@ def build_app(server: ServerCore) -> web.Application:
                 log.warning("%s %s failed: %s", request.method, request.path, exc)
             return _error(status.http, str(exc))
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"request body exceeds the server limit of {limit} bytes")
+            return _error(413, f"request body exceeds the server limit of {self.limit} bytes")
         except web.HTTPException as exc:
             if exc.status >= 400:
                 return _error(exc.status, exc.reason)
             raise
 
-    def repo() -> Any:
-        assert server.repository is not None
-        return server.repository
-
-    async def live(request: web.Request) -> web.Response:
-        return web.Response(status=200 if server.live else 400)
-
-    async def ready(request: web.Request) -> web.Response:
-        return web.Response(status=200 if server.ready else 400)
-
-    async def server_metadata(request: web.Request) -> web.Response:
-        return web.json_response(server.metadata())
-
-    def model_and_version(request: web.Request) -> tuple[str, str]:
-        return request.match_info["model"], request.match_info.get("version", "")
-
-    async def model_metadata(request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.Response:
         name, version = model_and_version(request)
-        return web.json_response(repo().get(name, version).metadata(repo().versions(name)))
-
-    async def model_ready(request: web.Request) -> web.Response:
-        name, version = model_and_version(request)
-        return web.Response(status=200 if server.accepting and repo().is_ready(name, version) else 400)
-
-    async def model_config(request: web.Request) -> web.Response:
-        name, version = model_and_version(request)
-        return web.json_response(message_json(repo().get(name, version).triton_config()))
-
-    async def model_stats(request: web.Request) -> web.Response:
-        name, version = model_and_version(request)
-        return web.json_response(server.statistics(name, version))
-
-    async def all_stats(request: web.Request) -> web.Response:
-        return web.json_response(server.statistics())
-
-    async def infer(request: web.Request) -> web.Response:
-        name, version = model_and_version(request)
-        if request.content_length is not None and request.content_length > limit:
-            raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+        length, limit = request.content_length, self.limit
+        if length is not None and length > limit:
+            raise PayloadTooLargeError(f"request body of {length} bytes exceeds the limit of {limit}")
         encoding = request.headers.get("Content-Encoding", "identity").lower()
         if encoding not in ("identity", "", "gzip", "deflate"):
             raise UnsupportedRequestError(
                 f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
-        # aiohttp undoes gzip/deflate; Content-Length is then the compressed size, so read() it.
-        body = await read_body(request) if encoding in ("identity", "") else await request.read()
-        infer_request = decode_http_request(
-            body, json_header_length(request), model=name, version=version,
-            max_elements=server.config.max_tensor_elements, memory=server.shared_memory,
-        )
-        infer_request.trace_parent = request.headers.get("traceparent")
-        response = await server.infer(infer_request)
-        return infer_reply(request, *encode_http_response(response, infer_request))
-
-    async def json_body(request: web.Request) -> dict[str, Any]:
-        text = await request.read()
-        if not text.strip():
-            return {}
+        identity = encoding in ("identity", "")
+        buffer = self.port.request_buffer(length) if identity and length else None
         try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise RequestError(f"malformed JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise RequestError("the body must be a JSON object")
-        return data
+            # aiohttp undoes gzip/deflate; Content-Length is then the compressed size, so read() it.
+            body = await read_body(request, None if buffer is None else buffer.array) if identity \
+                else await request.read()
+            infer_request = decode_http_request(
+                body, json_header_length(request), model=name, version=version,
+                max_elements=self.port.config.max_tensor_elements, memory=self.port.regions,
+            )
+        except BaseException:
+            if buffer is not None:
+                buffer.release()
+            raise
+        infer_request.trace_parent = request.headers.get("traceparent")
+        payload, json_length = await self.port.answer(
+            infer_request, lambda response: encode_http_response(response, infer_request), buffer)
+        return infer_reply(request, payload, json_length)
 
-    async def repository_index(request: web.Request) -> web.Response:
+
+class ServerRoutes(InferenceRoutes):
+    """Every route of the one-process server over a :class:`~streamrt.serve.core.ServerCore`:
+    health, metadata, config, statistics, repository, shared memory, and 501 for the extensions
+    StreamRT does not implement."""
+
+    def __init__(self, server: ServerCore) -> None:
+        super().__init__(server)
+        self.server = server
+
+    def add_routes(self, app: web.Application) -> None:
+        add = app.router.add_route
+        add("GET", "/v2/health/live", self.live)
+        add("GET", "/v2/health/ready", self.ready)
+        add("GET", "/v2", self.server_metadata)
+        add("GET", "/v2/models/stats", self.all_stats)
+        for base in _MODEL_PATHS:
+            add("GET", base, self.model_metadata)
+            add("GET", f"{base}/ready", self.model_ready)
+            add("GET", f"{base}/config", self.model_config)
+            add("GET", f"{base}/stats", self.model_stats)
+        super().add_routes(app)
+        add("POST", "/v2/repository/index", self.repository_index)
+        add("POST", "/v2/repository/models/{model}/load", self.load)
+        add("POST", "/v2/repository/models/{model}/unload", self.unload)
+        shm = "/v2/{kind:system|cuda}sharedmemory"
+        add("GET", f"{shm}/status", self.shm_status)
+        add("GET", f"{shm}/region/{{name}}/status", self.shm_status)
+        add("POST", f"{shm}/region/{{name}}/register", self.shm_register)
+        add("POST", f"{shm}/unregister", self.shm_unregister)
+        add("POST", f"{shm}/region/{{name}}/unregister", self.shm_unregister)
+        add_unimplemented(app)
+
+    @property
+    def repo(self) -> Any:
+        assert self.server.repository is not None
+        return self.server.repository
+
+    async def live(self, request: web.Request) -> web.Response:
+        return _status(200 if self.server.live else 400)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return _status(200 if self.server.ready else 400)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return _json(self.server.metadata())
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        name, version = model_and_version(request)
+        return _json(self.repo.get(name, version).metadata(self.repo.versions(name)))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        name, version = model_and_version(request)
+        return _status(200 if self.server.accepting and self.repo.is_ready(name, version) else 400)
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        name, version = model_and_version(request)
+        return _json(message_json(self.repo.get(name, version).triton_config()))
+
+    async def model_stats(self, request: web.Request) -> web.Response:
+        return _json(self.server.statistics(*model_and_version(request)))
+
+    async def all_stats(self, request: web.Request) -> web.Response:
+        return _json(self.server.statistics())
+
+    async def repository_index(self, request: web.Request) -> web.Response:
         body = await json_body(request)
-        return web.json_response(repo().index(ready_only=bool(body.get("ready", False))))
+        return _json(self.repo.index(ready_only=bool(body.get("ready", False))))
 
-    def check_control() -> None:
-        if not server.config.model_control:
+    def check_control(self) -> None:
+        if not self.server.config.model_control:
             raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
 
-    async def load(request: web.Request) -> web.Response:
-        check_control()
+    async def load(self, request: web.Request) -> web.Response:
+        self.check_control()
         body = await json_body(request)
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
@@ -239,62 +334,43 @@ def build_app(server: ServerCore) -> web.Application:
                 override = json.loads(config) if isinstance(config, str) else config
             except ValueError as exc:
                 raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-        await repo().load(request.match_info["model"], override, files or None)
-        return web.Response(status=200)
+        await self.repo.load(request.match_info["model"], override, files or None)
+        return _status(200)
 
-    async def unload(request: web.Request) -> web.Response:
-        check_control()
+    async def unload(self, request: web.Request) -> web.Response:
+        self.check_control()
         await json_body(request)
-        await repo().unload(request.match_info["model"])
-        return web.Response(status=200)
+        await self.repo.unload(request.match_info["model"])
+        return _status(200)
 
-    async def shm_status(request: web.Request) -> web.Response:
+    async def shm_status(self, request: web.Request) -> web.Response:
         kind = "system" if request.match_info["kind"] == "system" else "CUDA"
-        return web.json_response(server.shared_memory.status(kind, request.match_info.get("name", "")))
+        return _json(self.server.shared_memory.status(kind, request.match_info.get("name", "")))
 
-    async def shm_register(request: web.Request) -> web.Response:
+    async def shm_register(self, request: web.Request) -> web.Response:
         body = await json_body(request)
-        name = request.match_info["name"]
+        name, memory = request.match_info["name"], self.server.shared_memory
         if request.match_info["kind"] == "system":
-            server.shared_memory.register_system(name, _field(body, "key", str), _field(body, "offset", int, 0),
-                                                 _field(body, "byte_size", int))
-            return web.Response(status=200)
+            memory.register_system(name, _field(body, "key", str), _field(body, "offset", int, 0),
+                                   _field(body, "byte_size", int))
+            return _status(200)
         handle = _field(body, "raw_handle", dict)
         try:
             raw = base64.b64decode(_field(handle, "b64", str), validate=True)
         except (binascii.Error, ValueError):
             raise SharedMemoryError("'raw_handle.b64' is not valid base64") from None
-        server.shared_memory.register_cuda(name, raw, _field(body, "device_id", int), _field(body, "byte_size", int))
-        return web.Response(status=200)
+        memory.register_cuda(name, raw, _field(body, "device_id", int), _field(body, "byte_size", int))
+        return _status(200)
 
-    async def shm_unregister(request: web.Request) -> web.Response:
+    async def shm_unregister(self, request: web.Request) -> web.Response:
         kind = "system" if request.match_info["kind"] == "system" else "CUDA"
-        server.shared_memory.unregister(kind, request.match_info.get("name", ""))
-        return web.Response(status=200)
+        self.server.shared_memory.unregister(kind, request.match_info.get("name", ""))
+        return _status(200)
 
-    app = web.Application(client_max_size=limit, middlewares=[errors])
-    add = app.router.add_route
-    add("GET", "/v2/health/live", live)
-    add("GET", "/v2/health/ready", ready)
-    add("GET", "/v2", server_metadata)
-    add("GET", "/v2/models/stats", all_stats)
-    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        add("GET", base, model_metadata)
-        add("GET", f"{base}/ready", model_ready)
-        add("GET", f"{base}/config", model_config)
-        add("GET", f"{base}/stats", model_stats)
-        add("POST", f"{base}/infer", infer)
-    add("POST", "/v2/repository/index", repository_index)
-    add("POST", "/v2/repository/models/{model}/load", load)
-    add("POST", "/v2/repository/models/{model}/unload", unload)
-    shm = "/v2/{kind:system|cuda}sharedmemory"
-    add("GET", f"{shm}/status", shm_status)
-    add("GET", f"{shm}/region/{{name}}/status", shm_status)
-    add("POST", f"{shm}/region/{{name}}/register", shm_register)
-    add("POST", f"{shm}/unregister", shm_unregister)
-    add("POST", f"{shm}/region/{{name}}/unregister", shm_unregister)
-    add_unimplemented(app)
-    return app
+
+def build_app(server: ServerCore) -> web.Application:
+    """The aiohttp application serving ``server`` (exposed for tests with aiohttp's test client)."""
+    return ServerRoutes(server).app()
 
 
 # Triton endpoints of extensions StreamRT does not implement -> 501 naming the extension. Dynamic

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
-from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry, region_ref
+from streamrt.serve.shared_memory import RegionRef, RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
 __all__ = [
@@ -314,7 +314,7 @@ def _int_param(params: dict[str, Any], key: str, where: str) -> int:
 
 def decode_http_request(
     body: bytes | bytearray | memoryview, header_length: int | None, *, model: str, version: str, max_elements: int,
-    memory: SharedMemoryRegistry | None = None,
+    memory: RegionSource | None = None,
 ) -> InferRequest:
     """Parse an HTTP infer body (JSON, or JSON + binary tensors) into an :class:`InferRequest`.
 
@@ -337,7 +337,7 @@ def decode_http_request(
 
 def _decode_http(
     body: bytes | bytearray | memoryview, header_length: int | None, model: str, version: str, max_elements: int,
-    memory: SharedMemoryRegistry | None, leases: list[Any],
+    memory: RegionSource | None, leases: list[Any],
 ) -> InferRequest:
     if header_length is not None and (header_length < 0 or header_length > len(body)):
         raise RequestError(

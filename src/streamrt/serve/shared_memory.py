@@ -40,14 +40,14 @@ import mmap
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from streamrt._optional import available, require
 from streamrt.errors import SharedMemoryError
 
-__all__ = ["DeviceTensor", "RegionRef", "SharedMemoryRegistry", "region_ref"]
+__all__ = ["DeviceTensor", "RegionRef", "RegionSource", "SharedMemoryRegistry", "region_ref"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,16 @@ def _torch_view(array: np.ndarray) -> Any:
     import torch
 
     return torch.from_numpy(array.reshape(-1).view(np.uint8))
+
+
+class RegionSource(Protocol):
+    """What a request parser needs of the regions: :class:`SharedMemoryRegistry`, or a front-end
+    worker's stand-in that records the names for the engine process (which holds the regions)."""
+
+    def read_input(self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...], where: str,
+                   leases: list[Any]) -> Any: ...
+
+    def lease_output(self, ref: RegionRef, where: str, leases: list[Any]) -> None: ...
 
 
 class _Region:

@@ -37,16 +37,7 @@ from typing import TYPE_CHECKING, Any
 import streamrt
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import (
-    FREE,
-    HELLO,
-    INFER,
-    OK,
-    STOP,
-    FrameReader,
-    FrameWriter,
-    error_message,
-)
+from streamrt.serve.frontends.channel import FREE, HELLO, INFER, OK, STOP, FrameReader, FrameWriter, error_message
 from streamrt.serve.frontends.tensors import pack_outputs, unpack_request
 
 if TYPE_CHECKING:
@@ -140,12 +131,10 @@ class FrontendSupervisor:
             await web.UnixSite(runner, str(self._dir / "http.sock")).start()
             self._closers.append(runner.cleanup)
         if self.grpc_port is not None:
-            from streamrt.serve.grpc_service import _handler, _Service, import_grpc
+            from streamrt.serve.grpc_service import grpc_server, service_handler
 
-            grpc = import_grpc()
-            server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2**31 - 1),
-                                              ("grpc.max_send_message_length", 2**31 - 1)])
-            server.add_generic_rpc_handlers((_handler(_Service(self.core)),))
+            server = grpc_server(2**31 - 1)
+            server.add_generic_rpc_handlers((service_handler(self.core),))
             if server.add_insecure_port(f"unix:{self._dir / 'grpc.sock'}") == 0:
                 raise StreamRTError(f"cannot bind the private gRPC socket in {self._dir}")
             await server.start()

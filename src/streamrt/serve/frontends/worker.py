@@ -8,7 +8,10 @@ to the engine process as a small descriptor (:mod:`.channel`, :mod:`.tensors`); 
 serialised here from the arena. Every other call (health, metadata, config, statistics,
 repository, shared-memory registration, unimplemented extensions) is forwarded unchanged to the
 engine process's own HTTP / gRPC handlers on private Unix sockets, so they answer exactly what
-the one-process server answers. Auth is checked here for inference and by the engine for the rest.
+the one-process server answers. The listeners are the one-process server's own
+(:class:`~streamrt.serve.http.InferenceRoutes`, :class:`~streamrt.serve.grpc_service.InferenceRpcs`)
+over :class:`EngineLink`, this process's :class:`~streamrt.serve.port.InferencePort`: auth,
+tracing, shared memory, sequence flags and compression are those listeners', written once.
 
 The worker exits when the engine process says STOP, on SIGTERM, or when the channel closes (the
 engine process is gone): it never outlives the server.
@@ -17,67 +20,48 @@ engine process is gone): it never outlives the server.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import pickle
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from streamrt.errors import (
-    PayloadTooLargeError,
-    ServerShuttingDownError,
-    StreamRTError,
-    UnauthorizedError,
-    UnsupportedRequestError,
-)
+import numpy as np
+
+from streamrt.errors import ServerShuttingDownError
 from streamrt.serve.config import ServerConfig
 from streamrt.serve.frontends.arena import Arena
-from streamrt.serve.frontends.channel import (
-    ERROR,
-    FREE,
-    HELLO,
-    INFER,
-    OK,
-    STOP,
-    FrameReader,
-    FrameWriter,
-    raise_error,
-)
+from streamrt.serve.frontends.channel import ERROR, FREE, HELLO, INFER, OK, STOP, FrameReader, FrameWriter, raise_error
 from streamrt.serve.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
+from streamrt.serve.port import RequestBuffer, check_bearer
 from streamrt.serve.process import configure_serving_process, settle_heap
 from streamrt.serve.protocol import HEADER_LENGTH, InferRequest, InferResponse
-from streamrt.serve.status import status_for
 
-__all__ = ["EngineLink", "main"]
+__all__ = ["EngineLink", "GrpcForwarder", "HttpForwarder", "build_http_app", "main"]
 
 log = logging.getLogger("streamrt.serve.frontends.worker")
+
+T = TypeVar("T")
 
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
 
 
-def check_auth(config: ServerConfig, header: str | None) -> None:
-    """:meth:`ServerCore.check_auth` for the worker (same token, same message)."""
-    token = config.auth_token
-    if token is None:
-        return
-    given = (header or "").removeprefix("Bearer ").strip() if (header or "").startswith("Bearer ") else ""
-    if not given or not hmac.compare_digest(given.encode(), token.encode()):
-        raise UnauthorizedError("missing or wrong bearer token", hint="send 'Authorization: Bearer <token>'")
-
-
 class EngineLink:
     """The worker's end of the tensor channel: sends INFER messages, matches replies to requests.
+    It is also the :class:`~streamrt.serve.port.InferencePort` of the worker's listeners.
 
     Input blocks are freed when the reply arrives, never earlier (a request whose client went away
     keeps its blocks until the engine process is done with them).
     """
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, arena: Arena) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, arena: Arena,
+                 config: ServerConfig | None = None) -> None:
         self.reader, self.writer, self.arena = reader, FrameWriter(writer), arena
+        self.config = config or ServerConfig()
+        self.regions = DeferredRegions()  # the engine process holds the regions: names travel
         self._pending: dict[int, tuple[asyncio.Future[tuple[Any, ...]], list[int]]] = {}
         self._next = 0
         self.closed = asyncio.Event()
@@ -154,82 +138,63 @@ class EngineLink:
         if blocks and not self.writer.is_closing():
             self.writer.send((FREE, blocks))
 
+    # --- the listeners' InferencePort -----------------------------------------------------------
+
+    def check_auth(self, header: str | None) -> None:
+        """The core's check, here (the engine process checks the calls forwarded to it itself)."""
+        check_bearer(self.config.auth_token, header)
+
+    def request_buffer(self, nbytes: int) -> RequestBuffer:
+        """A block of the arena's input half (the body lands in shared memory: no copy to send it),
+        or plain memory when the arena is full (the tensors then travel in the message)."""
+        offset = self.arena.inputs.alloc(nbytes)
+        if offset is None:
+            return RequestBuffer(np.empty(nbytes, np.uint8))
+        return RequestBuffer(self.arena.view(offset, nbytes), offset, self.arena.inputs.free)
+
+    async def answer(self, request: InferRequest, encode: Callable[[InferResponse], T],
+                     buffer: RequestBuffer | None = None) -> T:
+        """:meth:`infer` for the listeners: ``encode`` runs on the arena views, then the output
+        blocks go back. Counted by :meth:`drained` until the response is encoded."""
+        self.enter()
+        try:
+            taken = [] if buffer is None or buffer.block is None else [buffer.block]
+            response, blocks = await self.infer(request, taken)
+            try:
+                return encode(response)
+            finally:
+                self.free_outputs(blocks)
+        finally:
+            self.leave()
+
 
 def _blocks(reply: tuple[Any, ...]) -> list[int]:
     return [where[1] for _, _, _, where in reply[5] if where[0] == "a"]
 
 
-# --- HTTP ------------------------------------------------------------------------------------------
+# --- the other routes: forwarded to the engine process ----------------------------------------------
 
 
-def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) -> Any:
-    """The worker's aiohttp app: inference here, every other route forwarded to the engine process."""
-    from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
+class HttpForwarder:
+    """An aiohttp handler that sends a request unchanged to the engine process's own HTTP app (on a
+    private Unix socket) and its answer back."""
 
-    from streamrt.serve.http import infer_reply, json_header_length, read_body
-    from streamrt.serve.protocol import decode_http_request, encode_http_response
+    def __init__(self, control_socket: str) -> None:
+        self.control_socket = control_socket
+        self.session: Any = None
 
-    limit = config.max_request_bytes
-    regions = DeferredRegions()
-    arena = link.arena
-    session: list[ClientSession] = []
+    async def __call__(self, request: Any) -> Any:
+        from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 
-    async def infer(request: web.Request) -> web.StreamResponse:
-        link.enter()
-        try:
-            return await answer(request)
-        finally:
-            link.leave()
-
-    async def answer(request: web.Request) -> web.StreamResponse:
-        taken: list[int] = []
-        try:
-            check_auth(config, request.headers.get("Authorization"))
-            length = request.content_length
-            if length is not None and length > limit:
-                raise PayloadTooLargeError(f"request body of {length} bytes exceeds the limit of {limit}")
-            encoding = request.headers.get("Content-Encoding", "identity").lower()
-            if encoding not in ("identity", "", "gzip", "deflate"):
-                raise UnsupportedRequestError(
-                    f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
-            body: Any
-            if encoding in ("identity", "") and length:
-                offset = arena.inputs.alloc(length)
-                if offset is not None:
-                    taken.append(offset)
-                body = await read_body(request, None if offset is None else arena.view(offset, length))
-            else:
-                body = await request.read()
-            infer_request = decode_http_request(
-                body, json_header_length(request), model=request.match_info["model"],
-                version=request.match_info.get("version", ""), max_elements=config.max_tensor_elements,
-                memory=regions)  # type: ignore[arg-type]
-            infer_request.trace_parent = request.headers.get("traceparent")
-            handed, taken = taken, []
-            response, blocks = await link.infer(infer_request, handed)
-            try:
-                payload, json_length = encode_http_response(response, infer_request)
-            finally:
-                link.free_outputs(blocks)
-        except StreamRTError as exc:
-            return web.json_response({"error": str(exc)}, status=status_for(exc).http)
-        except web.HTTPRequestEntityTooLarge:
-            return web.json_response({"error": f"request body exceeds the server limit of {limit} bytes"}, status=413)
-        finally:
-            for offset in taken:  # not handed to the engine process (the request failed before)
-                arena.inputs.free(offset)
-        return infer_reply(request, payload, json_length)
-
-    async def forward(request: web.Request) -> web.StreamResponse:
-        if not session:
+        if self.session is None:
             # no timeout of our own: a load request may build an engine for minutes, as in one process
-            session.append(ClientSession(connector=UnixConnector(path=control_socket), auto_decompress=False,
-                                         timeout=ClientTimeout(total=None)))
+            self.session = ClientSession(connector=UnixConnector(path=self.control_socket), auto_decompress=False,
+                                         timeout=ClientTimeout(total=None))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         body = await request.read()
         try:
-            async with session[0].request(request.method, f"http://engine{request.rel_url}", headers=headers,
-                                          data=body or None, allow_redirects=False) as answer:
+            async with self.session.request(request.method, f"http://engine{request.rel_url}", headers=headers,
+                                            data=body or None, allow_redirects=False) as answer:
                 data = await answer.read()
                 kept = {k: v for k, v in answer.headers.items()
                         if k.lower() in ("content-type", "content-encoding", HEADER_LENGTH.lower())}
@@ -237,72 +202,31 @@ def build_http_app(link: EngineLink, config: ServerConfig, control_socket: str) 
         except OSError:
             return web.json_response({"error": "the engine process is not answering; retry"}, status=503)
 
-    async def close_session(app: web.Application) -> None:
-        if session:
-            await session[0].close()
+    async def close(self, app: Any = None) -> None:
+        if self.session is not None:
+            await self.session.close()
 
-    app = web.Application(client_max_size=limit)
-    app.router.add_route("POST", "/v2/models/{model}/infer", infer)
-    app.router.add_route("POST", "/v2/models/{model}/versions/{version}/infer", infer)
-    app.router.add_route("*", "/{tail:.*}", forward)
-    app.on_cleanup.append(close_session)
+
+def build_http_app(link: EngineLink, control_socket: str) -> Any:
+    """The worker's aiohttp app: the inference routes over ``link``, every other route forwarded."""
+    from streamrt.serve.http import InferenceRoutes
+
+    forwarder = HttpForwarder(control_socket)
+    app = InferenceRoutes(link).app(fallback=forwarder)
+    app.on_cleanup.append(forwarder.close)
     return app
 
 
-# --- gRPC ------------------------------------------------------------------------------------------
+class GrpcForwarder:
+    """The :data:`~streamrt.serve.grpc_service.UNARY_RPCS` forwarded, as bytes, to the engine
+    process's own gRPC service (on a private Unix socket)."""
 
-
-class WorkerGrpc:
-    """ModelInfer / ModelStreamInfer here; the other RPCs forwarded to the engine process's gRPC service."""
-
-    def __init__(self, link: EngineLink, config: ServerConfig, control_socket: str) -> None:
+    def __init__(self, control_socket: str) -> None:
         from streamrt.serve.grpc_service import import_grpc
-        from streamrt.serve.proto import messages
 
         self.grpc = import_grpc()
-        self.messages = messages
-        self.link, self.config = link, config
-        self.regions = DeferredRegions()
         self.channel = self.grpc.aio.insecure_channel(f"unix:{control_socket}", options=[
             ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1)])
-
-    async def _infer(self, data: bytes, traceparent: str | None = None) -> bytes:
-        from streamrt.serve.grpc_service import parse_infer_request, serialize_grpc_response
-
-        request = parse_infer_request(data, self.config.max_tensor_elements, self.regions)  # type: ignore[arg-type]
-        request.trace_parent = traceparent
-        response, blocks = await self.link.infer(request, [])
-        try:
-            return serialize_grpc_response(response)
-        finally:
-            self.link.free_outputs(blocks)
-
-    def _auth(self, context: Any) -> None:
-        check_auth(self.config, dict(context.invocation_metadata() or ()).get("authorization"))
-
-    async def ModelInfer(self, request: bytes, context: Any) -> Any:
-        self.link.enter()
-        try:
-            self._auth(context)
-            return await self._infer(request, dict(context.invocation_metadata() or ()).get("traceparent"))
-        except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
-        finally:
-            self.link.leave()
-
-    async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        from streamrt.serve.grpc_wire import encode_length_delimited
-
-        try:
-            self._auth(context)
-        except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
-        traceparent = dict(context.invocation_metadata() or ()).get("traceparent")
-        async for request in requests:
-            try:
-                yield encode_length_delimited(2, await self._infer(request, traceparent))
-            except StreamRTError as exc:
-                yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
 
     def forwarder(self, method: str) -> Any:
         call = self.channel.unary_unary(method)  # no (de)serializers: bytes in, bytes out
@@ -317,16 +241,12 @@ class WorkerGrpc:
 
         return forward
 
-    def handler(self) -> Any:
-        from streamrt.serve.grpc_service import _UNARY
+    def handlers(self) -> dict[str, Any]:
+        from streamrt.serve.grpc_service import UNARY_RPCS
         from streamrt.serve.proto import SERVICE
 
-        grpc = self.grpc
-        handlers = {name: grpc.unary_unary_rpc_method_handler(self.forwarder(f"/{SERVICE}/{name}"))
-                    for name in _UNARY}
-        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
-        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
-        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+        return {name: self.grpc.unary_unary_rpc_method_handler(self.forwarder(f"/{SERVICE}/{name}"))
+                for name in UNARY_RPCS}
 
 
 # --- process ---------------------------------------------------------------------------------------
@@ -337,29 +257,26 @@ async def serve(spec: dict[str, Any]) -> None:
     config: ServerConfig = spec["config"]
     arena = Arena(spec["arena_fd"], spec["arena_bytes"])
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=spec["channel_fd"]))
-    link = EngineLink(reader, writer, arena)
+    link = EngineLink(reader, writer, arena, config)
     closers = []
     if spec["http_port"] is not None:
         from aiohttp import web
 
-        runner = web.AppRunner(build_http_app(link, config, spec["http_socket"]), access_log=None,
-                               handle_signals=False)
+        runner = web.AppRunner(build_http_app(link, spec["http_socket"]), access_log=None, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, config.host, spec["http_port"], reuse_address=True, reuse_port=True).start()
         closers.append(runner.cleanup)
     if spec["grpc_port"] is not None:
-        service = WorkerGrpc(link, config, spec["grpc_socket"])
-        server = service.grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", config.grpc_max_message_bytes),
-            ("grpc.max_send_message_length", 2**31 - 1),
-            ("grpc.so_reuseport", 1),
-        ])
-        server.add_generic_rpc_handlers((service.handler(),))
+        from streamrt.serve.grpc_service import InferenceRpcs, grpc_server
+
+        forwarder = GrpcForwarder(spec["grpc_socket"])
+        server = grpc_server(config.grpc_max_message_bytes, reuse_port=True)
+        server.add_generic_rpc_handlers((InferenceRpcs(link).handler(forwarder.handlers()),))
         if server.add_insecure_port(f"{config.host}:{spec['grpc_port']}") == 0:
             raise OSError(f"front-end worker {spec['index']}: cannot bind gRPC port {spec['grpc_port']}")
         await server.start()
         closers.append(lambda: server.stop(grace=1.0))
-        closers.append(service.channel.close)
+        closers.append(forwarder.channel.close)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, link.closed.set)
     settle_heap()  # what serving the listeners needs is loaded
