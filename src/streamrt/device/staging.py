@@ -140,7 +140,7 @@ class HostSlots:
 
 def gather_into(out: Any, parts: Sequence[Any]) -> int:
     """Copy ``parts`` one after another along axis 0 into ``out`` (a NumPy array or a torch tensor, such
-    as a ring slot's pinned buffer); return the number of rows written.
+    as a ring slot's pinned buffer); return the number of rows written. One part is a plain copy.
 
     Raises:
         PipelineError: a part's item shape differs from ``out``'s, or the parts hold more rows than ``out``.
