@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from streamrt.config import BuildConfig
+    from streamrt.device.base import StreamLike
     from streamrt.onnx.model import OnnxModel
 
 __all__ = ["Backend", "BuildJob", "BuildOutput", "Engine", "ExecutionContext", "LayerTiming", "Progress"]
@@ -280,7 +281,8 @@ class Engine(abc.ABC):
 class ExecutionContext(abc.ABC):
     """Runs an engine on one stream at a time.
 
-    ``infer`` enqueues work on ``stream`` (a :class:`streamrt.device.base.Stream`; ``None``
+    ``infer`` enqueues work on ``stream`` (a :class:`streamrt.device.base.Stream` or a bare
+    ``torch.cuda.Stream``, :data:`streamrt.device.base.StreamLike`; ``None``
     means the engine's own default for synchronous use) and returns outputs that are valid once
     that stream reaches this point. CPU engines run synchronously in the calling thread, which
     for a host stream is that stream's worker.
@@ -291,12 +293,15 @@ class ExecutionContext(abc.ABC):
             raise engine.closed_error()
         self.engine = engine
 
-    def infer(self, inputs: Mapping[str, Any], stream: Any = None, *, check_inputs: bool = True) -> dict[str, Any]:
+    def infer(
+        self, inputs: Mapping[str, Any], stream: StreamLike | None = None, *, check_inputs: bool = True
+    ) -> dict[str, Any]:
         """Validate inputs against the engine, then run. Returns outputs by name.
 
         Args:
             inputs: one array or tensor per engine input.
-            stream: where to enqueue the work (``None``: the engine's default, synchronous use).
+            stream: where to enqueue the work: a StreamRT stream or a ``torch.cuda.Stream`` (``None``: the
+                engine's default, synchronous use).
             check_inputs: check names, dtypes and ranks (:meth:`Engine.validate`). Turn it off only
                 when the caller has checked them already: a wrong input then fails inside the backend
                 or, worse, runs. The profile is picked by shape either way (:meth:`Engine.select_profile`).
@@ -321,7 +326,7 @@ class ExecutionContext(abc.ABC):
         return f"running {self.engine.manifest.backend} inference on {shapes}"
 
     @abc.abstractmethod
-    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
+    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: StreamLike | None) -> dict[str, Any]:
         """Run with inputs already validated; ``profile`` is the accepting profile's index."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most contexts hold nothing

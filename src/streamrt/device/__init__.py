@@ -1,4 +1,5 @@
-"""Streams, events, pinned/device buffers and pools, on CUDA (torch) or on host threads.
+"""Streams, events, pinned/device buffers and pools, on CUDA (torch) or on host threads; the staging
+path (gather into pinned slots, copy to the device and back, split) in :mod:`streamrt.device.staging`.
 
 Example:
     >>> from streamrt.device import get_device
@@ -12,8 +13,10 @@ from __future__ import annotations
 import contextlib
 
 from streamrt._features import cuda_available
-from streamrt.device.base import BufferPool, Device, Event, Stream, StreamWork
+from streamrt.device.base import BufferPool, Device, Event, Stream, StreamLike, StreamWork
+from streamrt.device.cuda import as_torch_stream, stream_scope
 from streamrt.device.host import CpuDevice, HostEvent, HostStream, InlineStream
+from streamrt.device.staging import HostBatch, HostSlots, gather_into, split_rows, to_device, to_host
 from streamrt.errors import ConfigError
 
 __all__ = [
@@ -21,14 +24,23 @@ __all__ = [
     "CpuDevice",
     "Device",
     "Event",
+    "HostBatch",
     "HostEvent",
+    "HostSlots",
     "HostStream",
     "InlineStream",
     "Stream",
+    "StreamLike",
     "StreamWork",
+    "as_torch_stream",
     "cuda_available",
     "device_scope",
+    "gather_into",
     "get_device",
+    "split_rows",
+    "stream_scope",
+    "to_device",
+    "to_host",
 ]
 
 _KINDS = ("auto", "cuda", "cpu")

@@ -49,11 +49,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, Union, runtime_checkable
 
 from streamrt.errors import PipelineError, StageTimeoutError
 
-__all__ = ["BufferPool", "Device", "Event", "Stream", "StreamWork"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BufferPool", "Device", "Event", "Stream", "StreamLike", "StreamWork"]
 
 T = TypeVar("T")
 
@@ -111,6 +114,11 @@ class Stream(Protocol):
         """True when work launched here runs on a CUDA stream."""
         ...
 
+    @property
+    def torch_stream(self) -> torch.cuda.Stream | None:
+        """The ``torch.cuda.Stream`` work is enqueued on (for ``torch.cuda.stream(...)``), None for host streams."""
+        ...
+
     def new_event(self, timing: bool = False) -> Event:
         """Create an unrecorded event of the kind this stream records (no stream work)."""
         ...
@@ -137,6 +145,11 @@ class Stream(Protocol):
         Returns False when the worker did not stop within ``timeout`` (a stuck callable).
         """
         ...
+
+
+StreamLike: TypeAlias = Union[Stream, "torch.cuda.Stream"]
+"""What engines and copies accept as a stream: a StreamRT :class:`Stream` or a bare ``torch.cuda.Stream``
+(:func:`streamrt.device.as_torch_stream` turns either into the torch stream)."""
 
 
 class Device(Protocol):

@@ -6,7 +6,8 @@ Rules this module keeps (pytorch docs/source/notes/cuda.md, "CUDA streams", "pin
   stream synchronises with all blocking streams and would serialise the pipeline.
 * ``launch(fn)`` calls ``fn`` with ``torch.cuda.stream(s)`` current, so torch ops, AOTInductor
   kernels and CUDA-graph replays issued inside land on ``s``. Engines that take a raw stream
-  (TensorRT ``execute_async_v3``) use :attr:`CudaStream.handle`.
+  (TensorRT ``execute_async_v3``) use :attr:`CudaStream.handle`. Code that enters the torch stream
+  itself uses :func:`stream_scope` (or :func:`as_torch_stream`), typed for host and CUDA streams alike.
 * Host buffers for asynchronous copies are pinned (``torch.empty(..., pin_memory=True)``) and
   allocated once; a ``non_blocking`` copy from pageable memory is staged and blocks the host.
 * Allocator safety is event-gated reuse (see :mod:`streamrt.device.buffers`): buffers consumed on
@@ -20,15 +21,18 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrt._oom import INFER_HINT, out_of_memory_guard
-from streamrt.device.base import BufferPool, Event, Stream, StreamWork
+from streamrt.device.base import BufferPool, Event, Stream, StreamLike, StreamWork
 from streamrt.device.buffers import import_torch, torch_dtype
-from streamrt.device.host import HostStream, InlineStream
+from streamrt.device.host import HostStream, InlineStream, _HostStreamBase
 from streamrt.errors import ConfigError, PipelineError
 
-__all__ = ["CudaDevice", "CudaEvent", "CudaStream", "device_scope"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CudaDevice", "CudaEvent", "CudaStream", "as_torch_stream", "device_scope", "stream_scope"]
 
 # Host polling of a CUDA event with a timeout: start short (results are usually ready), back off
 # so a long wait does not burn a core or hold the GIL.
@@ -50,6 +54,38 @@ def device_scope(index: int | None) -> Iterator[None]:
         yield
         return
     with import_torch().cuda.device(index):
+        yield
+
+
+def as_torch_stream(stream: StreamLike | None) -> torch.cuda.Stream | None:
+    """The ``torch.cuda.Stream`` behind ``stream``: a CUDA stream's own, a bare torch stream as it is,
+    None for a host stream or None (work then runs in the calling thread, on torch's current stream).
+
+    Example:
+        >>> from streamrt.device import HostStream
+        >>> as_torch_stream(HostStream("decode")) is None
+        True
+    """
+    if stream is None:
+        return None
+    if isinstance(stream, (CudaStream, _HostStreamBase)):  # StreamRT's own: no torch import needed
+        return stream.torch_stream
+    import torch
+
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return stream.torch_stream  # another implementation of the Stream protocol
+
+
+@contextlib.contextmanager
+def stream_scope(stream: StreamLike | None) -> Iterator[None]:
+    """Make ``stream``'s torch stream current inside the block, so torch ops issued there land on it;
+    a host stream (or None) changes nothing: its work runs in the calling thread, its worker."""
+    torch_stream = as_torch_stream(stream)
+    if torch_stream is None:
+        yield
+        return
+    with import_torch().cuda.stream(torch_stream):
         yield
 
 
@@ -136,8 +172,13 @@ class CudaStream:
         return True
 
     @property
-    def torch(self) -> Any:
-        """The wrapped ``torch.cuda.Stream`` (for ``with torch.cuda.stream(s.torch):``)."""
+    def torch_stream(self) -> torch.cuda.Stream:
+        """The wrapped ``torch.cuda.Stream`` (for ``with torch.cuda.stream(s.torch_stream):``)."""
+        return self._stream
+
+    @property
+    def torch(self) -> torch.cuda.Stream:
+        """The wrapped ``torch.cuda.Stream``, as :attr:`torch_stream` (the name :attr:`CudaEvent.torch` uses)."""
         return self._stream
 
     def new_event(self, timing: bool = False) -> CudaEvent:

@@ -146,6 +146,11 @@ class _HostStreamBase:
     def is_cuda(self) -> bool:
         return False
 
+    @property
+    def torch_stream(self) -> None:
+        """None: work on a host stream runs on a thread, not on a CUDA stream."""
+        return None
+
     def new_event(self, timing: bool = False) -> HostEvent:
         return HostEvent(timing)
 

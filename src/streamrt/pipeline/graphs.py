@@ -9,7 +9,7 @@ How (pytorch docs/source/notes/cuda.md, "CUDA Graphs"):
   default stream; lazy initialisation (cuDNN heuristics, allocator growth) must happen outside
   the capture;
 * capture on that same stream (``torch.cuda.graph(g, stream=s)``), so an engine that enters
-  ``torch.cuda.stream(stream.torch)`` inside the stage stays on the capturing stream;
+  ``torch.cuda.stream(stream.torch_stream)`` inside the stage stays on the capturing stream;
 * replay on the stage's stream: ``CUDAGraph.replay()`` launches on the current stream.
 
 One graph per slot, not per stage: each slot has its own buffers (static addresses differ), and
@@ -38,17 +38,17 @@ def capture_graph(fn: Callable[[], None], stream: Stream, *, warmup: int = 2) ->
 
     Args:
         fn: enqueues the stage's work on the current stream; must not sync with the host.
-        stream: a CUDA stream (its ``torch`` attribute is used for warm-up and capture).
+        stream: a CUDA stream (its ``torch_stream`` is used for warm-up and capture).
         warmup: eager runs before capture.
 
     Raises:
         PipelineError: ``stream`` is not a CUDA stream, or capture failed (the message keeps
             torch's reason: a host sync, a data-dependent shape, an allocation...).
     """
-    if not stream.is_cuda:
+    side = stream.torch_stream
+    if not stream.is_cuda or side is None:
         raise PipelineError(f"cannot capture a CUDA graph on host stream '{stream.name}'")
     torch = import_torch()
-    side = stream.torch  # type: ignore[attr-defined]
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()

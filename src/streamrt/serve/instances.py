@@ -6,10 +6,13 @@ on its own CUDA stream; on the CPU each worker thread runs the engine while othe
 
 Data path of a batch, with as few host copies as the wire allows:
 
+The copies are the device layer's staging path (:mod:`streamrt.device.staging`), the one the
+pipeline workloads use too; this module decides which requests go where.
+
 * **Inputs**: each request's tensors are zero-copy views of the request body. They are
-  concatenated straight into a per-instance input slot (pinned host memory when the engine is
-  on CUDA, then one asynchronous H2D copy on the instance's stream). A batch of one request on a
-  CPU engine skips the slot and runs on the view itself.
+  concatenated straight into a per-instance input slot (:class:`~streamrt.device.staging.HostSlots`:
+  pinned host memory when the engine is on CUDA, then one asynchronous H2D copy on the instance's
+  stream). A batch of one request on a CPU engine skips the slot and runs on the view itself.
 * **Outputs**: CUDA outputs are copied asynchronously into freshly taken pinned buffers (torch's
   caching host allocator recycles them), then split into per-request views; the front end's
   serialisation is the only further copy. CPU outputs are split as views. Before the split, the
@@ -31,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +43,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamrt.backends.base import Engine
-from streamrt.device import Device, Stream, device_scope, get_device
+from streamrt.device import (
+    Device,
+    HostBatch,
+    HostSlots,
+    Stream,
+    device_scope,
+    get_device,
+    split_rows,
+    stream_scope,
+    to_device,
+    to_host,
+)
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.config import InstanceGroupConfig
 from streamrt.serve.integrity import OutputCheck
@@ -111,7 +124,7 @@ class Instance:
         self._cuda = device.is_cuda
         self.device_outputs: frozenset[str] = frozenset()
         """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
-        self._slots: dict[tuple[Any, ...], tuple[Any, np.ndarray]] = {}
+        self._slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
         self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
     def __repr__(self) -> str:
@@ -141,7 +154,7 @@ class Instance:
         """
         t0 = time.perf_counter_ns()
         rows = [self._rows(r) for r in requests]
-        inputs = self._gather(requests, sum(rows))
+        inputs = self._gather(requests)
         t1 = time.perf_counter_ns()
         wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
         outputs = self._execute(inputs, on_device=any(wanted))
@@ -151,16 +164,15 @@ class Instance:
         if len(requests) == 1 and wanted[0] == any(wanted):
             split = [outputs]
         else:
-            bounds = list(itertools.accumulate(rows, initial=0))
-            split = [{k: _rows_of(v, a, b, keep or k in self.device_outputs) for k, v in outputs.items()}
-                     for (a, b), keep in zip(itertools.pairwise(bounds), wanted, strict=True)]
+            keep = self.device_outputs
+            split = split_rows(outputs, rows, lambda k, v, i, a, b: _rows_of(v, a, b, wanted[i] or k in keep))
         t3 = time.perf_counter_ns()
         return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
 
     def execute(self, requests: Sequence[Inputs]) -> dict[str, np.ndarray]:
         """Run ``requests`` as one batch and return the outputs of all its rows, unchecked and unsplit
         (the load-time probe reads their shapes)."""
-        return self._execute(self._gather(requests, sum(self._rows(r) for r in requests)))
+        return self._execute(self._gather(requests))
 
     def _rows(self, request: Inputs) -> int:
         return next(iter(request.values())).shape[0] if self.batched else 1
@@ -173,23 +185,7 @@ class Instance:
         except Exception as exc:
             raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
 
-    def _slot(self, name: str, array: np.ndarray) -> tuple[Any, np.ndarray]:
-        key = (name, array.dtype.str, array.shape[1:])
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) >= _MAX_SLOT_KEYS:
-                self._slots.pop(next(iter(self._slots)))
-            shape = (self.max_batch_size, *array.shape[1:])
-            if self._cuda:
-                tensor = self.device.host_buffer(shape, array.dtype, pinned=True)
-                slot = (tensor, tensor.numpy())
-            else:
-                host = np.empty(shape, dtype=array.dtype)
-                slot = (host, host)
-            self._slots[key] = slot
-        return slot
-
-    def _gather(self, requests: Sequence[Inputs], rows: int) -> dict[str, Any]:
+    def _gather(self, requests: Sequence[Inputs]) -> dict[str, Any]:
         if len(requests) == 1 and not self._cuda:
             return {k: np.asarray(v) for k, v in requests[0].items()}  # a DeviceTensor (CUDA shm) comes to the host
         gathered: dict[str, Any] = {}
@@ -198,20 +194,18 @@ class Instance:
             if self._cuda and any(isinstance(a, DeviceTensor) for a in arrays):
                 gathered[name] = self._gather_on_device(arrays)
                 continue
-            if not self.batched or rows > self.max_batch_size:
-                host: Any = np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0])
-                gathered[name] = self._to_device(host, None)
-                continue
-            owner, view = self._slot(name, arrays[0])
-            np.concatenate(arrays, axis=0, out=view[:rows])
-            gathered[name] = self._to_device(view[:rows], owner[:rows] if self._cuda else None)
+            if self.batched:
+                host = self._slots.gather(name, arrays)  # more rows than a slot: a fresh array
+            else:
+                host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
+            gathered[name] = to_device(host, self.device, self.stream)
         return gathered
 
     def _gather_on_device(self, arrays: Sequence[Any]) -> Any:
         """CUDA shared-memory inputs: one device-to-device copy into the batch (no host round trip)."""
         import torch
 
-        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
+        with stream_scope(self.stream):
             here = self.device.torch_device
             # A tensor on another GPU (an ensemble step's output from an instance there) is copied peer to peer.
             parts = [(a.tensor if a.tensor.device == here else a.tensor.to(here, non_blocking=True))
@@ -222,23 +216,12 @@ class Instance:
                 return parts[0]  # the region itself: leased until the request is answered; compiled kernels
             return torch.cat(parts)  # want aligned inputs, so an unaligned offset gets a copy
 
-    def _to_device(self, host: np.ndarray, pinned: Any) -> Any:
-        if not self._cuda:
-            return host
-        import torch
-
-        source = pinned if pinned is not None else torch.from_numpy(host)
-        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
-            return source.to(self.device.torch_device, non_blocking=True)
-
     def _infer(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
         # The model validated every request once (ServedModel.validate); the engine does not again.
         if not self._cuda:
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
             return {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in raw.items()}
-        import torch
-
-        with torch.cuda.stream(self.stream.torch):  # type: ignore[attr-defined]
+        with stream_scope(self.stream):
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
             host: dict[str, Any] = {}
             for key, value in raw.items():
@@ -249,12 +232,8 @@ class Instance:
                     # static outputs), which the instance's next batch overwrites while the next
                     # ensemble step or sequence step may not have read them yet.
                     host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
-                elif value.is_cuda:
-                    pinned = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-                    pinned.copy_(value, non_blocking=True)
-                    host[key] = pinned
                 else:
-                    host[key] = value
+                    host[key] = to_host(value, self.stream)  # CUDA: a fresh pinned buffer, copied on the stream
         self.stream.record().synchronize()  # the worker thread waits; the event loop does not
         return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 

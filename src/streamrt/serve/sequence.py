@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.device import stream_scope
 from streamrt.errors import (
     ConfigError,
     InferenceError,
@@ -558,7 +559,7 @@ def _keep(value: Any) -> Any:
 def _on_device(array: np.ndarray, instance: Instance) -> DeviceTensor:
     import torch
 
-    with torch.cuda.stream(instance.stream.torch):  # type: ignore[attr-defined]  # ordered before the batch
+    with stream_scope(instance.stream):  # ordered before the batch
         tensor = torch.from_numpy(array).to(instance.device.torch_device)
     return DeviceTensor(tensor, array.dtype, array.shape)
 

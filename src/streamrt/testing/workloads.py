@@ -36,7 +36,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from streamrt.device.base import Stream
+from streamrt.device.base import Stream, StreamLike
+from streamrt.device.cuda import stream_scope
+from streamrt.device.staging import gather_into, to_device, to_host
 from streamrt.pipeline.stage import Lane, Slot, Stage, StageKind
 
 __all__ = [
@@ -114,15 +116,11 @@ class TorchModuleContext:
         self._engine = engine
 
     @torch.no_grad()
-    def infer(self, inputs: Mapping[str, Any], stream: Stream | None = None) -> dict[str, Any]:
+    def infer(self, inputs: Mapping[str, Any], stream: StreamLike | None = None) -> dict[str, Any]:
         """Enqueue the forward pass on ``stream`` (CUDA) or run it here (host); no host sync."""
         engine = self._engine
-        x = inputs[engine.input_name]
-        if stream is not None and stream.is_cuda:
-            with torch.cuda.stream(stream.torch):  # type: ignore[attr-defined]
-                y = engine.module(x)
-        else:
-            y = engine.module(x)
+        with stream_scope(stream):
+            y = engine.module(inputs[engine.input_name])
         return {engine.output_name: y}
 
 
@@ -239,12 +237,12 @@ class FrameWorkload:
     def load(self, slot: Slot, item: int, stream: Stream) -> None:
         frame = torch.as_tensor(slot.input)
         if slot.pinned:
-            slot["frame"].copy_(frame)  # host memcpy into the ring's pinned buffer
+            gather_into(slot["frame"], [frame])  # host memcpy into the ring's pinned buffer
         else:
             slot["frame"] = frame  # the naive loop copies straight from the caller's frame
 
     def h2d(self, slot: Slot, item: int, stream: Stream) -> None:
-        slot["frame_dev"].copy_(slot["frame"], non_blocking=slot.pinned)
+        to_device(slot["frame"], slot.device, stream, out=slot["frame_dev"], non_blocking=slot.pinned)
 
     @torch.no_grad()
     def pre(self, slot: Slot, item: int, stream: Stream) -> None:
@@ -263,10 +261,8 @@ class FrameWorkload:
         torch.topk(probs, self.spec.topk, dim=1, out=(slot["scores"], slot["classes"]))
 
     def d2h(self, slot: Slot, item: int, stream: Stream) -> None:
-        nb = slot.pinned
-        slot["scores_host"].copy_(slot["scores"], non_blocking=nb)
-        slot["classes_host"].copy_(slot["classes"], non_blocking=nb)
-        slot["logits_host"].copy_(slot["logits"], non_blocking=nb)
+        for name in ("scores", "classes", "logits"):
+            to_host(slot[name], stream, out=slot[f"{name}_host"], non_blocking=slot.pinned)
 
     def collect(self, slot: Slot, item: int) -> FrameResult:
         result = FrameResult(

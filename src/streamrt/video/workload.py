@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.device.base import Stream
+from streamrt.device.staging import to_device, to_host
 from streamrt.ops.letterbox import CpuLetterbox, LetterboxGeometry, Normalize
 from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 from streamrt.pipeline.stage import Lane, Slot, Stage, StageKind
@@ -258,15 +259,15 @@ class DetectionWorkload:
                 slot["frames"][b].copy_(image)
 
     def h2d(self, slot: Slot, item: int, stream: Stream) -> None:
+        dev, frames_dev = slot.device, slot["frames_dev"]
         if not slot.pinned:
             n = slot["frames"].shape[0]
-            slot["frames_dev"][:n].copy_(slot["frames"], non_blocking=False)
+            to_device(slot["frames"], dev, stream, out=frames_dev[:n], non_blocking=False)
             return
         for b, image in enumerate(slot["direct"][: len(slot.input)]):
             # The runner keeps every frame referenced until its result is collected, so a direct
             # source buffer stays valid while this asynchronous copy reads it.
-            src = slot["frames"][b] if image is None else image
-            slot["frames_dev"][b].copy_(src, non_blocking=True)
+            to_device(slot["frames"][b] if image is None else image, dev, stream, out=frames_dev[b])
 
     def gather_nv12(self, slot: Slot, item: int, stream: Stream) -> None:
         import torch
@@ -289,8 +290,8 @@ class DetectionWorkload:
         slot.lane.state["post"](slot["raw"], slot["dets"], slot["counts"])
 
     def d2h(self, slot: Slot, item: int, stream: Stream) -> None:
-        slot["dets_host"].copy_(slot["dets"], non_blocking=slot.pinned)
-        slot["counts_host"].copy_(slot["counts"], non_blocking=slot.pinned)
+        for name in ("dets", "counts"):
+            to_host(slot[name], stream, out=slot[f"{name}_host"], non_blocking=slot.pinned)
 
     # -- shared and CPU stages ----------------------------------------------------------------------
 

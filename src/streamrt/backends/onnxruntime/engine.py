@@ -7,7 +7,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
@@ -17,6 +17,9 @@ from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
 from streamrt.backends.onnxruntime.session import session_options, session_providers, translate
 from streamrt.errors import InferenceError, InputError
 from streamrt.plan import PlanManifest
+
+if TYPE_CHECKING:
+    from streamrt.device.base import StreamLike
 
 __all__ = ["OnnxRuntimeContext", "OnnxRuntimeEngine"]
 
@@ -112,7 +115,7 @@ class OnnxRuntimeContext(ExecutionContext):
 
     engine: OnnxRuntimeEngine
 
-    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
+    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: StreamLike | None) -> dict[str, Any]:
         engine = self.engine
         if engine.device_kind == "cuda" and not isinstance(next(iter(inputs.values())), np.ndarray):
             return self._infer_bound(inputs)

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorrt as trt
@@ -49,6 +49,9 @@ from streamrt.backends.tensorrt import compat
 from streamrt.errors import InferenceError, PlanFormatError, ShapeError, StreamRTError
 from streamrt.plan import PlanManifest
 from streamrt.types import DType, format_shape
+
+if TYPE_CHECKING:
+    from streamrt.device.base import StreamLike
 
 __all__ = ["TensorRTContext", "TensorRTEngine"]
 
@@ -277,7 +280,9 @@ class TensorRTContext(ExecutionContext):
         """
         return self._consumed
 
-    def infer_into(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
+    def infer_into(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: StreamLike | None = None
+    ) -> dict[str, Any]:
         """Like ``infer``, but write into caller-owned device tensors (pre-allocated slots, no allocation).
 
         Raises:
@@ -290,7 +295,7 @@ class TensorRTContext(ExecutionContext):
             raise InferenceError(f"infer_into needs a tensor for every output; missing {missing}")
         return self._run(inputs, profile, stream, outputs)
 
-    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
+    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: StreamLike | None) -> dict[str, Any]:
         as_numpy = any(isinstance(v, np.ndarray) for v in inputs.values())
         return self._run(inputs, profile, stream, None, as_numpy=as_numpy)
 

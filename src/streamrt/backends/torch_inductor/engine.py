@@ -39,7 +39,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,8 +47,12 @@ import torch
 from streamrt.backends.base import Engine, ExecutionContext, LayerTiming
 from streamrt.backends.torch_inductor.payload import extract_payload
 from streamrt.backends.torch_inductor.tf32 import backend_flags
+from streamrt.device.cuda import as_torch_stream
 from streamrt.errors import InferenceError, PlanFormatError
 from streamrt.plan import PlanManifest
+
+if TYPE_CHECKING:
+    from streamrt.device.base import StreamLike
 
 __all__ = ["TorchInductorContext", "TorchInductorEngine", "ensure_cxx_runtime"]
 
@@ -310,12 +314,12 @@ class TorchInductorContext(ExecutionContext):
             self._runners[profile] = self.engine.load_runner(profile)
         return self._runners[profile]
 
-    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: Any) -> dict[str, Any]:
+    def _infer_impl(self, inputs: Mapping[str, Any], profile: int, stream: StreamLike | None) -> dict[str, Any]:
         engine = self.engine
         as_numpy = any(isinstance(v, np.ndarray) for v in inputs.values())
         args = [torch.as_tensor(inputs[name]) for name in engine._input_names]
         runner = self._runner(profile)
-        torch_stream = getattr(stream, "torch", stream)
+        torch_stream = as_torch_stream(stream)
         try:
             if engine.device_kind == "cuda":
                 with torch.cuda.stream(torch_stream) if torch_stream is not None else _null(), \
