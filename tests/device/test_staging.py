@@ -113,6 +113,13 @@ def test_gather_copy_split_round_trip(device: Device, stream: Stream, dtype: Any
         if into:
             _poison(device_out)
             _poison(host_out)
+            if device.is_cuda:
+                # The poison is written on the current (default) stream; the copies below run on
+                # ``stream``, which does not wait for it: without this, the fill could land after the
+                # copy (seen on the H200 under six test processes: a poisoned row read back).
+                import torch
+
+                torch.cuda.synchronize()
 
         def step(requests: list[np.ndarray] = requests, sizes: list[int] = sizes, rows: int = rows) -> list[Any]:
             batch = slots.gather("x", requests)
