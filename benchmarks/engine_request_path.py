@@ -7,9 +7,9 @@ spends ``c`` microseconds of one core per request cannot pass ``1e6 / c`` reques
 workers parse for it.
 
 This benchmark measures that cost without the workers' and clients' CPU in the way: the real
-:class:`~streamrt.serve.frontends.supervisor.FrontendSupervisor` and :class:`~streamrt.serve.core.ServerCore`
+:class:`~streamrt.serve.listeners.frontends.supervisor.FrontendSupervisor` and :class:`~streamrt.serve.core.ServerCore`
 run here, unchanged, and in each worker's place a load driver (this file, ``--driver``) sends
-INFER messages through the real worker-side :class:`~streamrt.serve.frontends.worker.EngineLink`
+INFER messages through the real worker-side :class:`~streamrt.serve.listeners.frontends.worker.EngineLink`
 (arena, channel, replies, FREE) at a fixed concurrency, with fresh random tensors written into the
 arena for every request. The engine's event-loop thread and its whole process are timed with the
 kernel's exact per-thread CPU clocks (``/proc/.../schedstat``) over the drivers' measured window.
@@ -54,10 +54,10 @@ ITEM = {"small": (16,), "image": (3, 224, 224)}
 
 
 async def _drive(spec: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
-    from streamrt.serve.frontends.arena import Arena
-    from streamrt.serve.frontends.channel import HELLO
-    from streamrt.serve.frontends.worker import EngineLink
-    from streamrt.serve.protocol import InferRequest
+    from streamrt.serve.listeners.frontends.arena import Arena
+    from streamrt.serve.listeners.frontends.channel import HELLO
+    from streamrt.serve.listeners.frontends.worker import EngineLink
+    from streamrt.serve.wire.protocol import InferRequest
 
     arena = Arena(spec["arena_fd"], spec["arena_bytes"])
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=spec["channel_fd"]))
@@ -162,9 +162,9 @@ class CpuClock:
 async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from serving_frontend import write_repository
-    from streamrt.serve.config import ServerConfig
+    from streamrt.serve.configs.config import ServerConfig
     from streamrt.serve.core import ServerCore
-    from streamrt.serve.frontends.supervisor import FrontendSupervisor
+    from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
 
     repo = write_repository(report.parent / "repo", instances=case["instances"])
     core = ServerCore(repo, ServerConfig(startup_models=[case["model"]], http_port=None, grpc_port=None))

@@ -2,7 +2,7 @@
 
 All servers serve the **same engine** (one StreamRT ONNX Runtime plan, 1 intra-op thread, loaded
 with ``streamrt.load``) behind the **same protocol** (KServe v2 HTTP with binary tensors, decoded
-and encoded by the same :mod:`streamrt.serve.protocol` codec), and are driven by the **same
+and encoded by the same :mod:`streamrt.serve.wire.protocol` codec), and are driven by the **same
 client** (:mod:`streamrt.client.loadgen`, the engine of ``streamrt perf``) at the same concurrency,
 in the same run:
 
@@ -113,7 +113,7 @@ class KServeCodec:
     async def handle(
         self, method: str, path: str, length: str | None, body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        from streamrt.serve.protocol import InferResponse, decode_http_request, encode_http_response
+        from streamrt.serve.wire.protocol import InferResponse, decode_http_request, encode_http_response
 
         if method == "GET" and path == f"/v2/models/{MODEL}":
             return 200, {"content-type": "application/json"}, self.meta

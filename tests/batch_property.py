@@ -25,7 +25,7 @@ try:
 except ImportError:  # the GPU machine's image has no tritonclient: in-process requests only
     tgrpc = thttp = None
 
-from streamrt.serve.protocol import InferRequest
+from streamrt.serve.wire.protocol import InferRequest
 from streamrt.testing.batch_models import MIXED_MAX_BATCH, mixed_dtype_inputs
 
 Arrays = dict[str, np.ndarray]

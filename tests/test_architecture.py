@@ -1,8 +1,10 @@
 """The layer contract of ``pyproject.toml`` (``[tool.importlinter]``) holds for ``src/streamrt``.
 
-import-linter checks four contracts (docs/architecture.md): the layers run one way, the backend
-packages are independent, engine modules import no build code, and no two sibling modules or
-packages import each other in a circle. Each check runs ``lint-imports`` in a subprocess whose
+import-linter checks six contracts (docs/architecture.md): the layers run one way, the backend
+packages are independent, engine modules import no build code, serve/'s rooms run one way
+(listeners over the core over the models over scheduling over execution), no listener imports a
+model, a scheduler or the execution room directly, and no two sibling modules or packages import
+each other in a circle. Each check runs ``lint-imports`` in a subprocess whose
 ``sys.path`` starts with the tree under test, so an installed copy of StreamRT cannot answer for it.
 """
 
@@ -74,3 +76,23 @@ def test_the_run_side_importing_the_build_side_breaks_the_contracts(tmp_path: Pa
     assert "streamrt.running.runtime -> streamrt.building.builder" in run.stdout
     assert "are separate) BROKEN" in run.stdout  # engines-without-builders (its name wraps in the report)
     assert "streamrt.measure is not allowed to import streamrt.profiling" in run.stdout
+
+
+def test_a_listener_and_execution_reaching_each_other_break_the_serve_contracts(tmp_path: Path) -> None:
+    # serve/'s rooms (pyproject.toml, serve-rooms and listeners-without-execution): an instance
+    # importing the HTTP listener is an upward import, and the gRPC listener importing the
+    # instances directly reaches past the core; each must break its contract.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "streamrt", src / "streamrt", ignore=shutil.ignore_patterns("__pycache__"))
+    serve = src / "streamrt" / "serve"
+    with (serve / "execution" / "instances.py").open("a") as f:
+        f.write("\nimport streamrt.serve.listeners.http  # noqa: E402\n")
+    with (serve / "listeners" / "grpc_service.py").open("a") as f:
+        f.write("\nimport streamrt.serve.execution.placement  # noqa: E402\n")
+    run = _lint(src)
+    assert run.returncode != 0
+    assert "streamrt.serve.execution is not allowed to import streamrt.serve.listeners" in run.stdout
+    assert "streamrt.serve.execution.instances -> streamrt.serve.listeners.http" in run.stdout
+    assert "streamrt.serve.listeners.grpc_service -> streamrt.serve.execution.placement" in run.stdout
+    assert "streamrt.serve.listeners is not allowed to import streamrt.serve.execution" in run.stdout
+    assert "core and the port) BROKEN" in run.stdout  # listeners-without-execution (its name wraps)

@@ -10,7 +10,7 @@ from streamrt import _configio
 from streamrt.config import BuildConfig, Precision
 from streamrt.errors import ConfigError
 from streamrt.pipeline import PipelineConfig, Topology
-from streamrt.serve.config_message import from_mapping
+from streamrt.serve.configs.config_message import from_mapping
 
 
 def test_enums_case_insensitive_and_paths() -> None:
@@ -85,8 +85,8 @@ def test_protobuf_json_integers_and_triton_round_trip() -> None:
                         "parameters": {"a": {"string_value": "b"}}}, "m")
     assert cfg.dynamic_batching is not None and cfg.dynamic_batching.max_queue_delay_microseconds == 100
     assert cfg.instance_group[0].kind == "KIND_CPU" and cfg.parameters == {"a": "b"}
-    from streamrt.serve.config_message import to_message
-    from streamrt.serve.triton_config import message_json
+    from streamrt.serve.configs.config_message import to_message
+    from streamrt.serve.configs.triton_config import message_json
 
     triton = message_json(to_message(cfg, "onnxruntime_onnx"))
     assert triton["instance_group"][0]["name"] == "m_0"

@@ -78,7 +78,7 @@ def test_outputs_that_follow_the_batch_are_recorded_dynamic(cnn_plan: tuple[Path
 
 def test_the_server_batches_a_module_plan(cnn_plan: tuple[Path, TinyCNN], tmp_path: Path) -> None:
     tritonclient_http = pytest.importorskip("tritonclient.http")
-    from streamrt.serve.config import ServerConfig
+    from streamrt.serve.configs.config import ServerConfig
     from streamrt.serve.server import ServerThread
 
     path, net = cnn_plan

@@ -15,8 +15,8 @@ from helpers import catalogue_file
 from streamrt.building.opening import batch_profile, with_batch_profile
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
-from streamrt.serve.config import ModelConfig
-from streamrt.serve.model import load_engine
+from streamrt.serve.configs.config import ModelConfig
+from streamrt.serve.models.model import load_engine
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import DType, ShapeProfile, ShapeRange, TensorSpec
 

@@ -95,7 +95,7 @@ def test_cuda_out_of_memory_is_reported_with_its_size() -> None:
 
 
 def test_server_answers_out_of_memory_as_resource_exhausted() -> None:
-    from streamrt.serve.status import status_for
+    from streamrt.serve.wire.status import status_for
 
     error = OutOfMemoryError("running onnxruntime inference on x 3x32", memory="host", requested=None, hint="h")
     assert (status_for(error).http, status_for(error).grpc) == (503, "RESOURCE_EXHAUSTED")

@@ -4,7 +4,7 @@ One converter reads and writes the config dataclasses (``BuildConfig``, ``Pipeli
 model config's ``build:`` section); nested dataclasses, tuples, optionals and mappings come from
 the type hints; the hooks here cover what the hints cannot say. (A served model's config is not
 read here: Triton's ``ModelConfig`` protobuf schema is its one schema, see
-``streamrt.serve.triton_config``.)
+``streamrt.serve.configs.triton_config``.)
 
 * scalars are strict: ``True`` is not an integer, ``1.5`` is not one either, ``"8"`` is (protobuf's
   JSON writes 64-bit integers as strings);

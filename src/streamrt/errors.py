@@ -314,7 +314,7 @@ class PipelineClosedError(PipelineError):
 
 
 class ServeError(StreamRTError):
-    """The model server refused or failed one request (``streamrt.serve.status`` maps it to HTTP/gRPC)."""
+    """The model server refused or failed one request (``streamrt.serve.wire.status`` maps it to HTTP/gRPC)."""
 
 
 class RequestError(ServeError):

@@ -94,7 +94,7 @@ def test_perf_unknown_model_is_one_line(live: Any, capsys: pytest.CaptureFixture
 
 
 def test_in_process_matches_engine(live: Any) -> None:
-    from streamrt.serve.protocol import InferRequest
+    from streamrt.serve.wire.protocol import InferRequest
 
     x = np.random.default_rng().standard_normal((3, 3, 32, 32)).astype(np.float32)
     response = live.call(live.server.infer(InferRequest("cnn", inputs={"x": x})), timeout=30)

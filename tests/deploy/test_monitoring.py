@@ -16,7 +16,7 @@ import onnx
 import pytest
 import yaml
 
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
 from streamrt.testing.models import CATALOGUE
 

@@ -18,8 +18,8 @@ import yaml
 import streamrt
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.errors import InferenceError
-from streamrt.serve.config import ModelConfig, ServerConfig
-from streamrt.serve.model import load_engine
+from streamrt.serve.configs.config import ModelConfig, ServerConfig
+from streamrt.serve.models.model import load_engine
 from streamrt.serve.server import ServerThread
 from streamrt.testing.models import CATALOGUE
 

@@ -21,9 +21,9 @@ import streamrt
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.errors import OutputMismatchError
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.config import ModelConfig, TensorConfig
-from streamrt.serve.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
-from streamrt.serve.model import load_engine
+from streamrt.serve.configs.config import ModelConfig, TensorConfig
+from streamrt.serve.execution.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
+from streamrt.serve.models.model import load_engine
 from streamrt.testing.batch_models import mixed_dtype_inputs, mixed_dtype_model, mixed_dtype_profiles
 from streamrt.types import DType
 

@@ -39,8 +39,8 @@ import streamrt
 from batch_property import AVAILABLE, WORKERS, Clients, Request, bursts, check_answers, send_burst
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.config import ModelConfig
-from streamrt.serve.model import load_engine
+from streamrt.serve.configs.config import ModelConfig
+from streamrt.serve.models.model import load_engine
 from streamrt.testing.batch_models import mixed_dtype_inputs, mixed_dtype_model, mixed_dtype_profiles
 
 pytestmark = pytest.mark.timeout(300)

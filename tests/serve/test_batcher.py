@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from streamrt.errors import QueueFullError, RequestError
-from streamrt.serve.batcher import BatchQueue, Pending
-from streamrt.serve.config import BatchingConfig, QueuePolicy
+from streamrt.serve.configs.config import BatchingConfig, QueuePolicy
+from streamrt.serve.scheduling.batcher import BatchQueue, Pending
 
 
 def item(rows: int = 1, key: str = "a", at: float = 0.0, tag: str = "") -> Pending:

@@ -10,10 +10,10 @@ import pytest
 
 from streamrt.errors import ConfigError, QueueFullError, RequestError, ShapeError, UnknownModelError
 from streamrt.serve import BatchingConfig, ServerConfig
-from streamrt.serve.config_message import from_mapping, read_config_file, to_message
-from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
-from streamrt.serve.status import status_for
-from streamrt.serve.triton_config import message_json
+from streamrt.serve.configs.config_message import from_mapping, read_config_file, to_message
+from streamrt.serve.configs.triton_config import message_json
+from streamrt.serve.wire.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
+from streamrt.serve.wire.status import status_for
 
 
 def test_yaml_json_and_pbtxt_configs_agree(tmp_path: Path) -> None:
@@ -108,8 +108,8 @@ def test_public_surface() -> None:
 
 
 def test_pbtxt_list_syntax_hints_and_refusals() -> None:
-    from streamrt.serve.config_message import from_message
-    from streamrt.serve.triton_config import parse_text, unsupported_fields
+    from streamrt.serve.configs.config_message import from_message
+    from streamrt.serve.configs.triton_config import parse_text, unsupported_fields
 
     text = ('name: "m" max_batch_size: 4 input [ { name: "x" data_type: TYPE_UINT32 dims: [ -1 ] } ]\n'
             "optimization { input_pinned_memory { enable: true } cuda { busy_wait_events: true } }\n"
@@ -130,7 +130,7 @@ def test_pbtxt_list_syntax_hints_and_refusals() -> None:
 
 
 def test_profile_parameters_and_derived_profile() -> None:
-    from streamrt.serve.derived_profiles import DYNAMIC_DIM_MAX, derive_profile
+    from streamrt.serve.configs.derived_profiles import DYNAMIC_DIM_MAX, derive_profile
     from streamrt.types import DType, TensorSpec
 
     cfg = from_mapping({"max_batch_size": 4, "parameters": {"min_shapes": "x:1x2", "opt_shapes": "x:2x8",
@@ -145,7 +145,7 @@ def test_profile_parameters_and_derived_profile() -> None:
 
 
 def test_classification_strings_match_triton_format() -> None:
-    from streamrt.serve.classification import top_k_classes
+    from streamrt.serve.models.classification import top_k_classes
 
     rng = np.random.default_rng()
     scores = rng.standard_normal((2, 5)).astype(np.float32)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,17 +18,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from streamrt.errors import ConfigError, ShapeError
-from streamrt.serve.config import ModelConfig, ServerConfig, TensorConfig
-from streamrt.serve.config_message import from_mapping, read_config_file
-from streamrt.serve.ensemble import EnsembleModel
-from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
-from streamrt.serve.model import load_engine
-from streamrt.serve.protocol import InferRequest, InferResponse
-from streamrt.serve.repository import ModelRepository
+from streamrt.serve.configs.config import ModelConfig, ServerConfig, TensorConfig
+from streamrt.serve.configs.config_message import from_mapping, read_config_file
+from streamrt.serve.configs.ensemble_config import EnsembleConfig, EnsembleStep
+from streamrt.serve.models.ensemble import EnsembleModel
+from streamrt.serve.models.model import load_engine
+from streamrt.serve.models.repository import ModelRepository
+from streamrt.serve.observability.stats import ModelStats
+from streamrt.serve.observability.tracing import RequestTrace
 from streamrt.serve.server import ServerThread
-from streamrt.serve.shared_memory import DeviceTensor
-from streamrt.serve.stats import ModelStats
-from streamrt.serve.tracing import RequestTrace
+from streamrt.serve.wire.protocol import InferRequest, InferResponse
+from streamrt.serve.wire.shared_memory import DeviceTensor
 from streamrt.testing.models import CATALOGUE
 from streamrt.types import DType
 

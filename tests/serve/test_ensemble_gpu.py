@@ -13,9 +13,9 @@ import pytest
 
 import streamrt
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.instances import Instance
-from streamrt.serve.protocol import InferRequest
-from streamrt.serve.shared_memory import DeviceTensor
+from streamrt.serve.execution.instances import Instance
+from streamrt.serve.wire.protocol import InferRequest
+from streamrt.serve.wire.shared_memory import DeviceTensor
 from streamrt.testing.models import CATALOGUE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(900)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from streamrt.serve.frontends.channel import FrameReader, FrameWriter
+from streamrt.serve.listeners.frontends.channel import FrameReader, FrameWriter
 
 
 def _frame(message: tuple[Any, ...]) -> bytes:

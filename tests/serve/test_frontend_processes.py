@@ -35,7 +35,7 @@ from tests.serve.test_shared_memory import test_soak_over_shared_memory_every_re
 from tritonclient.utils import InferenceServerException
 
 from helpers import wait_until
-from streamrt.serve.frontends.arena import Blocks
+from streamrt.serve.listeners.frontends.arena import Blocks
 from streamrt.serve.server import ServerThread
 from streamrt.testing.sequence_models import accumulator, accumulator_config
 

@@ -11,7 +11,7 @@ import pytest
 
 import streamrt
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.protocol import InferRequest
+from streamrt.serve.wire.protocol import InferRequest
 from streamrt.testing.models import CATALOGUE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(900)]

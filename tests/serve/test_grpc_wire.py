@@ -14,10 +14,10 @@ from onnx import TensorProto, helper
 
 from streamrt.errors import RequestError
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.grpc_service import parse_infer_request, serialize_grpc_response
-from streamrt.serve.grpc_wire import encode_length_delimited, split_infer_request
-from streamrt.serve.proto import messages as m
-from streamrt.serve.protocol import InferResponse
+from streamrt.serve.listeners.grpc_service import parse_infer_request, serialize_grpc_response
+from streamrt.serve.wire.grpc_wire import encode_length_delimited, split_infer_request
+from streamrt.serve.wire.proto import messages as m
+from streamrt.serve.wire.protocol import InferResponse
 
 pytestmark = pytest.mark.timeout(180)
 

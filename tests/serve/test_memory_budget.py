@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from streamrt.errors import ConfigError, OutOfMemoryError
-from streamrt.serve.config import ModelConfig, ServerConfig
-from streamrt.serve.memory_budget import MIB, MemoryBudget, model_limit
-from streamrt.serve.model import ServedModel, load_engine
+from streamrt.serve.configs.config import ModelConfig, ServerConfig
+from streamrt.serve.execution.memory_budget import MIB, MemoryBudget, model_limit
+from streamrt.serve.models.model import ServedModel, load_engine
 from streamrt.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180)

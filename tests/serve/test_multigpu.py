@@ -14,9 +14,9 @@ import pytest
 
 import streamrt
 from streamrt.errors import ConfigError
-from streamrt.serve.config import InstanceGroupConfig, ModelConfig
-from streamrt.serve.memory_budget import MemoryBudget
-from streamrt.serve.model import ServedModel
+from streamrt.serve.configs.config import InstanceGroupConfig, ModelConfig
+from streamrt.serve.execution.memory_budget import MemoryBudget
+from streamrt.serve.models.model import ServedModel
 from streamrt.testing.models import CATALOGUE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(900)]

@@ -29,8 +29,8 @@ from tests.serve.conftest import fake_loader, make_repo, server_config
 from tritonclient.utils import InferenceServerException
 
 from streamrt.errors import ConfigError
-from streamrt.serve.config import ServerConfig
-from streamrt.serve.otel import parse_traceparent
+from streamrt.serve.configs.config import ServerConfig
+from streamrt.serve.observability.otel import parse_traceparent
 from streamrt.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from streamrt.errors import ConfigError
-from streamrt.serve.config import InstanceGroupConfig, ModelConfig
-from streamrt.serve.config_message import from_mapping
-from streamrt.serve.memory_budget import MIB, MemoryBudget
-from streamrt.serve.model import ServedModel
-from streamrt.serve.placement import describe_gpus, gpu_indices, place_instances, resolved_groups
+from streamrt.serve.configs.config import InstanceGroupConfig, ModelConfig
+from streamrt.serve.configs.config_message import from_mapping
+from streamrt.serve.execution.memory_budget import MIB, MemoryBudget
+from streamrt.serve.execution.placement import describe_gpus, gpu_indices, place_instances, resolved_groups
+from streamrt.serve.models.model import ServedModel
 
 GIB = 2**30
 H200 = "NVIDIA H200"

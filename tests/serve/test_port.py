@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from streamrt.errors import UnauthorizedError
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.core import ServerCore
 from streamrt.serve.port import InferencePort, RequestBuffer, check_bearer
-from streamrt.serve.protocol import HEADER_LENGTH, InferRequest, InferResponse
-from streamrt.serve.shared_memory import SharedMemoryRegistry
+from streamrt.serve.wire.protocol import HEADER_LENGTH, InferRequest, InferResponse
+from streamrt.serve.wire.shared_memory import SharedMemoryRegistry
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.timeout(60)
@@ -69,12 +69,12 @@ def _binary_output(data: bytes, length: int) -> np.ndarray:
 
 
 def test_core_and_engine_link_are_ports(tmp_path: Path) -> None:
-    from streamrt.serve.frontends.worker import EngineLink
+    from streamrt.serve.listeners.frontends.worker import EngineLink
 
     assert isinstance(ServerCore(tmp_path), InferencePort)
     if not hasattr(os, "memfd_create"):
         return
-    from streamrt.serve.frontends.arena import Arena
+    from streamrt.serve.listeners.frontends.arena import Arena
 
     async def link() -> Any:
         ours, theirs = socket.socketpair()
@@ -119,7 +119,7 @@ def test_http_listener_runs_over_any_port() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from streamrt.serve.http import InferenceRoutes
+    from streamrt.serve.listeners.http import InferenceRoutes
 
     port = DoublingPort()
     x = np.random.default_rng().standard_normal((2, 5)).astype(np.float32)
@@ -168,8 +168,8 @@ def test_grpc_listener_runs_over_any_port() -> None:
     pytest.importorskip("grpc")
     import grpc
 
-    from streamrt.serve.grpc_service import InferenceRpcs, grpc_server
-    from streamrt.serve.proto import SERVICE, messages
+    from streamrt.serve.listeners.grpc_service import InferenceRpcs, grpc_server
+    from streamrt.serve.wire.proto import SERVICE, messages
 
     port = DoublingPort()
     x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)

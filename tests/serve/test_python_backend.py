@@ -20,7 +20,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180)
@@ -355,7 +355,7 @@ def test_exception_in_execute_reaches_only_its_request(server: ServerThread, htt
     rng = np.random.default_rng()
     before = http.get_inference_statistics("picky")["model_stats"][0]
     xs = [_good(rng), np.array([[666, 1, 2, 3, 4]], np.float32), _good(rng)]
-    with caplog.at_level("ERROR", logger="streamrt.serve.python_backend.runner"):
+    with caplog.at_level("ERROR", logger="streamrt.serve.models.python_backend.runner"):
         results = _infer_concurrently(http, xs)
     bad = results[1]
     assert isinstance(bad, InferenceServerException) and bad.status() == "500"

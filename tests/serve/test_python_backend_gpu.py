@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.protocol import InferRequest
-from streamrt.serve.shared_memory import DeviceTensor
+from streamrt.serve.wire.protocol import InferRequest
+from streamrt.serve.wire.shared_memory import DeviceTensor
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(300)]
 

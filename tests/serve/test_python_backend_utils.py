@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from streamrt.errors import InferenceError, ModelNotReadyError, OutputMismatchError, RequestError
-from streamrt.serve.config import TensorConfig
-from streamrt.serve.python_backend import pb_utils
-from streamrt.serve.python_backend.responses import check_response, error_of
-from streamrt.serve.status import status_for
+from streamrt.serve.configs.config import TensorConfig
+from streamrt.serve.models.python_backend import pb_utils
+from streamrt.serve.models.python_backend.responses import check_response, error_of
+from streamrt.serve.wire.status import status_for
 from streamrt.types import DType
 
 
@@ -118,7 +118,7 @@ def test_response_checks_against_the_config() -> None:
 
 def test_device_tensor_to_host_copies_typed_tensors() -> None:
     torch = pytest.importorskip("torch")
-    from streamrt.serve.python_backend.runner import on_device
+    from streamrt.serve.models.python_backend.runner import on_device
 
     rng = np.random.default_rng()
     x = rng.standard_normal((2, 3)).astype(np.float32)
@@ -139,8 +139,8 @@ def test_device_tensor_to_host_copies_typed_tensors() -> None:
 ])
 def test_python_configs_that_cannot_run_are_refused(changes: dict, words: str) -> None:
     from streamrt.errors import ConfigError
-    from streamrt.serve.config_message import from_mapping
-    from streamrt.serve.python_backend import resolve_python_config
+    from streamrt.serve.configs.config_message import from_mapping
+    from streamrt.serve.models.python_backend import resolve_python_config
 
     base = {"backend": "python", "max_batch_size": 4, "dynamic_batching": {},
             "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}],

@@ -18,12 +18,12 @@ import yaml
 
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.errors import ConfigError
-from streamrt.serve.config import RateLimiterConfig, RateLimiterResource, ServerConfig
-from streamrt.serve.config_message import from_mapping, to_message
-from streamrt.serve.model import load_engine
-from streamrt.serve.rate_limiter import GLOBAL, RateLimiter
+from streamrt.serve.configs.config import RateLimiterConfig, RateLimiterResource, ServerConfig
+from streamrt.serve.configs.config_message import from_mapping, to_message
+from streamrt.serve.configs.triton_config import message_json, parse_text
+from streamrt.serve.execution.rate_limiter import GLOBAL, RateLimiter
+from streamrt.serve.models.model import load_engine
 from streamrt.serve.server import ServerThread
-from streamrt.serve.triton_config import message_json, parse_text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,7 +152,7 @@ def test_strict_order_head_waits_and_blocks_those_behind() -> None:
 def test_rate_limiter_config_round_trip() -> None:
     text = ('name: "m" max_batch_size: 4 instance_group [ { count: 2 kind: KIND_CPU rate_limiter { resources [ '
             '{ name: "gpu_slot" count: 1 }, { name: "memory" global: true count: 3 } ] priority: 2 } } ]')
-    from streamrt.serve.config_message import from_message
+    from streamrt.serve.configs.config_message import from_message
 
     cfg = from_message(parse_text(text, "m"), "m")
     group = cfg.instance_group[0]
@@ -282,7 +282,7 @@ def test_two_models_sharing_a_resource_higher_priority_runs_more(tmp_path: Path,
 
 
 def test_a_model_asking_more_than_the_explicit_count_is_refused_at_load(tmp_path: Path, plans: dict[str, Path]) -> None:
-    from streamrt.serve.model import ServedModel
+    from streamrt.serve.models.model import ServedModel
 
     greedy = {"max_batch_size": 8, "instance_group": [
         {"count": 1, "rate_limiter": {"resources": [{"name": "gpu", "count": 1}]}},

@@ -219,8 +219,8 @@ def test_client_disconnects_mid_request(server: Any, behaviours: Any) -> None:
     # 3: a gRPC client gives up (deadline) while its request waits.
     import grpc
 
-    from streamrt.serve.grpc_service import encode_grpc_response  # noqa: F401 - the module must import
-    from streamrt.serve.proto import SERVICE, messages
+    from streamrt.serve.listeners.grpc_service import encode_grpc_response  # noqa: F401 - the module must import
+    from streamrt.serve.wire.proto import SERVICE, messages
 
     request = messages.ModelInferRequest(model_name="flaky")
     request.inputs.add(name="x", datatype="FP32", shape=list(X.shape))

@@ -30,10 +30,10 @@ from tritonclient.utils import InferenceServerException
 
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.errors import ConfigError, InferenceError
-from streamrt.serve.config import ModelConfig, ServerConfig
-from streamrt.serve.config_message import from_mapping
-from streamrt.serve.model import load_engine
-from streamrt.serve.sequence import check_sequence_io
+from streamrt.serve.configs.config import ModelConfig, ServerConfig
+from streamrt.serve.configs.config_message import from_mapping
+from streamrt.serve.models.model import load_engine
+from streamrt.serve.scheduling.sequence import check_sequence_io
 from streamrt.serve.server import ServerThread
 from streamrt.testing.sequence_models import (
     accumulator,
@@ -426,7 +426,7 @@ def test_idle_sequence_expires(http: Any, grpc: Any, caplog: pytest.LogCaptureFi
     that keeps sending inside that time keeps both."""
     rng = np.random.default_rng(9)
     a, b, c = (rng.standard_normal((1, WIDTH)).astype(np.float32) for _ in range(3))
-    caplog.set_level(logging.INFO, logger="streamrt.serve.sequence")
+    caplog.set_level(logging.INFO, logger="streamrt.serve.scheduling.sequence")
     _step(http, "acc_idle", a, 5, start=True)
     _step(grpc, "acc_idle", a, 6, start=True)
     for _ in range(3):  # sequence 6 stays active, each gap well under the idle time

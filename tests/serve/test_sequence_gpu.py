@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.protocol import InferRequest, SequenceFlags
-from streamrt.serve.shared_memory import DeviceTensor
+from streamrt.serve.wire.protocol import InferRequest, SequenceFlags
+from streamrt.serve.wire.shared_memory import DeviceTensor
 from streamrt.testing.sequence_models import accumulator, accumulator_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(900)]

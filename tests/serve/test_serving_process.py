@@ -31,7 +31,7 @@ def test_a_serving_process_freezes_its_heap_after_each_load(tmp_path: Path) -> N
         import asyncio, gc, json, sys, weakref
         from streamrt.serve.process import configure_serving_process
         from streamrt.serve.core import ServerCore
-        from streamrt.serve.config import ServerConfig
+        from streamrt.serve.configs.config import ServerConfig
 
         configure_serving_process()
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamrt.serve import batcher as batcher_module
-from streamrt.serve.timers import wake_at
+from streamrt.serve.scheduling import batcher as batcher_module
+from streamrt.serve.scheduling.timers import wake_at
 
 LOOPS = ["asyncio", "uvloop"]
 
@@ -69,9 +69,9 @@ def test_a_sub_millisecond_batching_delay_does_not_spin_the_scheduler(
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from serving_frontend import write_repository
-    from streamrt.serve.config import ServerConfig
+    from streamrt.serve.configs.config import ServerConfig
     from streamrt.serve.core import ServerCore
-    from streamrt.serve.protocol import InferRequest
+    from streamrt.serve.wire.protocol import InferRequest
 
     calls = [0]
     original = batcher_module.BatchQueue.next_batch

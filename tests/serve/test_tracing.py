@@ -16,7 +16,7 @@ import pytest
 from streamrt.cli.args import ServerArgs
 from streamrt.cli.serve import JsonFormatter
 from streamrt.errors import ConfigError, InferenceError, UnknownInputError
-from streamrt.serve.protocol import InferRequest
+from streamrt.serve.wire.protocol import InferRequest
 
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
          "COMPUTE_END", "REQUEST_END"]

@@ -37,8 +37,8 @@ from onnx import TensorProto, helper
 
 from streamrt.backends.base import Engine, ExecutionContext
 from streamrt.serve import ServerConfig, ServerThread
-from streamrt.serve.config import ModelConfig
-from streamrt.serve.model import load_engine
+from streamrt.serve.configs.config import ModelConfig
+from streamrt.serve.models.model import load_engine
 from streamrt.testing.batch_models import reducing_model
 
 grpc = pytest.importorskip("grpc")

@@ -21,7 +21,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
 
 pytestmark = pytest.mark.timeout(180)
@@ -182,8 +182,8 @@ def test_simple_string_and_identity_grpc(grpc: Any, server: ServerThread) -> Non
     item.set_data_from_numpy(words)
     assert grpc.infer("simple_identity", [item]).as_numpy("OUTPUT0").tolist() == words.tolist()
     # typed bytes_contents, as a client that does not use raw contents sends them
-    from streamrt.serve.grpc_service import decode_grpc_request
-    from streamrt.serve.proto import messages
+    from streamrt.serve.listeners.grpc_service import decode_grpc_request
+    from streamrt.serve.wire.proto import messages
 
     message = messages.ModelInferRequest(model_name="simple_identity")
     tensor = message.inputs.add(name="INPUT0", datatype="BYTES", shape=[1, 2])
@@ -275,7 +275,7 @@ def test_protocol_gaps_answered_as_triton(http: Any, grpc: Any, server: ServerTh
 def test_grpc_mixed_raw_and_typed_contents_is_refused(server: ServerThread) -> None:
     import grpc as grpclib
 
-    from streamrt.serve.proto import messages
+    from streamrt.serve.wire.proto import messages
 
     message = messages.ModelInferRequest(model_name="simple")
     for i in range(2):
@@ -349,7 +349,7 @@ def test_model_control_with_files_and_every_datatype(http: Any, grpc: Any, kind:
 def test_json_codec_for_bf16_and_uint64() -> None:
     import json
 
-    from streamrt.serve.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
+    from streamrt.serve.wire.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
 
     big = np.array([[2**64 - 1, 3]], np.uint64)
     body = json.dumps({"inputs": [{"name": "a", "shape": [1, 2], "datatype": "UINT64", "data": big.tolist()},

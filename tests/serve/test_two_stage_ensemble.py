@@ -19,9 +19,9 @@ import pytest
 
 from streamrt.errors import RequestError
 from streamrt.ops import CpuLetterbox, CpuPostprocess, LetterboxGeometry, PostprocessConfig
-from streamrt.serve.config import ServerConfig
-from streamrt.serve.protocol import InferRequest
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
+from streamrt.serve.wire.protocol import InferRequest
 
 cv2 = pytest.importorskip("cv2")
 torch = pytest.importorskip("torch")

@@ -40,7 +40,7 @@ from streamrt.building.flags import (
 )
 from streamrt.config import BuildConfig, CalibrationConfig, ImagePreprocess
 from streamrt.pipeline.config import PipelineConfig, Topology
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 
 __all__ = [
     "GRAPHS_OPTION",
@@ -321,7 +321,7 @@ SERVER_OPTIONS = (
            {"type": float, "metavar": "MB"}, value=lambda mb: int(mb * 2**20)),
     Option("exit_timeout_s", ("--exit-timeout",), "shutdown waits this long for in-flight requests (default 30)",
            {"type": float, "metavar": "S"}),
-    # sharing one GPU between models (streamrt.serve.rate_limiter, streamrt.serve.memory_budget)
+    # sharing one GPU between models (streamrt.serve.execution.rate_limiter, streamrt.serve.execution.memory_budget)
     Option("rate_limit", ("--rate-limit",), "off (default): instances run as soon as they have a batch; "
            "execution_count: each execution first takes its instance group's rate_limiter resources, and "
            "waiting instances go by rate_limiter priority (Triton's --rate-limit)",

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from streamrt._optional import available, require
 from streamrt.cli.args import ServerArgs
 from streamrt.errors import ConfigError, StreamRTError
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
+from streamrt.serve.observability.tracing import REQUEST_CONTEXT
 from streamrt.serve.process import configure_serving_process
-from streamrt.serve.tracing import REQUEST_CONTEXT
 
 __all__ = ["JsonFormatter", "config_from_args", "parse_truth", "register", "run"]
 
@@ -101,7 +101,7 @@ def _setup_logging(level: str, fmt: str, verbose: bool) -> None:
     for noisy in ("aiohttp.access", "grpc", "onnxruntime"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if available("aiohttp"):
-        from streamrt.serve.http import quiet_bad_requests
+        from streamrt.serve.listeners.http import quiet_bad_requests
 
         quiet_bad_requests()  # a gRPC client at the HTTP port: one warning line, not a traceback
 

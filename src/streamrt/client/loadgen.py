@@ -42,7 +42,7 @@ from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.measure.stats import Stats
 from streamrt.running.inputs import random_inputs
-from streamrt.serve.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
+from streamrt.serve.wire.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 
 __all__ = ["LevelResult", "LoadConfig", "format_results", "run_load", "run_load_async"]
@@ -213,7 +213,7 @@ class _HttpClient:
 class _GrpcClient:
     def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
         grpc_aio = require("grpc.aio", extra="serve", purpose="the gRPC load generator")
-        from streamrt.serve.proto import SERVICE, messages
+        from streamrt.serve.wire.proto import SERVICE, messages
 
         self.cfg, self.messages = cfg, messages
         self.channel = grpc_aio.insecure_channel(cfg.url, options=[
@@ -269,7 +269,7 @@ class _GrpcClient:
             await self._rpc(method, getattr(self.messages, f"{method}Request")(name=reg.name))
 
     async def _rpc(self, method: str, message: Any) -> Any:
-        from streamrt.serve.proto import SERVICE
+        from streamrt.serve.wire.proto import SERVICE
 
         call = self.channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
                                         response_deserializer=getattr(self.messages, f"{method}Response").FromString)

@@ -28,10 +28,10 @@ from typing import Any
 
 from streamrt._optional import require
 from streamrt.errors import ConfigError, ServerShuttingDownError
-from streamrt.serve.config import ServerConfig
-from streamrt.serve.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.server import ServerThread
-from streamrt.serve.status import status_for
+from streamrt.serve.wire.protocol import HEADER_LENGTH, decode_http_request, encode_http_response
+from streamrt.serve.wire.status import status_for
 
 __all__ = ["StreamRTReplica", "streamrt_app"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streamrt.serve.config import (
+from streamrt.serve.configs.config import (
     BatchingConfig,
     InstanceGroupConfig,
     ModelConfig,
@@ -24,7 +24,7 @@ from streamrt.serve.config import (
     VersionPolicy,
     WarmupConfig,
 )
-from streamrt.serve.ensemble_config import EnsembleConfig, EnsembleStep
+from streamrt.serve.configs.ensemble_config import EnsembleConfig, EnsembleStep
 
 __all__ = [
     "BatchingConfig",
@@ -43,18 +43,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from streamrt.serve.repository import ModelRepository
+    from streamrt.serve.models.repository import ModelRepository
     from streamrt.serve.server import InferenceServer, ServerThread
 
 _LAZY = {
     "InferenceServer": "streamrt.serve.server",
     "ServerThread": "streamrt.serve.server",
-    "ModelRepository": "streamrt.serve.repository",
+    "ModelRepository": "streamrt.serve.models.repository",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: `streamrt.serve.config` must not pull in the backends or asyncio machinery.
+    # Lazy: `streamrt.serve.configs.config` must not pull in the backends or asyncio machinery.
     if name in _LAZY:
         import importlib
 

@@ -34,17 +34,17 @@ import numpy as np
 
 from streamrt._version import __version__
 from streamrt.errors import ServerShuttingDownError, StreamRTError
-from streamrt.serve.config import ServerConfig
-from streamrt.serve.memory_budget import MemoryBudget
-from streamrt.serve.model import EngineLoader
+from streamrt.serve.configs.config import ServerConfig
+from streamrt.serve.execution.memory_budget import MemoryBudget
+from streamrt.serve.execution.rate_limiter import RateLimiter
+from streamrt.serve.models.model import EngineLoader
+from streamrt.serve.models.repository import ModelRepository
+from streamrt.serve.models.servable import Servable
+from streamrt.serve.observability.tracing import REQUEST_CONTEXT, RequestContext, Tracer
 from streamrt.serve.port import RequestBuffer, check_bearer
-from streamrt.serve.protocol import InferRequest, InferResponse
-from streamrt.serve.rate_limiter import RateLimiter
-from streamrt.serve.repository import ModelRepository
-from streamrt.serve.servable import Servable
-from streamrt.serve.shared_memory import RegionRef, SharedMemoryRegistry
-from streamrt.serve.status import status_for
-from streamrt.serve.tracing import REQUEST_CONTEXT, RequestContext, Tracer
+from streamrt.serve.wire.protocol import InferRequest, InferResponse
+from streamrt.serve.wire.shared_memory import RegionRef, SharedMemoryRegistry
+from streamrt.serve.wire.status import status_for
 
 __all__ = ["EXTENSIONS", "ServerCore"]
 

@@ -1,12 +1,12 @@
 """The inference port: what an HTTP or gRPC listener needs from whatever runs its requests.
 
-A listener (:mod:`streamrt.serve.http`, :mod:`streamrt.serve.grpc_service`) parses a request,
+A listener (:mod:`streamrt.serve.listeners.http`, :mod:`streamrt.serve.listeners.grpc_service`) parses a request,
 hands it to an :class:`InferencePort`, and encodes the answer; it never sees the server core.
 Two ports exist:
 
 * :class:`~streamrt.serve.core.ServerCore` (one process): runs the request through its model's
   scheduler;
-* :class:`~streamrt.serve.frontends.worker.EngineLink` (a ``--frontend-processes N`` worker):
+* :class:`~streamrt.serve.listeners.frontends.worker.EngineLink` (a ``--frontend-processes N`` worker):
   sends the request's tensors to the engine process through its arena and channel.
 
 So a front-end worker is the same listeners over its engine link, plus a forwarder for the routes
@@ -32,9 +32,9 @@ import numpy as np
 from streamrt.errors import UnauthorizedError
 
 if TYPE_CHECKING:
-    from streamrt.serve.config import ServerConfig
-    from streamrt.serve.protocol import InferRequest, InferResponse
-    from streamrt.serve.shared_memory import RegionSource
+    from streamrt.serve.configs.config import ServerConfig
+    from streamrt.serve.wire.protocol import InferRequest, InferResponse
+    from streamrt.serve.wire.shared_memory import RegionSource
 
 __all__ = ["InferencePort", "RequestBuffer", "check_bearer"]
 

@@ -3,8 +3,8 @@
 This is the one module that starts the front ends. :class:`InferenceServer` is a
 :class:`~streamrt.serve.core.ServerCore` (model lifecycle, health, inference, statistics, auth)
 that binds the listeners the config asks for before it accepts work and closes them last on
-shutdown. The listeners (:mod:`~streamrt.serve.http`, :mod:`~streamrt.serve.grpc_service`,
-:mod:`~streamrt.serve.metrics`) import the core, never the reverse, and are imported here only
+shutdown. The listeners (:mod:`~streamrt.serve.listeners.http`, :mod:`~streamrt.serve.listeners.grpc_service`,
+:mod:`~streamrt.serve.listeners.metrics`) import the core, never the reverse, and are imported here only
 when their port is set, so a core without listeners needs neither aiohttp nor grpcio.
 
 Example:
@@ -23,12 +23,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from streamrt.errors import ConfigError
-from streamrt.serve.config import ServerConfig
+from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.core import EXTENSIONS, ServerCore
-from streamrt.serve.model import EngineLoader
+from streamrt.serve.models.model import EngineLoader
 
 if TYPE_CHECKING:
-    from streamrt.serve.frontends.supervisor import FrontendSupervisor
+    from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
 
 __all__ = ["EXTENSIONS", "InferenceServer", "ServerThread", "port_in_use"]
 
@@ -73,19 +73,19 @@ class InferenceServer(ServerCore):
     async def _bind_listeners(self) -> None:
         cfg = self.config
         if cfg.frontend_processes > 1 and (cfg.http_port is not None or cfg.grpc_port is not None):
-            from streamrt.serve.frontends.supervisor import FrontendSupervisor
+            from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
 
             self.frontends = FrontendSupervisor(self, cfg.frontend_processes, cfg.frontend_arena_bytes)
             await self.frontends.start()
             self.http_port, self.grpc_port = self.frontends.http_port, self.frontends.grpc_port
             self._closers.append(self.frontends.stop)
         elif cfg.http_port is not None:
-            from streamrt.serve.http import start_http
+            from streamrt.serve.listeners.http import start_http
 
             runner, self.http_port = await start_http(self, cfg.host, cfg.http_port)
             self._closers.append(runner.cleanup)
         if cfg.grpc_port is not None and self.frontends is None:
-            from streamrt.serve.grpc_service import start_grpc
+            from streamrt.serve.listeners.grpc_service import start_grpc
 
             try:
                 grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)
@@ -95,7 +95,7 @@ class InferenceServer(ServerCore):
                 raise port_in_use("gRPC", cfg.host, cfg.grpc_port, "--grpc-port") from None
             self._closers.append(lambda: grpc_server.stop(grace=1.0))
         if cfg.metrics_port is not None:
-            from streamrt.serve.metrics import start_metrics
+            from streamrt.serve.listeners.metrics import start_metrics
 
             runner, self.metrics_port = await start_metrics(self, cfg.host, cfg.metrics_port)
             self._closers.append(runner.cleanup)

@@ -3,7 +3,7 @@
 Pure logic, no decoders and no threads: :class:`HybridPolicy` is given each decoder pool's
 capacity (decoded frames per second, measured) and each stream's demand (its frame rate), and
 answers with an assignment; fed measurements while streams run, it answers with moves. The
-clock is injected, so the tests drive it (``serve/batcher.py`` does the same with its deadlines).
+clock is injected, so the tests drive it (``serve/scheduling/batcher.py`` does the same with its deadlines).
 
 Rules, in order of preference:
 

@@ -1,0 +1,460 @@
+"""KServe v2 gRPC front end (``inference.GRPCInferenceService``) on ``grpc.aio``.
+
+Served through a generic handler over the messages of :mod:`streamrt.serve.wire.proto`, so no
+generated ``_pb2_grpc`` code is needed. Inputs come as ``raw_input_contents`` (what tritonclient
+sends), typed ``contents`` (``bytes_contents`` for BYTES) or shared-memory regions, never raw and
+typed contents in one request (the KServe spec forbids mixing them); outputs go back as
+``raw_output_contents`` (the form tritonclient's ``InferResult.as_numpy`` reads; BYTES
+length-prefixed) or into shared-memory regions. An output's ``class_count`` asks for the
+classification extension. ``ModelInfer`` takes and returns serialized bytes:
+:mod:`streamrt.serve.wire.grpc_wire` keeps the tensors out of protobuf (zero-copy views in, one copy
+out). Errors use the status table's gRPC codes; RPCs not registered here answer ``UNIMPLEMENTED``.
+
+:class:`InferenceRpcs` is the inference path over an :class:`~streamrt.serve.port.InferencePort`;
+:class:`GrpcService` adds the other RPCs (:data:`UNARY_RPCS`) over a
+:class:`~streamrt.serve.core.ServerCore`. A front-end worker serves ``InferenceRpcs`` over its
+engine link and forwards the others to the engine process.
+
+Messages larger than ``ServerConfig.grpc_max_message_bytes`` (``--grpc-max-message-mb``) are
+refused by gRPC itself with ``RESOURCE_EXHAUSTED`` ("Received message larger than max").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from streamrt._optional import require
+from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
+from streamrt.serve.core import ServerCore
+from streamrt.serve.port import InferencePort
+from streamrt.serve.wire.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
+from streamrt.serve.wire.proto import SERVICE
+from streamrt.serve.wire.protocol import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    deserialize_bytes,
+    kserve_dtype,
+    numpy_dtype,
+    raw_bytes,
+    sequence_flags,
+)
+from streamrt.serve.wire.shared_memory import RegionSource, SharedMemoryRegistry, region_ref
+from streamrt.serve.wire.status import status_for
+
+__all__ = ["UNARY_RPCS", "GrpcService", "InferenceRpcs", "decode_grpc_request", "encode_grpc_response", "grpc_server",
+           "parse_infer_request", "serialize_grpc_response", "service_handler", "start_grpc"]
+
+# Requests at least this large are split by hand (grpc_wire) instead of parsed whole by protobuf.
+_SPLIT_ABOVE = 16 * 1024
+
+log = logging.getLogger(__name__)
+
+# Typed contents field for each datatype (FP16/BF16 have none: they must come raw).
+_CONTENTS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def import_grpc() -> Any:
+    """``grpc`` with ``grpc.aio`` loaded, or MissingDependencyError naming the ``serve`` extra."""
+    require("grpc.aio", extra="serve", purpose="the gRPC front end")
+    return require("grpc", extra="serve", purpose="the gRPC front end")
+
+
+def _traceparent(context: Any) -> str | None:
+    """The W3C ``traceparent`` a gRPC call carries in its metadata (OpenTelemetry's propagation)."""
+    return dict(context.invocation_metadata() or ()).get("traceparent")
+
+
+def _param(value: Any) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
+
+
+def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | None = None) -> InferRequest:
+    """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``."""
+    from streamrt.serve.wire.proto import messages
+
+    if len(data) < _SPLIT_ABOVE:  # small: protobuf's C parser is quicker than walking the fields here
+        return decode_grpc_request(messages.ModelInferRequest.FromString(data), max_elements, memory=memory)
+    rest, raw = split_infer_request(data)
+    try:
+        message = messages.ModelInferRequest.FromString(rest)
+    except Exception as exc:  # google.protobuf.message.DecodeError
+        raise RequestError(f"malformed ModelInferRequest: {exc}") from None
+    return decode_grpc_request(message, max_elements, raw=raw, memory=memory)
+
+
+def decode_grpc_request(
+    message: Any, max_elements: int, *, raw: Sequence[bytes | memoryview] | None = None,
+    memory: RegionSource | None = None,
+) -> InferRequest:
+    """``ModelInferRequest`` -> :class:`InferRequest`.
+
+    ``raw`` replaces the message's ``raw_input_contents`` (views from :func:`split_infer_request`);
+    inputs and outputs may name shared-memory regions of ``memory`` (their ``shared_memory_*``
+    parameters; they are leased by the request until the server answers it).
+    """
+    leases: list[Any] = []
+    try:
+        return _decode(message, max_elements, raw, memory, leases)
+    except BaseException:
+        SharedMemoryRegistry.release(leases)
+        raise
+
+
+def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] | None,
+            memory: RegionSource | None, leases: list[Any]) -> InferRequest:
+    params = {k: _param(v) for k, v in message.parameters.items()}
+    if raw is None:
+        raw = list(message.raw_input_contents)
+    # tritonclient sends raw contents only for the inputs that are not in shared memory, in order.
+    in_tensors = [t for t in message.inputs if "shared_memory_region" not in t.parameters]
+    if raw and len(raw) != len(in_tensors):
+        raise RequestError(f"{len(raw)} raw_input_contents for {len(in_tensors)} inputs not in shared memory; "
+                           "send one per input")
+    inputs: dict[str, Any] = {}
+    index = -1
+    for tensor in message.inputs:
+        where = f"input '{tensor.name}'"
+        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
+            raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
+                               "(the request mixes both)")
+        shape = tuple(int(d) for d in tensor.shape)
+        if any(d < 0 for d in shape):
+            raise RequestError(f"{where}: shape dimensions must be >= 0, got {list(shape)}")
+        dtype = numpy_dtype(tensor.datatype)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if count > max_elements:
+            from streamrt.errors import PayloadTooLargeError
+
+            raise PayloadTooLargeError(f"{where}: {count} elements exceed the server limit of {max_elements}")
+        tparams = {k: _param(v) for k, v in tensor.parameters.items()}
+        if "shared_memory_region" in tparams:
+            target = region_ref(tparams, where)
+            if memory is None:
+                raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                              "(parameter shared_memory_region)")
+            if tensor.datatype == "BYTES":
+                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
+            inputs[tensor.name] = memory.read_input(target, dtype, shape, where, leases)
+            continue
+        index += 1
+        if raw and tensor.datatype == "BYTES":
+            inputs[tensor.name] = deserialize_bytes(raw[index], count, where).reshape(shape)
+            continue
+        if raw:
+            data = raw[index]
+            if len(data) != count * dtype.itemsize:
+                raise RequestError(f"{where}: raw_input_contents has {len(data)} bytes but shape {list(shape)} "
+                                   f"of {tensor.datatype} needs {count * dtype.itemsize}")
+            inputs[tensor.name] = np.frombuffer(data, dtype=dtype).reshape(shape)
+            continue
+        field = _CONTENTS.get(tensor.datatype)
+        if field is None:
+            raise UnsupportedRequestError(f"{where}: {tensor.datatype} must be sent in raw_input_contents")
+        values = getattr(tensor.contents, field)
+        if len(values) != count:
+            raise RequestError(f"{where}: contents has {len(values)} values but shape {list(shape)} needs {count}")
+        if tensor.datatype == "BYTES":
+            array = np.empty(count, dtype=object)
+            array[:] = list(values)
+            inputs[tensor.name] = array.reshape(shape)
+            continue
+        inputs[tensor.name] = np.asarray(values, dtype=dtype).reshape(shape)
+    priority, timeout = params.get("priority", 0) or 0, params.get("timeout", 0) or 0
+    if not isinstance(priority, int) or not isinstance(timeout, int) or priority < 0 or timeout < 0:
+        raise RequestError("parameters 'priority' and 'timeout' must be integers >= 0")
+    return InferRequest(
+        model=message.model_name,
+        version=message.model_version,
+        id=message.id,
+        inputs=inputs,
+        outputs=tuple(_requested_output(o, memory, leases) for o in message.outputs),
+        priority=priority,
+        timeout_us=timeout,
+        leases=leases,
+        sequence=sequence_flags(params),
+    )
+
+
+def _requested_output(output: Any, memory: RegionSource | None, leases: list[Any]) -> RequestedOutput:
+    oparams = {k: _param(v) for k, v in output.parameters.items()}
+    where = f"output '{output.name}'"
+    classes = oparams.get("classification", 0) or 0
+    if not isinstance(classes, int) or classes < 0:
+        raise RequestError(f"{where}: class_count must be an integer >= 0, got {classes!r}")
+    if "shared_memory_region" not in oparams:
+        return RequestedOutput(output.name, class_count=classes)
+    if memory is None:
+        raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
+                                      "(parameter shared_memory_region)")
+    region = region_ref(oparams, where)
+    memory.lease_output(region, where, leases)
+    return RequestedOutput(output.name, class_count=classes, region=region)
+
+
+def encode_grpc_response(response: InferResponse) -> Any:
+    """:class:`InferResponse` -> ``ModelInferResponse`` with ``raw_output_contents`` in output order."""
+    from streamrt.serve.wire.proto import messages
+
+    return messages.ModelInferResponse.FromString(serialize_grpc_response(response))
+
+
+def serialize_grpc_response(response: InferResponse) -> bytes:
+    """The serialized ``ModelInferResponse``: raw_output_contents in output order, one copy of each.
+
+    Outputs written to shared memory carry their region parameters and an empty raw entry (so the
+    entries of the other outputs keep their index, as tritonclient's ``as_numpy`` expects).
+    """
+    from streamrt.serve.wire.proto import messages
+
+    message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
+    blobs: list[memoryview | bytes] = []
+    for name, array in response.outputs.items():
+        out = message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
+        target = response.in_shared_memory.get(name)
+        if target is not None:
+            out.parameters["shared_memory_region"].string_param = target.name
+            out.parameters["shared_memory_byte_size"].int64_param = target.byte_size
+            if target.offset:
+                out.parameters["shared_memory_offset"].int64_param = target.offset
+            blobs.append(b"")
+            continue
+        blobs.append(raw_bytes(array))
+    return encode_infer_response(message.SerializeToString(), blobs)
+
+
+UNARY_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+              "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+              "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+              "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister")
+"""The service's RPCs other than inference (a front-end worker forwards these to the engine process)."""
+
+_REQUEST_TYPES = {"RepositoryIndex": "RepositoryIndexRequest", "RepositoryModelLoad": "RepositoryModelLoadRequest",
+                  "RepositoryModelUnload": "RepositoryModelUnloadRequest"}
+
+
+class InferenceRpcs:
+    """``ModelInfer`` and ``ModelStreamInfer`` over an :class:`~streamrt.serve.port.InferencePort`.
+
+    A front-end worker serves these over its engine link with the :data:`UNARY_RPCS` forwarded;
+    :class:`GrpcService` adds those over a core.
+    """
+
+    def __init__(self, port: InferencePort) -> None:
+        from streamrt.serve.wire.proto import messages
+
+        self.port = port
+        self.messages = messages
+        self.grpc = import_grpc()
+
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Auth, then ``call``; a StreamRT error aborts the call with the status table's code."""
+        try:
+            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+            return await call()
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+
+    async def _infer(self, data: bytes, traceparent: str | None) -> bytes:
+        request = parse_infer_request(data, self.port.config.max_tensor_elements, self.port.regions)
+        request.trace_parent = traceparent
+        return await self.port.answer(request, serialize_grpc_response)
+
+    async def ModelInfer(self, request: bytes, context: Any) -> Any:
+        return await self._guard(context, lambda: self._infer(request, _traceparent(context)))
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        try:
+            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+        except StreamRTError as exc:
+            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+        traceparent = _traceparent(context)
+        async for request in requests:
+            try:
+                # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.
+                yield encode_length_delimited(2, await self._infer(request, traceparent))
+            except StreamRTError as exc:
+                yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
+
+    def handler(self, unary: Mapping[str, Any]) -> Any:
+        """The generic handler of the service: ``unary`` (RPC name -> gRPC method handler, for each
+        of :data:`UNARY_RPCS`) and inference here, on serialized bytes (no (de)serializer: see
+        :mod:`streamrt.serve.wire.grpc_wire`)."""
+        grpc = self.grpc
+        handlers = dict(unary)
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class GrpcService(InferenceRpcs):
+    """Every RPC of the one-process server over a :class:`~streamrt.serve.core.ServerCore`; each
+    returns a response message or aborts with the mapped status."""
+
+    def __init__(self, server: ServerCore) -> None:
+        from google.protobuf import json_format
+
+        super().__init__(server)
+        self.server = server
+        self.json_format = json_format
+
+    def unary_handlers(self) -> dict[str, Any]:
+        """The gRPC method handlers of :data:`UNARY_RPCS` (messages parsed and serialized by protobuf)."""
+        return {name: self.grpc.unary_unary_rpc_method_handler(
+                    getattr(self, name),
+                    request_deserializer=getattr(self.messages, _REQUEST_TYPES.get(name, f"{name}Request")).FromString,
+                    response_serializer=lambda message: message.SerializeToString())
+                for name in UNARY_RPCS}
+
+    @property
+    def repo(self) -> Any:
+        return self.server.repository
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return self.messages.ServerLiveResponse(live=self.server.live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return self.messages.ServerReadyResponse(ready=self.server.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            ready = self.server.accepting and self.repo.is_ready(request.name, request.version)
+            return self.messages.ModelReadyResponse(ready=ready)
+        return await self._guard(context, call)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self.messages.ServerMetadataResponse(**self.server.metadata())
+        return await self._guard(context, call)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            meta = self.repo.get(request.name, request.version).metadata(self.repo.versions(request.name))
+            return self.json_format.ParseDict(meta, self.messages.ModelMetadataResponse())
+        return await self._guard(context, call)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            config = self.repo.get(request.name, request.version).triton_config()
+            return self.messages.ModelConfigResponse(config=config)
+        return await self._guard(context, call)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            stats = self.server.statistics(request.name, request.version)
+            response = self.messages.ModelStatisticsResponse()
+            return self.json_format.ParseDict(stats, response, ignore_unknown_fields=True)
+        return await self._guard(context, call)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self.json_format.ParseDict({"models": self.repo.index(ready_only=request.ready)},
+                                              self.messages.RepositoryIndexResponse())
+        return await self._guard(context, call)
+
+    def _check_control(self) -> None:
+        if not self.server.config.model_control:
+            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._check_control()
+            params = {k: _param(v) for k, v in request.parameters.items()}
+            files = {k: bytes(v) for k, v in params.items() if k.startswith("file:") and isinstance(v, bytes)}
+            if any(k.startswith("file:") and k not in files for k in params):
+                raise RequestError("file: load parameters must be bytes_param")
+            override = None
+            if params.get("config"):
+                try:
+                    override = json.loads(params["config"])
+                except ValueError as exc:
+                    raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
+            await self.repo.load(request.model_name, override, files or None)
+            return self.messages.RepositoryModelLoadResponse()
+        return await self._guard(context, call)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self._check_control()
+            await self.repo.unload(request.model_name)
+            return self.messages.RepositoryModelUnloadResponse()
+        return await self._guard(context, call)
+
+    # --- shared-memory extensions -------------------------------------------------------------
+
+    def _shm_status(self, kind: str, name: str, response: Any) -> Any:
+        for entry in self.server.shared_memory.status(kind, name):
+            response.regions[entry["name"]].CopyFrom(type(response.regions[entry["name"]])(**entry))
+        return response
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self._shm_status("system", request.name, self.messages.SystemSharedMemoryStatusResponse())
+        return await self._guard(context, call)
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+            return self.messages.SystemSharedMemoryRegisterResponse()
+        return await self._guard(context, call)
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.unregister("system", request.name)
+            return self.messages.SystemSharedMemoryUnregisterResponse()
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            return self._shm_status("CUDA", request.name, self.messages.CudaSharedMemoryStatusResponse())
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
+                                                    request.byte_size)
+            return self.messages.CudaSharedMemoryRegisterResponse()
+        return await self._guard(context, call)
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        async def call() -> Any:
+            self.server.shared_memory.unregister("CUDA", request.name)
+            return self.messages.CudaSharedMemoryUnregisterResponse()
+        return await self._guard(context, call)
+
+
+def service_handler(server: ServerCore) -> Any:
+    """The generic gRPC handler of every RPC over ``server`` (its public port, or the private
+    socket front-end workers forward to)."""
+    service = GrpcService(server)
+    return service.handler(service.unary_handlers())
+
+
+def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
+    """A ``grpc.aio`` server taking messages up to ``max_receive_bytes`` and sending any size."""
+    return import_grpc().aio.server(options=[
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", 2**31 - 1),
+        ("grpc.so_reuseport", int(reuse_port)),
+    ])
+
+
+async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
+    """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
+    grpc_aio = grpc_server(server.config.grpc_max_message_bytes)
+    grpc_aio.add_generic_rpc_handlers((service_handler(server),))
+    bound = grpc_aio.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise StreamRTError(f"cannot bind the gRPC port {host}:{port}", hint="pick another --grpc-port")
+    await grpc_aio.start()
+    return grpc_aio, bound
