@@ -4,6 +4,15 @@ A repository of models (plans, or ONNX built on load), a dynamic batcher and ins
 model, and Prometheus metrics with Triton's names. The perf_analyzer-style load generator is a
 client: :mod:`streamrt.client.loadgen`. See ``docs/serving.md``.
 
+The package's public surface is this module's ``__all__``. Inside, the entry points stay on top
+(:mod:`.server`, :mod:`.core`, :mod:`.port`, :mod:`.process`) and the rest lives in concern
+folders, each ``__init__`` saying what it owns and what it exports, top to bottom:
+:mod:`.listeners` (HTTP, gRPC, metrics, multi-process front ends), :mod:`.models` (servable
+model kinds, the repository), :mod:`.scheduling` (batchers), :mod:`.execution` (instances,
+placement, memory, integrity, rate limits), :mod:`.configs`, :mod:`.wire` (codecs, shared
+memory, status) and :mod:`.observability` (stats, tracing). A room imports only rooms below it
+(docs/architecture.md, checked by ``lint-imports``).
+
 Example:
     >>> from streamrt.serve import ServerConfig, ServerThread
     >>> with ServerThread("models", ServerConfig(http_port=0)) as server:   # doctest: +SKIP
