@@ -10,11 +10,13 @@ each other in a circle. Each check runs ``lint-imports`` in a subprocess whose
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -96,3 +98,47 @@ def test_a_listener_and_execution_reaching_each_other_break_the_serve_contracts(
     assert "streamrt.serve.listeners.grpc_service -> streamrt.serve.execution.placement" in run.stdout
     assert "streamrt.serve.listeners is not allowed to import streamrt.serve.execution" in run.stdout
     assert "core and the port) BROKEN" in run.stdout  # listeners-without-execution (its name wraps)
+
+
+def _migrate_script() -> ModuleType:
+    path = ROOT / "scripts" / "migrate_engine_imports.py"
+    spec = importlib.util.spec_from_file_location("migrate_engine_imports", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_migration_script_knows_every_module_in_serve_rooms() -> None:
+    # Branches that predate the rooms are migrated with scripts/migrate_engine_imports.py: each
+    # module or package inside a room must be in its table, at the path it really has.
+    script = _migrate_script()
+    serve = ROOT / "src" / "streamrt" / "serve"
+    found = {
+        child.stem: f"{room.name}.{child.stem}"
+        for room in serve.iterdir()
+        if room.is_dir() and (room / "__init__.py").exists()
+        for child in room.iterdir()
+        if child.name != "__init__.py" and (child.suffix == ".py" or (child / "__init__.py").exists())
+    }
+    assert found == script.SERVE_MOVES
+
+
+def test_the_migration_script_rewrites_old_serve_paths_once() -> None:
+    script = _migrate_script()
+    old = (
+        "from streamrt.serve.config import ModelConfig\n"
+        "from streamrt.serve import model as model_module\n"
+        "from streamrt.serve import ServerConfig\n"
+        'monkeypatch.setattr("streamrt.serve.frontends.worker.main", f)\n'
+        "see src/streamrt/serve/instances.py and tests/serve/test_instances.py\n"
+    )
+    new = script.rewrite(old)
+    assert new == (
+        "from streamrt.serve.configs.config import ModelConfig\n"
+        "from streamrt.serve.models import model as model_module\n"
+        "from streamrt.serve import ServerConfig\n"
+        'monkeypatch.setattr("streamrt.serve.listeners.frontends.worker.main", f)\n'
+        "see src/streamrt/serve/execution/instances.py and tests/serve/test_instances.py\n"
+    )
+    assert script.rewrite(new) == new
