@@ -180,3 +180,40 @@ def test_report_lists_every_stream(slow_detector: Any, rng: np.random.Generator)
     assert table[0].split() == ["stream", "fps", "frames", "dropped", "p50", "ms", "p99", "ms", "state"]
     assert len(table) == 1 + STREAMS and table[7].split()[-1] == "refused"
     assert "admitted 6 of 8 streams" in report.format_text()
+
+
+@pytest.mark.parametrize("mode", ["refuse", "queue"])
+def test_cli_admits_from_the_cached_capacity_and_prints_the_line(tmp_path: Path, mode: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("av")
+    from streamrt.cli.main import main
+    from streamrt.video.clips import encode_clip
+    from streamrt.video.synthetic import SyntheticClip
+
+    clip = encode_clip(SyntheticClip(width=160, height=96, frames=12, fps=FPS), tmp_path / "cam.mp4")
+    cache = tmp_path / "cache"
+    argv = ["detect", *[str(clip)] * STREAMS, "--backend", "onnxruntime", "--cache-dir", str(cache), "--paced",
+            "--fps", "30", "--max-frames", "6", "--no-progress", "--topology", "sync", "--max-batch", "4",
+            "--admission", mode]
+    assert main(argv) == 0  # the first run measures and caches the record
+    (record,) = (cache / "capacity").glob("*.json")
+    data = json.loads(record.read_text())
+    assert (data["codec"], data["width"], data["height"], data["decoder"]) == ("h264", 160, 96, "cpu")
+    record.write_text(json.dumps({**data, "decode_fps": 100.0, "engine_fps": 1000.0}))  # a known capacity
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    fit = int(np.floor(100.0 * 0.9 / FPS))  # 3
+    if mode == "refuse":
+        assert (f"admitted {fit} of {STREAMS} streams: decode capacity 100 frames/s (cpu, h264 160x96) at 90% "
+                f"headroom, {STREAMS} x 30 FPS = 240 frames/s asked; --admission off to try anyway") in out
+    else:
+        assert f"admitted {fit} of {STREAMS} streams, {STREAMS - fit} queued until one ends" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("cam.mp4")]
+    states = [row[-1] for row in rows]
+    assert len(rows) == STREAMS
+    if mode == "refuse":
+        assert states == ["ran"] * fit + ["refused"] * (STREAMS - fit), out
+        assert all(int(row[2]) > 0 for row in rows[:fit]) and all(int(row[2]) == 0 for row in rows[fit:])
+    else:
+        assert states == ["ran"] * STREAMS, out  # the queued ones started as others ended
