@@ -16,8 +16,8 @@ waits at most ``depth`` turns: latency stays bounded by about
 Example:
     >>> from streamrt.video.sources import open_source
     >>> s = LiveStream(open_source("synthetic:64x48x3@30"), fps=30.0, depth=2)
-    >>> s.start(); s.wait_finished(5.0); s.stats()["produced"]
-    3
+    >>> s.start(); _ = s.wait_finished(5.0); s.stats()["produced"], s.stats()["dropped"]
+    (3, 1)
     >>> s.close()
 """
 
