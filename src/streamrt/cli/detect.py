@@ -11,6 +11,13 @@ Without pipeline flags the run uses the demo's choice for this machine: on a GPU
 stream per stage and CUDA graphs; on the CPU one lane per core, each with a one-thread session.
 Throughput is also measured over windows of frames: the median window with the spread, and a
 warning when the machine was noisy (the rule ``bench`` uses).
+
+``--paced`` runs every source as a live camera at ``--fps`` (its own thread, a drop-oldest queue of
+``--queue-depth`` frames, served round-robin) behind admission control: the decode and engine
+capacity for this codec, resolution and plan are measured once (or read from the cache,
+``--remeasure`` to measure again), the streams that fit within ``--headroom`` of it are admitted
+and the rest refused (``--admission queue`` starts them as others end, ``off`` runs them all).
+The output ends with one row per stream: achieved FPS, frames dropped, p50/p99 capture-to-result.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from streamrt.cli.args import CacheArgs, PipelineArgs, add_alias, backend_choice
 
 if TYPE_CHECKING:
     from streamrt.pipeline.config import PipelineConfig
+    from streamrt.video.admission import Admission
     from streamrt.video.model import DetectorModel
     from streamrt.video.runner import DetectConfig
     from streamrt.video.sources import FrameSource
@@ -73,6 +81,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--report", type=Path, default=None, metavar="DIR", help="run report, timeline and trace")
     parser.add_argument("--paced", action="store_true", help="camera-paced: frames arrive at --fps, late ones drop")
     parser.add_argument("--fps", type=float, default=None, help="pacing rate per source (default: the source's)")
+    live = parser.add_argument_group("live streams and admission (with --paced)")
+    live.add_argument("--admission", default="refuse", choices=["refuse", "queue", "off"],
+                      help="streams beyond the measured capacity: refuse (default), queue until one ends, "
+                           "or off (run all; every stream drops frames evenly)")
+    live.add_argument("--headroom", type=float, default=0.9,
+                      help="plan up to this fraction of the measured capacity (default 0.9)")
+    live.add_argument("--remeasure", action="store_true",
+                      help="measure decode and engine capacity again instead of reading the cached record")
+    live.add_argument("--queue-depth", type=int, default=2,
+                      help="frames each stream holds; beyond it its oldest frame is dropped (default 2)")
+    live.add_argument("--lockstep", action="store_true",
+                      help="the older paced mode: one frame of every source per tick, no admission")
     parser.add_argument("--max-frames", type=int, default=None, help="stop after N frames per source")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--gpus", default=None, metavar="0,1",
@@ -128,6 +148,7 @@ def detect_config(args: argparse.Namespace, *, paced: bool = False) -> DetectCon
         postprocess=PostprocessConfig(conf=args.conf, iou=args.iou, max_det=args.max_det),
         pipeline=pipeline, batch=args.batch, paced=paced, fps=getattr(args, "fps", None),
         max_frames=getattr(args, "max_frames", None),
+        live=paced and not getattr(args, "lockstep", False), queue_depth=getattr(args, "queue_depth", 2) or 2,
     )
 
 
@@ -253,9 +274,11 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
             for sink in sinks:
                 sink(frame, detections)
 
+        admission = _admit(args, detector, sources, config) if config.paced and config.live else None
         bar = ProgressBar(not args.no_progress)
         try:
-            report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar)
+            report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar,
+                                   admission=admission)
         finally:
             bar.close()
     except BaseException:
@@ -272,6 +295,10 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
     for sink in sinks:
         sink.close()
     print(report.format_text())
+    if config.paced:
+        from streamrt.video.report import per_stream_table
+
+        print(per_stream_table(report))
     for label, path in (("annotated video", args.output), ("detections", args.jsonl)):
         if path is not None:
             print(f"wrote {label}: {path}")
@@ -279,3 +306,28 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
         for path in write_report_files(report, args.report, "detect"):
             print(f"wrote {path}")
     return 0
+
+
+def _admit(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],
+           config: DetectConfig) -> Admission:
+    """Measure (or read) the capacity, decide which streams run, print the line that says so.
+
+    Raises:
+        ConfigError: not one stream fits (the message names the capacity and the demand).
+    """
+    from streamrt.errors import ConfigError
+    from streamrt.video.admission import AdmissionConfig, plan_admission
+    from streamrt.video.capacity import capacity_for
+
+    first = sources[0].info
+    fps = config.fps or first.fps or 30.0
+    batch = config.batch or min(len(sources), detector.max_batch)
+    record = capacity_for(detector, args.sources[0], first.width, first.height, batch=batch,
+                          cache_dir=CacheArgs.cache_dir(args), remeasure=args.remeasure)
+    plan = plan_admission([fps] * len(sources), record, AdmissionConfig(args.admission, args.headroom))
+    print(f"capacity: decode {record.decode_fps:,.0f} frames/s ({record.decoder}), engine {record.engine_fps:,.0f} "
+          f"frames/s (batch {record.batch}), measured {record.age_s:,.0f} s ago; --remeasure to measure again")
+    print(plan.message)
+    if not plan.admitted:
+        raise ConfigError(plan.message, hint="lower --fps, or --admission off to try anyway")
+    return plan

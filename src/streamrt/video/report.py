@@ -19,7 +19,7 @@ import numpy as np
 
 from streamrt.pipeline.tracing import PipelineTrace
 
-__all__ = ["LATENCY_BUDGET_MS", "RunReport", "latency_stats", "write_report_files"]
+__all__ = ["LATENCY_BUDGET_MS", "RunReport", "latency_stats", "per_stream_table", "write_report_files"]
 
 # A paced run "sustains" its cameras when it drops nothing and p99 latency stays under this.
 LATENCY_BUDGET_MS = 100.0
@@ -59,6 +59,7 @@ class RunReport:
     window_fps: list[float] = field(default_factory=list)
     per_source: list[dict[str, Any]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)  # hybrid decode: pools, capacities, moves
+    admission: dict[str, Any] = field(default_factory=dict)  # admission control: the line, counts, capacity
 
     @property
     def fps(self) -> float:
@@ -104,6 +105,8 @@ class RunReport:
                               for name, p in self.decode.get("pools", {}).items() if p["streams"] or p["capacity_fps"])
             lines.append(f"  decode: {pools}; {self.decode.get('moves', 0)} moves; binding {self.decode.get('binding')}"
                          + ("" if self.decode.get("fits", True) else " (over capacity)"))
+        if self.admission:
+            lines.append(f"  {self.admission['message']}")
         cameras = [p for p in self.per_source if "reconnects" in p]
         for cam in cameras:
             lines.append(f"  camera {cam['source']}: {cam['frames']} frames, latency p50 {cam['p50_ms'] or 0:.1f} / "
@@ -127,6 +130,19 @@ class RunReport:
         if self.bottleneck:
             rows.append(("busiest resource", f"{self.bottleneck[0]} ({100 * self.bottleneck[1]:.0f}% busy)"))
         return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def per_stream_table(report: RunReport) -> str:
+    """One row per stream: achieved FPS, frames, drops, p50/p99 capture-to-result latency, state."""
+    rows = [("stream", "fps", "frames", "dropped", "p50 ms", "p99 ms", "state")]
+    for p in report.per_source:
+        p99, p50 = p.get("p99_ms"), p.get("p50_ms")
+        rows.append((str(p["source"]), f"{p.get('fps', 0.0):.1f}", str(p["frames"]), str(p.get("dropped", 0)),
+                     "-" if p50 is None else f"{p50:.1f}", "-" if p99 is None else f"{p99:.1f}",
+                     str(p.get("state", "ran"))))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in
+                                       enumerate(zip(r, widths, strict=True))) for r in rows)
 
 
 def write_report_files(report: RunReport, folder: str | Path, stem: str = "run") -> list[Path]:

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from streamrt.ops.postprocess import PostprocessConfig
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.pipeline.executor import Pipeline
 from streamrt.pipeline.stage import Result
+from streamrt.video.admission import Admission
+from streamrt.video.live import LiveStream
 from streamrt.video.model import DetectorModel
 from streamrt.video.report import RunReport, latency_stats
 from streamrt.video.sources import FrameSource
@@ -61,6 +64,11 @@ class DetectConfig:
         warmup_frames: frames per source run before measuring (their results are delivered but not
             counted): lazy initialisation, allocator growth and CUDA graph capture stay out of the numbers.
         use_triton: device ops on Triton kernels (None: wherever they can run).
+        live: with ``paced``, every source runs as a :class:`~streamrt.video.live.LiveStream` (its own
+            thread, paced at ``fps``, a drop-oldest queue of ``queue_depth`` frames) served round-robin:
+            under overload every stream drops the same share and latency stays bounded. Without it,
+            the lock-step tick of the module docstring.
+        queue_depth: frames each live stream holds for the pipeline.
     """
 
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
@@ -72,8 +80,12 @@ class DetectConfig:
     max_frames: int | None = None
     warmup_frames: int = 0
     use_triton: bool | None = None
+    live: bool = False
+    queue_depth: int = 2
 
     def __post_init__(self) -> None:
+        if self.queue_depth < 1:
+            raise ConfigError(f"queue_depth must be >= 1, got {self.queue_depth}")
         if self.batch < 0:
             raise ConfigError(f"batch must be >= 0 (0: one frame per source), got {self.batch}")
         if self.fps is not None and self.fps <= 0:
@@ -191,6 +203,47 @@ def _camera_paced(pipe: Pipeline, mux: _Mux, tally: _Tally, fps: float) -> int:
         tick += 1
 
 
+def _live(pipe: Pipeline, streams: list[LiveStream], tally: _Tally, batch: int, running: list[int],
+          waiting: list[int]) -> None:
+    """Serve live streams round-robin, one frame per stream per turn, ``batch`` frames per call.
+
+    A turn starts after the stream served last, so no stream is favoured by its position. When a
+    stream ends, the first ``waiting`` one (admission ``queue``) starts in its place.
+    """
+    wake = streams[0].wake
+    for i in running:
+        streams[i].start()
+    turn = 0
+    while running:
+        chunk: list[Frame] = []
+        served = -1
+        for k in range(len(running)):
+            pos = (turn + k) % len(running)
+            got = streams[running[pos]].take()
+            if got is not None:
+                chunk.append(Frame(running[pos], got.index, got.image, got.captured))
+                served = pos
+                if len(chunk) == batch:
+                    break
+        if chunk:
+            turn = served + 1
+            _submit(pipe, tally, chunk)
+            continue
+        ended = [i for i in running if streams[i].done]
+        for i in ended:
+            running.remove(i)
+            if waiting:
+                nxt = waiting.pop(0)
+                log.info("stream %s ended; starting queued stream %s", streams[i].info.name, streams[nxt].info.name)
+                running.append(nxt)
+                streams[nxt].start()
+        for result in pipe.poll():
+            tally.handle(result)
+        if not ended:
+            with wake:
+                wake.wait(timeout=0.002)
+
+
 def run_detection(
     model: DetectorModel,
     sources: Sequence[FrameSource],
@@ -199,6 +252,7 @@ def run_detection(
     on_result: OnResult | None = None,
     progress: Progress | None = None,
     device: Device | None = None,
+    admission: Admission | None = None,
 ) -> RunReport:
     """Run ``sources`` through the detection pipeline and return the run's report.
 
@@ -209,6 +263,8 @@ def run_detection(
         on_result: called with every frame and its detections, in order per source (sinks).
         progress: called with (frames done, frames expected or None) after every result.
         device: the pipeline's device (default: ``get_device(model.device)``).
+        admission: which sources run now, wait, or are refused (:mod:`streamrt.video.admission`);
+            refused and queued sources need ``config.live`` (queued ones start as running ones end).
 
     Raises:
         ConfigError: no sources, sources of different sizes, or a batch the engine cannot take.
@@ -238,6 +294,7 @@ def run_detection(
     tally = _Tally(on_result, progress, total)
     mux = _Mux(sources, batch, config.max_frames)
     dropped = 0
+    live_stats: dict[int, dict[str, int]] | None = None
     with Pipeline.from_workload(workload, pcfg, device=device) as pipe:
         if config.warmup_frames:
             tally.measuring = False
@@ -249,14 +306,30 @@ def run_detection(
             tally.measuring = True
             pipe.reset_trace()
         started = time.perf_counter()
-        if config.paced:
+        if config.paced and config.live:
+            running = list(admission.admitted) if admission is not None else list(range(len(sources)))
+            waiting = list(admission.queued) if admission is not None else []
+            wake = threading.Condition()
+            streams = [LiveStream(s, fps=fps, depth=config.queue_depth, wake=wake, first_index=mux.read[i],
+                                  max_frames=None if config.max_frames is None else config.max_frames - mux.read[i])
+                       for i, s in enumerate(sources)]
+            try:
+                _live(pipe, streams, tally, batch, running, waiting)
+            finally:
+                for stream in streams:
+                    stream.stop()  # the caller closes the sources
+            live_stats = {i: st.stats() for i, st in enumerate(streams) if st.started}
+        elif config.paced:
+            if admission is not None and len(admission.admitted) < len(sources):
+                raise ConfigError("refusing or queueing streams needs live streams",
+                                  hint="DetectConfig(paced=True, live=True), or admission mode off")
             dropped = _camera_paced(pipe, mux, tally, fps)
         else:
             _free_running(pipe, mux, tally)
         _drain(pipe, tally)
         trace = pipe.trace()
     wall = max(tally.last - started, 1e-9)
-    per_source = _per_source(sources, tally)
+    per_source = _per_source(sources, tally, wall, live_stats, admission)
     dropped += sum(int(p.get("dropped", 0)) for p in per_source)
     from streamrt.profiling.pipeline_summary import summarize
 
@@ -269,19 +342,34 @@ def run_detection(
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
         detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source,
         window_fps=window_rates(tally.done_s),
+        admission={} if admission is None else {"message": admission.message, "admitted": len(admission.admitted),
+                                                "queued": len(admission.queued), "refused": len(admission.refused),
+                                                "capacity_fps": admission.capacity_fps,
+                                                "demand_fps": admission.demand_fps},
     )
 
 
-def _per_source(sources: Sequence[FrameSource], tally: _Tally) -> list[dict[str, Any]]:
-    """Per-source latency (capture -> result) and, for live cameras, their drop/reconnect counters."""
+def _per_source(sources: Sequence[FrameSource], tally: _Tally, wall_s: float,
+                live: dict[int, dict[str, int]] | None = None,
+                admission: Admission | None = None) -> list[dict[str, Any]]:
+    """Per-source achieved FPS, latency (capture -> result), drops (live streams: their queue's) and,
+    for cameras, their drop/reconnect counters; refused and never-started sources say so."""
     out: list[dict[str, Any]] = []
+    refused = set(admission.refused) if admission is not None else set()
     for s, source in enumerate(sources):
         lat = latency_stats(tally.by_source.get(s, []))
-        row: dict[str, Any] = {"source": source.info.name, "frames": len(tally.by_source.get(s, [])),
+        frames = len(tally.by_source.get(s, []))
+        row: dict[str, Any] = {"source": source.info.name, "frames": frames, "fps": frames / wall_s,
                                "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99")}
+        if live is not None:
+            state = "refused" if s in refused else ("ran" if s in live else "queued, never started")
+            row.update(state=state, **live.get(s, {"produced": 0, "delivered": 0, "dropped": 0}))
         stats = getattr(source, "stats", None)
         if callable(stats):  # a camera (streamrt.video.cameras): drops in its bounded queue, reconnects
-            row.update({k: v for k, v in stats().to_dict().items() if k != "name"})
+            camera = {k: v for k, v in stats().to_dict().items() if k != "name"}
+            if live is not None and "dropped" in camera:  # the live queue's drops are the stream's
+                camera["camera_dropped"] = camera.pop("dropped")
+            row.update(camera)
         out.append(row)
     return out
 
