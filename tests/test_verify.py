@@ -200,14 +200,24 @@ def test_torch_inductor_plan_reading_out_of_bounds_is_refused_at_build_and_at_ru
     assert 1 <= engine.create_context().threads <= max(1, usable_cores() - 1)
     ctx = engine.create_context()
     x = np.random.default_rng().standard_normal((1, 3, 66, 66)).astype(np.float32)
-    first, second = ctx.infer({"x": x})["y"], ctx.infer({"x": x})["y"]
-    assert first.shape == (1, 3, 68, 68)  # a map for a size the model cannot run at...
-    assert not np.array_equal(first, second)  # ...read from memory nobody wrote (4e21 apart here)
+    poison = np.full((1, 3, 68, 68), 1e3, np.float32)
+
+    def two_identical_calls_differ() -> bool:
+        first = np.array(ctx.infer({"x": x})["y"])
+        assert first.shape == (1, 3, 68, 68)  # a map for a size the model cannot run at...
+        ctx.infer({"x": poison})  # another call between them, as in any server
+        return not np.array_equal(first, ctx.infer({"x": x})["y"])
+
+    # ...read from memory nobody wrote (4e21 apart here). What that memory holds is chance, so a
+    # pair of calls can agree: a few tries (a clean fresh-machine run met one such pair at 79x79).
+    assert any(two_identical_calls_differ() for _ in range(5))
     checks = list(verify_engine(load_model(model), engine, engine.profiles))
     problem = str(checks[-1].problem)
     assert checks[-1].label == "odd", problem
     assert "the reference fails at x=1x3x79x79" in problem and "Add node" in problem
-    assert "the plan answers there anyway ('y' 1x3x80x80), and two identical calls differ" in problem
+    # The refusal rests on the reference failing there; whether the plan's two answers also differ
+    # depends on what the unwritten memory held (said when they do, not needed for the refusal).
+    assert "the plan answers there anyway ('y' 1x3x80x80)" in problem
     multiple = re.search(r"it passes with --shape-multiple x:(\S+)$", problem)
     assert multiple is not None and multiple.group(1) == "1x1x4x4", problem
     # Rebuilt with the suggested constraint (verification on, the default): built, and the constraint
