@@ -60,6 +60,6 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
 def test_a_model_that_fails_to_build_is_a_row_and_the_report_is_finished(tmp_path: Path) -> None:
     done, rows = _run(tmp_path, "--skip-frontend", "--models", "no_such_net")
     assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
-    assert ["no_such_net", "failed"] == rows[-1][:2] and "Error" in rows[-1][-1], rows
+    assert rows[-1][:2] == ["no_such_net", "failed"] and "Error" in rows[-1][-1], rows
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
     assert "- system shm >= 70% of offline" in report and "Failed parts: (b) no_such_net." in report
