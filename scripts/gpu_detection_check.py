@@ -238,7 +238,7 @@ def part_benchmark(out: Path, quick: bool) -> list[str]:
     args = ["--device", DEVICE, "--out", str(out / "detection")]
     if quick and DEVICE == "cpu":
         args += ["--size", "128x72", "--frames", "4", "--items", "8", "--warmup", "2", "--rounds", "1",
-                 "--workers", "2", "--streams", "1,2", "--duration", "1", "--max-batch", "2"]
+                 "--workers", "2", "--streams", "1,2", "--duration", "2", "--max-batch", "2"]
     elif quick:
         args += ["--items", "200", "--rounds", "2", "--streams", "1,8,32,64", "--duration", "3"]
     status = bench.main(args)
