@@ -107,7 +107,8 @@ def _canonical(rows: torch.Tensor) -> np.ndarray:
 def part_ops(report: dict[str, Any], quick: bool = False) -> list[str]:
     rng = np.random.default_rng(0)
     lines = ["| check | result |", "|---|---|"]
-    sizes = (((1080, 1920), (640, 640)), ((720, 1280), (320, 320)), ((1080, 1920), (384, 640)))
+    sizes: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
+        ((1080, 1920), (640, 640)), ((720, 1280), (320, 320)), ((1080, 1920), (384, 640)))
     if quick and DEVICE == "cpu":
         sizes = (((72, 128), (64, 64)), ((108, 192), (48, 64)))
     for (h, w), (ih, iw) in sizes:
@@ -250,9 +251,10 @@ def part_benchmark(out: Path, quick: bool) -> list[str]:
 def part_demo(out: Path, quick: bool = False) -> list[str]:
     from streamrt.video.demo import DemoConfig, run_demo
 
-    small = {"width": 160, "height": 96, "frames": 12, "warmup_frames": 2, "rounds": 1} if quick and DEVICE == "cpu" \
-        else {}
-    result = run_demo(DemoConfig(out_dir=out / "demo", **small), progress=print)
+    config = DemoConfig(out_dir=out / "demo")
+    if quick and DEVICE == "cpu":
+        config = DemoConfig(out_dir=out / "demo", width=160, height=96, frames=12, warmup_frames=2, rounds=1)
+    result = run_demo(config, progress=print)
     return [f"- backend {result.detector.backend}, {result.pipeline.frames} frames {result.pipeline.frame_size}",
             f"- synchronous loop {result.sync.fps:.1f} FPS, pipeline ({result.pipeline.label}) "
             f"{result.pipeline.fps:.1f} FPS: **{result.speedup:.2f}x**",
