@@ -82,3 +82,24 @@ def test_pipeline_topologies_on_the_cpu_writes_its_report(tmp_path: Path) -> Non
                    "-o", str(tmp_path / "out"))
     assert "| (a) sync |" in printed and "bit-identical in every case" in printed
     assert "| (b+c) streams x2 ring4 |" in (tmp_path / "out" / "pipeline_bench.md").read_text()
+
+
+def test_gpu_backend_without_a_gpu_records_each_failing_part_and_writes_the_table(tmp_path: Path) -> None:
+    """No CPU mode (its timing is CUDA events): here every part fails, each is a row, and the table and JSON
+    are still written; before, the first failure (even ``import torchvision``) lost everything."""
+    import json
+
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the parts would run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_backend.py"), str(tmp_path / "out"),
+                           "onnx:fp32,yolo:fp32,bogus"], cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env=env)
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    rows = _rows((tmp_path / "out" / "gpu-backend-onnx-yolo-bogus.md").read_text())
+    assert [r[0] for r in rows[1:]] == ["onnx", "yolo", "bogus"] and all(r[2].startswith("FAILED (") for r in rows[1:])
+    assert "unknown part 'bogus'" in rows[3][2]
+    assert len(json.loads((tmp_path / "out" / "gpu-backend-onnx-yolo-bogus.json").read_text())) == 3
