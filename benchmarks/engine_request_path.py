@@ -167,7 +167,7 @@ async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str,
     from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
 
     repo = write_repository(report.parent / "repo", instances=case["instances"])
-    core = ServerCore(repo, ServerConfig(startup_models=[case["model"]], http_port=None, grpc_port=None))
+    core = ServerCore(repo, ServerConfig(startup_models=(case["model"],), http_port=None, grpc_port=None))
     await core.start(wait_ready=True)
     supervisor = FrontendSupervisor(core, drivers, 1 << 30)
     supervisor.worker_command = (sys.executable, str(Path(__file__).resolve()), "--driver")

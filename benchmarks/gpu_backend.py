@@ -13,7 +13,8 @@ of many runs):
 Usage: python benchmarks/gpu_backend.py OUTDIR [PARTS]   (writes OUTDIR/gpu-backend[-PARTS].md and .json)
 PARTS: comma-separated subset of onnx,resnet50,yolo (default: all), each optionally with its
 precisions, e.g. ``resnet50:fp32+fp16,yolo:fp16`` (default: fp32+fp16).
-Needs a CUDA GPU and torchvision.
+Needs a CUDA GPU (and torchvision for resnet50). A part that fails is a ``FAILED`` row and the next
+part runs; the files are rewritten after every part.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,36 +204,60 @@ def onnx_accuracy(tmp: Path, precisions: tuple[str, ...] = ("fp32", "fp16")) -> 
     return rows
 
 
-def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/gpu-backend")
-    spec = sys.argv[2] if len(sys.argv) > 2 else "onnx,resnet50,yolo"
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0] if argv else "out/gpu-backend")
+    spec = argv[1] if len(argv) > 1 else "onnx,resnet50,yolo"
     parts: dict[str, tuple[str, ...]] = {}
     for item in spec.split(","):
         name, _, precs = item.partition(":")
         parts[name] = tuple(precs.split("+")) if precs else ("fp32", "fp16")
     out.mkdir(parents=True, exist_ok=True)
-    import torchvision
-
-    from streamrt.testing.yolo import yolo_like
-
     torch.manual_seed(0)
     rows: list[dict[str, Any]] = []
+    suffix = "-" + "-".join(parts)  # part names only
+    failed: list[str] = []
+
+    def resnet50(tmp: Path, precisions: tuple[str, ...]) -> list[dict[str, Any]]:
+        import torchvision
+
+        return model_rows("resnet50", torchvision.models.resnet50(), (3, 224, 224), (1, 32), tmp, precisions)
+
+    def yolo(tmp: Path, precisions: tuple[str, ...]) -> list[dict[str, Any]]:
+        from streamrt.testing.yolo import yolo_like
+
+        return model_rows("yolo_like 640", yolo_like(num_classes=80), (3, 640, 640), (1, 8), tmp, precisions)
+
+    runners: dict[str, Callable[[Path, tuple[str, ...]], list[dict[str, Any]]]] = {
+        "onnx": onnx_accuracy, "resnet50": resnet50, "yolo": yolo}
     with tempfile.TemporaryDirectory() as tmp:
-        if "onnx" in parts:
-            rows += onnx_accuracy(Path(tmp), parts["onnx"])
-        if "resnet50" in parts:
-            net = torchvision.models.resnet50()
-            rows += model_rows("resnet50", net, (3, 224, 224), (1, 32), Path(tmp), parts["resnet50"])
-        if "yolo" in parts:
-            net = yolo_like(num_classes=80)
-            rows += model_rows("yolo_like 640", net, (3, 640, 640), (1, 8), Path(tmp), parts["yolo"])
+        for name, precisions in parts.items():
+            # Each part handles its own failure and the report is rewritten after every part: one crash (a
+            # renamed API, a missing package) must not lose the other parts' numbers.
+            try:
+                if name not in runners:
+                    raise KeyError(f"unknown part {name!r} (choose from {', '.join(runners)})")
+                rows += runners[name](Path(tmp), precisions)
+            except Exception as exc:
+                traceback.print_exc()
+                failed.append(name)
+                message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300].replace("|", "/")
+                rows.append({"model": name, "variant": f"FAILED ({message})"})
+            _write(out, suffix, spec, rows)
+    print((out / f"gpu-backend{suffix}.md").read_text())
+    return 1 if failed else 0
+
+
+def _write(out: Path, suffix: str, spec: str, rows: list[dict[str, Any]]) -> None:
+    """The markdown table and JSON of every row so far."""
     commit = git_commit()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA GPU"
     header = [
         "# GPU backend benchmark (torch_inductor plans vs PyTorch eager vs ONNX Runtime CPU)",
         "",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- commit: {commit}",
-        f"- device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"- device: {device}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
         f"python {platform.python_version()}",
         f"- command: `python benchmarks/gpu_backend.py OUTDIR {spec}`",
         "- timing: CUDA events on a side stream after 5 warm-up runs, median of 50, 4 rotating random inputs; "
@@ -254,11 +280,9 @@ def main() -> None:
         for r in rows
     ]
     text = "\n".join(header + lines) + "\n"
-    suffix = "-" + "-".join(parts)  # part names only
     (out / f"gpu-backend{suffix}.md").write_text(text)
     (out / f"gpu-backend{suffix}.json").write_text(json.dumps(rows, indent=2))
-    print(text)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -110,8 +110,8 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
     total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     if not children:
         return total
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in children.read_text().split():
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in listing.read_text().split():
             with contextlib.suppress(OSError):  # exited meanwhile
                 total += cpu_seconds(int(child))
     return total

@@ -211,7 +211,7 @@ def host_median_ms(fn: Callable[[], Any], runs: int = 15) -> float:
     return float(np.median(times))
 
 
-def cuda_median_ms(fn: Callable[[Any], Any], inputs: list[Any], runs: int = 50) -> float:
+def cuda_median_ms(fn: Callable[[Any, Any], Any], inputs: list[Any], runs: int = 50) -> float:
     """Median CUDA-event time of ``fn(stream)`` on a side stream after warm-up."""
     import torch
 

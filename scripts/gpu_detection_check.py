@@ -15,6 +15,11 @@
 Prints a table per part and writes ``OUT_DIR/part-<n>.md`` per part and ``OUT_DIR/gpu_detection_check.md``
 (every part found in OUT_DIR, so parts run in separate invocations add up), plus the benchmark's own
 report, timelines and the demo's outputs. A failing part is recorded and the others still run.
+
+``--device cpu --quick`` is the CPU smoke run (tests/video/test_gpu_detection_check.py): the same parts
+with the torch ops on the CPU, small frames and sweeps, no synchronisation check and no CUDA graph
+(parts 2 and 5 need torchvision and a GPU to say anything; there they are recorded as failed or
+skipped, which exercises the error handling).
 """
 
 from __future__ import annotations
@@ -41,18 +46,24 @@ from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 from streamrt.ops.postprocess_torch import TorchPostprocess
 
 ROOT = Path(__file__).resolve().parents[1]
+DEVICE = "cuda"  # --device; the CPU smoke run sets "cpu"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _cuda_ms(fn: Callable[[], object], iters: int, warmup: int = 5) -> float:
     """Median milliseconds per call, each call timed on its own with a full synchronisation."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -71,7 +82,7 @@ def raw_output(n: int, classes: int, seed: int, *, ties: bool = False, duplicate
         raw[0, :4, n // 2:] = raw[0, :4, : n - n // 2]
     if zero_area:
         raw[0, 2, ::3] = 0.0
-    return raw.cuda()
+    return raw.to(DEVICE)
 
 
 def torchvision_reference(raw: torch.Tensor, iou: float, max_det: int, conf: float) -> torch.Tensor:
@@ -93,14 +104,18 @@ def _canonical(rows: torch.Tensor) -> np.ndarray:
     return a[np.lexsort((a[:, 3], a[:, 2], a[:, 1], a[:, 0], a[:, 5], -a[:, 4]))]
 
 
-def part_ops(report: dict[str, Any]) -> list[str]:
+def part_ops(report: dict[str, Any], quick: bool = False) -> list[str]:
     rng = np.random.default_rng(0)
     lines = ["| check | result |", "|---|---|"]
-    for (h, w), (ih, iw) in (((1080, 1920), (640, 640)), ((720, 1280), (320, 320)), ((1080, 1920), (384, 640))):
+    sizes: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
+        ((1080, 1920), (640, 640)), ((720, 1280), (320, 320)), ((1080, 1920), (384, 640)))
+    if quick and DEVICE == "cpu":
+        sizes = (((72, 128), (64, 64)), ((108, 192), (48, 64)))
+    for (h, w), (ih, iw) in sizes:
         frames = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
-        op = TorchLetterbox((h, w), (ih, iw), Normalize(), device="cuda", batch=2)
-        out = torch.full((2, 3, ih, iw), float("nan"), device="cuda")
-        op(torch.from_numpy(frames).cuda(), out)
+        op = TorchLetterbox((h, w), (ih, iw), Normalize(), device=DEVICE, batch=2)
+        out = torch.full((2, 3, ih, iw), float("nan"), device=DEVICE)
+        op(torch.from_numpy(frames).to(DEVICE), out)
         ref = np.empty((3, ih, iw), np.float32)
         CpuLetterbox((h, w), (ih, iw), method="numpy")(frames[1], ref)
         diff = float(np.abs(out[1].cpu().numpy() - ref).max())
@@ -108,18 +123,21 @@ def part_ops(report: dict[str, Any]) -> list[str]:
         report.setdefault("letterbox", []).append(diff)
     cfg = PostprocessConfig(conf=0.25, iou=0.45, max_det=300, pre_nms_topk=1024)
     raw = raw_output(8400, 80, seed=1, size=640)
-    post = TorchPostprocess(cfg, "yolov8", 80, 8400, device="cuda")
-    dets, counts = torch.empty(1, 300, 6, device="cuda"), torch.empty(1, dtype=torch.int32, device="cuda")
+    post = TorchPostprocess(cfg, "yolov8", 80, 8400, device=DEVICE)
+    dets, counts = torch.empty(1, 300, 6, device=DEVICE), torch.empty(1, dtype=torch.int32, device=DEVICE)
     post(raw, dets, counts)  # compile the kernels first: only the steady state must not synchronise
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        post(raw, dets, counts)
-        synced = "none (set_sync_debug_mode error)"
-    except RuntimeError as exc:
-        synced = f"SYNCHRONISED: {exc}"
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    _sync()
+    if DEVICE != "cuda":
+        synced = "not checked (no CUDA device)"
+    else:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            post(raw, dets, counts)
+            synced = "none (set_sync_debug_mode error)"
+        except RuntimeError as exc:
+            synced = f"SYNCHRONISED: {exc}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     ref_d, ref_c = np.empty((1, 300, 6), np.float32), np.empty(1, np.int32)
     CpuPostprocess(cfg, "yolov8", 80)(raw.cpu().numpy(), ref_d, ref_c)
     same = int(counts[0]) == int(ref_c[0]) and np.array_equal(dets.cpu().numpy(), ref_d)
@@ -145,9 +163,9 @@ def part_nms(report: dict[str, Any], quick: bool) -> list[str]:
             raw = raw_output(n, classes, seed=seed, **kw)
             ref = torchvision_reference(raw, iou, max_det, 0.0)
             op = TorchPostprocess(PostprocessConfig(conf=0.0, iou=iou, max_det=max_det, pre_nms_topk=k), "yolov8",
-                                  classes, n, device="cuda")
-            dets = torch.empty(1, max_det, 6, device="cuda")
-            counts = torch.empty(1, dtype=torch.int32, device="cuda")
+                                  classes, n, device=DEVICE)
+            dets = torch.empty(1, max_det, 6, device=DEVICE)
+            counts = torch.empty(1, dtype=torch.int32, device=DEVICE)
             op(raw, dets, counts)
             got = dets[0, : int(counts[0])]
             same = got.shape == ref.shape and np.array_equal(_canonical(got), _canonical(ref))
@@ -157,17 +175,21 @@ def part_nms(report: dict[str, Any], quick: bool) -> list[str]:
     cx, cy, w, h = raw[0, :4]
     boxes = torch.stack([cx - w * 0.5, cy - h * 0.5, cx + w * 0.5, cy + h * 0.5], 1)
     scores, cls = raw[0, 4:].max(0)
-    iters = 20 if quick else 100
+    iters = 3 if quick and DEVICE == "cpu" else 20 if quick else 100
     tv_ms = _cuda_ms(lambda: torchvision.ops.batched_nms(boxes, scores, cls, iou), iters)
     lines += ["", "| implementation | ms per call (median) | vs batched_nms |", "|---|---:|---:|",
               f"| torchvision.ops.batched_nms (NMS only) | {tv_ms:.3f} | 1.00x |"]
     report["batched_nms_ms"] = tv_ms
     for k in (n, 4096, 1024):
         op = TorchPostprocess(PostprocessConfig(conf=0.0, iou=iou, max_det=max_det, pre_nms_topk=k), "yolov8",
-                              classes, n, device="cuda")
-        dets = torch.empty(1, max_det, 6, device="cuda")
-        counts = torch.empty(1, dtype=torch.int32, device="cuda")
+                              classes, n, device=DEVICE)
+        dets = torch.empty(1, max_det, 6, device=DEVICE)
+        counts = torch.empty(1, dtype=torch.int32, device=DEVICE)
         eager = _cuda_ms(partial(op, raw, dets, counts), iters)
+        if DEVICE != "cuda":  # no CUDA graph to replay: the eager row is what the CPU can say
+            report.setdefault("ours_ms", {})[str(k)] = {"eager": eager, "graph": eager}
+            lines.append(f"| StreamRT decode+top-k+NMS, K={k}, eager | {eager:.3f} | {tv_ms / eager:.1f}x |")
+            continue
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             for _ in range(3):
@@ -214,17 +236,25 @@ def _load_benchmark() -> Any:
 
 def part_benchmark(out: Path, quick: bool) -> list[str]:
     bench = _load_benchmark()
-    args = ["--device", "cuda", "--out", str(out / "detection")]
-    if quick:
+    args = ["--device", DEVICE, "--out", str(out / "detection")]
+    if quick and DEVICE == "cpu":
+        args += ["--size", "128x72", "--frames", "4", "--items", "8", "--warmup", "2", "--rounds", "1",
+                 "--workers", "2", "--streams", "1,2", "--duration", "2", "--max-batch", "2"]
+    elif quick:
         args += ["--items", "200", "--rounds", "2", "--streams", "1,8,32,64", "--duration", "3"]
-    bench.main(args)
+    status = bench.main(args)
+    if status:  # main's exit status: a failure there is this part's
+        raise RuntimeError(f"benchmarks/detection.py exited {status}")
     return (out / "detection" / "detection.md").read_text().splitlines()
 
 
-def part_demo(out: Path) -> list[str]:
+def part_demo(out: Path, quick: bool = False) -> list[str]:
     from streamrt.video.demo import DemoConfig, run_demo
 
-    result = run_demo(DemoConfig(out_dir=out / "demo"), progress=print)
+    config = DemoConfig(out_dir=out / "demo")
+    if quick and DEVICE == "cpu":
+        config = DemoConfig(out_dir=out / "demo", width=160, height=96, frames=12, warmup_frames=2, rounds=1)
+    result = run_demo(config, progress=print)
     return [f"- backend {result.detector.backend}, {result.pipeline.frames} frames {result.pipeline.frame_size}",
             f"- synchronous loop {result.sync.fps:.1f} FPS, pipeline ({result.pipeline.label}) "
             f"{result.pipeline.fps:.1f} FPS: **{result.speedup:.2f}x**",
@@ -240,18 +270,23 @@ def part_tests() -> list[str]:
     return [f"`{' '.join(cmd[2:])}` exit {done.returncode}", "", "```", *tail, "```"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="output folder")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: the smoke run of the script itself (with --quick: seconds)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sweep points")
     parser.add_argument("--parts", default="1,2,3,4,5",
                         help="parts to run (default all); runs into the same folder add up in the summary")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA device: this script is for the GPU machine", file=sys.stderr)
+    args = parser.parse_args(argv)
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: this script is for the GPU machine (--device cpu is its smoke run)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU",
+                              "torch": torch.__version__}
     try:
         import triton
 
@@ -259,14 +294,17 @@ def main() -> int:
     except ImportError:
         report["triton"] = None
     parts: dict[str, tuple[str, Callable[[], list[str]]]] = {
-        "1": ("1. Device ops vs CPU ops", lambda: part_ops(report)),
+        "1": ("1. Device ops vs CPU ops", lambda: part_ops(report, args.quick)),
         "2": ("2. Fixed-size NMS vs torchvision.ops.batched_nms", lambda: part_nms(report, args.quick)),
         "3": ("3. Detection benchmark (sync vs pipeline at 1080p, camera-paced sweep)",
               lambda: part_benchmark(args.out, args.quick)),
-        "4": ("4. streamrt demo", lambda: part_demo(args.out)),
+        "4": ("4. streamrt demo", lambda: part_demo(args.out, args.quick)),
         "5": ("5. GPU tests", part_tests),
     }
     for key in [k.strip() for k in args.parts.split(",") if k.strip()]:
+        if key not in parts:
+            report.setdefault("failed", []).append(f"part {key}: no such part (1-5)")
+            continue
         title, fn = parts[key]
         print(f"\n== {title}", flush=True)
         started = time.perf_counter()

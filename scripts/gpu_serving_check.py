@@ -25,6 +25,13 @@ Usage (on the GPU machine, from the repository root)::
 
     python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5] \
         [--frontend-processes 1,4,8]
+
+``--device cpu --quick`` is the CPU smoke run (tests/serve/test_gpu_serving_check.py): a tiny conv net
+built by the same ``build_plan`` on the CPU, one request size per protocol, short windows; it runs
+every code path that builds, measures, formats rows and records failures (the CUDA shared-memory
+variant fails there, as it should, and becomes a failed row). Each part handles its own failure
+(``scripts/_gpu_parts.py``) and the report is written after every part, so a crash in one part no
+longer loses the others' numbers.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from streamrt.profiling.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
+sys.path.insert(0, str(ROOT / "scripts"))
+from _gpu_parts import Report  # noqa: E402 - the scripts folder is not a package
 
 
 def _frontend() -> Any:
@@ -71,40 +80,58 @@ def say(text: str) -> None:
     print(f"[{elapsed():5.0f} s] {text}", flush=True)
 
 
-def build_plan(name: str, out: Path, max_batch: int) -> Path:
-    """torchvision ResNet (random weights) -> torch_inductor fp16 plan, batch 1..max_batch, fp32 I/O."""
+def _network(name: str) -> Any:
+    """torchvision's ``name`` with random weights, or ``tiny`` (the CPU smoke run's conv net)."""
     import torch
+
+    if name == "tiny":
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=4), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.Flatten(), torch.nn.Linear(8, 10))
     import torchvision
+
+    return getattr(torchvision.models, name)()
+
+
+def build_plan(name: str, out: Path, max_batch: int, device: str = "cuda") -> Path:
+    """torchvision ResNet (random weights) -> torch_inductor plan, batch 1..max_batch, fp32 I/O.
+
+    fp16 on CUDA; fp32 on the CPU (the smoke run: Inductor's CPU code at fp16 is slow and beside the point).
+    """
+    import torch
 
     import streamrt
     from streamrt import build_module
     from streamrt.types import ShapeProfile, ShapeRange
 
-    net = getattr(torchvision.models, name)().eval().cuda()
+    net = _network(name).eval().to(device)
     profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (max_batch, 3, 224, 224),
                                                  (max_batch, 3, 224, 224))})
-    config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16", profiles=(profile,),
-                                  backend_options={"device": "cuda", "freezing": True})
+    config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16" if device == "cuda" else "fp32",
+                                  profiles=(profile,), backend_options={"device": device, "freezing": True})
     started = time.perf_counter()
-    built = build_module(net, [torch.randn(max_batch, 3, 224, 224, device="cuda")], out / f"{name}.plan", config,
+    built = build_module(net, [torch.randn(max_batch, 3, 224, 224, device=device)], out / f"{name}.plan", config,
                          input_names=["images"], output_names=["logits"])
     say(f"{name}: plan built in {time.perf_counter() - started:.0f} s")
     del net
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return built.path  # a BuildResult since issue 20 (Path(result) crashed the H200 run)
 
 
-def offline(plan: Path, batch: int, seconds: float) -> float:
+def offline(plan: Path, batch: int, seconds: float, warmup_ms: float = 1000) -> float:
     """Images/s of the engine alone at ``batch`` (streamrt bench's loop), in a child process."""
     code = (
         "import json, numpy as np, streamrt\n"
         "from streamrt.profiling.bench import benchmark\n"
         f"e = streamrt.load({str(plan)!r})\n"
         f"x = np.random.default_rng(0).standard_normal(({batch}, 3, 224, 224)).astype(np.float32)\n"
-        f"r = benchmark(e, {{'images': x}}, warmup_ms=1000, duration_s={seconds}, iterations=20)\n"
+        f"r = benchmark(e, {{'images': x}}, warmup_ms={warmup_ms}, duration_s={seconds}, iterations=20)\n"
         f"print(json.dumps({{'qps': r.summary.throughput_qps}}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:  # check=True would say only "returned non-zero exit status 1"
+        raise SystemExit(f"offline benchmark of {plan.name} failed ({out.returncode}): {out.stderr[-1500:]}")
     return float(json.loads(out.stdout.strip().splitlines()[-1])["qps"]) * batch
 
 
@@ -127,61 +154,68 @@ class Server:
         self.log.close()
 
 
-def perf(server: Server, protocol: str, model: str, batch: int, concurrency: int, processes: int, seconds: float,
+def perf(server: Server, protocol: str, model: str, batch: int, args: argparse.Namespace,
          extra: list[str] | None = None) -> dict[str, Any]:
     port = server.http if protocol == "http" else server.grpc
-    result = sf.run_perf(protocol, port, model, batch, concurrency, processes, seconds, extra or [])
+    options = [*(["--warmup-ms", "200"] if args.quick else []), *(extra or [])]
+    result = sf.run_perf(protocol, port, model, batch, args.concurrency, args.processes, args.seconds, options)
     lat = result.get("latency_ms") or {}
-    say(f"{model} {protocol} b{batch} {' '.join(extra or [])}: {result['throughput']:.0f} items/s, "
-        f"p99 {lat.get('p99', float('nan')):.1f} ms, errors {result['errors']}"
+    say(f"{model} {protocol} b{batch} {' '.join(extra or [])}: {result.get('throughput', 0):.0f} items/s, "
+        f"p99 {lat.get('p99', float('nan')):.1f} ms, errors {result.get('errors')}"
         + (f" ({result['first_error'][:200]})" if result.get("first_error") else "")
         + (f"; {result['warning']}" if result.get("warning") else ""))
     return result
 
 
-def frontend_rows(args: argparse.Namespace, work: Path, processes: int) -> list[str]:
+def _failure(exc: BaseException, limit: int) -> str:
+    return _cell(f"{type(exc).__name__}: {exc}"[-limit:])
+
+
+def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: Report) -> None:
+    """Part (a) at one front-end process count: a row per protocol and request size, written as it comes."""
     repo = sf.write_repository(work / "null-repo", instances=2)
     server = Server(repo, args.out / f"server-null-fp{processes}.log", processes)
     # Server CPU per request, the engine process apart from the whole server (its front-end workers
     # too): the engine process is the part that does not scale with --frontend-processes.
-    rows = [f"Front-end processes: {processes}.", "",
-            "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | "
-            "server CPU us/req (engine process / all) | client busy | errors |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    report.add([f"Front-end processes: {processes}.", "",
+                "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | "
+                "server CPU us/req (engine process / all) | client busy | errors |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"])
+    sizes = (("small", 1),) if args.quick else (("small", 1), ("image", 1), ("image", 8))
     try:
         for protocol in ("grpc", "http"):
-            for kind, batch in (("small", 1), ("image", 1), ("image", 8)):
+            for kind, batch in sizes:
                 model = f"null_{kind}"
-                pid = server.process.pid
-                cpu0, engine0 = sf.cpu_seconds(pid), sf.cpu_seconds(pid, children=False)
-                count0 = sf.served(server.http, model)
                 try:
-                    r = perf(server, protocol, model, batch, args.concurrency, args.processes, args.seconds)
-                except (SystemExit, Exception) as exc:
+                    pid = server.process.pid
+                    cpu0, engine0 = sf.cpu_seconds(pid), sf.cpu_seconds(pid, children=False)
+                    count0 = sf.served(server.http, model)
+                    r = perf(server, protocol, model, batch, args)
+                    count = max(sf.served(server.http, model) - count0, 1)
+                    engine_us = (sf.cpu_seconds(pid, children=False) - engine0) / count * 1e6
+                    all_us = (sf.cpu_seconds(pid) - cpu0) / count * 1e6
+                    nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
+                    reqs = r["throughput"] / batch
+                    lat = r.get("latency_ms") or {}
+                    row = (f"| {protocol} | {model} x{batch} | {nbytes:,} | {reqs:,.0f} | "
+                           f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
+                           f"{lat.get('p99', float('nan')):.2f} | {(r.get('server_us') or {}).get('success', 0):.0f} | "
+                           f"{engine_us:,.0f} / {all_us:,.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
+                except (SystemExit, Exception) as exc:  # one failed case must not lose the others' numbers
                     say(f"{model} {protocol}: FAILED {exc}")
-                    note = _cell(str(exc)[-200:])
-                    rows.append(f"| {protocol} | {model} x{batch} | failed: {note} | | | | | | | | |")
-                    continue
-                count = max(sf.served(server.http, model) - count0, 1)
-                engine_us = (sf.cpu_seconds(pid, children=False) - engine0) / count * 1e6
-                all_us = (sf.cpu_seconds(pid) - cpu0) / count * 1e6
-                nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
-                reqs = r["throughput"] / batch
-                lat = r.get("latency_ms") or {}
-                rows.append(f"| {protocol} | {model} x{batch} | {nbytes:,} | {reqs:,.0f} | "
-                            f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
-                            f"{lat.get('p99', float('nan')):.2f} | {r['server_us'].get('success', 0):.0f} | "
-                            f"{engine_us:,.0f} / {all_us:,.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
+                    row = f"| {protocol} | {model} x{batch} | failed: {_failure(exc, 200)} | | | | | | | | |"
+                report.add([row])
     finally:
         server.stop()
-    return rows
+    report.add([""])
 
 
-def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> tuple[list[str], dict[str, float]]:
+def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, report: Report) -> dict[str, float]:
+    """Part (b) for one model: the offline reference, then a row per transport, written as they come."""
     plan = plans / f"{name}.plan"
     if not plan.is_file():
-        plan = build_plan(name, args.out / "plans", args.max_batch)
-    reference = offline(plan, args.max_batch, args.seconds)
+        plan = build_plan(name, args.out / "plans", args.max_batch, args.device)
+    reference = offline(plan, args.max_batch, args.seconds, 200 if args.quick else 1000)
     say(f"{name}: offline batch {args.max_batch}: {reference:.0f} img/s")
     repo = work / f"{name}-repo"
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
@@ -193,36 +227,43 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path) -> 
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
+    precision = "fp16" if args.device == "cuda" else "fp32"
+    report.add([f"| {name} {precision} | engine offline, batch {args.max_batch} | {reference:,.0f} | 100% | | | "
+                "reference |"])
     server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes))
-    rows = [f"| {name} fp16 | engine offline, batch {args.max_batch} | {reference:,.0f} | 100% | | | reference |"]
     ratios: dict[str, float] = {}
     try:
         for label, extra in (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
                              ("gRPC + CUDA shm", ["--shared-memory", "cuda"])):
             try:
-                r = perf(server, "grpc", name, args.request_batch, args.concurrency, args.processes, args.seconds,
-                         extra)
+                r = perf(server, "grpc", name, args.request_batch, args, extra)
+                lat = r.get("latency_ms") or {}
+                ratio = r["throughput"] / reference
+                row = (f"| {name} {precision} | server, {label}, concurrency {args.concurrency} x {args.request_batch} "
+                       f"img | {r['throughput']:,.0f} | {ratio:.0%} | {lat.get('median', float('nan')):.1f} / "
+                       f"{lat.get('p99', float('nan')):.1f} | {(r.get('server_us') or {}).get('avg_batch', 0):.1f} | "
+                       f"{r['errors']} errors" + (f"; {_cell(r['first_error'][:120])}" if r.get("first_error") else "")
+                       + (f"; {_cell(r['warning'])}" if r.get("warning") else "") + " |")
+                if r["throughput"] > 0:
+                    ratios[label] = ratio
             except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
                 say(f"{name} {label}: FAILED {exc}")
-                rows.append(f"| {name} fp16 | server, {label} | failed | | | | {_cell(str(exc)[-300:])} |")
-                continue
-            lat = r.get("latency_ms") or {}
-            ratios[label] = r["throughput"] / reference
-            rows.append(f"| {name} fp16 | server, {label}, concurrency {args.concurrency} x {args.request_batch} img | "
-                        f"{r['throughput']:,.0f} | {ratios[label]:.0%} | {lat.get('median', float('nan')):.1f} / "
-                        f"{lat.get('p99', float('nan')):.1f} | {r['server_us'].get('avg_batch', 0):.1f} | "
-                        f"{r['errors']} errors" + (f"; {r['first_error'][:120]}" if r.get("first_error") else "")
-                        + (f"; {r['warning']}" if r.get("warning") else "") + " |")
+                row = f"| {name} {precision} | server, {label} | failed | | | | {_failure(exc, 300)} |"
+            report.add([row])
     finally:
         server.stop()
-    return rows, ratios
+    return ratios
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: the smoke run (a tiny conv net instead of the ResNets; no CUDA shm)")
+    parser.add_argument("--quick", action="store_true", help="one request size per protocol, short warm-ups")
     parser.add_argument("--plans", type=Path, default=None, help="folder with prebuilt resnet50.plan / resnet18.plan")
-    parser.add_argument("--models", default="resnet50,resnet18", help="in order; later ones skipped past the budget")
+    parser.add_argument("--models", default=None,
+                        help="in order; later ones skipped past the budget (default resnet50,resnet18; CPU: tiny)")
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="start no further model after this many seconds (keeps the call under 9 minutes)")
     parser.add_argument("--max-batch", type=int, default=64)
@@ -235,55 +276,63 @@ def main() -> int:
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.models is None:
+        args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plans").mkdir(exist_ok=True)
     work = args.out / "work"
     work.mkdir(exist_ok=True)
     plans = args.plans or args.out / "plans"
-    front = [] if args.skip_frontend else [
-        row for n in args.frontend_processes for row in [*frontend_rows(args, work, n), ""]]
-    model_table = ["| model | measurement | images/s | of offline | p50 / p99 ms | avg engine batch | note |",
-                   "|---|---|---:|---:|---:|---:|---|"]
-    ratios: dict[str, dict[str, float]] = {}
-    for index, name in enumerate(m for m in args.models.split(",") if m):
-        if index and elapsed() > args.budget_s:
-            say(f"{name}: skipped (time budget of {args.budget_s:.0f} s spent)")
-            model_table.append(f"| {name} fp16 | skipped: time budget | | | | | |")
-            continue
-        rows, ratios[name] = model_rows(name, args, work, plans)
-        model_table += rows
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    r50 = ratios.get("resnet50", {})
-    verdicts = [
-        f"- CUDA shm >= 85% of offline (ResNet-50): {r50.get('gRPC + CUDA shm', 0):.0%} "
-        f"**{'PASS' if r50.get('gRPC + CUDA shm', 0) >= 0.85 else 'FAIL'}**",
-        f"- system shm >= 70% of offline (ResNet-50): {r50.get('gRPC + system shm', 0):.0%} "
-        f"**{'PASS' if r50.get('gRPC + system shm', 0) >= 0.70 else 'FAIL'}**",
-    ]
-    report = "\n".join([
+    report = Report(args.out / f"serving-{'h200' if args.device == 'cuda' else 'cpu'}.md", [
         "# Serving on the H200: front-end ceiling and ResNet fp16 through the server", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {git_commit(ROOT)}",
-        f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs",
-        f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *sys.argv[1:]])}` "
-        f"({elapsed():.0f} s in all)",
+        f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, --device {args.device}",
+        f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *(argv or sys.argv[1:])])}`",
         f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
-        f"{args.seconds:.0f} s windows", "",
-        "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64)", "",
-        *(front or ["skipped"]), "",
+        f"{args.seconds:g} s windows", "",
+        "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64)", ""])
+    if args.skip_frontend:
+        report.add(["skipped", ""])
+    for n in args.frontend_processes if not args.skip_frontend else []:
+        with report.part(f"(a) front end, {n} process(es)"):
+            frontend_rows(args, work, n, report)
+    report.add([
         "Targets: gRPC >= 3 GB/s at 4.8 MB (null_image x8) and >= 10,000 requests/s at 64 B (null_small x1).", "",
         "## (b) ResNet fp16 torch_inductor plans: server vs offline", "",
         f"Server: dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances; "
         f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request; "
         f"{max(args.frontend_processes)} front-end processes.", "",
-        *model_table, "", *verdicts, "",
-    ])
-    print(report)
-    (args.out / "serving-h200.md").write_text(report)
-    return 0
+        "| model | measurement | images/s | of offline | p50 / p99 ms | avg engine batch | note |",
+        "|---|---|---:|---:|---:|---:|---|"])
+    ratios: dict[str, dict[str, float]] = {}
+    for index, name in enumerate(m for m in args.models.split(",") if m):
+        if index and elapsed() > args.budget_s:
+            say(f"{name}: skipped (time budget of {args.budget_s:.0f} s spent)")
+            report.add([f"| {name} | skipped: time budget | | | | | |"])
+            continue
+        try:
+            ratios[name] = model_rows(name, args, work, plans, report)
+        except (SystemExit, Exception) as exc:  # a failed build or offline run: a row, then the next model
+            import traceback
+
+            traceback.print_exc()
+            report.failed.append(f"(b) {name}")
+            report.add([f"| {name} | failed | | | | | {_failure(exc, 300)} |"])
+    r50 = ratios.get("resnet50", {})
+    report.add([
+        "",
+        f"- CUDA shm >= 85% of offline (ResNet-50): {r50.get('gRPC + CUDA shm', 0):.0%} "
+        f"**{'PASS' if r50.get('gRPC + CUDA shm', 0) >= 0.85 else 'FAIL'}**",
+        f"- system shm >= 70% of offline (ResNet-50): {r50.get('gRPC + system shm', 0):.0%} "
+        f"**{'PASS' if r50.get('gRPC + system shm', 0) >= 0.70 else 'FAIL'}**",
+        f"- {elapsed():.0f} s in all", ""])
+    print("\n".join(report.lines))
+    return report.exit_status()
 
 
 if __name__ == "__main__":

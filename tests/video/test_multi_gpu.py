@@ -158,3 +158,37 @@ def test_two_gpu_runbook_refuses_with_fewer_than_two_gpus(tmp_path: Any) -> None
     assert out.returncode == 2
     assert f"needs 2 CUDA GPUs, torch sees {_gpu_count()}" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("part", ["serve", "detect"])
+def test_two_gpu_runbook_cpu_smoke_run_writes_every_row(tmp_path: Any, part: str) -> None:
+    """``--device cpu --quick``: the runbook's builds, perf runs, detect runs, rows and verdicts, on the CPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "STREAMRT_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "gpu_multi_check.py"), str(out), "--device", "cpu", "--quick",
+         "--parts", part, "--seconds", "1", "--concurrency", "2", "--processes", "1", "--frontend-processes", "1",
+         "--instances", "1", "--request-batch", "2", "--streams", "2", "--frames", "8"],
+        capture_output=True, text=True, timeout=280, env=env, cwd=root)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = (out / "multigpu.md").read_text()
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in report.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    if part == "serve":
+        body = {(r[0].split(" (")[0], r[1]): r for r in rows[1:]}
+        assert set(body) == {(g, t) for g in ("gpus [0]", "gpus [0, 1]") for t in ("gRPC binary", "gRPC + system shm")}
+        assert all(float(r[2].replace(",", "")) > 0 and r[-1] == "0 errors" for r in body.values()), rows
+        assert report.count("- server, gRPC") == 2
+    else:
+        body = {r[0]: r for r in rows[1:]}
+        assert len(body) == 3 and all(r[2] == "16" and float(r[3].replace(",", "")) > 0 for r in body.values()), rows
+        assert report.count("- detection, two GPUs") == 2

@@ -1,0 +1,105 @@
+"""CPU smoke runs of the benchmarks that had none: each runs end to end in seconds with tiny settings,
+exits 0 and writes its table with the expected rows, so a renamed API breaks here, not in a GPU call.
+
+The other benchmarks have their own: engine_speed (+ speed_variants) in test_engine_speed_benchmark.py,
+gpu_sharing and detection_ensemble in tests/serve/, detection through scripts/gpu_detection_check.py
+(tests/video/test_gpu_detection_check.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, script: str, *args: str) -> str:
+    env = {**os.environ, "STREAMRT_CACHE": str(tmp_path / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=280, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+            if line.startswith("| ") and "---" not in line]
+
+
+def test_engine_request_path_writes_a_row_per_case(tmp_path: Path) -> None:
+    out = tmp_path / "erp.md"
+    _run(tmp_path, "engine_request_path.py", "--cases", "small:1", "--concurrency", "2", "--drivers", "1",
+         "--seconds", "1", "--warmup", "0.3", "--instances", "1", "--rounds", "1", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0][:4] == ["request", "source", "round", "requests/s"]
+    assert [r[:3] for r in rows[1:]] == [["small x1", "this tree", "1"]]
+    assert float(rows[1][3].replace(",", "")) > 0 and rows[1][-1] == "0"
+
+
+@pytest.mark.slow
+def test_serving_frontend_writes_a_row_per_protocol(tmp_path: Path) -> None:
+    out = tmp_path / "sf.md"
+    _run(tmp_path, "serving_frontend.py", "--cases", "grpc:small:1,http:small:1", "--concurrency", "2",
+         "--seconds", "1", "--instances", "1", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert [r[:3] for r in rows[1:]] == [["grpc", "null_small x1", "64"], ["http", "null_small x1", "64"]]
+    assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
+
+
+@pytest.mark.slow
+def test_serving_benchmark_without_ray_writes_both_streamrt_rows(tmp_path: Path) -> None:
+    out = tmp_path / "serving.md"
+    _run(tmp_path, "serving.py", "--concurrency", "2", "--seconds", "1", "--rounds", "1", "--skip-ray",
+         "--out", str(out))
+    rows = {r[0]: r for r in _rows(out.read_text())[1:]}
+    assert {"streamrt (batching)", "streamrt (no batching)"} <= set(rows), rows
+    assert all(float(rows[k][1]) > 0 and rows[k][5] == "0"
+               for k in ("streamrt (batching)", "streamrt (no batching)")), rows
+
+
+@pytest.mark.slow
+def test_zoo_on_the_cpu_writes_the_reference_and_a_plan_row(tmp_path: Path) -> None:
+    _run(tmp_path, "zoo.py", str(tmp_path / "zoo"), "--models", "zoo:mtcnn", "--device", "cpu", "--batch", "2",
+         "--workers", "1", "--precisions", "int8")
+    rows = {r[2]: r for r in _rows((tmp_path / "zoo" / "zoo.md").read_text()) if r[0] == "zoo:mtcnn"}
+    assert set(rows) == {"onnxruntime CPU fp32 (reference)", "onnxruntime int8"}, rows
+    assert float(rows["onnxruntime int8"][5].replace(",", "")) > 0 and rows["onnxruntime int8"][-1] in ("pass", "FAIL")
+    assert (tmp_path / "zoo" / "zoo.json").is_file()
+
+
+def test_pipeline_topologies_on_the_cpu_writes_its_report(tmp_path: Path) -> None:
+    printed = _run(tmp_path, "pipeline_topologies.py", "--device", "cpu", "--frame-size", "64x36", "--size", "32",
+                   "--classes", "10", "--items", "6", "--warmup", "2", "--rounds", "1", "--warmup-rounds", "0",
+                   "--trace-items", "0", "--workers", "2", "--distinct-frames", "3", "--verify", "4",
+                   "-o", str(tmp_path / "out"))
+    assert "| (a) sync |" in printed and "bit-identical in every case" in printed
+    assert "| (b+c) streams x2 ring4 |" in (tmp_path / "out" / "pipeline_bench.md").read_text()
+
+
+def test_gpu_backend_without_a_gpu_records_each_failing_part_and_writes_the_table(tmp_path: Path) -> None:
+    """No CPU mode (its timing is CUDA events): here every part fails, each is a row, and the table and JSON
+    are still written; before, the first failure (even ``import torchvision``) lost everything."""
+    import json
+
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the parts would run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_backend.py"), str(tmp_path / "out"),
+                           "onnx:fp32,yolo:fp32,bogus"], cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env=env)
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    rows = _rows((tmp_path / "out" / "gpu-backend-onnx-yolo-bogus.md").read_text())
+    assert [r[0] for r in rows[1:]] == ["onnx", "yolo", "bogus"] and all(r[2].startswith("FAILED (") for r in rows[1:])
+    assert "unknown part 'bogus'" in rows[3][2]
+    assert len(json.loads((tmp_path / "out" / "gpu-backend-onnx-yolo-bogus.json").read_text())) == 3

@@ -1,0 +1,73 @@
+"""The small GPU scripts on the CPU (``scripts/gpu_aoti_diagnose.py --device cpu``) and the helper that lets a
+GPU script's parts fail on their own (``scripts/_gpu_parts.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parts() -> Any:
+    spec = importlib.util.spec_from_file_location("_gpu_parts_under_test", ROOT / "scripts" / "_gpu_parts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_part_is_a_line_and_the_next_part_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _parts().Report(tmp_path / "r" / "check.md", ["# check", ""])
+    assert (tmp_path / "r" / "check.md").read_text() == "# check\n\n"  # written before any part runs
+    with report.part("(a) first"):
+        report.add(["| a | 1 |"])
+    assert "| a | 1 |" in (tmp_path / "r" / "check.md").read_text()  # written as it comes
+    with report.part("(b) crashes"):
+        {"present": 1}["absent"]  # the KeyError-in-error-handling kind of bug
+    with report.part("(c) gives up"):
+        raise SystemExit("server not ready after 300 s | exit 1")
+    with report.part("(d) last"):
+        report.add(["| d | 4 |"])
+    assert report.exit_status() == 1
+    text = (tmp_path / "r" / "check.md").read_text()
+    assert "**(b) crashes: FAILED** (KeyError: 'absent')" in text
+    assert "**(c) gives up: FAILED** (SystemExit: server not ready after 300 s / exit 1)" in text  # no table break
+    assert text.index("| a | 1 |") < text.index("(b) crashes") < text.index("| d | 4 |")
+    assert text.rstrip().endswith("Failed parts: (b) crashes, (c) gives up.")
+    assert "Traceback" in capsys.readouterr().err and "Traceback" not in text
+
+
+def test_every_part_running_is_exit_status_zero(tmp_path: Path) -> None:
+    report = _parts().Report(tmp_path / "check.md", [])
+    with report.part("only"):
+        report.add(["ok"])
+    assert report.exit_status() == 0 and "Failed parts" not in (tmp_path / "check.md").read_text()
+
+
+def test_keyboard_interrupt_still_stops_the_script(tmp_path: Path) -> None:
+    report = _parts().Report(tmp_path / "check.md", [])
+    with pytest.raises(KeyboardInterrupt), report.part("interrupted"):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.slow
+def test_aoti_diagnose_cpu_smoke_run_loads_the_package_in_every_mode(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_aoti_diagnose.py"), str(tmp_path / "out"),
+                           "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=280, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert (tmp_path / "out" / "tiny.pt2").is_file()
+    assert done.stdout.count("ran ok (4, 16)") == 3
+    assert "summary: plain rc=0, onnxruntime_first rc=0, ensure_cxx_runtime rc=0" in done.stdout
+    assert "package needs:" in done.stdout and "FAILED" not in done.stdout
