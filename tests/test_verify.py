@@ -183,7 +183,7 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.slow
 def test_torch_inductor_plan_reading_out_of_bounds_is_refused_at_build_and_at_run_time(tmp_path: Path) -> None:
     """Issue 24, item 3: a plan built without verification answers at sizes off the model's grid
-    with memory nobody wrote (two identical calls differ); verification refuses it with the right
+    with memory nobody wrote (two identical calls may differ); verification refuses it with the right
     constraint, and the plan rebuilt with that constraint refuses the off-grid size when it runs."""
     model = _stride4_skip(tmp_path / "skip.onnx")
     config = BuildConfig(
@@ -200,17 +200,14 @@ def test_torch_inductor_plan_reading_out_of_bounds_is_refused_at_build_and_at_ru
     assert 1 <= engine.create_context().threads <= max(1, usable_cores() - 1)
     ctx = engine.create_context()
     x = np.random.default_rng().standard_normal((1, 3, 66, 66)).astype(np.float32)
-    poison = np.full((1, 3, 68, 68), 1e3, np.float32)
-
-    def two_identical_calls_differ() -> bool:
-        first = np.array(ctx.infer({"x": x})["y"])
-        assert first.shape == (1, 3, 68, 68)  # a map for a size the model cannot run at...
-        ctx.infer({"x": poison})  # another call between them, as in any server
-        return not np.array_equal(first, ctx.infer({"x": x})["y"])
-
-    # ...read from memory nobody wrote (4e21 apart here). What that memory holds is chance, so a
-    # pair of calls can agree: a few tries (a clean fresh-machine run met one such pair at 79x79).
-    assert any(two_identical_calls_differ() for _ in range(5))
+    first = np.array(ctx.infer({"x": x})["y"])
+    ctx.infer({"x": np.full((1, 3, 68, 68), 1e3, np.float32)})  # another call between them
+    second = ctx.infer({"x": x})["y"]
+    # A map for a size the model cannot run at (ONNX Runtime refuses 66x66), computed partly from
+    # memory nobody wrote. Whether two calls then differ is chance (4e21 apart in one run, equal in
+    # others), so it is reported, not asserted: the refusal below rests on the reference failing.
+    assert first.shape == second.shape == (1, 3, 68, 68)
+    print("two identical calls at 66x66 differ:", not np.array_equal(first, second))
     checks = list(verify_engine(load_model(model), engine, engine.profiles))
     problem = str(checks[-1].problem)
     assert checks[-1].label == "odd", problem
