@@ -103,8 +103,8 @@ class TensorRTEngine(Engine):
     @property
     def trt_engine(self) -> Any:
         """The ``trt.ICudaEngine`` (for advanced use; StreamRT's contexts cover inference)."""
-        if self._engine is None:
-            raise InferenceError("the TensorRT engine is closed")
+        if self._engine is None:  # set to None by close() only
+            raise self.closed_error()
         return self._engine
 
     def create_context(self, *, cuda_graph: bool | None = None) -> TensorRTContext:
