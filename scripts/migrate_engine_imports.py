@@ -45,7 +45,7 @@ SERVE_ROOMS = {
     "configs": ["config", "config_message", "triton_config", "ensemble_config", "model_files", "derived_profiles"],
     "observability": ["stats", "tracing", "otel"],
     "execution": ["instances", "placement", "memory_budget", "integrity", "rate_limiter"],
-    "scheduling": ["batcher", "scheduler", "sequence", "timers"],
+    "scheduling": ["batcher", "loop", "scheduler", "sequence", "timers"],  # loop: new in the room, no old path
     "models": ["model", "servable", "ensemble", "repository", "classification", "python_backend"],
     "listeners": ["http", "grpc_service", "metrics", "frontends"],
 }

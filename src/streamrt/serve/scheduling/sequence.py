@@ -24,7 +24,8 @@ on the GPU); CPU states are NumPy arrays. A sequence's state is dropped at END a
 
 Errors are Triton's: a request with an id the batcher does not know and no START is refused (400,
 "must specify the START flag"), so is a request that names no sequence or has more than one row.
-Everything runs on the server's event loop, like :mod:`streamrt.serve.scheduling.scheduler`.
+Everything runs on the server's event loop, like :mod:`streamrt.serve.scheduling.scheduler`; the loop,
+the batch launch and the shutdown are :class:`~streamrt.serve.scheduling.loop.SchedulerLoop`'s.
 
 Example:
     >>> sched = SequenceScheduler("acc:1", instances, config, stats)                    # doctest: +SKIP
@@ -34,12 +35,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,13 +52,12 @@ from streamrt.errors import (
     ModelNotReadyError,
     OutputMismatchError,
     RequestError,
-    ServerShuttingDownError,
 )
 from streamrt.serve.configs.config import ModelConfig, SequenceBatchingConfig, SequenceControl
 from streamrt.serve.execution.instances import BatchResult, Instance, InstanceGroup
 from streamrt.serve.observability.stats import ModelStats
 from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.scheduling.timers import wake_at
+from streamrt.serve.scheduling.loop import Job, SchedulerLoop
 from streamrt.serve.wire.protocol import SequenceFlags
 from streamrt.serve.wire.shared_memory import DeviceTensor
 from streamrt.types import DType, TensorSpec
@@ -183,7 +183,6 @@ class _Batcher:
     instance: Instance
     slots: list[_Slot] = field(default_factory=list)
     busy: bool = False
-    granted: bool = False  # holds the rate limiter's resources for the running batch
 
     @property
     def free(self) -> int:
@@ -194,7 +193,7 @@ Row = tuple[_Sequence, _Step] | None
 """A batch row: a sequence's step, or None for a filler (direct strategy with a READY control)."""
 
 
-class SequenceScheduler:
+class SequenceScheduler(SchedulerLoop[list[Row]]):
     """Sequence slots + backlog + batch forming + instance dispatch for one model version.
 
     Same surface as :class:`~streamrt.serve.scheduling.scheduler.ModelScheduler` (``submit``, ``pending``,
@@ -207,13 +206,12 @@ class SequenceScheduler:
         stats: counters to update (queue time, batches).
     """
 
+    _QUEUED = " sequence requests"
+
     def __init__(self, name: str, instances: InstanceGroup, config: ModelConfig, stats: ModelStats) -> None:
         assert config.sequence_batching is not None
-        self.name = name
         self.model = config.name
-        self.stats = stats
         self.config: SequenceBatchingConfig = config.sequence_batching
-        self._instances = instances
         self._batched = bool(config.max_batch_size)
         self._max_rows = config.max_batch_size or 1
         sb = self.config
@@ -235,13 +233,7 @@ class SequenceScheduler:
         self._live: dict[int | str, _Sequence] = {}  # accepting requests (START seen, END not yet)
         self._held: set[_Sequence] = set()  # holding a slot or waiting for one
         self._backlog: deque[_Sequence] = deque()
-        self._active: dict[int, list[Row]] = {}
-        self._closing = False
-        self._stopped = False
-        self._wakeup = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._run(), name=f"sequence-scheduler-{name}")
+        super().__init__(name, instances, stats, task=f"sequence-scheduler-{name}")
 
     @property
     def pending(self) -> int:
@@ -305,37 +297,38 @@ class SequenceScheduler:
 
     # --- the loop -----------------------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        loop = self._loop
-        while True:
-            now = time.monotonic()
-            self._expire_idle(now)
-            self._assign_slots()
-            wakes: list[float] = []
-            for batcher in self._batchers:
-                if batcher.busy:
-                    continue
-                rows, wake = self._form(batcher, now)
-                if rows:
-                    try:
-                        self._dispatch(batcher, rows)
-                    except Exception as exc:  # e.g. no device memory for a state: fail the batch, keep serving
-                        log.warning("model '%s': a batch could not be prepared: %s", self.name, exc)
-                        self._complete(batcher, rows, InferenceError(
-                            f"model '{self.model}': the batch could not be prepared: {type(exc).__name__}: {exc}"))
-                elif wake is not None:
-                    wakes.append(wake)
-            idle = [s.last_active + self._idle_s for s in self._held if not s.steps and not s.running]
-            if self._closing and not self.pending and not self._active:
-                self._drained.set()
-            deadlines = wakes + ([min(idle)] if idle else [])
-            handle = None
-            if deadlines:
-                handle = wake_at(loop, min(deadlines), self._wakeup.set)
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            if handle is not None:
-                handle.cancel()
+    def _step(self, now: float) -> list[float]:
+        """Release idle sequences, bind backlogged ones to free slots, form and dispatch a batch on
+        every idle instance; wake at a batching delay's end or the next idle expiry."""
+        self._expire_idle(now)
+        self._assign_slots()
+        wakes: list[float] = []
+        for batcher in self._batchers:
+            if batcher.busy:
+                continue
+            rows, wake = self._form(batcher, now)
+            if rows:
+                try:
+                    self._dispatch(batcher, rows)
+                except Exception as exc:  # e.g. no device memory for a state: fail the batch, keep serving
+                    log.warning("model '%s': a batch could not be prepared: %s", self.name, exc)
+                    self._complete(batcher, rows, False, InferenceError(
+                        f"model '{self.model}': the batch could not be prepared: {type(exc).__name__}: {exc}"))
+            elif wake is not None:
+                wakes.append(wake)
+        idle = [s.last_active + self._idle_s for s in self._held if not s.steps and not s.running]
+        return wakes + ([min(idle)] if idle else [])
+
+    def _jobs(self, batch: list[Row]) -> list[Job]:
+        return [row[1] for row in batch if row is not None]
+
+    def _drain(self) -> list[Job]:
+        steps: list[Job] = []
+        for sequence in list(self._held):
+            steps += sequence.steps
+            sequence.steps.clear()
+            self._release(sequence)
+        return steps
 
     def _expire_idle(self, now: float) -> None:
         for sequence in [s for s in self._held if not s.steps and not s.running]:
@@ -416,36 +409,7 @@ class SequenceScheduler:
             requests.append({**step.inputs, **self._control_inputs(step.flags, sequence.id, ready=True),
                              **sequence.state})
         batcher.busy = True
-        self._active[id(rows)] = rows
-        ticket = instance.rate_limit
-        if ticket is None:
-            self._launch(batcher, rows, requests)
-        else:
-            ticket.stage(ticket.on_loop(self._loop, self._launch, batcher, rows, requests))
-
-    def _launch(self, batcher: _Batcher, rows: list[Row], requests: list[dict[str, Any]]) -> None:
-        """Run a formed batch (once its instance is granted, with the rate limiter on): the wait for
-        the grant counts as queue time, as in the dynamic batcher."""
-        instance = batcher.instance
-        if self._stopped:  # granted after close gave up on this batch and closed the instances
-            if instance.rate_limit is not None:
-                instance.rate_limit.release()
-            return
-        batcher.granted = instance.rate_limit is not None
-        start = time.perf_counter_ns()
-        for row in rows:
-            if row is not None:
-                self.stats.record_queue(start - row[1].enqueued_ns)
-                if row[1].trace is not None:
-                    row[1].trace.mark("COMPUTE_START", start)
-
-        def done(result: BatchResult | BaseException) -> None:
-            try:
-                self._loop.call_soon_threadsafe(self._complete, batcher, rows, result)
-            except RuntimeError:  # the loop is closed: the server is gone, nobody waits
-                log.debug("batch of %s finished after the event loop closed", self.name)
-
-        instance.submit(requests, done)
+        self._start(instance, rows, requests, partial(self._complete, batcher, rows, instance.rate_limit is not None))
 
     def _control_inputs(self, flags: SequenceFlags, sequence_id: int | str, *, ready: bool) -> dict[str, np.ndarray]:
         values: dict[str, bool | int | str] = {
@@ -474,11 +438,13 @@ class SequenceScheduler:
         return {**inputs, **self._control_inputs(SequenceFlags(blank), blank, ready=False),
                 **self._initial_state(instance)}
 
-    def _complete(self, batcher: _Batcher, rows: list[Row], result: BatchResult | BaseException) -> None:
-        if batcher.granted and not self._stopped:
+    def _complete(self, batcher: _Batcher, rows: list[Row], granted: bool, result: BatchResult | BaseException) -> None:
+        """Answer a batch's requests and advance their sequences' states. ``granted``: it ran on the
+        rate limiter's grant, which goes back now (the next batch waits for its own grant)."""
+        if granted and not self._stopped:
             assert batcher.instance.rate_limit is not None
-            batcher.instance.rate_limit.release()  # the next batch waits for its own grant
-        batcher.busy = batcher.granted = False
+            batcher.instance.rate_limit.release()
+        batcher.busy = False
         self._active.pop(id(rows), None)
         self._wakeup.set()
         now = time.monotonic()
@@ -488,7 +454,7 @@ class SequenceScheduler:
                         batcher.instance.name, result)
         else:
             self.stats.record_batch(len(real), len(real), result.input_ns, result.infer_ns, result.output_ns)
-            _trace_compute([step.trace for _, (_, step) in real if step.trace is not None], result)
+            self._trace_compute(rows, result)
         for index, (sequence, step) in real:
             sequence.running = False
             sequence.last_active = now
@@ -519,34 +485,6 @@ class SequenceScheduler:
         sequence.state = {s.input_name: _keep(outputs.pop(s.output_name)) for s in self.config.states}
         return outputs
 
-    async def close(self, timeout: float) -> None:
-        """Stop accepting; let queued and running requests finish for up to ``timeout`` seconds;
-        fail what is left with :class:`ServerShuttingDownError`; release the instances."""
-        self._closing = True
-        self._wakeup.set()
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout)
-        except asyncio.TimeoutError:
-            log.warning("model '%s': %d queued sequence requests and %d running batches left after %.1f s",
-                        self.name, self.pending, len(self._active), timeout)
-        for sequence in list(self._held):
-            while sequence.steps:
-                step = sequence.steps.popleft()
-                if not step.future.done():
-                    step.future.set_exception(ServerShuttingDownError(
-                        f"model '{self.name}' was unloaded before the request ran"))
-            self._release(sequence)
-        for rows in list(self._active.values()):
-            for row in rows:
-                if row is not None and not row[1].future.done():
-                    row[1].future.set_exception(ServerShuttingDownError(
-                        f"model '{self.name}': the request was still running when the shutdown timeout passed"))
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._stopped = True
-        await asyncio.get_running_loop().run_in_executor(None, self._instances.close, max(timeout, 1.0))
-
 
 def _keep(value: Any) -> Any:
     """A row of a state output as the sequence's next state: a device row (a
@@ -562,15 +500,3 @@ def _on_device(array: np.ndarray, instance: Instance) -> DeviceTensor:
     with stream_scope(instance.stream):  # ordered before the batch
         tensor = torch.from_numpy(array).to(instance.device.torch_device)
     return DeviceTensor(tensor, array.dtype, array.shape)
-
-
-def _trace_compute(traces: list[RequestTrace], result: BatchResult) -> None:
-    """COMPUTE_INPUT_END, COMPUTE_OUTPUT_START and COMPUTE_END, as the dynamic batcher marks them."""
-    if not traces:
-        return
-    end = time.perf_counter_ns()
-    output_start = end - result.output_ns
-    for trace in traces:
-        trace.mark("COMPUTE_INPUT_END", output_start - result.infer_ns)
-        trace.mark("COMPUTE_OUTPUT_START", output_start)
-        trace.mark("COMPUTE_END", end)

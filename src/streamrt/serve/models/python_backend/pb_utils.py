@@ -324,8 +324,23 @@ class InferenceResponse:
         return self._error
 
 
+def _log_at(level: int, name: str) -> staticmethod[[str], None]:
+    """One of Triton's shorthands ``Logger.log_<level>(message)``: the message at ``level`` (a
+    :mod:`logging` level), as :meth:`Logger.log` with that level would log it."""
+
+    def shorthand(message: str) -> None:
+        log.log(level, "%s", message)
+
+    shorthand.__name__, shorthand.__qualname__ = name, f"Logger.{name}"
+    shorthand.__doc__ = f"Log ``message`` at {logging.getLevelName(level)}."
+    return staticmethod(shorthand)
+
+
 class Logger:
-    """Messages from the model into the server log (logger ``streamrt.serve.models.python_backend.model``)."""
+    """Messages from the model into the server log (logger ``streamrt.serve.models.python_backend.model``).
+
+    Triton's API: ``Logger.log(message, Logger.WARNING)`` or its shorthands ``log_info``,
+    ``log_warn``, ``log_error`` and ``log_verbose`` (VERBOSE is DEBUG here)."""
 
     INFO = 0
     WARNING = 1
@@ -339,21 +354,10 @@ class Logger:
     def log(message: str, level: int = INFO) -> None:
         log.log(Logger._LEVELS.get(level, logging.INFO), "%s", message)
 
-    @staticmethod
-    def log_info(message: str) -> None:
-        log.info("%s", message)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        log.warning("%s", message)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        log.error("%s", message)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        log.debug("%s", message)
+    log_info = _log_at(logging.INFO, "log_info")
+    log_warn = _log_at(logging.WARNING, "log_warn")
+    log_error = _log_at(logging.ERROR, "log_error")
+    log_verbose = _log_at(logging.DEBUG, "log_verbose")
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
