@@ -478,3 +478,24 @@ def test_unload_calls_finalize_on_every_instance(tmp_path: Path) -> None:
         client.load_model("add_sub")  # model.py imports afresh: no state left from the unloaded instances
         assert client.infer("add_sub", add_sub_inputs(thttp, a, a)).as_numpy("OUTPUT1").tolist() == [[0.0] * 4] * 2
         client.close()
+
+
+def _top_k(rows: np.ndarray, k: int) -> list[list[bytes]]:
+    """Triton's classification strings ("<value>:<index>") of each row, highest first."""
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    return [[f"{row[i]:f}:{i}".encode() for i in idx] for row, idx in zip(rows.astype(np.float64), order, strict=True)]
+
+
+def test_classification_of_a_python_model_and_an_ensemble_output(http: Any, grpc: Any) -> None:
+    """Triton applies the classification extension to any model's output: Python models and
+    ensembles included (both were refused with 400 before the kinds shared one request path)."""
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    for client, module in ((http, thttp), (grpc, tgrpc)):
+        wanted = [module.InferRequestedOutput("OUTPUT0", class_count=2)]
+        top = client.infer("add_sub", add_sub_inputs(module, a, b), outputs=wanted).as_numpy("OUTPUT0")
+        assert top.shape == (3, 2)
+        assert [list(row) for row in top] == _top_k(a + b, 2)
+    x = _good(rng)
+    quad = http.infer("py_chain", x_input(thttp, x), outputs=[thttp.InferRequestedOutput("QUAD", class_count=3)])
+    assert [list(row) for row in quad.as_numpy("QUAD")] == _top_k(x * 4, 3)

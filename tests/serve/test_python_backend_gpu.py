@@ -81,8 +81,9 @@ def test_device_outputs_reach_the_client_and_stay_on_device_for_callers(server: 
 
     model = server.server.repository.get("triple")
     device_x = torch.from_numpy(x).cuda()
-    request = InferRequest("triple", inputs={"X": DeviceTensor(device_x, np.dtype(np.float32), x.shape)})
-    response = server.call(model.infer_tensors(request, on_device=True), timeout=60)
+    request = InferRequest("triple", inputs={"X": DeviceTensor(device_x, np.dtype(np.float32), x.shape)},
+                           outputs_on_device=True)
+    response = server.call(model.infer(request), timeout=60)
     y = response.outputs["Y"]
     assert isinstance(y, DeviceTensor) and y.tensor.is_cuda  # no host round trip
     np.testing.assert_allclose(np.asarray(y), x * 3, rtol=1e-6)

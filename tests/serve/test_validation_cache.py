@@ -12,7 +12,7 @@ import pytest
 import streamrt
 from streamrt.errors import DTypeMismatchError, MissingInputError, ShapeError, UnknownInputError
 from streamrt.serve.configs.config import ModelConfig
-from streamrt.serve.models import model as model_module
+from streamrt.serve.models import scheduled as model_module
 from streamrt.serve.models.model import ServedModel
 from streamrt.testing.models import CATALOGUE
 

@@ -44,23 +44,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from streamrt.errors import (
-    ConfigError,
-    InferenceError,
-    ModelNotReadyError,
-    RequestError,
-    ShapeError,
-    StreamRTError,
-)
+from streamrt.errors import ConfigError, InferenceError, ModelNotReadyError, StreamRTError
 from streamrt.serve.configs.config import ModelConfig, TensorConfig
 from streamrt.serve.configs.ensemble_config import EnsembleConfig, EnsembleStep
-from streamrt.serve.models.servable import LoadContext, Servable, checked_inputs, model_metadata
-from streamrt.serve.observability.stats import ModelStats
+from streamrt.serve.models.classification import read_labels
+from streamrt.serve.models.scheduled import ScheduledModel
+from streamrt.serve.models.servable import LoadContext, Servable
 from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput
-from streamrt.serve.wire.shared_memory import DeviceTensor
+from streamrt.serve.wire.protocol import InferRequest, RequestedOutput
 from streamrt.serve.wire.status import status_for
 from streamrt.types import DType
 
@@ -160,6 +151,7 @@ def load_ensemble(context: LoadContext) -> Servable:
     order = ensemble.order(config.name, [t.name for t in config.input], [t.name for t in config.output])
     _check_steps(resolved, ensemble, order, context.lookup)
     model = EnsembleModel(context.version, resolved, ensemble, context.lookup)
+    model.labels = read_labels(context.model_dir, resolved)
     model.load_seconds = time.perf_counter() - started
     return model
 
@@ -183,49 +175,36 @@ class _StepTimes:
         self.output += marks["COMPUTE_END"] - marks.get("COMPUTE_OUTPUT_START", 0)
 
 
-class EnsembleModel:
-    """A loaded ensemble version (the :class:`~streamrt.serve.models.servable.Servable` contract)."""
+class EnsembleModel(ScheduledModel):
+    """A loaded ensemble version (the :class:`~streamrt.serve.models.servable.Servable` contract).
+
+    Validation, output selection (classification included) and the Triton config are
+    :class:`~streamrt.serve.models.scheduled.ScheduledModel`'s; what executes is the graph of steps
+    (:meth:`_execute`), which has no queue of its own: each step model keeps its own scheduler.
+    """
+
+    kind = "ensemble"
 
     def __init__(self, version: int, config: ModelConfig, ensemble: EnsembleConfig, lookup: Lookup) -> None:
-        self.version = version
-        self.config = config
-        self.stats = ModelStats()
-        self.platform = "ensemble"
-        self.load_seconds = 0.0
-        self.labels: dict[str, list[str]] = {}
-        self.batched = bool(config.max_batch_size)
+        super().__init__(version, config, "ensemble")
         self._steps = ensemble.steps
         self._lookup = lookup
-        self._inputs = {t.name: t for t in config.input}
-        self._outputs = [t.name for t in config.output]
         ensemble_outputs = set(self._outputs)
         self._on_device = [not set(s.output_map.values()) & ensemble_outputs for s in self._steps]
         self._needs = [frozenset(s.input_map.values()) for s in self._steps]
-        self._started = False
         self._inflight = 0
-        self._idle: asyncio.Event | None = None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def pending(self) -> int:
-        """0: an ensemble has no queue of its own (its step models report theirs)."""
-        return 0
-
-    def start(self) -> None:
         self._idle = asyncio.Event()
         self._idle.set()
-        self._started = True
 
-    def release(self) -> None:
-        """Nothing to release: the step models belong to the repository."""
+    def _create_scheduler(self) -> None:
+        """None: an ensemble has no queue of its own (its step models report theirs in ``pending``)."""
+        return None
 
     async def stop(self, timeout: float) -> None:
-        """Refuse new requests and wait (up to ``timeout``) for the in-flight ones."""
+        """Refuse new requests and wait (up to ``timeout``) for the in-flight ones; the step models
+        belong to the repository."""
         self._started = False
-        if self._idle is not None and self._inflight:
+        if self._inflight:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
             except asyncio.TimeoutError:
@@ -234,35 +213,9 @@ class EnsembleModel:
 
     # --- serving ------------------------------------------------------------------------------
 
-    def validate(self, inputs: Mapping[str, Any]) -> int:
-        """Check a request's inputs against the ensemble's config; return its batch rows."""
-        batch = set()
-        for name, tensor, array in checked_inputs(inputs, self._inputs, "ensemble", self.name):
-            expected = _full_shape(tensor, self.config.max_batch_size or 0)
-            if not _agree(tuple(array.shape), expected) or (self.batched and array.shape[0] < 1):
-                raise ShapeError(f"input '{name}' of ensemble '{self.name}' has shape {list(array.shape)}, "
-                                 f"the ensemble expects {list(expected)} (-1: any size)")
-            if self.batched:
-                batch.add(array.shape[0])
-                if array.shape[0] > (self.config.max_batch_size or 1):
-                    raise ShapeError(f"input '{name}' of ensemble '{self.name}' has batch size {array.shape[0]}; "
-                                     f"it must be in 1..{self.config.max_batch_size} (max_batch_size)")
-        if len(batch) > 1:
-            raise ShapeError(f"the inputs of ensemble '{self.name}' disagree on the batch size: {sorted(batch)}")
-        return batch.pop() if batch else 1
-
-    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
-        """Run the steps as their inputs become available; answer with the requested outputs."""
-        if not self._started or self._idle is None:
-            raise ModelNotReadyError(f"ensemble '{self.name}' version {self.version} is not started")
-        for out in request.outputs:
-            if out.name not in self._outputs:
-                raise RequestError(f"unknown output '{out.name}' for ensemble '{self.name}'; "
-                                   f"its outputs are: {', '.join(self._outputs)}")
-            if out.class_count:
-                raise RequestError(f"ensemble '{self.name}': classification of output '{out.name}' is not "
-                                   "supported for ensembles", hint="ask for the tensor and rank it in the client")
-        rows = self.validate(request.inputs)
+    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None) -> dict[str, Any]:
+        """Run the steps as their inputs become available; count the request as one execution whose
+        queue and compute times are its steps' sums (Triton's ensemble statistics)."""
         self._inflight += 1
         self._idle.clear()
         times = _StepTimes()
@@ -274,13 +227,7 @@ class EnsembleModel:
                 self._idle.set()
         self.stats.record_queue(times.queue)
         self.stats.record_batch(rows, 1, times.input, times.infer, times.output)
-        outputs = {}
-        for out in request.outputs or tuple(RequestedOutput(n) for n in self._outputs):
-            value = tensors[out.name]
-            if isinstance(value, DeviceTensor):  # not asked for (see _on_device), but never send a device view
-                value = await asyncio.get_running_loop().run_in_executor(None, np.asarray, value)
-            outputs[out.name] = value
-        return InferResponse(self.name, str(self.version), request.id, outputs)
+        return tensors
 
     async def _run(self, request: InferRequest, times: _StepTimes, trace: RequestTrace | None) -> dict[str, Any]:
         """The DAG scheduler: start every step whose tensors exist, collect outputs, repeat."""
@@ -361,14 +308,3 @@ class EnsembleModel:
                 return InferenceError(prefix + str(exc))
         return InferenceError(f"{prefix}{type(exc).__name__}: {exc}")
 
-    # --- descriptions -------------------------------------------------------------------------
-
-    def metadata(self, versions: list[str]) -> dict[str, Any]:
-        """The model metadata response (KServe ``$metadata_model_response``), platform ``ensemble``."""
-        return model_metadata(self.config, self.platform, versions)
-
-    def triton_config(self) -> Any:
-        """The config as Triton's ``inference.ModelConfig`` message, ``ensemble_scheduling`` included."""
-        from streamrt.serve.configs.config_message import to_message
-
-        return to_message(self.config, self.platform)

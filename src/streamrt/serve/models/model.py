@@ -19,199 +19,62 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from streamrt._features import cuda_available
 from streamrt._oom import LOAD_HINT, as_out_of_memory
 from streamrt.backends.base import Engine
 from streamrt.device import device_scope
-from streamrt.errors import (
-    ConfigError,
-    ModelNotFoundError,
-    ModelNotReadyError,
-    OutOfMemoryError,
-    RequestError,
-    ShapeError,
-)
+from streamrt.errors import ConfigError, OutOfMemoryError
 from streamrt.onnx.profiles import check_shapes
 from streamrt.running.inputs import random_inputs
-from streamrt.serve.configs.config import ModelConfig, TensorConfig, WarmupConfig
+from streamrt.serve.configs.config import ModelConfig, WarmupConfig
 from streamrt.serve.execution.instances import DeviceEngines, DeviceOutputs, InstanceGroup
 from streamrt.serve.execution.integrity import OutputCheck, batch_refusal, probe_batch_outputs, probe_sizes
 from streamrt.serve.execution.memory_budget import MemoryBudget, model_limit, release_device_memory
 from streamrt.serve.execution.placement import gpu_indices, visible_gpus
 from streamrt.serve.execution.rate_limiter import RateLimiter
-from streamrt.serve.models.classification import read_labels, top_k_classes
-from streamrt.serve.models.servable import (
-    EngineLoader,
-    LoadContext,
-    Servable,
-    check_model_shape,
-    checked_inputs,
-    model_metadata,
-)
-from streamrt.serve.observability.stats import ModelStats
-from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.scheduling.scheduler import ModelScheduler
-from streamrt.serve.scheduling.sequence import SequenceScheduler, check_sequence_io, sequence_warmup_inputs
-from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput
+from streamrt.serve.models.classification import read_labels
+from streamrt.serve.models.engine_config import resolve_config
+from streamrt.serve.models.engine_files import load_engine, load_estimate
+from streamrt.serve.models.scheduled import ScheduledModel
+from streamrt.serve.models.servable import EngineLoader, LoadContext, Servable
+from streamrt.serve.scheduling.sequence import sequence_warmup_inputs
+from streamrt.serve.wire.protocol import InferRequest
 from streamrt.serve.wire.shared_memory import DeviceTensor
-from streamrt.types import DType, ShapeProfile, TensorSpec, format_shape
+from streamrt.types import DType, ShapeProfile, TensorSpec
 
 __all__ = ["EngineLoader", "ServedModel", "load_engine", "load_served_model", "resolve_config"]
+# load_engine and resolve_config live in .engine_files and .engine_config; named here as the engine kind's surface
 
 log = logging.getLogger(__name__)
 
 
-def load_engine(model_dir: Path, version: int, config: ModelConfig) -> Engine:
-    """Open ``<model_dir>/<version>/<file>`` with :func:`streamrt.open`: a plan, or an ONNX model built
-    through the cache with a batch profile of 1..``max_batch_size`` when the config gives no profiles.
+class ServedModel(ScheduledModel):
+    """A loaded, warmed-up engine model version. Create with :meth:`load`, then :meth:`start` on the loop.
 
-    Raises:
-        ModelNotFoundError: the version directory holds no model file.
+    Scheduling, validation against the config, output selection and stop are
+    :class:`~streamrt.serve.models.scheduled.ScheduledModel`'s; this kind supplies its loading (engine,
+    config resolution, memory budget, batch probe, warm-up), its instances, the shape profiles'
+    check and Triton's ``reshape`` both ways.
     """
-    from streamrt.building.opening import open as open_engine
-
-    folder = model_dir / str(version)
-    names = [config.default_model_filename] if config.default_model_filename else ["model.plan", "model.onnx"]
-    path = next((folder / n for n in names if (folder / n).is_file()), None)
-    if path is None:
-        raise ModelNotFoundError(
-            f"model '{config.name}' version {version}: no {' or '.join(names)} in {folder}",
-            hint="put a plan (streamrt build) or an ONNX model there, or set default_model_filename",
-        )
-    started = time.perf_counter()
-    build = config.build
-    source: Any = path
-    if path.suffix == ".onnx" and not build.profiles:
-        from streamrt.onnx.model import load_model
-        from streamrt.serve.configs.derived_profiles import derive_profile
-
-        source = load_model(path)  # read once: its inputs decide the profile, then it is built
-        profile = derive_profile(config, source.inputs)
-        build = build.replace(profiles=(profile,)) if profile is not None else build
-    engine = open_engine(source, build, max_batch=config.max_batch_size or None, cache=True)
-    log.info("model '%s' version %d: opened %s in %.1f s", config.name, version, path.name,
-             time.perf_counter() - started)
-    return engine
-
-
-def _tensors_from_engine(
-    given: tuple[TensorConfig, ...], derived: list[TensorConfig], kind: str, model: str
-) -> tuple[TensorConfig, ...]:
-    """The engine's tensors when the config names none; else the config's, checked against the engine."""
-    if not given:
-        return tuple(derived)
-    by_name = {t.name: t for t in derived}
-    for t in given:
-        engine_t = by_name.get(t.name)
-        if engine_t is None:
-            raise ConfigError(f"model '{model}': {kind} '{t.name}' is not in the engine; it has {', '.join(by_name)}")
-        if t.data_type is not engine_t.data_type:
-            raise ConfigError(f"model '{model}': {kind} '{t.name}' is TYPE_{t.data_type.kserve} in the config "
-                              f"but TYPE_{engine_t.data_type.kserve} in the engine")
-        dims = t.model_dims
-        pairs = zip(dims, engine_t.dims, strict=False)
-        if len(dims) != len(engine_t.dims) or any(e not in (-1, c) and c != -1 for c, e in pairs):
-            what = "reshape" if t.reshape is not None else "dims"
-            raise ConfigError(f"model '{model}': {kind} '{t.name}' has {what} {list(dims)} in the config but "
-                              f"{list(engine_t.dims)} in the engine (batch dimension excluded)",
-                              hint="give the model's shape in 'reshape' when the served dims differ")
-    missing = [n for n in by_name if n not in {t.name for t in given}]
-    if missing and kind == "input":
-        raise ConfigError(f"model '{model}': the config leaves out engine inputs {missing}")
-    return given
-
-
-def resolve_config(config: ModelConfig, engine: Engine) -> ModelConfig:
-    """Fill in and check ``max_batch_size``, inputs and outputs against the engine.
-
-    Raises:
-        ConfigError: the config contradicts the engine (names, types, dims, batch size vs profiles).
-    """
-    specs: list[TensorSpec] = [*engine.inputs, *engine.outputs]
-    dynamic_batch = all(s.shape and s.shape[0] < 0 for s in specs)
-    profile_max = min(
-        (p.ranges[s.name].max[0] for p in engine.profiles for s in engine.inputs if s.name in p.ranges),
-        default=0,
-    ) if dynamic_batch else 0
-    mbs = config.max_batch_size
-    if mbs is None:
-        mbs = profile_max if dynamic_batch else 0
-    elif mbs > 0:
-        fixed = next((s for s in specs if not s.shape or s.shape[0] >= 0), None)
-        if fixed is not None:
-            raise ConfigError(
-                f"model '{config.name}': max_batch_size {mbs} but '{fixed.name}' has no dynamic batch "
-                f"dimension (shape {format_shape(fixed.shape)})",
-                hint="set max_batch_size: 0, or build the model with a dynamic first dimension",
-            )
-        if mbs > profile_max:
-            raise ConfigError(
-                f"model '{config.name}': max_batch_size {mbs} exceeds the engine's largest profile batch {profile_max}",
-                hint=f"set max_batch_size <= {profile_max}, or rebuild with --max-shapes for batch {mbs}",
-            )
-    if config.dynamic_batching is not None and mbs == 0:
-        raise ConfigError(f"model '{config.name}': dynamic_batching needs max_batch_size >= 1")
-    for size in config.dynamic_batching.preferred_batch_size if config.dynamic_batching else ():
-        if size > mbs:
-            raise ConfigError(f"model '{config.name}': preferred_batch_size {size} exceeds max_batch_size {mbs}")
-
-    sequence = config.sequence_batching
-    hidden = set(sequence.hidden_inputs + sequence.hidden_outputs) if sequence else set()
-    if sequence is not None:
-        check_sequence_io(config.replace(max_batch_size=mbs), engine.inputs, engine.outputs)
-
-    def derived(items: tuple[TensorSpec, ...]) -> list[TensorConfig]:  # the batcher's controls and states left out
-        return [TensorConfig(s.name, s.dtype, tuple(s.shape[1:] if mbs else s.shape)) for s in items
-                if s.name not in hidden]
-
-    inputs = _tensors_from_engine(config.input, derived(engine.inputs), "input", config.name)
-    outputs = _tensors_from_engine(config.output, derived(engine.outputs), "output", config.name)
-    return config.replace(max_batch_size=mbs, input=inputs, output=outputs, backend=engine.manifest.backend)
-
-
-_ACCEPTED_SIGNATURES = 1024
-"""Input signatures a model remembers as valid (forgotten all at once past this many)."""
-
-
-class ServedModel:
-    """A loaded, warmed-up model version. Create with :meth:`load`, then :meth:`start` on the loop."""
 
     def __init__(
         self, version: int, config: ModelConfig, engine: Engine, instances: InstanceGroup,
         engines: DeviceEngines | None = None,
     ) -> None:
-        self.version = version
-        self.config = config
+        super().__init__(version, config, f"streamrt_{engine.manifest.backend}")
         self.engine = engine
         self.engines = engines or DeviceEngines(engine)
         """The engine on each GPU the instances use (``engine`` is the first of them)."""
         self.instances = instances
-        self.stats = ModelStats()
-        self.load_seconds = 0.0
-        self.platform = f"streamrt_{engine.manifest.backend}"
-        self.batched = bool(config.max_batch_size)
-        self._inputs = {t.name: t for t in config.input}
-        self._outputs = [t.name for t in config.output]
-        self._all_outputs = tuple(RequestedOutput(n) for n in self._outputs)
         self._reshaped_in = {t.name: t.reshape for t in config.input if t.reshape is not None}
         self._reshaped_out = {t.name: t.dims for t in config.output if t.reshape is not None}
-        self.labels: dict[str, list[str]] = {}
-        self._scheduler: ModelScheduler | SequenceScheduler | None = None
         self._limiter: RateLimiter | None = None
         self._budget: tuple[MemoryBudget, str] | None = None
-        self._accepted: dict[tuple[tuple[str, str, tuple[int, ...]], ...], int] = {}
-        """Input signatures (name, dtype, shape of each input, in order) validate accepted, with
-        their rows: the checks depend on nothing else, so a signature seen before skips them."""
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     @classmethod
     def load(
@@ -230,7 +93,7 @@ class ServedModel:
         """
         budget = budget or MemoryBudget()
         key = f"{config.name}:{version}"
-        need, device = _load_estimate(model_dir, version, config)
+        need, device = load_estimate(model_dir, version, config)
         limit = model_limit(config.parameters, config.name)
         gpus = visible_gpus()
         used = gpu_indices(config.instance_group, gpus, config.name) or [0]  # a GPU that does not exist: refused here
@@ -325,7 +188,7 @@ class ServedModel:
 
         mbs = self.config.max_batch_size or 1
         states = list(self.config.sequence_batching.hidden_outputs) if self.config.sequence_batching else []
-        offenders = probe_batch_outputs(run, self._outputs + states, probe_sizes(mbs))
+        offenders = probe_batch_outputs(run, [*self._outputs, *states], probe_sizes(mbs))
         if not offenders:
             return self
         hint = "set max_batch_size: 0 (and drop dynamic_batching) to serve it unbatched, " \
@@ -345,8 +208,11 @@ class ServedModel:
         return self._create(self.version, unbatched, self.engines, self._limiter)
 
     def release(self) -> None:
-        """Close instances and engine (after the scheduler stopped, or when loading failed)."""
+        """Close instances and engine (a load that failed, or a version stopped before it started)."""
         self.instances.close(timeout=5.0)
+        self._release_after_scheduler()
+
+    def _release_after_scheduler(self) -> None:
         self.engines.close()
         self._forget_memory()
 
@@ -403,57 +269,21 @@ class ServedModel:
                     instance.run([inputs])
         log.debug("model '%s' version %d warmed up", self.name, self.version)
 
-    # --- serving ------------------------------------------------------------------------------
+    # --- what runs: the instances, inputs and outputs in the engine's shapes -------------------
 
-    def start(self) -> None:
-        """Put the scheduler in front of the instances (call on the event loop): the sequence
-        batcher when the config has ``sequence_batching``, else the dynamic batcher."""
-        if self.config.sequence_batching is not None:
-            self._scheduler = SequenceScheduler(f"{self.name}:{self.version}", self.instances, self.config,
-                                                self.stats)
-            return
-        self._scheduler = ModelScheduler(
-            f"{self.name}:{self.version}", self.instances,
-            max_batch_size=self.config.max_batch_size or 1,
-            batching=self.config.dynamic_batching, stats=self.stats,
-        )
+    def _executors(self) -> InstanceGroup:
+        return self.instances
 
-    @property
-    def pending(self) -> int:
-        return self._scheduler.pending if self._scheduler else 0
+    def _payload(self, request: InferRequest) -> dict[str, Any]:
+        inputs = self.to_engine(request.inputs)
+        if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
+            return DeviceOutputs(inputs)  # a CUDA instance may hand back device views (an ensemble step)
+        return inputs
 
-    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """Check a request's inputs against the model (once: the engine does not check them again);
-        return its batch rows.
-
-        Raises:
-            UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
-        """
-        signature = tuple((name, array.dtype.str, tuple(array.shape)) for name, array in inputs.items())
-        rows = self._accepted.get(signature)
-        if rows is not None:
-            return rows
-        rows = self._validate(inputs)
-        if len(self._accepted) >= _ACCEPTED_SIGNATURES:
-            self._accepted.clear()
-        self._accepted[signature] = rows
-        return rows
-
-    def _validate(self, inputs: Mapping[str, np.ndarray]) -> int:
-        rows = 1
-        shapes = {}
-        for name, tensor, array in checked_inputs(inputs, self._inputs, "model", self.name):
-            shape = tuple(array.shape)
-            check_model_shape(name, tensor, shape, self.config)
-            if self.batched:
-                rows = shape[0]
-            shapes[name] = self._engine_shape(name, shape)
-        if self.batched and len({s[0] for s in shapes.values()}) > 1:
-            raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: "
-                             + ", ".join(f"{n} {s[0]}" for n, s in shapes.items()))
+    def _check_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """The engine's shape profiles, on the shapes the engine will see (after ``reshape``)."""
         if self.engine.profiles:
-            check_shapes(self.engine.profiles, shapes)
-        return rows
+            check_shapes(self.engine.profiles, {n: self._engine_shape(n, s) for n, s in shapes.items()})
 
     def _engine_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         reshape = self._reshaped_in.get(name)
@@ -469,111 +299,11 @@ class ServedModel:
         return {n: _reshaped(a, self._engine_shape(n, a.shape)) if n in self._reshaped_in else a
                 for n, a in inputs.items()}
 
-    def _from_engine(self, name: str, array: np.ndarray) -> np.ndarray:
+    def _from_engine(self, name: str, array: Any) -> Any:
         dims = self._reshaped_out.get(name)
         if dims is None:
             return array
         return array.reshape((array.shape[0], *dims) if self.batched else dims)
-
-    def batching_key(self, inputs: Mapping[str, np.ndarray]) -> Hashable:
-        """Requests with equal keys may share a batch: same datatypes and non-batch dims, input by input."""
-        return tuple(
-            (n, inputs[n].dtype.str, inputs[n].shape[1:] if self.batched else inputs[n].shape) for n in self._inputs
-        )
-
-    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
-        """Validate, queue, wait for the batch, and shape the response (outputs as requested);
-        ``trace`` gets the queue and compute timestamps."""
-        if self._scheduler is None:
-            raise ModelNotReadyError(f"model '{self.name}' version {self.version} is not started")
-        for out in request.outputs:
-            if out.name not in self._outputs:
-                raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
-                                   f"its outputs are: {', '.join(self._outputs)}")
-        rows = self.validate(request.inputs)
-        if isinstance(self._scheduler, SequenceScheduler):
-            outputs = await self._submit_sequence(self._scheduler, request, rows, trace)
-        else:
-            if request.sequence is not None:
-                raise RequestError(
-                    f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
-                    f"the request names sequence {request.sequence.id}",
-                    hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
-            inputs = self.to_engine(request.inputs)
-            if request.outputs_on_device and not self._reshaped_out and not any(o.class_count for o in request.outputs):
-                inputs = DeviceOutputs(inputs)
-            outputs = await self._scheduler.submit(
-                inputs, rows=rows, key=self.batching_key(request.inputs),
-                priority=request.priority, timeout_us=request.timeout_us, trace=trace,
-            )
-        result = {}
-        for out in request.outputs or self._all_outputs:
-            array = self._from_engine(out.name, outputs[out.name])
-            if out.class_count:
-                array = top_k_classes(array, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
-            result[out.name] = array
-        return InferResponse(self.name, str(self.version), request.id, result)
-
-    async def _submit_sequence(
-        self, scheduler: SequenceScheduler, request: InferRequest, rows: int, trace: RequestTrace | None
-    ) -> dict[str, np.ndarray]:
-        """Triton's checks for a stateful model's request, then the sequence batcher."""
-        if request.sequence is None:
-            raise RequestError(f"inference request to model '{self.name}' must specify a non-zero or non-empty "
-                               "correlation ID (it has sequence_batching)",
-                               hint="send the request parameter sequence_id (and sequence_start on the first one)")
-        if rows != 1:
-            raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
-                               f"requirements of sequence batcher, got {rows}",
-                               hint="send one row per request; the batcher batches the sequences")
-        return await scheduler.submit(self.to_engine(request.inputs), flags=request.sequence,
-                                      key=self.batching_key(request.inputs), trace=trace)
-
-    async def stop(self, timeout: float) -> None:
-        """Drain the scheduler (bounded by ``timeout``), then release instances and engine."""
-        if self._scheduler is not None:
-            await self._scheduler.close(timeout)
-        self.engines.close()
-        self._forget_memory()
-
-    # --- descriptions -------------------------------------------------------------------------
-
-    def metadata(self, versions: list[str]) -> dict[str, Any]:
-        """The model metadata response (KServe ``$metadata_model_response``)."""
-        return model_metadata(self.config, self.platform, versions)
-
-    def triton_config(self) -> Any:
-        """The resolved config as Triton's ``inference.ModelConfig`` message."""
-        from streamrt.serve.configs.config_message import to_message
-
-        return to_message(self.config, self.platform)
-
-
-def _model_file(model_dir: Path, version: int, config: ModelConfig) -> Path | None:
-    folder = model_dir / str(version)
-    names = [config.default_model_filename] if config.default_model_filename else ["model.plan", "model.onnx"]
-    return next((folder / n for n in names if (folder / n).is_file()), None)
-
-
-def _load_estimate(model_dir: Path, version: int, config: ModelConfig) -> tuple[int, str]:
-    """``(bytes, device kind)`` a load needs at least, before loading: the model file's size and the
-    device its plan (or the build settings of an ONNX model) targets."""
-    path = _model_file(model_dir, version, config)
-    if path is None:
-        return 0, "cpu"  # nothing to estimate (an injected loader, or the load will say what is missing)
-    device = "cuda" if cuda_available() else "cpu"  # when the file does not say: measure if there is a GPU
-    try:
-        if path.suffix == ".onnx":
-            from streamrt.backends import get_backend
-
-            device = str(get_backend(config.build.backend).target_device(config.build).get("kind", "cpu"))
-        else:
-            from streamrt.plan import read_manifest
-
-            device = str(read_manifest(path).device.get("kind", "cpu"))
-    except Exception:  # the load itself reports an unusable file; the measurement after it still applies
-        log.debug("model '%s': no device known before loading %s", config.name, path, exc_info=True)
-    return path.stat().st_size, device
 
 
 def _reshaped(array: Any, shape: tuple[int, ...]) -> Any:

@@ -170,17 +170,19 @@ def checked_inputs(
         yield input_name, tensor, array
 
 
-def check_model_shape(name: str, tensor: TensorConfig, shape: tuple[int, ...], config: ModelConfig) -> None:
-    """Refuse (ShapeError) an input shape that does not fit the model's config: the config's dims
-    (-1: any size) after the batch dimension when the model batches, a batch size in
-    1..max_batch_size."""
+def check_model_shape(
+    name: str, tensor: TensorConfig, shape: tuple[int, ...], config: ModelConfig, kind: str = "model"
+) -> None:
+    """Refuse (ShapeError) an input shape that does not fit the config of a model (or, with ``kind``
+    "ensemble", an ensemble): the config's dims (-1: any size) after the batch dimension when it
+    batches, a batch size in 1..max_batch_size."""
     batched = bool(config.max_batch_size)
     rest = shape[1:] if batched else shape
     if len(rest) != len(tensor.dims) or any(d not in (-1, s) for s, d in zip(rest, tensor.dims, strict=False)):
         expected = ([-1] if batched else []) + list(tensor.dims)
-        raise ShapeError(f"input '{name}' of model '{config.name}' has shape {list(shape)}, "
-                         f"the model expects {expected} (-1: any size)")
+        raise ShapeError(f"input '{name}' of {kind} '{config.name}' has shape {list(shape)}, "
+                         f"the {kind} expects {expected} (-1: any size)")
     mbs = config.max_batch_size or 1
     if batched and not 1 <= shape[0] <= mbs:
-        raise ShapeError(f"input '{name}' of model '{config.name}' has batch size {shape[0]}; "
+        raise ShapeError(f"input '{name}' of {kind} '{config.name}' has batch size {shape[0]}; "
                          f"it must be in 1..{mbs} (max_batch_size)")

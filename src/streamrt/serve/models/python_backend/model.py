@@ -1,4 +1,4 @@
-"""A served Python model version: config checks, instances, the dynamic batcher, request validation.
+"""A served Python model version: config checks, loading ``model.py``, its instances.
 
 :class:`PythonModel` keeps the :class:`~streamrt.serve.models.servable.Servable` contract, so the core,
 the front ends, statistics and metrics treat it as any other model. Loading (in a worker thread)
@@ -6,7 +6,8 @@ checks the config (a Python model has no engine to derive inputs and outputs fro
 names them, or the model's ``auto_complete_config`` adds them, as in Triton), finds ``model.py`` and starts
 one instance per ``instance_group`` count, each running its ``initialize``; if one raises, the
 ones started are finalized and the load fails with that message (the model is UNAVAILABLE).
-:meth:`PythonModel.stop` drains the scheduler, then every instance runs ``finalize``.
+:meth:`PythonModel.stop` drains the scheduler, then every instance runs ``finalize``. Serving itself
+(validation, batching, classification, output selection) is :class:`~streamrt.serve.models.scheduled.ScheduledModel`'s.
 
 Example:
     >>> model = PythonModel.load(LoadContext(Path("repo/add_sub"), 1, config))   # doctest: +SKIP
@@ -18,24 +19,16 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Hashable, Mapping
-from typing import Any
 
-from streamrt.errors import (
-    ConfigError,
-    ModelNotReadyError,
-    RequestError,
-    ShapeError,
-)
+from streamrt.errors import ConfigError
 from streamrt.serve.configs.config import ModelConfig
 from streamrt.serve.execution.placement import Placement, place_instances, resolved_groups, visible_gpus
+from streamrt.serve.models.classification import read_labels
 from streamrt.serve.models.python_backend.loader import auto_complete, find_model_file
 from streamrt.serve.models.python_backend.runner import ModelSpec, PythonInstance, PythonInstances, Submitted
-from streamrt.serve.models.servable import LoadContext, Servable, check_model_shape, checked_inputs, model_metadata
-from streamrt.serve.observability.stats import ModelStats
-from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.scheduling.scheduler import ModelScheduler
-from streamrt.serve.wire.protocol import InferRequest, InferResponse
+from streamrt.serve.models.scheduled import ScheduledModel
+from streamrt.serve.models.servable import LoadContext, Servable
+from streamrt.serve.wire.protocol import InferRequest
 
 __all__ = ["PLATFORM", "PythonModel", "load_python_model", "resolve_python_config"]
 
@@ -90,25 +83,17 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-class PythonModel:
-    """A loaded Python model version. Create with :meth:`load`, then :meth:`start` on the loop."""
+class PythonModel(ScheduledModel):
+    """A loaded Python model version. Create with :meth:`load`, then :meth:`start` on the loop.
+
+    Validation, the dynamic batcher, output selection (classification included) and stop are
+    :class:`~streamrt.serve.models.scheduled.ScheduledModel`'s; this kind supplies its loading and
+    its instances, and queues each request with what ``execute`` sees of it (id, requested outputs).
+    """
 
     def __init__(self, version: int, config: ModelConfig, instances: PythonInstances) -> None:
-        self.version = version
-        self.config = config
+        super().__init__(version, config, PLATFORM)
         self.instances = instances
-        self.stats = ModelStats()
-        self.load_seconds = 0.0
-        self.platform = PLATFORM
-        self.labels: dict[str, list[str]] = {}
-        self.batched = bool(config.max_batch_size)
-        self._inputs = {t.name: t for t in config.input}
-        self._outputs = tuple(t.name for t in config.output)
-        self._scheduler: ModelScheduler | None = None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
 
     @classmethod
     def load(cls, context: LoadContext) -> PythonModel:
@@ -122,6 +107,7 @@ class PythonModel:
         started = time.perf_counter()
         path = find_model_file(context.model_dir, context.version, context.config.default_model_filename)
         config = resolve_python_config(auto_complete(path, context.config))
+        labels = read_labels(context.model_dir, config)  # before any instance starts: a missing file costs nothing
         # Triton's placement: count instances on each listed GPU (every visible GPU when none is listed);
         # the model reads its GPU from args["model_instance_device_id"].
         gpus = visible_gpus()
@@ -157,6 +143,7 @@ class PythonModel:
             PythonInstances(instances).close(timeout=10.0)
             raise
         model = cls(context.version, config, PythonInstances(instances))
+        model.labels = labels
         model.load_seconds = time.perf_counter() - started
         log.info("Python model '%s' version %d: %d instance(s) initialized in %.2f s", config.name, context.version,
                  len(instances), model.load_seconds)
@@ -173,94 +160,21 @@ class PythonModel:
                               hint="use KIND_CPU (or KIND_AUTO) on machines without a GPU")
         return "GPU" if cuda else "CPU"
 
+    # --- what runs: the instances, each request with what execute() sees of it -------------------
+
+    def _executors(self) -> PythonInstances:
+        return self.instances
+
+    def _payload(self, request: InferRequest) -> Submitted:
+        requested = tuple(o.name for o in request.outputs) or self._outputs
+        return Submitted(request.inputs, request.id, requested, on_device=request.outputs_on_device)
+
     def release(self) -> None:
-        """Finalize the instances (a load that failed after this version was created)."""
+        """Finalize the instances (a load that failed, or a version stopped before it started)."""
         self.instances.close(timeout=10.0)
 
-    # --- serving ------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Put the dynamic batcher in front of the instances (call on the event loop)."""
-        self._scheduler = ModelScheduler(
-            f"{self.name}:{self.version}", self.instances,
-            max_batch_size=self.config.max_batch_size or 1,
-            batching=self.config.dynamic_batching, stats=self.stats,
-        )
-
-    @property
-    def pending(self) -> int:
-        return self._scheduler.pending if self._scheduler else 0
-
-    def validate(self, inputs: Mapping[str, Any]) -> int:
-        """Check a request's inputs against the config; return its batch rows.
-
-        Raises:
-            UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError.
-        """
-        rows: set[int] = set()
-        for name, tensor, array in checked_inputs(inputs, self._inputs, "model", self.name):
-            check_model_shape(name, tensor, tuple(array.shape), self.config)
-            if self.batched:
-                rows.add(int(array.shape[0]))
-        if len(rows) > 1:
-            raise ShapeError(f"the inputs of model '{self.name}' disagree on the batch size: {sorted(rows)}")
-        return rows.pop() if rows else 1
-
-    def batching_key(self, inputs: Mapping[str, Any]) -> Hashable:
-        """Requests with equal keys may share a batch: same datatypes and non-batch dims (Triton's rule)."""
-        return tuple((n, inputs[n].dtype.str, tuple(inputs[n].shape[1:] if self.batched else inputs[n].shape))
-                     for n in self._inputs)
-
-    async def infer(self, request: InferRequest, trace: RequestTrace | None = None) -> InferResponse:
-        """Validate, queue for the batcher, wait for this request's response; outputs on the host unless
-        the request asks for device outputs (``outputs_on_device``: an ensemble step feeding other steps)."""
-        return await self.infer_tensors(request, trace, on_device=request.outputs_on_device)
-
-    async def infer_tensors(self, request: InferRequest, trace: RequestTrace | None = None, *,
-                            on_device: bool = True) -> InferResponse:
-        """As :meth:`infer`; with ``on_device`` the outputs the model returned on the device stay there
-        (as :class:`~streamrt.serve.wire.shared_memory.DeviceTensor`), for a caller that passes them on."""
-        if self._scheduler is None:
-            raise ModelNotReadyError(f"model '{self.name}' version {self.version} is not started")
-        for out in request.outputs:
-            if out.name not in self._outputs:
-                raise RequestError(f"unknown output '{out.name}' for model '{self.name}'; "
-                                   f"its outputs are: {', '.join(self._outputs)}")
-            if out.class_count:
-                raise RequestError(f"model '{self.name}': the classification extension is not supported "
-                                   "for Python models", hint="return the top classes from model.py")
-        if request.sequence is not None:
-            raise RequestError(
-                f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
-                f"the request names sequence {request.sequence.id}",
-                hint="drop sequence_id/sequence_start/sequence_end")
-        rows = self.validate(request.inputs)
-        requested = tuple(o.name for o in request.outputs) or self._outputs
-        payload = Submitted(request.inputs, request.id, requested, on_device=on_device)
-        outputs = await self._scheduler.submit(
-            payload, rows=rows, key=self.batching_key(request.inputs),
-            priority=request.priority, timeout_us=request.timeout_us, trace=trace,
-        )
-        return InferResponse(self.name, str(self.version), request.id, {n: outputs[n] for n in requested})
-
-    async def stop(self, timeout: float) -> None:
-        """Drain the scheduler (bounded by ``timeout``); every instance then runs ``finalize``."""
-        if self._scheduler is not None:
-            await self._scheduler.close(timeout)
-        else:
-            self.instances.close(timeout=timeout)
-
-    # --- descriptions -------------------------------------------------------------------------
-
-    def metadata(self, versions: list[str]) -> dict[str, Any]:
-        """The model metadata response (KServe ``$metadata_model_response``)."""
-        return model_metadata(self.config, self.platform, versions)
-
-    def triton_config(self) -> Any:
-        """The resolved config as Triton's ``inference.ModelConfig`` message."""
-        from streamrt.serve.configs.config_message import to_message
-
-        return to_message(self.config, "")  # Triton: backend "python", no platform
+    def _config_platform(self) -> str:
+        return ""  # Triton: backend "python", no platform
 
 
 def load_python_model(context: LoadContext) -> Servable:
