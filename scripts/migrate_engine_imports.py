@@ -46,7 +46,8 @@ SERVE_ROOMS = {
     "observability": ["stats", "tracing", "otel"],
     "execution": ["instances", "placement", "memory_budget", "integrity", "rate_limiter"],
     "scheduling": ["batcher", "loop", "scheduler", "sequence", "timers"],  # loop: new in the room, no old path
-    "models": ["model", "servable", "ensemble", "repository", "classification", "python_backend"],
+    "models": ["model", "servable", "ensemble", "repository", "classification", "python_backend",
+               "scheduled", "engine_files", "engine_config"],  # the last three: new in the room, no old path
     "listeners": ["http", "grpc_service", "metrics", "frontends"],
 }
 SERVE_MOVES = {module: f"{room}.{module}" for room, modules in SERVE_ROOMS.items() for module in modules}
