@@ -5,7 +5,8 @@ class every kind is (:class:`~.scheduled.ScheduledModel`: scheduler choice, vali
 selection and classification, stop), the engine kind (:mod:`.model`, with :mod:`.engine_files`
 for finding or building the engine and :mod:`.engine_config` for resolving its config), ensembles
 (:mod:`.ensemble`), Triton-style Python models (:mod:`.python_backend`), the classification
-extension's labels (:mod:`.classification`) and the model repository with its load/unload/poll lifecycle (:mod:`.repository`).
+extension's labels (:mod:`.classification`) and the model repository with its load/unload/poll
+lifecycle (:mod:`.repository`).
 
 May import: :mod:`streamrt.serve.scheduling`, :mod:`streamrt.serve.execution`,
 :mod:`streamrt.serve.configs`, :mod:`streamrt.serve.wire`, :mod:`streamrt.serve.observability`,
