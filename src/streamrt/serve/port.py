@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from streamrt.errors import UnauthorizedError
+from streamrt.errors import ConfigError, UnauthorizedError
 
 if TYPE_CHECKING:
     from streamrt.serve.configs.config import ServerConfig
     from streamrt.serve.wire.protocol import InferRequest, InferResponse
     from streamrt.serve.wire.shared_memory import RegionSource
 
-__all__ = ["InferencePort", "RequestBuffer", "check_bearer"]
+__all__ = ["InferencePort", "RequestBuffer", "check_bearer", "port_in_use"]
 
 T = TypeVar("T")
 
@@ -110,3 +110,9 @@ class InferencePort(Protocol):
         out) belongs to the port from this call on: it is given back once nothing reads the request.
         """
         ...
+
+
+def port_in_use(listener: str, host: str, port: int, flag: str) -> ConfigError:
+    """One line naming the port a listener cannot bind and the flag that moves it (0: any free port)."""
+    return ConfigError(f"cannot listen for {listener} on {host}:{port}: the port is already in use "
+                       "(another server running?)", hint=f"{flag} N with a free port, or {flag} 0 to pick any")

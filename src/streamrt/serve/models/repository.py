@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
+from streamrt.errors import (
+    ConfigError,
+    ModelLoadError,
+    ModelNotReadyError,
+    RequestError,
+    StreamRTError,
+    UnknownModelError,
+)
 from streamrt.serve.configs.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.configs.config_message import from_mapping, read_config_file
 from streamrt.serve.configs.model_files import remove_model_files, write_model_files
@@ -145,7 +152,8 @@ class ModelRepository:
         Raises:
             UnknownModelError: no such directory (and no files).
             RequestError: files without a config.
-            StreamRTError: the load failed (the model is UNAVAILABLE with that reason, or keeps
+            StreamRTError: the load failed (ModelLoadError when the cause is not a StreamRT error;
+                the model is UNAVAILABLE with that reason, or keeps
                 serving its old versions on a failed reload).
         """
         if files and config is None:
@@ -169,7 +177,7 @@ class ModelRepository:
                     entry.state, entry.reason = ModelState.UNAVAILABLE, reason
                 if isinstance(exc, StreamRTError):
                     raise
-                raise ModelNotReadyError(f"model '{name}' failed to load: {reason}") from exc
+                raise ModelLoadError(f"failed to load '{name}', {reason}") from exc
             old = entry.versions
             for served in loaded.values():
                 served.start()
