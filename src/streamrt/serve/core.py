@@ -211,13 +211,15 @@ class ServerCore:
             raise ModelLoadError(f"failed to load '{name}', parameters.config is not valid JSON: {exc}") from None
         try:
             await self.repository.load(name, override, files)
-        except (ModelLoadError, RequestError):
+        except RequestError:  # the request itself is incomplete (files without a config): 400
             raise
         except UnknownModelError as exc:
             raise ModelLoadError(f"failed to load '{name}', failed to poll from model repository: {exc.message}",
                                  hint=exc.hint) from None
         except StreamRTError as exc:
-            raise ModelLoadError(f"failed to load '{name}', {exc.message}", hint=exc.hint) from None
+            said = exc.message if exc.message.startswith(f"failed to load '{name}'") else \
+                f"failed to load '{name}', {exc.message}"
+            raise ModelLoadError(said, hint=exc.hint) from None
 
     def check_auth(self, header: str | None) -> None:
         """Raise :class:`UnauthorizedError` unless ``header`` is ``Bearer <token>`` (when a token is set)."""

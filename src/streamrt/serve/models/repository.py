@@ -28,14 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrt.errors import (
-    ConfigError,
-    ModelLoadError,
-    ModelNotReadyError,
-    RequestError,
-    StreamRTError,
-    UnknownModelError,
-)
+from streamrt.errors import ConfigError, ModelNotReadyError, RequestError, StreamRTError, UnknownModelError
 from streamrt.serve.configs.config import CONFIG_FILES, ModelConfig
 from streamrt.serve.configs.config_message import from_mapping, read_config_file
 from streamrt.serve.configs.model_files import remove_model_files, write_model_files
@@ -152,8 +145,7 @@ class ModelRepository:
         Raises:
             UnknownModelError: no such directory (and no files).
             RequestError: files without a config.
-            StreamRTError: the load failed (ModelLoadError when the cause is not a StreamRT error;
-                the model is UNAVAILABLE with that reason, or keeps
+            StreamRTError: the load failed (the model is UNAVAILABLE with that reason, or keeps
                 serving its old versions on a failed reload).
         """
         if files and config is None:
@@ -177,7 +169,7 @@ class ModelRepository:
                     entry.state, entry.reason = ModelState.UNAVAILABLE, reason
                 if isinstance(exc, StreamRTError):
                     raise
-                raise ModelLoadError(f"failed to load '{name}', {reason}") from exc
+                raise ModelNotReadyError(f"failed to load '{name}', {reason}") from exc  # Triton's words
             old = entry.versions
             for served in loaded.values():
                 served.start()
