@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.core import EXTENSIONS, ServerCore
 from streamrt.serve.models.model import EngineLoader
-from streamrt.serve.port import port_in_use  # re-exported (in __all__): it was defined here
+from streamrt.serve.port import close_each, port_in_use  # port_in_use: re-exported (it was defined here)
 
 if TYPE_CHECKING:
     from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
@@ -121,7 +121,6 @@ class InferenceServer(ServerCore):
                 f"{processes}")
 
     async def _close_listeners(self) -> None:
-        from streamrt.serve.listeners.closing import close_each
 
         await close_each(self._closers, "a listener")
 

@@ -19,7 +19,6 @@ Public surface (each module's ``__all__``):
   ``quiet_bad_requests``, ``read_body``, ``BadRequestLogFilter``;
 * :mod:`.grpc_service`: ``start_grpc``, ``grpc_server``, ``bind_grpc``, ``service_handler``,
   ``GrpcService``, ``InferenceRpcs``, ``UNARY_RPCS``, ``UNPARSABLE``, the request/response codecs;
-* :mod:`.closing`: ``close_each`` (the server, the supervisor and each worker close what they bound);
 * :mod:`.metrics`: ``start_metrics``, ``collect``, ``render``;
 * :mod:`.frontends`: ``supervisor.FrontendSupervisor`` and ``worker.main`` (the rest of it is the
   private protocol between those two).

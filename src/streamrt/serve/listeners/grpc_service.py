@@ -338,6 +338,7 @@ class GrpcService(InferenceRpcs):
                 for name in UNARY_RPCS}
 
     def _parsed(self, behaviour: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+        """``behaviour``, unless :func:`_lenient` could not parse the request: then INTERNAL :data:`UNPARSABLE`."""
         async def call(request: Any, context: Any) -> Any:
             if request is _UNPARSED:
                 await self._abort(context, UnparsableRequestError(UNPARSABLE))

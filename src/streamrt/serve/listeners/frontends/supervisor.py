@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import streamrt
 from streamrt.errors import ConfigError, StreamRTError
-from streamrt.serve.listeners.closing import close_each
 from streamrt.serve.listeners.frontends import channel
 from streamrt.serve.listeners.frontends.arena import Arena
 from streamrt.serve.listeners.frontends.channel import FrameReader, FrameWriter
 from streamrt.serve.listeners.frontends.tensors import pack_outputs, unpack_request
+from streamrt.serve.port import close_each
 
 if TYPE_CHECKING:
     from streamrt.serve.core import ServerCore

@@ -33,7 +33,6 @@ import numpy as np
 
 from streamrt.errors import ServerShuttingDownError
 from streamrt.serve.configs.config import ServerConfig
-from streamrt.serve.listeners.closing import close_each
 from streamrt.serve.listeners.frontends.arena import Arena
 from streamrt.serve.listeners.frontends.channel import (
     ERROR,
@@ -47,7 +46,7 @@ from streamrt.serve.listeners.frontends.channel import (
     raise_error,
 )
 from streamrt.serve.listeners.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
-from streamrt.serve.port import RequestBuffer, check_bearer
+from streamrt.serve.port import RequestBuffer, check_bearer, close_each
 from streamrt.serve.process import configure_serving_process, settle_heap
 from streamrt.serve.wire.protocol import HEADER_LENGTH, InferRequest, InferResponse
 
