@@ -39,9 +39,13 @@ Hierarchy::
     └── ServeError                  the model server refused or failed one request
         ├── RequestError            malformed request: bad JSON, sizes that disagree, bad parameters
         │   ├── PayloadTooLargeError  body or tensor larger than the server's limits
-        │   └── SharedMemoryError   unknown region, offset/size out of range, region in use or too small
+        │   └── SharedMemoryError   offset/size out of range, region in use or too small, key taken
+        │       ├── RegionNotFoundError  no region of that name is registered
+        │       └── RegionExistsError    a region of that name is already registered
+        ├── UnparsableRequestError  gRPC bytes that do not parse as the request message
         ├── UnknownModelError       no such model or version in the repository
         ├── ModelNotReadyError      the model exists but is loading, unloading or failed to load
+        ├── ModelLoadError          a load request (repository API) failed: the message says why
         ├── QueueFullError          the model's queue is at max_queue_size: rejected at once
         ├── RequestTimeoutError     the request's queue timeout expired before it ran
         ├── ServerShuttingDownError the server stopped accepting work (graceful shutdown)
@@ -66,6 +70,7 @@ __all__ = [
     "MissingDependencyError",
     "MissingInputError",
     "ModelError",
+    "ModelLoadError",
     "ModelNotFoundError",
     "ModelNotReadyError",
     "OutOfMemoryError",
@@ -79,6 +84,8 @@ __all__ = [
     "PlanRequirementsError",
     "ProfileError",
     "QueueFullError",
+    "RegionExistsError",
+    "RegionNotFoundError",
     "RequestError",
     "RequestTimeoutError",
     "ServeError",
@@ -91,6 +98,7 @@ __all__ = [
     "UnauthorizedError",
     "UnknownInputError",
     "UnknownModelError",
+    "UnparsableRequestError",
     "UnsupportedOperatorError",
     "UnsupportedRequestError",
 ]
@@ -329,12 +337,28 @@ class SharedMemoryError(RequestError):
     """A shared-memory region cannot be used as asked (never written when this is raised)."""
 
 
+class RegionNotFoundError(SharedMemoryError):
+    """A request or status call names a shared-memory region nobody registered (Triton: NOT_FOUND)."""
+
+
+class RegionExistsError(SharedMemoryError):
+    """A register call uses a region name that is already registered (Triton: ALREADY_EXISTS)."""
+
+
+class UnparsableRequestError(ServeError):
+    """gRPC message bytes that do not parse as the RPC's request message (Triton: INTERNAL)."""
+
+
 class UnknownModelError(ServeError):
     """No model (or no such version of it) in the repository."""
 
 
 class ModelNotReadyError(ServeError):
     """The model exists but is loading, unloading, or failed to load (the message says why)."""
+
+
+class ModelLoadError(ServeError):
+    """A repository load request failed (``failed to load '<model>', <why>``; Triton: INTERNAL)."""
 
 
 class QueueFullError(ServeError):

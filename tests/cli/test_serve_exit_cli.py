@@ -127,15 +127,17 @@ def test_exit_on_error_parses_like_tritons() -> None:
         assert parser.parse_args(["serve", "r", given]).exit_on_error is value, given
 
 
+@pytest.mark.parametrize("frontends", ["1", "2"], ids=["one-process", "2-frontend-processes"])
 @pytest.mark.parametrize("busy", ["--grpc-port", "--http-port"])
-def test_a_busy_port_is_one_line_naming_the_port_and_the_fix(repo: Path, busy: str) -> None:
+def test_a_busy_port_is_one_line_naming_the_port_and_the_fix(repo: Path, busy: str, frontends: str) -> None:
     # A process of its own: `streamrt serve` sets process-wide GC and logging settings.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = _serve(repo, busy, str(port))  # the later flag wins over _serve's "0"
+        proc = _serve(repo, busy, str(port), "--frontend-processes", frontends)  # the later flag wins over "0"
         assert proc.wait(120) == 2
     err = proc.stderr.read().strip().splitlines()  # type: ignore[union-attr]
     assert "Traceback" not in "\n".join(err), err
+    assert len(err) == 1, err  # one line: not gRPC core's own "Failed to add port" line before it
     assert str(port) in err[-1] and "already in use" in err[-1] and f"{busy} 0" in err[-1], err[-1]

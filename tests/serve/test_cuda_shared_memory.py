@@ -120,7 +120,7 @@ def test_cuda_regions_in_and_out(gpu_server: dict[str, int], reference: Any, pro
         with pytest.raises(InferenceServerException, match="nothing was written"):
             client.infer(model, [inp], outputs=[small])
         np.testing.assert_array_equal(cudashm.get_contents_as_numpy(y_region, np.float32, [4, 10]), 7.0)
-        with pytest.raises(InferenceServerException, match="already registered"):
+        with pytest.raises(InferenceServerException, match="already in manager"):
             client.register_cuda_shared_memory("x", cudashm.get_raw_handle(x_region), 0, x.nbytes)
         client.unregister_cuda_shared_memory()
         assert not (client.get_cuda_shared_memory_status() if protocol == "http"

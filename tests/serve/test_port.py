@@ -214,3 +214,26 @@ def test_grpc_listener_runs_over_any_port() -> None:
             await server.stop(None)
 
     asyncio.run(run())
+
+
+def test_a_busy_grpc_port_is_one_config_error_naming_it() -> None:
+    """grpcio 1.85 raises RuntimeError("Failed to bind ...") where older versions returned 0: either
+    way the listener says which port and which flag, and nothing else reaches the log."""
+    pytest.importorskip("grpc")
+    from streamrt.errors import ConfigError
+    from streamrt.serve.listeners.grpc_service import bind_grpc, start_grpc
+
+    class Refusing:
+        def add_insecure_port(self, address: str) -> int:
+            raise RuntimeError(f"Failed to bind to address {address}; set GRPC_VERBOSITY=debug for more")
+
+    assert bind_grpc(Refusing(), "127.0.0.1:1") == 0
+    core = ServerCore("unused", ServerConfig())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as err:
+            asyncio.run(start_grpc(core, "127.0.0.1", port))
+    assert str(err.value) == (f"cannot listen for gRPC on 127.0.0.1:{port}: the port is already in use (another "
+                              "server running?) (hint: --grpc-port N with a free port, or --grpc-port 0 to pick any)")

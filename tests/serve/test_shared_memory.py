@@ -1,6 +1,8 @@
 """The system shared-memory extension with the real tritonclient utilities, over HTTP and gRPC:
-inputs and outputs in regions, status, unregister, every refusal a 400 that corrupts nothing,
-regions released on unregister and shutdown, and a soak over shared memory."""
+inputs and outputs in regions, status, unregister, every refusal with Triton's code (an unknown
+region 404 / NOT_FOUND, a name registered twice 400 / ALREADY_EXISTS, the rest 400 /
+INVALID_ARGUMENT) and none corrupting anything, regions released on unregister and shutdown,
+and a soak over shared memory."""
 
 from __future__ import annotations
 
@@ -151,30 +153,40 @@ def test_mixed_shared_memory_and_raw_inputs_keep_their_order(server: Any, refere
         client.close()
 
 
-def _refused(call: Any, *fragments: str) -> None:
+_CODES = {"bad": ("400", "INVALID_ARGUMENT"), "unknown": ("404", "NOT_FOUND"), "taken": ("400", "ALREADY_EXISTS")}
+
+
+def _refused(call: Any, *fragments: str, kind: str = "bad") -> None:
+    """``call`` is refused with the status Triton gives that ``kind`` of refusal, naming ``fragments``."""
     with pytest.raises(InferenceServerException) as info:
         call()
     text = str(info.value)
     status = str(info.value.status())
-    assert "400" in status or "INVALID_ARGUMENT" in status, (status, text)
+    assert any(status in (code, f"StatusCode.{code}") for code in _CODES[kind]), (status, text)
     for fragment in fragments:
         assert fragment in text, text
 
 
-def test_refusals_are_400_and_corrupt_nothing(server: Any, region: Any, protocol: str) -> None:
+def test_refusals_use_tritons_codes_and_corrupt_nothing(server: Any, region: Any, protocol: str) -> None:
     handle, key = region
     client, mod = _client(server, protocol), thttp if protocol == "http" else tgrpc
     x = np.random.default_rng().standard_normal((2, 3, 32, 32)).astype(np.float32)
     poison = np.arange(16, dtype=np.float32) + 0.5
+    small = shm.create_shared_memory_region("small", f"{key}_small", 4096)
     try:
-        client.register_system_shared_memory("small", key, 4096)  # holds x? no: 24 KiB do not fit in 4 KiB
+        _refused(lambda: client.register_system_shared_memory("huge", f"{key}_small", 1 << 20), "exceeds")
+        client.register_system_shared_memory("small", f"{key}_small", 4096)  # holds x? no: 24 KiB do not fit
         client.register_system_shared_memory("big", key, 65536)
-        _refused(lambda: client.register_system_shared_memory("big", key, 16), "already registered")
+        _refused(lambda: client.register_system_shared_memory("big", key, 16),
+                 "shared memory region 'big' already in manager", kind="taken")
+        # Triton's second mapping of one key fails (it reuses the first registration's closed descriptor)
+        _refused(lambda: client.register_system_shared_memory("again", key, 16, offset=4096),
+                 "failed to register shared memory region 'again'", "'big'")
         _refused(lambda: client.register_system_shared_memory("nokey", "/streamrt_no_such_key", 16), "cannot open")
-        _refused(lambda: client.register_system_shared_memory("huge", key, 1 << 20), "exceeds")
         shm.set_shared_memory_region(handle, [x])
         shm.set_shared_memory_region(handle, [poison], offset=50000)
-        _refused(lambda: client.infer("cnn", [_io(mod, "nowhere", "big")[0]]), "nowhere", "registered")
+        _refused(lambda: client.infer("cnn", [_io(mod, "nowhere", "big")[0]]),
+                 "Unable to find shared memory region: 'nowhere'", kind="unknown")
         _refused(lambda: client.infer("cnn", [_io(mod, "small", "big")[0]]), "exceeds", "small")
         _refused(lambda: client.infer("cnn", list(_io(mod, "big", "big", y_offset=65536 - 8))[:1],
                                       outputs=[_io(mod, "big", "big", y_offset=65536 - 8)[1]]), "exceeds")
@@ -183,7 +195,11 @@ def test_refusals_are_400_and_corrupt_nothing(server: Any, region: Any, protocol
         _refused(lambda: client.infer("cnn", [inp], outputs=[out]), "80 bytes", "nothing was written")
         np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [16], offset=50000), poison)
         np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [2, 3, 32, 32]), x)
-        _refused(lambda: client.get_system_shared_memory_status("nowhere"), "nowhere")
+        _refused(lambda: client.get_system_shared_memory_status("nowhere"),
+                 "Unable to find system shared memory region: 'nowhere'", kind="unknown")
+        _refused(lambda: client.get_cuda_shared_memory_status("big"),
+                 "The region named 'big' is registered as system shared memory, not CUDA shared memory",
+                 kind="unknown")
         # The server still serves the region correctly after all that.
         inp, out = _io(mod, "big", "big", y_offset=50000)
         client.infer("cnn", [inp], outputs=[out])
@@ -191,6 +207,7 @@ def test_refusals_are_400_and_corrupt_nothing(server: Any, region: Any, protocol
     finally:
         client.unregister_system_shared_memory()
         client.close()
+        shm.destroy_shared_memory_region(small)
 
 
 def test_unregister_while_in_use_is_refused(server: Any, behaviours: Any, region: Any, protocol: str) -> None:
@@ -225,14 +242,19 @@ def test_unregister_while_in_use_is_refused(server: Any, behaviours: Any, region
 @pytest.mark.parametrize("frontend_processes", [1, 2], ids=["one-process", "2-frontend-processes"])
 def test_regions_are_released_on_shutdown(make_server: Any, region: Any, frontend_processes: int) -> None:
     _, key = region
-    mapped = _mappings(key.lstrip("/"))
-    with make_server(frontend_processes=frontend_processes) as server:
-        client = _client(server, "http")
-        client.register_system_shared_memory("a", key, 4096)
-        client.register_system_shared_memory("b", key, 4096, offset=8192)
-        client.close()
-        assert _mappings(key.lstrip("/")) == mapped + 2
-    assert _mappings(key.lstrip("/")) == mapped
+    other = shm.create_shared_memory_region("b", f"{key}_b", 16384)
+    keys = (key.lstrip("/"), f"{key}_b".lstrip("/"))
+    mapped = [_mappings(k) for k in keys]
+    try:
+        with make_server(frontend_processes=frontend_processes) as server:
+            client = _client(server, "http")
+            client.register_system_shared_memory("a", key, 4096)
+            client.register_system_shared_memory("b", f"{key}_b", 4096, offset=8192)
+            client.close()
+            assert [_mappings(k) for k in keys] == [n + 1 for n in mapped]
+        assert [_mappings(k) for k in keys] == mapped
+    finally:
+        shm.destroy_shared_memory_region(other)
 
 
 def test_soak_over_shared_memory_every_request_answered_once(server: Any, reference: Any, protocol: str) -> None:

@@ -261,15 +261,16 @@ def test_protocol_gaps_answered_as_triton(http: Any, grpc: Any, server: ServerTh
     a = np.ones((1, 16), np.int32)
     out = tgrpc.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("region", 64)
-    # Shared memory is served (issue 12): a region nobody registered is the client's mistake.
+    # Shared memory is served (issue 12): a region nobody registered is NOT_FOUND, as in Triton.
     with pytest.raises(InferenceServerException) as err:
         grpc.infer("simple", _pair(tgrpc, "INT32", a, a), outputs=[out])
-    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "'region'" in str(err.value)
+    assert err.value.status() == "StatusCode.NOT_FOUND" and "'region'" in str(err.value)
     inputs = _pair(tgrpc, "INT32", a, a)
     inputs[0].set_shared_memory("region", 64)
     with pytest.raises(InferenceServerException) as err:
         grpc.infer("simple", inputs)
-    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "'region'" in str(err.value)
+    assert err.value.status() == "StatusCode.NOT_FOUND" and "Unable to find shared memory region: 'region'" in str(
+        err.value)
 
 
 def test_grpc_mixed_raw_and_typed_contents_is_refused(server: ServerThread) -> None:
@@ -367,3 +368,90 @@ def test_files_without_config_are_refused(http: Any) -> None:
     with pytest.raises(InferenceServerException) as err:
         http.load_model("ident_nothing", files={"file:1/model.onnx": b"x"})
     assert err.value.status() == "400" and "config override" in str(err.value)
+
+
+# --- Triton's answers where clients see them (issue 26), in one process and through the front ends ---
+
+
+def _raw_call(server: ServerThread, rpc: str, payload: bytes) -> Any:
+    """``payload`` as the raw bytes of ``rpc``: the RpcError it is refused with."""
+    import grpc as grpclib
+
+    with grpclib.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")  # bytes in, bytes out
+        with pytest.raises(grpclib.RpcError) as err:
+            call(payload, timeout=10)
+    return err.value
+
+
+@pytest.mark.parametrize("rpc, size", [("ModelInfer", 64), ("ModelInfer", 64 * 1024), ("ModelMetadata", 64)])
+def test_unparsable_grpc_bytes_are_internal_unable_to_parse(server: ServerThread, rpc: str, size: int) -> None:
+    import grpc as grpclib
+
+    garbage = b"\xff" * size  # field 31, wire type 7: no protobuf message parses from it
+    error = _raw_call(server, rpc, garbage)
+    assert error.code() == grpclib.StatusCode.INTERNAL and error.details() == "Unable to parse request", error
+
+
+def test_model_control_failures_say_failed_to_load_as_triton(http: Any, grpc: Any) -> None:
+    """NVIDIA's simple_http_model_control.py: a malformed override and an unknown model."""
+    http.load_model("simple")
+    for client, status in ((http, "500"), (grpc, "StatusCode.INTERNAL")):
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("simple", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+        assert err.value.status() == status and "failed to load 'simple'" in err.value.message(), err.value
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("wrong_model_name")
+        assert err.value.status() == status, err.value
+        assert "failed to load 'wrong_model_name', failed to poll from model repository" in err.value.message()
+    assert http.is_model_ready("simple")  # a failed reload keeps the served versions
+    http.load_model("simple", config='{"max_batch_size": 16}')
+    assert http.get_model_config("simple")["max_batch_size"] == 16
+    http.load_model("simple")
+    assert http.get_model_config("simple")["max_batch_size"] == 8
+
+
+def test_grpc_explicit_contents_with_raw_gets_tritons_message(server: ServerThread) -> None:
+    """NVIDIA's grpc_explicit_int_content_client.py: one raw entry, INPUT0's typed contents as well."""
+    import grpc as grpclib
+
+    from streamrt.serve.wire.proto import messages
+
+    message = messages.ModelInferRequest(model_name="simple")
+    for i in range(2):
+        message.inputs.add(name=f"INPUT{i}", datatype="INT32", shape=[1, 16]).contents.int_contents.extend(range(16))
+    message.raw_input_contents.append(np.arange(8, dtype=np.int64).tobytes())
+    error = _raw_call(server, "ModelInfer", message.SerializeToString())
+    assert error.code() == grpclib.StatusCode.INVALID_ARGUMENT
+    assert ("contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"
+            in error.details()), error.details()
+
+
+def test_model_ready_of_an_unknown_model_has_tritons_json_body(server: ServerThread) -> None:
+    base = f"http://127.0.0.1:{server.http_port}"
+    assert _get(base + "/v2/models/nope/ready") == (400, {"error": "Model version not ready"})
+    assert _get(base + "/v2/models/simple/versions/7/ready") == (400, {"error": "Model version not ready"})
+    assert _get(base + "/v2/models/simple/ready") == (200, {})
+
+
+def test_a_72_mb_fp32_tensor_is_answered_on_http_and_grpc(http: Any, grpc: Any) -> None:
+    """Triton's limits: no HTTP body limit (2.51), gRPC messages up to 2 GiB - 1, no element count."""
+    import json
+
+    profile = {f"{end}_shapes": {"string_value": f"INPUT0:{n}"}
+               for end, n in (("min", 1), ("opt", 1024), ("max", 20_000_000))}
+    config = json.dumps({"max_batch_size": 0, "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+                         "parameters": profile, "model_warmup": []})
+    model = _model([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+                   [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, [-1])],
+                   [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, [-1])])
+    http.load_model("big_identity", config=config, files={"file:1/model.onnx": model.SerializeToString()})
+    try:
+        x = np.random.default_rng().standard_normal(18_000_000).astype(np.float32)  # 72 MB
+        for mod, client in ((thttp, http), (tgrpc, grpc)):
+            item = mod.InferInput("INPUT0", [x.size], "FP32")
+            item.set_data_from_numpy(x)
+            np.testing.assert_array_equal(client.infer("big_identity", [item]).as_numpy("OUTPUT0"), x)
+    finally:
+        http.unload_model("big_identity")

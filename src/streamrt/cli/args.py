@@ -296,14 +296,14 @@ SERVER_OPTIONS = (
     Option("load_threads", ("--load-threads",), "models loaded in parallel (default 2)", {"type": int}),
     Option("auth_token", ("--auth-token",),
            "require 'Authorization: Bearer TOKEN' (default: $STREAMRT_SERVE_TOKEN when set)"),
-    Option("max_request_bytes", ("--max-request-bytes",), "largest HTTP request body (default 64 MiB)",
-           {"type": int}),
+    Option("max_request_bytes", ("--max-request-bytes",),
+           "largest HTTP request body (default 2 GiB - 1: Triton 2.51 has no HTTP body limit)", {"type": int}),
     Option("grpc_max_message_bytes", ("--grpc-max-message-mb",),
-           "largest gRPC message in MiB (default 512: a 64-image fp32 224x224 request is 38.5 MB; "
+           "largest gRPC message in MiB (default 2048, capped at gRPC's 2 GiB - 1 bytes as Triton's; "
            "gRPC answers RESOURCE_EXHAUSTED above it)", {"type": float, "metavar": "MB"},
-           value=lambda mb: int(mb * 2**20)),
-    Option("max_tensor_elements", ("--max-tensor-elements",), "largest element count of one input (default 2^24)",
-           {"type": int}),
+           value=lambda mb: min(int(mb * 2**20), 2**31 - 1)),
+    Option("max_tensor_elements", ("--max-tensor-elements",),
+           "largest element count of one input (default 2^31 - 1: Triton has no such limit)", {"type": int}),
     Option("trace_file", ("--trace-file",), "append one JSON line per traced request to PATH (Triton's trace "
            "timestamps: received, queued, compute start/end, response); default: no tracing", {"metavar": "PATH"}),
     Option("trace_rate", ("--trace-rate",), "trace one request in N (default 1: all, when --trace-file or "

@@ -23,17 +23,25 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from streamrt._version import __version__
-from streamrt.errors import ServerShuttingDownError, StreamRTError
+from streamrt.errors import (
+    ModelLoadError,
+    RequestError,
+    ServerShuttingDownError,
+    StreamRTError,
+    UnknownModelError,
+    UnsupportedRequestError,
+)
 from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.execution.memory_budget import MemoryBudget
 from streamrt.serve.execution.rate_limiter import RateLimiter
@@ -178,6 +186,40 @@ class ServerCore:
 
     def metadata(self) -> dict[str, Any]:
         return {"name": "streamrt", "version": __version__, "extensions": EXTENSIONS}
+
+    # --- model control ------------------------------------------------------------------------
+
+    def check_model_control(self) -> None:
+        """Raise :class:`UnsupportedRequestError` when load/unload is off (``--no-model-control``)."""
+        if not self.config.model_control:
+            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
+
+    async def load_model(self, name: str, config: str | Mapping[str, Any] | None = None,
+                         files: Mapping[str, bytes] | None = None) -> None:
+        """The repository API's load: ``config`` is the request's override (JSON text or an object).
+
+        Raises:
+            RequestError: files without a config (the request itself is incomplete).
+            ModelLoadError: anything else that stops the load, as Triton says it (``failed to load
+                '<model>', <why>``, INTERNAL): an unknown model, a config that is not JSON or is
+                refused, an engine that does not build or load.
+        """
+        assert self.repository is not None
+        try:
+            override = json.loads(config) if isinstance(config, str) else config
+        except ValueError as exc:
+            raise ModelLoadError(f"failed to load '{name}', parameters.config is not valid JSON: {exc}") from None
+        try:
+            await self.repository.load(name, override, files)
+        except RequestError:  # the request itself is incomplete (files without a config): 400
+            raise
+        except UnknownModelError as exc:
+            raise ModelLoadError(f"failed to load '{name}', failed to poll from model repository: {exc.message}",
+                                 hint=exc.hint) from None
+        except StreamRTError as exc:
+            said = exc.message if exc.message.startswith(f"failed to load '{name}'") else \
+                f"failed to load '{name}', {exc.message}"
+            raise ModelLoadError(said, hint=exc.hint) from None
 
     def check_auth(self, header: str | None) -> None:
         """Raise :class:`UnauthorizedError` unless ``header`` is ``Bearer <token>`` (when a token is set)."""

@@ -14,6 +14,10 @@ that are not inference (health, metadata, repository, shared-memory registration
 front-end feature of the inference path (auth, tracing, shared memory, sequence flags,
 compression) is written once, in the listeners, for both.
 
+Two helpers every process that binds listeners shares (the one-process server, the front-end
+supervisor, each front-end worker): :func:`port_in_use` (the one-line error of a busy port) and
+:func:`close_each` (close what was bound, newest first, whatever fails).
+
 Example:
     >>> port: InferencePort = core                                            # doctest: +SKIP
     >>> port.check_auth(request.headers.get("Authorization"))                 # doctest: +SKIP
@@ -23,20 +27,23 @@ Example:
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from streamrt.errors import UnauthorizedError
+from streamrt.errors import ConfigError, UnauthorizedError
 
 if TYPE_CHECKING:
     from streamrt.serve.configs.config import ServerConfig
     from streamrt.serve.wire.protocol import InferRequest, InferResponse
     from streamrt.serve.wire.shared_memory import RegionSource
 
-__all__ = ["InferencePort", "RequestBuffer", "check_bearer"]
+__all__ = ["InferencePort", "RequestBuffer", "check_bearer", "close_each", "port_in_use"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -110,3 +117,22 @@ class InferencePort(Protocol):
         out) belongs to the port from this call on: it is given back once nothing reads the request.
         """
         ...
+
+
+def port_in_use(listener: str, host: str, port: int, flag: str) -> ConfigError:
+    """One line naming the port a listener cannot bind and the flag that moves it (0: any free port)."""
+    return ConfigError(f"cannot listen for {listener} on {host}:{port}: the port is already in use "
+                       "(another server running?)", hint=f"{flag} N with a free port, or {flag} 0 to pick any")
+
+
+async def close_each(closers: list[Callable[[], Awaitable[Any]]], what: str) -> None:
+    """Await each closer (a runner's ``cleanup``, a gRPC server's ``stop``), newest first, logging a
+    failure as "closing ``what`` failed" instead of raising, so one listener that fails to close
+    never keeps the others bound; ``closers`` is empty afterwards. The one-process server, the
+    front-end supervisor and each front-end worker close what they bound with it."""
+    for close in reversed(closers):
+        try:
+            await close()
+        except Exception:
+            log.warning("closing %s failed", what, exc_info=True)
+    closers.clear()

@@ -22,10 +22,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from streamrt.errors import ConfigError
 from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.core import EXTENSIONS, ServerCore
 from streamrt.serve.models.model import EngineLoader
+from streamrt.serve.port import close_each, port_in_use  # port_in_use: re-exported (it was defined here)
 
 if TYPE_CHECKING:
     from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
@@ -33,12 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["EXTENSIONS", "InferenceServer", "ServerThread", "port_in_use"]
 
 log = logging.getLogger(__name__)
-
-
-def port_in_use(listener: str, host: str, port: int, flag: str) -> ConfigError:
-    """One line naming the port that cannot be bound and the flag that moves it (0: any free port)."""
-    return ConfigError(f"cannot listen for {listener} on {host}:{port}: the port is already in use "
-                       "(another server running?)", hint=f"{flag} N with a free port, or {flag} 0 to pick any")
 
 
 class InferenceServer(ServerCore):
@@ -87,12 +81,7 @@ class InferenceServer(ServerCore):
         if cfg.grpc_port is not None and self.frontends is None:
             from streamrt.serve.listeners.grpc_service import start_grpc
 
-            try:
-                grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)
-            except RuntimeError as exc:  # grpcio >= 1.6x raises "Failed to bind to address ..." (no 0 return)
-                if "bind" not in str(exc).lower():
-                    raise
-                raise port_in_use("gRPC", cfg.host, cfg.grpc_port, "--grpc-port") from None
+            grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)  # busy: one ConfigError
             self._closers.append(lambda: grpc_server.stop(grace=1.0))
         if cfg.metrics_port is not None:
             from streamrt.serve.listeners.metrics import start_metrics
@@ -132,12 +121,8 @@ class InferenceServer(ServerCore):
                 f"{processes}")
 
     async def _close_listeners(self) -> None:
-        for close in reversed(self._closers):
-            try:
-                await close()
-            except Exception:
-                log.warning("closing a listener failed", exc_info=True)
-        self._closers.clear()
+
+        await close_each(self._closers, "a listener")
 
 
 class ServerThread:

@@ -497,10 +497,12 @@ class ServerConfig:
         http_port / grpc_port / metrics_port: ports (0 picks a free one); None disables that front end.
         auth_token: when set, every request except health checks and metrics needs
             ``Authorization: Bearer <token>`` (HTTP header or gRPC metadata).
-        max_request_bytes: largest accepted HTTP request body (Triton's default 64 MiB).
-        grpc_max_message_bytes: largest accepted gRPC message (default 512 MiB: 64 fp32 224x224
-            images are 38.5 MB; gRPC answers RESOURCE_EXHAUSTED above it).
-        max_tensor_elements: largest element count of one input tensor.
+        max_request_bytes: largest accepted HTTP request body (default 2 GiB - 1, gRPC's limit:
+            Triton 2.51 answers binary tensors of any size on HTTP; 413 above it).
+        grpc_max_message_bytes: largest accepted gRPC message (default 2 GiB - 1, Triton's
+            ``MAX_GRPC_MESSAGE_SIZE`` and gRPC's own ceiling; RESOURCE_EXHAUSTED above it).
+        max_tensor_elements: largest element count of one input tensor (default 2^31 - 1: no
+            tensor a message may carry is refused for its count, as in Triton).
         exit_timeout_s: how long shutdown waits for in-flight requests (Triton's default 30 s).
         strict_readiness: /v2/health/ready needs every model READY (else: the server is up).
         model_control: allow load/unload through the repository API.
@@ -529,9 +531,9 @@ class ServerConfig:
     grpc_port: int | None = 8001
     metrics_port: int | None = 8002
     auth_token: str | None = None
-    max_request_bytes: int = 64 * 2**20
-    grpc_max_message_bytes: int = 512 * 2**20
-    max_tensor_elements: int = 2**24
+    max_request_bytes: int = 2**31 - 1
+    grpc_max_message_bytes: int = 2**31 - 1
+    max_tensor_elements: int = 2**31 - 1
     exit_timeout_s: float = 30.0
     strict_readiness: bool = True
     model_control: bool = True

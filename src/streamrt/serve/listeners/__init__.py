@@ -17,8 +17,8 @@ Public surface (each module's ``__all__``):
 
 * :mod:`.http`: ``build_app``, ``start_http``, ``InferenceRoutes``, ``ServerRoutes``,
   ``quiet_bad_requests``, ``read_body``, ``BadRequestLogFilter``;
-* :mod:`.grpc_service`: ``start_grpc``, ``grpc_server``, ``service_handler``, ``GrpcService``,
-  ``InferenceRpcs``, ``UNARY_RPCS``, the request/response codecs;
+* :mod:`.grpc_service`: ``start_grpc``, ``grpc_server``, ``bind_grpc``, ``service_handler``,
+  ``GrpcService``, ``InferenceRpcs``, ``UNARY_RPCS``, ``UNPARSABLE``, the request/response codecs;
 * :mod:`.metrics`: ``start_metrics``, ``collect``, ``render``;
 * :mod:`.frontends`: ``supervisor.FrontendSupervisor`` and ``worker.main`` (the rest of it is the
   private protocol between those two).

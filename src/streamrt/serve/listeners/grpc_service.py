@@ -21,17 +21,18 @@ refused by gRPC itself with ``RESOURCE_EXHAUSTED`` ("Received message larger tha
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from streamrt._optional import require
-from streamrt.errors import RequestError, StreamRTError, UnsupportedRequestError
+from streamrt.errors import RequestError, StreamRTError, UnparsableRequestError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
-from streamrt.serve.port import InferencePort
+from streamrt.serve.port import InferencePort, port_in_use
 from streamrt.serve.wire.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
 from streamrt.serve.wire.proto import SERVICE
 from streamrt.serve.wire.protocol import (
@@ -47,8 +48,12 @@ from streamrt.serve.wire.protocol import (
 from streamrt.serve.wire.shared_memory import RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.serve.wire.status import status_for
 
-__all__ = ["UNARY_RPCS", "GrpcService", "InferenceRpcs", "decode_grpc_request", "encode_grpc_response", "grpc_server",
-           "parse_infer_request", "serialize_grpc_response", "service_handler", "start_grpc"]
+__all__ = ["UNARY_RPCS", "UNPARSABLE", "GrpcService", "InferenceRpcs", "bind_grpc", "decode_grpc_request",
+           "encode_grpc_response", "grpc_server", "parse_infer_request", "serialize_grpc_response", "service_handler",
+           "start_grpc"]
+
+UNPARSABLE = "Unable to parse request"
+"""What a message that is not the RPC's request message gets (INTERNAL), in gRPC C++'s words as Triton answers."""
 
 # Requests at least this large are split by hand (grpc_wire) instead of parsed whole by protobuf.
 _SPLIT_ABOVE = 16 * 1024
@@ -83,13 +88,15 @@ def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | N
     """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``."""
     from streamrt.serve.wire.proto import messages
 
-    if len(data) < _SPLIT_ABOVE:  # small: protobuf's C parser is quicker than walking the fields here
-        return decode_grpc_request(messages.ModelInferRequest.FromString(data), max_elements, memory=memory)
-    rest, raw = split_infer_request(data)
     try:
-        message = messages.ModelInferRequest.FromString(rest)
-    except Exception as exc:  # google.protobuf.message.DecodeError
-        raise RequestError(f"malformed ModelInferRequest: {exc}") from None
+        if len(data) < _SPLIT_ABOVE:  # small: protobuf's C parser is quicker than walking the fields here
+            message, raw = messages.ModelInferRequest.FromString(data), None
+        else:
+            rest, raw = split_infer_request(data)
+            message = messages.ModelInferRequest.FromString(rest)
+    except Exception as exc:  # google.protobuf.message.DecodeError, or split_infer_request's RequestError
+        log.debug("a ModelInferRequest of %d bytes does not parse: %s", len(data), exc)
+        raise UnparsableRequestError(UNPARSABLE) from None
     return decode_grpc_request(message, max_elements, raw=raw, memory=memory)
 
 
@@ -116,6 +123,10 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
     params = {k: _param(v) for k, v in message.parameters.items()}
     if raw is None:
         raw = list(message.raw_input_contents)
+    for tensor in message.inputs if raw else ():  # Triton's check and words, before the count's
+        if tensor.HasField("contents"):
+            raise RequestError(f"contents field must not be specified when using raw_input_contents for "
+                               f"'{tensor.name}' for model '{message.model_name}'")
     # tritonclient sends raw contents only for the inputs that are not in shared memory, in order.
     in_tensors = [t for t in message.inputs if "shared_memory_region" not in t.parameters]
     if raw and len(raw) != len(in_tensors):
@@ -125,9 +136,6 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
     index = -1
     for tensor in message.inputs:
         where = f"input '{tensor.name}'"
-        if raw and tensor.HasField("contents") and tensor.contents.ListFields():
-            raise RequestError(f"{where}: contents must not be specified when using raw_input_contents "
-                               "(the request mixes both)")
         shape = tuple(int(d) for d in tensor.shape)
         if any(d < 0 for d in shape):
             raise RequestError(f"{where}: shape dimensions must be >= 0, got {list(shape)}")
@@ -257,13 +265,23 @@ class InferenceRpcs:
         self.messages = messages
         self.grpc = import_grpc()
 
+    async def _abort(self, context: Any, exc: StreamRTError) -> None:
+        """End the call with ``exc``'s message and the status table's code."""
+        await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+
     async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
         """Auth, then ``call``; a StreamRT error aborts the call with the status table's code."""
         try:
             self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
             return await call()
         except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+            await self._abort(context, exc)
+
+    async def _now(self, context: Any, compute: Callable[[], Any]) -> Any:
+        """:meth:`_guard` of a call that does not wait: ``compute()`` is the response."""
+        async def call() -> Any:
+            return compute()
+        return await self._guard(context, call)
 
     async def _infer(self, data: bytes, traceparent: str | None) -> bytes:
         request = parse_infer_request(data, self.port.config.max_tensor_elements, self.port.regions)
@@ -277,7 +295,7 @@ class InferenceRpcs:
         try:
             self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
         except StreamRTError as exc:
-            await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
+            await self._abort(context, exc)
         traceparent = _traceparent(context)
         async for request in requests:
             try:
@@ -309,12 +327,23 @@ class GrpcService(InferenceRpcs):
         self.json_format = json_format
 
     def unary_handlers(self) -> dict[str, Any]:
-        """The gRPC method handlers of :data:`UNARY_RPCS` (messages parsed and serialized by protobuf)."""
+        """The gRPC method handlers of :data:`UNARY_RPCS` (messages parsed and serialized by protobuf;
+        bytes that do not parse get INTERNAL :data:`UNPARSABLE`, as in Triton, not grpcio's UNKNOWN
+        with a traceback in the log)."""
         return {name: self.grpc.unary_unary_rpc_method_handler(
-                    getattr(self, name),
-                    request_deserializer=getattr(self.messages, _REQUEST_TYPES.get(name, f"{name}Request")).FromString,
+                    self._parsed(getattr(self, name)),
+                    request_deserializer=_lenient(
+                        getattr(self.messages, _REQUEST_TYPES.get(name, f"{name}Request")).FromString),
                     response_serializer=lambda message: message.SerializeToString())
                 for name in UNARY_RPCS}
+
+    def _parsed(self, behaviour: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+        """``behaviour``, unless :func:`_lenient` could not parse the request: then INTERNAL :data:`UNPARSABLE`."""
+        async def call(request: Any, context: Any) -> Any:
+            if request is _UNPARSED:
+                await self._abort(context, UnparsableRequestError(UNPARSABLE))
+            return await behaviour(request, context)
+        return call
 
     @property
     def repo(self) -> Any:
@@ -327,15 +356,11 @@ class GrpcService(InferenceRpcs):
         return self.messages.ServerReadyResponse(ready=self.server.ready)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            ready = self.server.accepting and self.repo.is_ready(request.name, request.version)
-            return self.messages.ModelReadyResponse(ready=ready)
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self.messages.ModelReadyResponse(
+            ready=self.server.accepting and self.repo.is_ready(request.name, request.version)))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            return self.messages.ServerMetadataResponse(**self.server.metadata())
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self.messages.ServerMetadataResponse(**self.server.metadata()))
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
@@ -362,30 +387,20 @@ class GrpcService(InferenceRpcs):
                                               self.messages.RepositoryIndexResponse())
         return await self._guard(context, call)
 
-    def _check_control(self) -> None:
-        if not self.server.config.model_control:
-            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
-
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            self._check_control()
+            self.server.check_model_control()
             params = {k: _param(v) for k, v in request.parameters.items()}
             files = {k: bytes(v) for k, v in params.items() if k.startswith("file:") and isinstance(v, bytes)}
             if any(k.startswith("file:") and k not in files for k in params):
                 raise RequestError("file: load parameters must be bytes_param")
-            override = None
-            if params.get("config"):
-                try:
-                    override = json.loads(params["config"])
-                except ValueError as exc:
-                    raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-            await self.repo.load(request.model_name, override, files or None)
+            await self.server.load_model(request.model_name, params.get("config") or None, files or None)
             return self.messages.RepositoryModelLoadResponse()
         return await self._guard(context, call)
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         async def call() -> Any:
-            self._check_control()
+            self.server.check_model_control()
             await self.repo.unload(request.model_name)
             return self.messages.RepositoryModelUnloadResponse()
         return await self._guard(context, call)
@@ -398,39 +413,37 @@ class GrpcService(InferenceRpcs):
         return response
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            return self._shm_status("system", request.name, self.messages.SystemSharedMemoryStatusResponse())
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self._shm_status(
+            "system", request.name, self.messages.SystemSharedMemoryStatusResponse()))
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
+        def register() -> Any:
             self.server.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
             return self.messages.SystemSharedMemoryRegisterResponse()
-        return await self._guard(context, call)
+        return await self._now(context, register)
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            self.server.shared_memory.unregister("system", request.name)
-            return self.messages.SystemSharedMemoryUnregisterResponse()
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self._shm_unregister(
+            "system", request.name, self.messages.SystemSharedMemoryUnregisterResponse()))
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            return self._shm_status("CUDA", request.name, self.messages.CudaSharedMemoryStatusResponse())
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self._shm_status(
+            "CUDA", request.name, self.messages.CudaSharedMemoryStatusResponse()))
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
+        def register() -> Any:
             self.server.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
                                                     request.byte_size)
             return self.messages.CudaSharedMemoryRegisterResponse()
-        return await self._guard(context, call)
+        return await self._now(context, register)
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        async def call() -> Any:
-            self.server.shared_memory.unregister("CUDA", request.name)
-            return self.messages.CudaSharedMemoryUnregisterResponse()
-        return await self._guard(context, call)
+        return await self._now(context, lambda: self._shm_unregister(
+            "CUDA", request.name, self.messages.CudaSharedMemoryUnregisterResponse()))
+
+    def _shm_unregister(self, kind: str, name: str, response: Any) -> Any:
+        self.server.shared_memory.unregister(kind, name)
+        return response
 
 
 def service_handler(server: ServerCore) -> Any:
@@ -438,6 +451,20 @@ def service_handler(server: ServerCore) -> Any:
     socket front-end workers forward to)."""
     service = GrpcService(server)
     return service.handler(service.unary_handlers())
+
+
+_UNPARSED = object()
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """``parse`` that returns :data:`_UNPARSED` instead of raising: grpcio would answer UNKNOWN with the
+    exception's class name and log a traceback; the handler answers INTERNAL :data:`UNPARSABLE` instead."""
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception:  # google.protobuf.message.DecodeError
+            return _UNPARSED
+    return deserialize
 
 
 def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
@@ -451,10 +478,38 @@ def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
 
 async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
     """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
+    if port:
+        _check_free(host, port)
     grpc_aio = grpc_server(server.config.grpc_max_message_bytes)
     grpc_aio.add_generic_rpc_handlers((service_handler(server),))
-    bound = grpc_aio.add_insecure_port(f"{host}:{port}")
+    bound = bind_grpc(grpc_aio, f"{host}:{port}")
     if bound == 0:
-        raise StreamRTError(f"cannot bind the gRPC port {host}:{port}", hint="pick another --grpc-port")
+        raise port_in_use("gRPC", host, port, "--grpc-port")
     await grpc_aio.start()
     return grpc_aio, bound
+
+
+def bind_grpc(server: Any, address: str) -> int:
+    """``server.add_insecure_port(address)``: the bound port, 0 when it cannot be bound (grpcio >= 1.6x
+    raises ``RuntimeError("Failed to bind to address ...")`` where older versions returned 0)."""
+    try:
+        return int(server.add_insecure_port(address))
+    except RuntimeError as exc:
+        if "bind" not in str(exc).lower():
+            raise
+        return 0
+
+
+def _check_free(host: str, port: int) -> None:
+    """Refuse a busy ``host:port`` before gRPC tries it (gRPC's core would log its own error line first)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return  # gRPC reports a host it cannot resolve itself
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a TIME_WAIT port is free
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise port_in_use("gRPC", host, port, "--grpc-port") from None

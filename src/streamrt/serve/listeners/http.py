@@ -294,7 +294,9 @@ class ServerRoutes(InferenceRoutes):
 
     async def model_ready(self, request: web.Request) -> web.Response:
         name, version = model_and_version(request)
-        return _status(200 if self.server.accepting and self.repo.is_ready(name, version) else 400)
+        if self.server.accepting and self.repo.is_ready(name, version):
+            return _status(200)
+        return _error(400, "Model version not ready")  # Triton's body for an unknown or unready model
 
     async def model_config(self, request: web.Request) -> web.Response:
         name, version = model_and_version(request)
@@ -310,12 +312,8 @@ class ServerRoutes(InferenceRoutes):
         body = await json_body(request)
         return _json(self.repo.index(ready_only=bool(body.get("ready", False))))
 
-    def check_control(self) -> None:
-        if not self.server.config.model_control:
-            raise UnsupportedRequestError("model load/unload is disabled on this server (--no-model-control)")
-
     async def load(self, request: web.Request) -> web.Response:
-        self.check_control()
+        self.server.check_model_control()
         body = await json_body(request)
         params = body.get("parameters") or {}
         if not isinstance(params, dict):
@@ -327,18 +325,11 @@ class ServerRoutes(InferenceRoutes):
                     files[key] = base64.b64decode(value, validate=True)
                 except (ValueError, TypeError):
                     raise RequestError(f"load parameter '{key}' must be base64, as tritonclient sends it") from None
-        config = params.get("config")
-        override = None
-        if config is not None:
-            try:
-                override = json.loads(config) if isinstance(config, str) else config
-            except ValueError as exc:
-                raise RequestError(f"parameters.config is not valid JSON: {exc}") from None
-        await self.repo.load(request.match_info["model"], override, files or None)
+        await self.server.load_model(request.match_info["model"], params.get("config"), files or None)
         return _status(200)
 
     async def unload(self, request: web.Request) -> web.Response:
-        self.check_control()
+        self.server.check_model_control()
         await json_body(request)
         await self.repo.unload(request.match_info["model"])
         return _status(200)

@@ -169,7 +169,7 @@ class ModelRepository:
                     entry.state, entry.reason = ModelState.UNAVAILABLE, reason
                 if isinstance(exc, StreamRTError):
                     raise
-                raise ModelNotReadyError(f"model '{name}' failed to load: {reason}") from exc
+                raise ModelNotReadyError(f"failed to load '{name}', {reason}") from exc  # Triton's words
             old = entry.versions
             for served in loaded.values():
                 served.start()

@@ -6,7 +6,8 @@ the ``shared_memory_region`` / ``shared_memory_offset`` / ``shared_memory_byte_s
 of inputs and outputs instead of sending tensors. What is checked, and when:
 
 * register: the name is free (system and CUDA regions share one name space, as in Triton), the
-  key opens and holds ``offset + byte_size`` bytes, the CUDA handle opens on that device;
+  key is no other region's (Triton's second mapping of a key fails too), opens and holds
+  ``offset + byte_size`` bytes, the CUDA handle opens on that device;
 * decode: the region exists, ``offset + byte_size`` lies inside it, an input's byte size is the
   exact size of its shape and datatype;
 * after inference: an output fits in its byte size; if not, the request fails and the region is
@@ -14,7 +15,10 @@ of inputs and outputs instead of sending tensors. What is checked, and when:
 * unregister: a region that a request still reads or writes is refused (400), never pulled away
   from under it. Regions are closed on unregister and on server shutdown.
 
-Every refusal is a :class:`~streamrt.errors.SharedMemoryError` (HTTP 400, gRPC INVALID_ARGUMENT).
+Every refusal is a :class:`~streamrt.errors.SharedMemoryError` (HTTP 400, gRPC INVALID_ARGUMENT),
+with Triton's codes and words where Triton has its own: an unknown region is a
+:class:`~streamrt.errors.RegionNotFoundError` (404, NOT_FOUND), a name registered twice a
+:class:`~streamrt.errors.RegionExistsError` (400, ALREADY_EXISTS).
 
 Data path: a system-region input is a zero-copy NumPy view of the mapping (the batcher's gather
 is its one copy); an output is one copy into the mapping. A CUDA-region input is a
@@ -38,14 +42,14 @@ import ctypes
 import logging
 import mmap
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from streamrt._optional import available, require
-from streamrt.errors import SharedMemoryError
+from streamrt.errors import RegionExistsError, RegionNotFoundError, SharedMemoryError
 
 __all__ = ["DeviceTensor", "RegionRef", "RegionSource", "SharedMemoryRegistry", "region_ref"]
 
@@ -281,28 +285,44 @@ class SharedMemoryRegistry:
 
     # --- registration -------------------------------------------------------------------------
 
-    def _free(self, name: str) -> None:
-        if not name:
-            raise SharedMemoryError("a shared memory region needs a non-empty name")
-        if name in self._regions:
-            raise SharedMemoryError(f"shared memory region '{name}' is already registered",
-                                    hint="unregister it first, or pick another name")
-
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Map ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key`` as ``name``."""
-        self._free(name)
-        if offset < 0 or byte_size < 0:
-            raise SharedMemoryError(f"region '{name}': offset and byte_size must be >= 0, got {offset}, {byte_size}")
-        self._regions[name] = _SystemRegion(name, key, offset, byte_size)
-        log.debug("registered system shared memory region '%s' (key %s, %d bytes)", name, key, byte_size)
+        """Map ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key`` as ``name``.
+
+        Raises:
+            RegionExistsError: ``name`` is registered already.
+            SharedMemoryError: ``key`` is another region's already (Triton refuses it too: its second
+                mapping of a key fails), does not open, or is smaller than ``offset + byte_size``.
+        """
+        holder = next((r.name for r in self._regions.values()
+                       if isinstance(r, _SystemRegion) and r.key.lstrip("/") == key.lstrip("/")), None)
+        if holder is not None and name not in self._regions:
+            raise SharedMemoryError(f"failed to register shared memory region '{name}': key {key!r} is already "
+                                    f"registered as region '{holder}'",
+                                    hint=f"use region '{holder}' with an offset, or unregister it first")
+        self._add(name, ("offset", offset), byte_size, lambda: _SystemRegion(name, key, offset, byte_size))
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        """Open the CUDA IPC handle ``raw_handle`` (``byte_size`` bytes on ``device_id``) as ``name``."""
-        self._free(name)
-        if device_id < 0 or byte_size < 0:
-            raise SharedMemoryError(f"region '{name}': device_id and byte_size must be >= 0")
-        self._regions[name] = _CudaRegion(name, raw_handle, device_id, byte_size)
-        log.debug("registered CUDA shared memory region '%s' (device %d, %d bytes)", name, device_id, byte_size)
+        """Open the CUDA IPC handle ``raw_handle`` (``byte_size`` bytes on ``device_id``) as ``name``.
+
+        Raises:
+            RegionExistsError: ``name`` is registered already.
+            SharedMemoryError: the handle does not open on that device.
+        """
+        self._add(name, ("device_id", device_id), byte_size,
+                  lambda: _CudaRegion(name, raw_handle, device_id, byte_size))
+
+    def _add(self, name: str, where: tuple[str, int], byte_size: int, open_region: Callable[[], _Region]) -> None:
+        """Register the region ``open_region`` opens as ``name`` (a free name; ``where`` and the size >= 0)."""
+        if not name:
+            raise SharedMemoryError("a shared memory region needs a non-empty name")
+        if name in self._regions:  # Triton's words and code (ALREADY_EXISTS)
+            raise RegionExistsError(f"shared memory region '{name}' already in manager",
+                                    hint="unregister it first, or pick another name")
+        field, value = where
+        if value < 0 or byte_size < 0:
+            raise SharedMemoryError(f"region '{name}': {field} and byte_size must be >= 0, got {value}, {byte_size}")
+        region = self._regions[name] = open_region()
+        log.debug("registered %s shared memory region '%s' (%d bytes)", region.kind, name, byte_size)
 
     def unregister(self, kind: str, name: str = "") -> None:
         """Close region ``name`` of ``kind`` ("system" or "CUDA"), or every region of that kind when empty.
@@ -324,12 +344,15 @@ class SharedMemoryRegistry:
         """Status entries of ``kind``'s regions (one when ``name`` is given).
 
         Raises:
-            SharedMemoryError: ``name`` is not a registered region of that kind.
+            RegionNotFoundError: ``name`` is not a registered region of that kind.
         """
-        if name:
+        if name:  # Triton's words (NOT_FOUND)
             region = self._regions.get(name)
-            if region is None or region.kind != kind:
-                raise SharedMemoryError(f"no {kind} shared memory region named '{name}'")
+            if region is None:
+                raise RegionNotFoundError(f"Unable to find {kind.lower()} shared memory region: '{name}'")
+            if region.kind != kind:
+                raise RegionNotFoundError(f"The region named '{name}' is registered as {region.kind} shared memory, "
+                                          f"not {kind} shared memory")
             return [region.status()]
         return [r.status() for r in self._regions.values() if r.kind == kind]
 
@@ -338,9 +361,9 @@ class SharedMemoryRegistry:
     def _get(self, ref: RegionRef, where: str) -> _Region:
         region = self._regions.get(ref.name)
         if region is None:
-            raise SharedMemoryError(f"{where}: no shared memory region named '{ref.name}' is registered",
-                                    hint="register it first (register_system_shared_memory / "
-                                    "register_cuda_shared_memory)")
+            raise RegionNotFoundError(f"Unable to find shared memory region: '{ref.name}' ({where})",
+                                      hint="register it first (register_system_shared_memory / "
+                                      "register_cuda_shared_memory)")
         region.check(ref, where)
         return region
 

@@ -2,7 +2,9 @@
 
 Both front ends and the metrics use it, so a wrong shape is a 400 / ``INVALID_ARGUMENT`` /
 ``OTHER`` failure everywhere. Status codes follow Triton (``docs/protocol/README.md``): not found
-404, unavailable 503, unsupported 501, internal 500, everything a client got wrong 400. The
+404, unavailable 503, unsupported 501, internal 500 (a failed model load, gRPC bytes that do not
+parse, as Triton), everything else a client got wrong 400 (``ALREADY_EXISTS`` on gRPC for a
+region name already registered). The
 failure ``reason`` is the label of ``nv_inference_request_failure`` (REJECTED, CANCELED,
 BACKEND, OTHER).
 
@@ -22,11 +24,14 @@ from streamrt.errors import (
     ConfigError,
     InferenceError,
     InputError,
+    ModelLoadError,
     ModelNotReadyError,
     OutOfMemoryError,
     PayloadTooLargeError,
     PipelineError,
     QueueFullError,
+    RegionExistsError,
+    RegionNotFoundError,
     RequestError,
     RequestTimeoutError,
     ServerShuttingDownError,
@@ -34,6 +39,7 @@ from streamrt.errors import (
     StreamRTError,
     UnauthorizedError,
     UnknownModelError,
+    UnparsableRequestError,
     UnsupportedRequestError,
 )
 
@@ -59,11 +65,15 @@ class Status:
 STATUS_TABLE: tuple[tuple[type[BaseException], Status], ...] = (
     (UnauthorizedError, Status(401, "UNAUTHENTICATED", "OTHER")),
     (PayloadTooLargeError, Status(413, "RESOURCE_EXHAUSTED", "OTHER")),
-    (SharedMemoryError, Status(400, "INVALID_ARGUMENT", "OTHER")),  # bad region, range, size; region in use
+    (RegionNotFoundError, Status(404, "NOT_FOUND", "OTHER")),  # Triton's codes for these two
+    (RegionExistsError, Status(400, "ALREADY_EXISTS", "OTHER")),
+    (SharedMemoryError, Status(400, "INVALID_ARGUMENT", "OTHER")),  # bad range or size; region in use; key taken
     (RequestError, Status(400, "INVALID_ARGUMENT", "OTHER")),
     (InputError, Status(400, "INVALID_ARGUMENT", "OTHER")),
     (UnknownModelError, Status(404, "NOT_FOUND", "OTHER")),
     (ModelNotReadyError, Status(503, "UNAVAILABLE", "OTHER")),
+    (ModelLoadError, Status(500, "INTERNAL", "OTHER")),  # Triton: "failed to load '<m>', ..." is INTERNAL
+    (UnparsableRequestError, Status(500, "INTERNAL", "OTHER")),  # as gRPC's C++ server: "Unable to parse request"
     (QueueFullError, Status(503, "UNAVAILABLE", "REJECTED")),
     (RequestTimeoutError, Status(503, "UNAVAILABLE", "REJECTED")),
     (ServerShuttingDownError, Status(503, "UNAVAILABLE", "REJECTED")),

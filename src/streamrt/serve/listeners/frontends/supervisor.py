@@ -36,18 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import streamrt
 from streamrt.errors import ConfigError, StreamRTError
+from streamrt.serve.listeners.frontends import channel
 from streamrt.serve.listeners.frontends.arena import Arena
-from streamrt.serve.listeners.frontends.channel import (
-    FREE,
-    HELLO,
-    INFER,
-    OK,
-    STOP,
-    FrameReader,
-    FrameWriter,
-    error_message,
-)
+from streamrt.serve.listeners.frontends.channel import FrameReader, FrameWriter
 from streamrt.serve.listeners.frontends.tensors import pack_outputs, unpack_request
+from streamrt.serve.port import close_each
 
 if TYPE_CHECKING:
     from streamrt.serve.core import ServerCore
@@ -140,11 +133,11 @@ class FrontendSupervisor:
             await web.UnixSite(runner, str(self._dir / "http.sock")).start()
             self._closers.append(runner.cleanup)
         if self.grpc_port is not None:
-            from streamrt.serve.listeners.grpc_service import grpc_server, service_handler
+            from streamrt.serve.listeners.grpc_service import bind_grpc, grpc_server, service_handler
 
             server = grpc_server(2**31 - 1)
             server.add_generic_rpc_handlers((service_handler(self.core),))
-            if server.add_insecure_port(f"unix:{self._dir / 'grpc.sock'}") == 0:
+            if bind_grpc(server, f"unix:{self._dir / 'grpc.sock'}") == 0:
                 raise StreamRTError(f"cannot bind the private gRPC socket in {self._dir}")
             await server.start()
             self._closers.append(lambda: server.stop(grace=1.0))
@@ -202,14 +195,14 @@ class FrontendSupervisor:
         while (messages := await frames.read()) is not None:
             for message in messages:
                 kind = message[0]
-                if kind == INFER:
+                if kind == channel.INFER:
                     task = loop.create_task(self._infer(worker, message))
                     worker.tasks.add(task)
                     task.add_done_callback(worker.tasks.discard)
-                elif kind == FREE:
+                elif kind == channel.FREE:
                     for offset in message[1]:
                         worker.arena.outputs.free(offset)
-                elif kind == HELLO:
+                elif kind == channel.HELLO:
                     worker.hello.set()
         if worker.tasks:  # the worker is gone: the engine may still read its arena until these finish
             await asyncio.gather(*worker.tasks, return_exceptions=True)
@@ -223,12 +216,13 @@ class FrontendSupervisor:
             request = unpack_request(message, worker.arena, self.core.shared_memory)
             response = await self.core.infer(request)
             outputs, in_memory = pack_outputs(response, worker.arena, taken)
-            reply: tuple[Any, ...] = (OK, rid, response.model, response.version, response.id, outputs, in_memory)
+            reply: tuple[Any, ...] = (channel.OK, rid, response.model, response.version, response.id, outputs,
+                                      in_memory)
         except Exception as exc:
             for offset in taken:
                 worker.arena.outputs.free(offset)
             taken = []
-            reply = error_message(rid, exc)
+            reply = channel.error_message(rid, exc)
         if worker.writer.is_closing():
             return
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -262,19 +256,14 @@ class FrontendSupervisor:
         workers = list(self.workers.values())
         for worker in workers:
             if not worker.writer.is_closing():
-                worker.writer.send((STOP,))
+                worker.writer.send((channel.STOP,))
         for worker in workers:
             await self._end(worker, timeout)
         for worker in workers:
             if worker.reading is not None:
                 await asyncio.gather(worker.reading, return_exceptions=True)
         self.workers.clear()
-        for close in reversed(self._closers):
-            try:
-                await close()
-            except Exception:
-                log.warning("closing the front-end control plane failed", exc_info=True)
-        self._closers.clear()
+        await close_each(self._closers, "the front-end control plane")
         for sock in self._reserved:
             sock.close()
         self._reserved.clear()

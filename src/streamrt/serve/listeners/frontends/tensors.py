@@ -21,15 +21,8 @@ from typing import Any
 import numpy as np
 
 from streamrt.serve.listeners.frontends.arena import Arena
-from streamrt.serve.wire.protocol import (
-    InferRequest,
-    InferResponse,
-    RequestedOutput,
-    deserialize_bytes,
-    kserve_dtype,
-    numpy_dtype,
-    serialize_bytes,
-)
+from streamrt.serve.wire import protocol
+from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput
 from streamrt.serve.wire.shared_memory import RegionRef, SharedMemoryRegistry
 
 __all__ = ["DeferredRegions", "RegionInput", "pack_outputs", "pack_request_tensors", "unpack_outputs",
@@ -91,11 +84,11 @@ def pack_request_tensors(request: InferRequest, arena: Arena, taken: list[int]) 
     for name, value in request.inputs.items():
         if isinstance(value, RegionInput):
             ref = value.ref
-            inputs.append((name, kserve_dtype(value), value.shape, ("r", ref.name, ref.offset, ref.byte_size)))
+            inputs.append((name, protocol.kserve_dtype(value), value.shape, ("r", ref.name, ref.offset, ref.byte_size)))
             continue
-        datatype = kserve_dtype(value)
+        datatype = protocol.kserve_dtype(value)
         if datatype == "BYTES":
-            where = _place_bytes(serialize_bytes(value), arena, arena.inputs, taken)
+            where = _place_bytes(protocol.serialize_bytes(value), arena, arena.inputs, taken)
         else:
             where = _place(value, arena, arena.inputs, taken)
         inputs.append((name, datatype, tuple(value.shape), where))
@@ -109,8 +102,8 @@ def _array(where: Where, datatype: str, shape: tuple[int, ...], arena: Arena, la
     data: Any = arena.view(where[1], where[2]) if where[0] == "a" else where[1]
     if datatype == "BYTES":
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        return deserialize_bytes(memoryview(data), count, label).reshape(shape)
-    array = np.frombuffer(data, numpy_dtype(datatype)).reshape(shape)
+        return protocol.deserialize_bytes(memoryview(data), count, label).reshape(shape)
+    array = np.frombuffer(data, protocol.numpy_dtype(datatype)).reshape(shape)
     array.flags.writeable = False
     return array
 
@@ -126,8 +119,8 @@ def unpack_request(message: tuple[Any, ...], arena: Arena, registry: SharedMemor
         for name, datatype, shape, where in inputs:
             label = f"input '{name}'"
             if where[0] == "r":
-                arrays[name] = registry.read_input(RegionRef(*where[1:]), numpy_dtype(datatype), tuple(shape), label,
-                                                   leases)
+                arrays[name] = registry.read_input(RegionRef(*where[1:]), protocol.numpy_dtype(datatype), tuple(shape),
+                                                   label, leases)
             else:
                 arrays[name] = _array(where, datatype, tuple(shape), arena, label)
         requested = []
@@ -148,11 +141,11 @@ def pack_outputs(response: InferResponse, arena: Arena, taken: list[int]) -> tup
     """The OK message's outputs (written to the arena's output half) and shared-memory outputs."""
     outputs: list[Entry] = []
     for name, value in response.outputs.items():
-        datatype = kserve_dtype(value)
+        datatype = protocol.kserve_dtype(value)
         if name in response.in_shared_memory:
             where: Where = ("s",)
         elif datatype == "BYTES":
-            where = _place_bytes(serialize_bytes(value), arena, arena.outputs, taken)
+            where = _place_bytes(protocol.serialize_bytes(value), arena, arena.outputs, taken)
         else:
             array = np.asarray(value)
             if array.nbytes <= INLINE_OUTPUT_BYTES:  # in the reply itself: no block to give back later
@@ -170,7 +163,7 @@ def unpack_outputs(message: tuple[Any, ...], arena: Arena) -> InferResponse:
     arrays = {}
     for name, datatype, shape, where in outputs:
         if where[0] == "s":  # written to the client's region: only dtype and shape go on the wire
-            arrays[name] = np.broadcast_to(np.zeros((), numpy_dtype(datatype)), tuple(shape))
+            arrays[name] = np.broadcast_to(np.zeros((), protocol.numpy_dtype(datatype)), tuple(shape))
         else:
             arrays[name] = _array(where, datatype, tuple(shape), arena, f"output '{name}'")
     regions = {name: RegionRef(region, offset, size) for name, region, offset, size in in_memory}

@@ -26,7 +26,7 @@ import pickle
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -46,7 +46,7 @@ from streamrt.serve.listeners.frontends.channel import (
     raise_error,
 )
 from streamrt.serve.listeners.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
-from streamrt.serve.port import RequestBuffer, check_bearer
+from streamrt.serve.port import RequestBuffer, check_bearer, close_each
 from streamrt.serve.process import configure_serving_process, settle_heap
 from streamrt.serve.wire.protocol import HEADER_LENGTH, InferRequest, InferResponse
 
@@ -268,7 +268,7 @@ async def serve(spec: dict[str, Any]) -> None:
     arena = Arena(spec["arena_fd"], spec["arena_bytes"])
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=spec["channel_fd"]))
     link = EngineLink(reader, writer, arena, config)
-    closers = []
+    closers: list[Callable[[], Awaitable[Any]]] = []
     if spec["http_port"] is not None:
         from aiohttp import web
 
@@ -277,16 +277,16 @@ async def serve(spec: dict[str, Any]) -> None:
         await web.TCPSite(runner, config.host, spec["http_port"], reuse_address=True, reuse_port=True).start()
         closers.append(runner.cleanup)
     if spec["grpc_port"] is not None:
-        from streamrt.serve.listeners.grpc_service import InferenceRpcs, grpc_server
+        from streamrt.serve.listeners.grpc_service import InferenceRpcs, bind_grpc, grpc_server
 
         forwarder = GrpcForwarder(spec["grpc_socket"])
         server = grpc_server(config.grpc_max_message_bytes, reuse_port=True)
         server.add_generic_rpc_handlers((InferenceRpcs(link).handler(forwarder.handlers()),))
-        if server.add_insecure_port(f"{config.host}:{spec['grpc_port']}") == 0:
+        if bind_grpc(server, f"{config.host}:{spec['grpc_port']}") == 0:
             raise OSError(f"front-end worker {spec['index']}: cannot bind gRPC port {spec['grpc_port']}")
         await server.start()
+        closers.append(forwarder.channel.close)  # closed after the server (newest first)
         closers.append(lambda: server.stop(grace=1.0))
-        closers.append(forwarder.channel.close)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, link.closed.set)
     settle_heap()  # what serving the listeners needs is loaded
@@ -294,11 +294,7 @@ async def serve(spec: dict[str, Any]) -> None:
     reading = loop.create_task(link.run())
     await link.closed.wait()
     await link.drained(10.0)  # replies already received still reach their clients
-    for close in closers:
-        try:
-            await close()
-        except Exception:
-            log.warning("closing a listener failed", exc_info=True)
+    await close_each(closers, "a listener")
     reading.cancel()
     writer.close()
     arena.close()
