@@ -198,7 +198,7 @@ class _Session:
         decoded = time.perf_counter()
         with torch.cuda.stream(self.stream):
             picture = torch.from_dlpack(frame).clone()  # out of the decoder's surface pool
-        self.pts = getattr(frame, "timestamp", None)
+        self.pts = _pts(frame)
         if self.options.timing:
             self.times["decode"] += decoded - started
             self.times["copy"] += time.perf_counter() - decoded
@@ -211,6 +211,16 @@ class _Session:
         self.stream.synchronize()
         if self.options.timing:
             self.times["sync"] += time.perf_counter() - started
+
+
+def _pts(frame: Any) -> float | None:
+    """A decoded frame's presentation time stamp, or None where this PyNvVideoCodec build gives none."""
+    value = getattr(frame, "timestamp", None)
+    try:
+        value = value() if callable(value) else value
+        return None if value is None else float(value)
+    except (TypeError, ValueError):  # an accessor of another shape: no time stamp rather than a failed stream
+        return None
 
 
 def _call(obj: Any, name: str) -> Any:

@@ -239,7 +239,7 @@ def drain_in_processes(executor: Executor, processes: int, spec: PoolSpec, paths
             "decoders_opened_per_s": sum(p["decoders_opened_per_s"] for p in parts),
             "host_ms_per_frame": {k: float(np.mean([p["host_ms_per_frame"][k] for p in parts]))
                                   for k in ("decode", "copy", "sync")},
-            "overlap": max(0.0, end - begin) / seconds, "gil": {}, "errors": sum((p["errors"] for p in parts), [])}
+            "overlap": max(0.0, end - begin) / seconds, "gil": {}, "errors": [e for p in parts for e in p["errors"]]}
 
 
 def open_sessions(spec: PoolSpec, paths: Sequence[str | Path], limit: int, *, deadline: float,
@@ -279,10 +279,18 @@ def open_sessions(spec: PoolSpec, paths: Sequence[str | Path], limit: int, *, de
         open_s = time.perf_counter() - started
         orders = [_Order() for _ in range(opened)]
         sources = pool.sources()
-        read = 0
+        read, failed = 0, set[int]()
         for _ in range(frames if time.perf_counter() < deadline else 0):
             for s, source in enumerate(sources):
-                if source.read() is not None:
+                if s in failed:
+                    continue
+                try:
+                    picture = source.read()
+                except Exception as exc:  # e.g. a stream whose decoder ran out of memory later: counted, not fatal
+                    failed.add(s)
+                    error = error or f"reading stream {s}: {type(exc).__name__}: {exc}"[:400]
+                    continue
+                if picture is not None:
                     orders[s].see(getattr(source, "last_pts", None))
                     read += 1
     finally:
@@ -292,7 +300,7 @@ def open_sessions(spec: PoolSpec, paths: Sequence[str | Path], limit: int, *, de
             "mib_per_session_median": float(np.median(mib)) if mib.size else None,
             "mib_per_session_max": float(mib.max()) if mib.size else None,
             "mib_total": None if start_free is None or free is None else (start_free - free) / 2**20,
-            "frames_read": read, "in_order": sum(o.bad == 0 for o in orders),
+            "frames_read": read, "streams_failed": len(failed), "in_order": sum(o.bad == 0 for o in orders),
             "order_known": all(o.known for o in orders)}
 
 
