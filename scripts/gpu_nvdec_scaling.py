@@ -79,9 +79,9 @@ VARIANTS = {
 }
 DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+w8"
 
-SCALING_HEADER = ["| sessions | frames/s | per session | x one session | slowest stream | decoders made/s | "
-                  "host ms/frame decode / copy / sync | GIL probe p99 / max ms | in order |",
-                  "|---:|---:|---:|---:|---:|---:|---|---|---|"]
+SCALING_HEADER = ["| sessions | frames/s | per session | x one session | slowest stream | NVDEC busy | "
+                  "decoders made/s | host ms/frame decode / copy / sync | GIL probe p99 / max ms | in order |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
 
 
 class Budget:
@@ -104,8 +104,9 @@ def _row(r: dict[str, Any], one: float | None) -> str:
     order = f"{r['in_order']}/{r['sessions']}" if r["order_known"] else f"{r['in_order']}/{r['sessions']} (no pts)"
     ratio = f"{r['fps'] / one:.2f}" if one else "-"
     extra = f" (windows overlap {100 * r['overlap']:.0f}%)" if "overlap" in r else ""
+    busy = "n/a" if r.get("nvdec_busy") is None else f"{100 * r['nvdec_busy']:.0f}%"
     return (f"| {r['sessions']} | {r['fps']:.0f}{extra} | {r['fps_per_session']:.0f} | {ratio} | "
-            f"{r['min_stream_fps']:.0f} | {r['decoders_opened_per_s']:.1f} | {host['decode']:.2f} / "
+            f"{r['min_stream_fps']:.0f} | {busy} | {r['decoders_opened_per_s']:.1f} | {host['decode']:.2f} / "
             f"{host['copy']:.2f} / {host['sync']:.2f} | {gil_text} | {order} |")
 
 
@@ -155,7 +156,7 @@ def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
     for n in args.session_counts:
         needs = args.seconds + args.warmup + args.open_cost * n + 2
         if budget.left < needs:
-            lines.append(f"| {n} | skipped: {budget.left:.0f} s left, the point needs ~{needs:.0f} s |" + " |" * 7)
+            lines.append(f"| {n} | skipped: {budget.left:.0f} s left, the point needs ~{needs:.0f} s |" + " |" * 8)
             continue
         try:
             if variant.processes:
@@ -172,7 +173,7 @@ def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
         except Exception as exc:  # e.g. sessions that cannot open: this point fails, the next count runs
             traceback.print_exc()
             run.data["failed"].append(f"scaling {name} {n}: {type(exc).__name__}: {exc}")
-            lines.append(f"| {n} | FAILED: {_cell(f'{type(exc).__name__}: {exc}')} |" + " |" * 7)
+            lines.append(f"| {n} | FAILED: {_cell(f'{type(exc).__name__}: {exc}')} |" + " |" * 8)
             continue
         one = one or (r["fps"] if n == 1 else None)
         rows.append(r)

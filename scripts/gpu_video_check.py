@@ -43,7 +43,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
 from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig, plan_admission
 from streamrt.video.decode_nvdec import NvdecPool, measure_nvdec, nvdec_available
+from streamrt.video.decode_scaling import DecoderLoad
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 
@@ -156,38 +156,6 @@ def _error_row(columns: int, label: Any, exc: BaseException, state: dict[str, An
     traceback.print_exc()
     text = " ".join(f"{type(exc).__name__}: {exc}".split()).replace("|", "/")[:300]
     return f"| {label} | FAILED: {text} |" + " |" * (columns - 2)
-
-
-class DecoderLoad:
-    """Mean NVDEC utilisation over a run, from NVML when nvidia-ml-py is installed (None otherwise)."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml: Any = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        except Exception:
-            self._nvml = None
-
-    def __enter__(self) -> DecoderLoad:
-        if self._nvml is not None:
-            threading.Thread(target=self._run, daemon=True).start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples.append(float(self._nvml.nvmlDeviceGetDecoderUtilization(self._handle)[0]))
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-    @property
-    def mean(self) -> float | None:
-        return float(np.mean(self.samples)) / 100 if self.samples else None
 
 
 def _lat(report: RunReport, key: str) -> str:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -35,7 +36,7 @@ from streamrt.errors import ConfigError
 from streamrt.video.decode_nvdec import NvdecOptions
 from streamrt.video.sources import SourceInfo, VideoFileSource
 
-__all__ = ["GilProbe", "PoolSpec", "StandInPool", "drain", "drain_in_processes", "open_sessions",
+__all__ = ["DecoderLoad", "GilProbe", "PoolSpec", "StandInPool", "drain", "drain_in_processes", "open_sessions",
            "start_processes"]
 
 KINDS = ("nvdec", "cpu")
@@ -77,6 +78,52 @@ class GilProbe:
                 "max_ms": float(late.max())}
 
 
+class DecoderLoad:
+    """NVDEC utilisation sampled every 0.2 s from NVML while open (``mean`` None without nvidia-ml-py or a GPU).
+
+    Tells engines that are busy (the hardware binds) from engines that wait (the host binds).
+    """
+
+    def __init__(self, gpu: int = 0, period_s: float = 0.2) -> None:
+        self.samples: list[tuple[float, float]] = []  # (time.time(), utilisation 0..1)
+        self.period_s = period_s
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        except Exception:  # no NVML here: no samples, and the tables say n/a
+            self._nvml = None
+
+    def __enter__(self) -> DecoderLoad:
+        if self._nvml is not None:
+            threading.Thread(target=self._run, name="nvdec-load", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                busy = float(self._nvml.nvmlDeviceGetDecoderUtilization(self._handle)[0]) / 100
+            except Exception:  # a sample NVML refuses: skipped
+                continue
+            self.samples.append((time.time(), busy))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        """Mean utilisation (0..1) over every sample."""
+        return self.mean_between(-math.inf, math.inf)
+
+    def mean_between(self, begin: float, end: float) -> float | None:
+        """Mean utilisation (0..1) of the samples taken between ``begin`` and ``end`` (``time.time()``)."""
+        chosen = [u for t, u in self.samples if begin <= t <= end]
+        return float(np.mean(chosen)) if chosen else None
+
+
 class _Order:
     """Whether a stream's time stamps rise (a loop may start them over at the first one)."""
 
@@ -116,11 +163,11 @@ def drain(pool: Any, seconds: float, warmup_s: float = 0.5, probe: bool = True) 
 
     threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(sources))]
     gil = GilProbe()
-    with gil if probe else _Nothing():
+    with gil if probe else _Nothing(), DecoderLoad() as load:
         for t in threads:
             t.start()
         time.sleep(warmup_s)
-        before, started = list(counts), time.perf_counter()
+        before, started, begin = list(counts), time.perf_counter(), time.time()
         stats_before = pool.stats()
         time.sleep(seconds)
         after, wall = list(counts), time.perf_counter() - started
@@ -137,7 +184,8 @@ def drain(pool: Any, seconds: float, warmup_s: float = 0.5, probe: bool = True) 
             "in_order": sum(o.bad == 0 for o in orders), "order_known": all(o.known for o in orders),
             "decoders_opened_per_s": delta.get("opened", 0.0) / wall,
             "host_ms_per_frame": {p: 1e3 * delta.get(f"{p}_s", 0.0) / frames for p in ("decode", "copy", "sync")},
-            "gil": gil.summary() if probe else {}, "errors": errors[:5]}
+            "gil": gil.summary() if probe else {}, "nvdec_busy": load.mean_between(begin, begin + wall),
+            "errors": errors[:5]}
 
 
 class _Nothing:
@@ -228,9 +276,10 @@ def drain_in_processes(executor: Executor, processes: int, spec: PoolSpec, paths
     """
     shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
     start_at = time.time() + max(1.0, open_s * max(shares))
-    futures = [executor.submit(_child, spec, [str(p) for p in paths], share, seconds, warmup_s, start_at)
-               for share in shares if share]
-    parts = [f.result() for f in futures]
+    with DecoderLoad() as load:
+        futures = [executor.submit(_child, spec, [str(p) for p in paths], share, seconds, warmup_s, start_at)
+                   for share in shares if share]
+        parts = [f.result() for f in futures]
     begin, end = max(p["window"][0] for p in parts), min(p["window"][1] for p in parts)
     fps = sum(p["fps"] for p in parts)
     return {"sessions": sessions, "processes": len(parts), "fps": fps, "fps_per_session": fps / sessions,
@@ -239,7 +288,8 @@ def drain_in_processes(executor: Executor, processes: int, spec: PoolSpec, paths
             "decoders_opened_per_s": sum(p["decoders_opened_per_s"] for p in parts),
             "host_ms_per_frame": {k: float(np.mean([p["host_ms_per_frame"][k] for p in parts]))
                                   for k in ("decode", "copy", "sync")},
-            "overlap": max(0.0, end - begin) / seconds, "gil": {}, "errors": [e for p in parts for e in p["errors"]]}
+            "overlap": max(0.0, end - begin) / seconds, "gil": {}, "nvdec_busy": load.mean_between(begin, end),
+            "errors": [e for p in parts for e in p["errors"]]}
 
 
 def open_sessions(spec: PoolSpec, paths: Sequence[str | Path], limit: int, *, deadline: float,
