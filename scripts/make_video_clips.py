@@ -6,9 +6,9 @@ CRF 28 (about 4 Mbit/s on these scenes: 4.3, 5.1 and 5.4 MB, ~15 MB in all), one
 no B-frames.
 
 It cannot run on the GPU machine: encoding needs PyAV (libx264), which is not installed there, and
-an H200 has no NVENC for PyNvVideoCodec to encode with; PyAV's wheel and PyNvVideoCodec's (27 MB)
-together would not fit a 64 MB carry. So the clips are made here (seconds) and carried in
-``build/video-clips``.
+an H200 has no NVENC for PyNvVideoCodec to encode with. Carrying PyAV's wheel (36 MB) next to
+PyNvVideoCodec's (27 MB) would fill the 64 MiB carry to make clips that weigh 15 MB, so the clips
+are made here (seconds) and carried in ``build/video-clips``.
 
 Usage::
 
