@@ -57,13 +57,15 @@ import torch
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
 from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig, plan_admission
-from streamrt.video.decode_nvdec import NvdecPool, measure_nvdec, nvdec_available
+from streamrt.video.decode_nvdec import NvdecOptions, NvdecPool, measure_nvdec, nvdec_available
 from streamrt.video.decode_scaling import DecoderLoad
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
+# How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
+NVDEC_WAYS = {"legacy": NvdecOptions(), "primary+reuse": NvdecOptions(context="primary", reuse=True)}
 
 
 class Budget:
@@ -136,18 +138,21 @@ def measure_cpu(paths: list[Path], decoders: int, seconds: float = 3.0) -> dict[
 class Decoders:
     """The decoder the parts use: NVDEC on the GPU, :class:`CpuPool` standing in for it on the CPU."""
 
-    def __init__(self, device: str, quick: bool) -> None:
+    def __init__(self, device: str, quick: bool, nvdec: str = "legacy") -> None:
         self.device, self.quick = device, quick
         self.cuda = device == "cuda"
-        self.name = "NVDEC" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
+        self.options = NVDEC_WAYS[nvdec]
+        self.name = f"NVDEC ({self.options.describe()})" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
 
     def pool(self, paths: list[Path], *, workers: int, depth: int = 4, loop: bool = False) -> Any:
         if self.cuda:
-            return NvdecPool(paths, workers=workers, depth=depth, loop=loop)
+            return NvdecPool(paths, workers=workers, depth=depth, loop=loop, options=self.options)
         return CpuPool(paths, workers=workers, depth=depth, loop=loop)
 
     def measure(self, paths: list[Path], n: int, seconds: float) -> dict[str, float]:
-        return measure_nvdec(paths, n, seconds=seconds) if self.cuda else measure_cpu(paths, n, seconds)
+        if self.cuda:
+            return measure_nvdec(paths, n, seconds=seconds, options=self.options)
+        return measure_cpu(paths, n, seconds)
 
 
 def _error_row(columns: int, label: Any, exc: BaseException, state: dict[str, Any], part: str) -> str:
@@ -464,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="50,100,150,200")
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per sweep point")
     parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
+    parser.add_argument("--nvdec", choices=tuple(NVDEC_WAYS), default="legacy",
+                        help="how NVDEC sessions are made: the old way, or the primary context with decoders kept")
     parser.add_argument("--admission", choices=ADMISSION_MODES, default="off",
                         help="part 2: refuse or queue the streams that do not fit the measured capacity, or run all "
                              "(off: the overload behaviour, every stream dropping evenly)")
@@ -472,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    dec = Decoders(args.device, args.quick)
+    dec = Decoders(args.device, args.quick, args.nvdec)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):
         print("needs a CUDA GPU and PyNvVideoCodec (pip install the pynvvideocodec wheel); "
               "--device cpu --quick is the CPU smoke run", file=sys.stderr)

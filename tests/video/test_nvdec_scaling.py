@@ -78,7 +78,18 @@ class FakeNvc:
             def FrameRate(self) -> float:
                 return 30.0
 
+            def ChromaFormat(self) -> int:
+                return 1
+
+            def BitDepth(self) -> int:
+                return 8
+
         return Demuxer()
+
+    __version__ = "fake"
+
+    def GetDecoderCaps(self, **kwargs: Any) -> dict[str, int]:
+        return {"num_decoder_engines": 7}
 
     def CreateDecoder(self, **kwargs: Any) -> Any:
         if self.fail_after is not None and len(self.created) >= self.fail_after:
@@ -179,3 +190,27 @@ def test_options_refuse_an_unknown_context() -> None:
 
     with pytest.raises(ConfigError, match="own, primary"):
         NvdecOptions(context="shared")
+
+
+def test_the_scripts_gpu_path_over_the_fake(fake: FakeNvc, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The script's CUDA branches (environment, decoder caps, memory per session, every in-process variant)."""
+    import importlib.util
+
+    from streamrt.video import decode_nvdec
+
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", fake)
+    monkeypatch.setattr(decode_nvdec, "nvdec_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake H200")
+    spec = importlib.util.spec_from_file_location("_nvdec_scaling", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "_nvdec_scaling", script)
+    spec.loader.exec_module(script)
+    variants = "legacy,primary+reuse,own+reuse,primary,primary+reuse+async,primary+reuse+w8"
+    assert script.main([str(tmp_path / "out"), "--clips", str(tmp_path), "--quick", "--variants", variants]) == 0
+    data = json.loads((tmp_path / "out" / "nvdec_scaling.json").read_text())
+    assert data["environment"]["decoder engines"] == "7" and not data["failed"]
+    assert set(data["scaling"]) == set(variants.split(",")) and all(len(r) == 2 for r in data["scaling"].values())
+    assert all(r["opened"] == 3 and r["mib_per_session_median"] == 0 for r in data["open"].values())
+    assert {k["cudacontext"] for k in fake.created} == {0, 1234}
+    assert any(k.get("enableasyncallocations") for k in fake.created)
