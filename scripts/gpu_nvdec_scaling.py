@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from streamrt.video.clips import smoke_clips as _smoke_clips
 from streamrt.video.decode_nvdec import NvdecOptions
 from streamrt.video.decode_scaling import PoolSpec, drain, drain_in_processes, open_sessions, start_processes
 
@@ -239,19 +240,6 @@ def _environment(args: argparse.Namespace, argv: list[str] | None) -> dict[str, 
     except Exception as exc:  # an older build without GetDecoderCaps: the report says so
         env["decoder engines"] = f"unknown ({type(exc).__name__})"
     return env
-
-
-def _smoke_clips(folder: Path) -> list[Path]:
-    """Two tiny H.264 clips for the CPU smoke run (made once, in ``folder``)."""
-    from streamrt.video.clips import encode_clip
-    from streamrt.video.synthetic import SyntheticClip
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for seed in (1, 2):
-        path = folder / f"smoke{seed}.mp4"
-        if not path.is_file():
-            encode_clip(SyntheticClip(width=320, height=180, frames=20, fps=FPS, seed=seed), path)
-    return sorted(folder.glob("*.mp4"))
 
 
 def main(argv: list[str] | None = None) -> int:

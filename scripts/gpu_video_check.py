@@ -57,6 +57,7 @@ import torch
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
 from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig, plan_admission
+from streamrt.video.clips import smoke_clips as _smoke_clips
 from streamrt.video.decode_nvdec import NvdecOptions, NvdecPool, measure_nvdec, nvdec_available
 from streamrt.video.decode_scaling import DecoderLoad
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
@@ -443,19 +444,6 @@ def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
         return [f"`{' '.join(cmd[2:])}` exit {done.returncode}", "", "```", *tail, "```"]
     except subprocess.TimeoutExpired:
         return ["tests stopped at the time budget"]
-
-
-def _smoke_clips(folder: Path) -> list[Path]:
-    """Two tiny H.264 clips for the CPU smoke run (made once, in ``folder``)."""
-    from streamrt.video.clips import encode_clip
-    from streamrt.video.synthetic import SyntheticClip
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for seed in (1, 2):
-        path = folder / f"smoke{seed}.mp4"
-        if not path.is_file():
-            encode_clip(SyntheticClip(width=320, height=180, frames=20, fps=FPS, seed=seed), path)
-    return sorted(folder.glob("*.mp4"))
 
 
 def main(argv: list[str] | None = None) -> int:
