@@ -216,6 +216,26 @@ def part_open(args: argparse.Namespace, names: list[str], budget: Budget, run: R
     return lines
 
 
+def part_summary(args: argparse.Namespace, run: Run) -> list[str]:
+    """Each variant against the targets: >= 4,000 frames/s, flat (never falling) from 7 sessions on, 200 open."""
+    lines = ["| variant | best frames/s (sessions) | from 7 sessions on: lowest / highest | falls past its best | "
+             "opened | MiB per session |", "|---|---|---|---|---:|---:|"]
+    for name, rows in run.data["scaling"].items():
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["fps"])
+        late = [r["fps"] for r in rows if r["sessions"] >= 7]
+        flat = f"{min(late):.0f} / {max(late):.0f}" if late else "-"
+        after = [r["fps"] for r in rows if r["sessions"] > best["sessions"]]
+        falls = f"yes, to {min(after):.0f}" if after and min(after) < 0.9 * best["fps"] else "no"
+        opened = run.data["open"].get(name, {})
+        mib = opened.get("mib_per_session_median")
+        lines.append(f"| {name} | {best['fps']:.0f} ({best['sessions']}) | {flat} | {falls} | "
+                     f"{opened.get('opened', '-')} | {'-' if mib is None else f'{mib:.0f}'} |")
+    lines += ["", f"Targets (issue 27): >= 4,000 frames/s, flat from 7 to 56 sessions, {args.open} sessions open."]
+    return lines
+
+
 def _environment(args: argparse.Namespace, argv: list[str] | None) -> dict[str, str]:
     from streamrt.profiling.provenance import git_commit
 
@@ -295,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in variants[2:]:
             run.part(f"Scaling: {name}", args.seconds + 3, budget,
                      lambda name=name: part_scaling(args, name, budget, run, executors))  # type: ignore[misc]
+        run.part("Summary", 0, budget, lambda: part_summary(args, run))
     finally:
         for executor in executors.values():
             executor.shutdown(wait=False, cancel_futures=True)

@@ -35,7 +35,7 @@ def test_cpu_smoke_run_runs_every_part(tmp_path: Path) -> None:
     report = (out / "nvdec_scaling.md").read_text()
     assert "FAILED" not in report and "skipped" not in report
     for title in ("## Scaling: legacy", "## Scaling: primary+reuse", "## Open 3 sessions at once",
-                  "## Scaling: primary+reuse+p4"):
+                  "## Scaling: primary+reuse+p4", "## Summary"):
         assert title in report
     data = json.loads((out / "nvdec_scaling.json").read_text())
     assert not data["failed"]

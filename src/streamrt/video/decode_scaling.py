@@ -251,7 +251,8 @@ def _warm(kind: str, hold_s: float) -> int:
 
 def start_processes(executor: Executor, processes: int, kind: str) -> int:
     """Spawn and warm every worker process of ``executor`` now; the number of distinct processes."""
-    return len({f.result() for f in [executor.submit(_warm, kind, 1.0) for _ in range(processes)]})
+    futures = [executor.submit(_warm, kind, 1.0) for _ in range(processes)]
+    return len({f.result(timeout=180) for f in futures})  # a worker that cannot start fails the part, not the call
 
 
 def _child(spec: PoolSpec, paths: list[str], sessions: int, seconds: float, warmup_s: float,
@@ -279,7 +280,8 @@ def drain_in_processes(executor: Executor, processes: int, spec: PoolSpec, paths
     with DecoderLoad() as load:
         futures = [executor.submit(_child, spec, [str(p) for p in paths], share, seconds, warmup_s, start_at)
                    for share in shares if share]
-        parts = [f.result() for f in futures]
+        wait = max(1.0, start_at - time.time()) + warmup_s + seconds + 60  # a hung worker fails this point only
+        parts = [f.result(timeout=wait) for f in futures]
     begin, end = max(p["window"][0] for p in parts), min(p["window"][1] for p in parts)
     fps = sum(p["fps"] for p in parts)
     return {"sessions": sessions, "processes": len(parts), "fps": fps, "fps_per_session": fps / sessions,
