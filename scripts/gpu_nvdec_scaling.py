@@ -190,7 +190,8 @@ def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
 
 def part_open(args: argparse.Namespace, names: list[str], budget: Budget, run: Run) -> list[str]:
     lines = [f"Sessions opened one at a time (up to {args.open}), free device memory (cudaMemGetInfo) read before "
-             f"and after each, then {args.open_frames} frames read from every open stream in turn.", "",
+             f"and after each (a session's count includes the ~3 pictures of 3 MiB its queue holds, in torch's "
+             f"allocator), then {args.open_frames} frames read from every open stream in turn.", "",
              "| variant | opened | stopped by | MiB per session (median / max) | MiB in all | open s | frames read | "
              "in order | first error |", "|---|---:|---|---|---:|---:|---:|---|---|"]
     for name in names:
