@@ -10,7 +10,10 @@ with date, commit (``$STREAMRT_COMMIT``), device and command.
 2. Decode-included camera-paced sweep: N cameras at 30 FPS, each an NVDEC session, through the
    pipeline (streams + CUDA graphs, NV12 fused pre-processing); sustained = no drop and p99 < 100 ms;
    binding resource: NVDEC (decoder utilisation >= 90%, or frames/s within 10% of part 1's bound)
-   else the pipeline trace's busiest resource.
+   else the pipeline trace's busiest resource. The cameras are live streams (``DetectConfig(live=True)``:
+   each on its own thread behind a drop-oldest queue, served round-robin, so overload drops frames
+   evenly with bounded latency, not the lock-step tick's collapse), admitted from measured capacity
+   (``--admission``: ``off`` runs all and says how many fit; ``refuse``/``queue`` hold back the rest).
 3. GPU decode vs CPU decode vs raw frames: same detector, same clips, same stream count, free-running.
 4. Fair baselines: benchmarks/detection.py part 1 (sync and pipelines, with and without graphs on both sides).
 5. Hybrid decode at the first stream count NVDEC alone did not sustain: streams spill to CPU decoders.
@@ -35,11 +38,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,12 +56,17 @@ import torch
 
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
-from streamrt.video.decode_nvdec import NvdecPool, measure_nvdec, nvdec_available
+from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig, plan_admission
+from streamrt.video.clips import smoke_clips as _smoke_clips
+from streamrt.video.decode_nvdec import NvdecOptions, NvdecPool, measure_nvdec, nvdec_available
+from streamrt.video.decode_scaling import DecoderLoad
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
+# How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
+NVDEC_WAYS = {"legacy": NvdecOptions(), "primary+reuse": NvdecOptions(context="primary", reuse=True)}
 
 
 class Budget:
@@ -131,18 +139,21 @@ def measure_cpu(paths: list[Path], decoders: int, seconds: float = 3.0) -> dict[
 class Decoders:
     """The decoder the parts use: NVDEC on the GPU, :class:`CpuPool` standing in for it on the CPU."""
 
-    def __init__(self, device: str, quick: bool) -> None:
+    def __init__(self, device: str, quick: bool, nvdec: str = "legacy") -> None:
         self.device, self.quick = device, quick
         self.cuda = device == "cuda"
-        self.name = "NVDEC" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
+        self.options = NVDEC_WAYS[nvdec]
+        self.name = f"NVDEC ({self.options.describe()})" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
 
     def pool(self, paths: list[Path], *, workers: int, depth: int = 4, loop: bool = False) -> Any:
         if self.cuda:
-            return NvdecPool(paths, workers=workers, depth=depth, loop=loop)
+            return NvdecPool(paths, workers=workers, depth=depth, loop=loop, options=self.options)
         return CpuPool(paths, workers=workers, depth=depth, loop=loop)
 
     def measure(self, paths: list[Path], n: int, seconds: float) -> dict[str, float]:
-        return measure_nvdec(paths, n, seconds=seconds) if self.cuda else measure_cpu(paths, n, seconds)
+        if self.cuda:
+            return measure_nvdec(paths, n, seconds=seconds, options=self.options)
+        return measure_cpu(paths, n, seconds)
 
 
 def _error_row(columns: int, label: Any, exc: BaseException, state: dict[str, Any], part: str) -> str:
@@ -151,38 +162,6 @@ def _error_row(columns: int, label: Any, exc: BaseException, state: dict[str, An
     traceback.print_exc()
     text = " ".join(f"{type(exc).__name__}: {exc}".split()).replace("|", "/")[:300]
     return f"| {label} | FAILED: {text} |" + " |" * (columns - 2)
-
-
-class DecoderLoad:
-    """Mean NVDEC utilisation over a run, from NVML when nvidia-ml-py is installed (None otherwise)."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml: Any = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        except Exception:
-            self._nvml = None
-
-    def __enter__(self) -> DecoderLoad:
-        if self._nvml is not None:
-            threading.Thread(target=self._run, daemon=True).start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples.append(float(self._nvml.nvmlDeviceGetDecoderUtilization(self._handle)[0]))
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-    @property
-    def mean(self) -> float | None:
-        return float(np.mean(self.samples)) / 100 if self.samples else None
 
 
 def _lat(report: RunReport, key: str) -> str:
@@ -232,15 +211,46 @@ def _detector(state: dict[str, Any]) -> DetectorModel:
     return detector
 
 
-def _paced(detector: DetectorModel, sources: list[Any], seconds: float) -> tuple[RunReport, float | None]:
+def _admission(detector: DetectorModel, sources: list[Any], batch: int, state: dict[str, Any], mode: str,
+               quick: bool) -> tuple[Admission, int]:
+    """Admission from measured capacity: decode = part 1's bound (unbounded when part 1 did not run), engine =
+    a short loop of inferences at the run's batch (measured once per batch). Returns the plan and how many fit."""
+    from streamrt.video.capacity import CapacityRecord, machine_name, measure_engine, plan_id
+
+    key = f"engine_fps_batch{batch}"
+    if key not in state:
+        state[key] = measure_engine(detector, batch, seconds=0.2 if quick else 1.0)
+    info = sources[0].info
+    record = CapacityRecord("h264", info.width, info.height, "nvdec" if torch.cuda.is_available() else "cpu",
+                            float(state.get("nvdec_bound_fps") or math.inf), float(state[key]), plan_id(detector),
+                            machine_name(), time.time(), batch)
+    demand = [FPS] * len(sources)
+    fit = len(plan_admission(demand, record, AdmissionConfig("refuse")).admitted)
+    return plan_admission(demand, record, AdmissionConfig(mode)), fit
+
+
+def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: dict[str, Any] | None = None,
+           admission: str = "off", quick: bool = False) -> tuple[RunReport, float | None]:
+    """Camera-paced live streams (each on its own thread behind a drop-oldest queue, served round-robin:
+    under overload every stream drops evenly and latency stays bounded), admitted from measured capacity."""
     calls = -(-len(sources) // detector.max_batch)
     batch = -(-len(sources) // calls)
     config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
                                                   cuda_graphs=True),
-                          batch=batch, paced=True, fps=FPS, max_frames=int(seconds * FPS) + 15, warmup_frames=15)
+                          batch=batch, paced=True, live=True, queue_depth=2, fps=FPS,
+                          max_frames=int(seconds * FPS) + 15, warmup_frames=15)
+    plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick)
+    print(f"  admission: {plan.message}", flush=True)
     with DecoderLoad() as load:
-        report = run_detection(detector, sources, config)
+        report = run_detection(detector, sources, config, admission=plan)
+    report.admission["fit"] = fit
     return report, load.mean
+
+
+def _drops(report: RunReport) -> str:
+    """Dropped frames per stream that ran, fewest / most (live streams drop evenly under overload)."""
+    drops = [int(p.get("dropped", 0)) for p in report.per_source if p.get("state", "ran") == "ran"]
+    return f"{min(drops)} / {max(drops)}" if drops else "-"
 
 
 def _binding(report: RunReport, nvdec_util: float | None, bound: float | None) -> str:
@@ -252,29 +262,33 @@ def _binding(report: RunReport, nvdec_util: float | None, bound: float | None) -
 
 
 def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: int, state: dict[str, Any],
-               budget: Budget, dec: Decoders) -> list[str]:
+               budget: Budget, dec: Decoders, admission: str = "off") -> list[str]:
     detector = _detector(state)
     bound = state.get("nvdec_bound_fps")
-    lines = [f"Detector built in {state['detector_s']:.0f} s ({detector.backend}, batch <= {detector.max_batch}).", "",
-             "| streams | batch | offered FPS | achieved FPS | dropped | p50 ms | p99 ms | sustained | NVDEC busy | "
-             "binding resource |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    lines = [f"Detector built in {state['detector_s']:.0f} s ({detector.backend}, batch <= {detector.max_batch}). "
+             f"Live streams (DetectConfig(live=True), drop-oldest queues of 2), admission {admission} from measured "
+             "capacity (decode: part 1's bound; engine: measured at the run's batch).", "",
+             "| streams | fit (admission) | ran | batch | offered FPS | achieved FPS | dropped | drops per stream "
+             "min / max | p50 ms | p99 ms | sustained | NVDEC busy | binding resource |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---|"]
     failures = 0
     for n in counts:
         if budget.left < seconds + 40:
-            lines.append(f"| {n} | | | | | | | skipped: time budget | | |")
+            lines.append(f"| {n} | | | | | | | | | | skipped: time budget | | |")
             continue
         try:
             with dec.pool([clips[i % len(clips)] for i in range(n)], workers=workers, depth=4, loop=True) as pool:
-                report, util = _paced(detector, list(pool.sources()), seconds)
+                report, util = _paced(detector, list(pool.sources()), seconds, state, admission, dec.quick)
         except Exception as exc:  # 150 sessions that cannot open: this row fails, the sweep goes on
-            lines.append(_error_row(10, n, exc, state, "part 2"))
+            lines.append(_error_row(13, n, exc, state, "part 2"))
             failures += 1
             if failures >= 2:
                 break
             continue
         state.setdefault("sweep", []).append({**report.to_dict(), "nvdec_util": util})
         busy = f"{100 * util:.0f}%" if util is not None else "n/a"
-        lines.append(f"| {n} | {report.batch} | {n * FPS:.0f} | {report.fps:.1f} | {report.dropped} | "
+        lines.append(f"| {n} | {report.admission['fit']} | {report.admission['admitted']} | {report.batch} | "
+                     f"{n * FPS:.0f} | {report.fps:.1f} | {report.dropped} | {_drops(report)} | "
                      f"{_lat(report, 'p50')} | {_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | "
                      f"{busy} | {_binding(report, util, bound)} |")
         print(lines[-1], flush=True)
@@ -284,7 +298,8 @@ def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: in
     sustained = [r for r in state.get("sweep", []) if r["sustained"]]
     lines.append("")
     if sustained:
-        top = max(sustained, key=lambda r: r["sources"])
+        top = max(sustained, key=lambda r: r["admission"]["admitted"])
+        top = {**top, "sources": top["admission"]["admitted"]}  # streams that ran (admission may refuse some)
         lines.append(f"- **{top['sources']} concurrent 1080p30 H.264 streams sustained with NVDEC decode included** "
                      f"(no drop, p99 {top['latency_ms']['p99']:.1f} ms < {LATENCY_BUDGET_MS:g} ms); target >= 150: "
                      f"{'met' if top['sources'] >= 150 else 'NOT met'}.")
@@ -402,7 +417,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True, nvdec_workers=8,
                       interval_s=1.0) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
-        report, util = _paced(detector, list(hybrid.sources()), seconds)
+        report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
         report.decode = hybrid.summary()
     state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned}
     pools = report.decode["pools"]
@@ -431,19 +446,6 @@ def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
         return ["tests stopped at the time budget"]
 
 
-def _smoke_clips(folder: Path) -> list[Path]:
-    """Two tiny H.264 clips for the CPU smoke run (made once, in ``folder``)."""
-    from streamrt.video.clips import encode_clip
-    from streamrt.video.synthetic import SyntheticClip
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for seed in (1, 2):
-        path = folder / f"smoke{seed}.mp4"
-        if not path.is_file():
-            encode_clip(SyntheticClip(width=320, height=180, frames=20, fps=FPS, seed=seed), path)
-    return sorted(folder.glob("*.mp4"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -455,12 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="50,100,150,200")
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per sweep point")
     parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
+    parser.add_argument("--nvdec", choices=tuple(NVDEC_WAYS), default="legacy",
+                        help="how NVDEC sessions are made: the old way, or the primary context with decoders kept")
+    parser.add_argument("--admission", choices=ADMISSION_MODES, default="off",
+                        help="part 2: refuse or queue the streams that do not fit the measured capacity, or run all "
+                             "(off: the overload behaviour, every stream dropping evenly)")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    dec = Decoders(args.device, args.quick)
+    dec = Decoders(args.device, args.quick, args.nvdec)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):
         print("needs a CUDA GPU and PyNvVideoCodec (pip install the pynvvideocodec wheel); "
               "--device cpu --quick is the CPU smoke run", file=sys.stderr)
@@ -488,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     parts: dict[str, tuple[str, float, Callable[[], list[str]]]] = {
         "1": ("1. NVDEC alone", 30, lambda: part_nvdec(clips, ints(args.decoders), state, dec)),
         "2": ("2. Decode-included camera-paced streams at 30 FPS (NVDEC -> fused NV12 pre -> engine -> NMS)", 120,
-              lambda: part_sweep(clips, ints(args.streams), args.duration, args.workers, state, budget, dec)),
+              lambda: part_sweep(clips, ints(args.streams), args.duration, args.workers, state, budget, dec,
+                                 args.admission)),
         "3": ("3. GPU decode vs CPU decode vs raw frames (same detector, same clips)", 60,
               lambda: part_paths(clips, args.path_streams, 20 if args.quick else 150, state, dec)),
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,

@@ -2,11 +2,17 @@
 
 Run on the CPU machine before a GPU session; the clips are a pure function of the seeds, so the
 same command makes the same clips anywhere. Defaults: 3 clips of 10 s, 1920x1080 at 30 FPS, H.264
-CRF 28 (about 2 Mbit/s, what a camera sends; ~2.5 MB each), one keyframe per second, no B-frames.
+CRF 28 (about 4 Mbit/s on these scenes: 4.3, 5.1 and 5.4 MB, ~15 MB in all), one keyframe per second,
+no B-frames.
+
+It cannot run on the GPU machine: encoding needs PyAV (libx264), which is not installed there, and
+an H200 has no NVENC for PyNvVideoCodec to encode with. Carrying PyAV's wheel (36 MB) next to
+PyNvVideoCodec's (27 MB) would fill the 64 MiB carry to make clips that weigh 15 MB, so the clips
+are made here (seconds) and carried in ``build/video-clips``.
 
 Usage::
 
-    python scripts/make_video_clips.py build/video-clips          # ~2 min on 2 cores
+    python scripts/make_video_clips.py build/video-clips          # ~10 s on 2 cores
 """
 
 from __future__ import annotations

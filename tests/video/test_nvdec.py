@@ -156,3 +156,31 @@ def detector_cuda() -> Any:
     if model.device != "cuda":
         pytest.skip("no CUDA backend for the detector")
     return model
+
+
+@pytest.mark.parametrize("way", ["primary+reuse", "own+reuse"])
+def test_a_kept_decoder_decodes_the_same_pictures_on_every_pass(clips: list[Path], way: str) -> None:
+    """Issue 27's fix: decoders in the primary context (torch's stream) and kept across a looping file's passes
+    deliver the CPU decoder's pictures, in order, on the second pass too, from one decoder."""
+    from streamrt.video.decode_nvdec import NvdecOptions, NvdecPool
+    from streamrt.video.sources import VideoFileSource
+
+    path = clips[0]
+    probe = VideoFileSource(path)
+    frames = probe.info.frames
+    probe.close()
+    assert frames
+    ref = _reference(path, 5)
+    options = NvdecOptions(context=way.split("+")[0], reuse=True)
+    with NvdecPool([path], workers=1, loop=True, options=options) as pool:
+        (source,) = pool.sources()
+        pts = []
+        for _ in range(frames):
+            assert source.read() is not None
+            pts.append(source.last_pts)
+        again = [source.read().cpu().numpy() for _ in range(5)]
+        opened = pool.stats()["opened"]
+    assert opened == 1
+    assert None in pts or pts == sorted(pts), "pictures of one pass out of order"
+    for i, (a, b) in enumerate(zip(again, ref, strict=True)):
+        assert _close(a, b), f"{path.name} frame {i} of the second pass"

@@ -18,7 +18,7 @@ from pathlib import Path
 from streamrt.errors import ConfigError
 from streamrt.video.synthetic import SyntheticClip
 
-__all__ = ["CODECS", "encode_clip"]
+__all__ = ["CODECS", "encode_clip", "smoke_clips"]
 
 # Our codec name -> FFmpeg encoder.
 CODECS = {"h264": "libx264", "h265": "libx265", "hevc": "libx265"}
@@ -58,3 +58,14 @@ def encode_clip(clip: SyntheticClip, path: str | Path, *, codec: str = "h264", c
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return out
+
+
+def smoke_clips(folder: str | Path, fps: float = 30.0) -> list[Path]:
+    """Two tiny H.264 clips (320x180, 20 frames) for the GPU scripts' CPU smoke runs, made once in ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed in (1, 2):
+        path = folder / f"smoke{seed}.mp4"
+        if not path.is_file():
+            encode_clip(SyntheticClip(width=320, height=180, frames=20, fps=fps, seed=seed), path)
+    return sorted(folder.glob("*.mp4"))

@@ -17,8 +17,17 @@ with ``frame_format = "nv12"`` and converts + letterboxes in one kernel
 PyNvVideoCodec imports only where a GPU and its driver are; the import stays inside this module
 and a missing one is a :class:`~streamrt.errors.MissingDependencyError` naming ``pynvvideocodec``.
 API used (PyNvVideoCodec 2.x): ``CreateDemuxer(filename=)``, ``demuxer.GetNvCodecId()``,
-``CreateDecoder(gpuid=, codec=, cudacontext=0, cudastream=, usedevicememory=True)``,
+``CreateDecoder(gpuid=, codec=, cudacontext=, cudastream=, usedevicememory=True[, enableasyncallocations=])``,
 ``decoder.Decode(packet)`` -> frames, ``torch.from_dlpack(frame)`` -> (H * 3 / 2, W) uint8.
+
+How sessions are made is an :class:`NvdecOptions` (issue 27: NVDEC alone fell past 4 sessions, and
+150 sessions failed in ``cuvidCreateDecoder`` with CUDA_ERROR_OUT_OF_MEMORY). ``cudacontext=0``, the
+old way, makes PyNvVideoCodec create a CUDA context of its own for every decoder (``cuCtxCreate``:
+hundreds of MB each, and the GPU time-slices between contexts for every picture's post-processing
+kernel); a foreign torch stream is then refused and the legacy default stream used. ``context=
+"primary"`` hands every decoder the device's primary context (torch's) and the worker's torch stream.
+A looping file used to get a new decoder (and context) at every pass; ``reuse=True`` keeps the
+decoder and reopens only the demuxer. ``scripts/gpu_nvdec_scaling.py`` compares the ways in one run.
 
 Example:
     >>> pool = NvdecPool(["a.mp4", "b.mp4"], workers=2, loop=True)      # doctest: +SKIP
@@ -43,7 +52,8 @@ from streamrt._optional import require
 from streamrt.errors import ConfigError
 from streamrt.video.sources import SourceError, SourceInfo
 
-__all__ = ["NvdecPool", "NvdecSource", "measure_nvdec", "nvdec_available"]
+__all__ = ["CONTEXTS", "NvdecOptions", "NvdecPool", "NvdecSource", "measure_nvdec", "nvdec_available",
+           "primary_context"]
 
 log = logging.getLogger(__name__)
 
@@ -61,53 +71,156 @@ def _nvc() -> Any:
     return require("PyNvVideoCodec", extra="nvdec", purpose="GPU video decoding (pip install pynvvideocodec)")
 
 
+CONTEXTS = ("own", "primary")
+
+
+@dataclass(frozen=True)
+class NvdecOptions:
+    """How NVDEC sessions are created (see the module docstring for why each matters).
+
+    Attributes:
+        context: ``own`` (``cudacontext=0``: PyNvVideoCodec creates a context per decoder, the old
+            way) or ``primary`` (the device's primary context, which torch uses, and the worker's stream).
+        reuse: a looping file keeps its decoder at the end of a pass (only the demuxer reopens);
+            False opens a new decoder for every pass, the old way.
+        async_alloc: ``enableasyncallocations`` (stream-ordered ``cuMemAllocAsync`` for the output
+            surfaces) where the PyNvVideoCodec build knows it.
+        timing: add up per-frame host time per phase (demux + decode, copy out, stream sync).
+    """
+
+    context: str = "own"
+    reuse: bool = False
+    async_alloc: bool = False
+    timing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.context not in CONTEXTS:
+            raise ConfigError(f"NVDEC context must be one of {', '.join(CONTEXTS)}, got {self.context!r}")
+
+    def describe(self) -> str:
+        """A short label, e.g. ``primary context, decoder reused``."""
+        parts = [f"{self.context} context", "decoder reused" if self.reuse else "decoder per pass"]
+        return ", ".join(parts + (["async allocations"] if self.async_alloc else []))
+
+
+_PRIMARY: dict[int, int] = {}
+_WARNED: list[bool] = []
+
+
+def primary_context(gpu: int) -> int:
+    """The handle of device ``gpu``'s primary CUDA context (the one torch runs in), retained once.
+
+    Through the driver API with ctypes (``cuDevicePrimaryCtxRetain``): no extra dependency. The
+    retain is never released: torch holds the same context for the life of the process anyway.
+    """
+    if gpu not in _PRIMARY:
+        import ctypes
+
+        import torch
+
+        torch.cuda.init()  # cuInit, and torch's own retain of the primary context
+        lib = ctypes.CDLL("libcuda.so.1")
+        device, ctx = ctypes.c_int(), ctypes.c_void_p()
+        for call, args in (("cuDeviceGet", (ctypes.byref(device), gpu)),
+                           ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), device))):
+            if (err := getattr(lib, call)(*args)) != 0:
+                raise SourceError(f"{call} failed with CUDA error {err} on device {gpu}")
+        _PRIMARY[gpu] = int(ctx.value or 0)
+    return _PRIMARY[gpu]
+
+
 class _Session:
     """One bitstream on one NVDEC decoder: packets in, NV12 pictures (device tensors) out."""
 
-    def __init__(self, path: Path, gpu: int, stream: Any, loop: bool) -> None:
+    def __init__(self, path: Path, gpu: int, stream: Any, loop: bool, options: NvdecOptions | None = None) -> None:
         self.path, self.gpu, self.stream, self.loop = path, gpu, stream, loop
-        self._open()
+        self.options = options or NvdecOptions()
+        self.decoded = self.opened = 0
+        self.open_s = 0.0
+        self.times = {"decode": 0.0, "copy": 0.0, "sync": 0.0}  # host seconds per phase (options.timing)
+        self.pts: Any = None  # the last picture's presentation time stamp (None where frames carry none)
+        self._demuxer = _nvc().CreateDemuxer(filename=str(self.path))
+        self._decoder = self._create()
         self.fps = _call(self._demuxer, "FrameRate") or 30.0
-        self.decoded = 0
         self._frames = self._decode()
 
-    def _open(self) -> None:
-        nvc = _nvc()
-        self._demuxer = nvc.CreateDemuxer(filename=str(self.path))
+    def _create(self) -> Any:
+        """A decoder for the demuxer's codec, in the context the options name."""
+        import torch
+
+        nvc, started = _nvc(), time.perf_counter()
+        context = primary_context(self.gpu) if self.options.context == "primary" else 0
+        extra = {"enableasyncallocations": True} if self.options.async_alloc else {}
         codec = self._demuxer.GetNvCodecId()
         try:  # decode on our stream, so the copy out of the surface pool is ordered after it
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0,
-                                              cudastream=self.stream.cuda_stream, usedevicememory=True)
-        except Exception as exc:  # a build that refuses foreign streams: the legacy default stream
-            import torch
-
-            log.warning("NVDEC on a torch stream failed (%s); using the default stream", exc)
+            decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=context,
+                                        cudastream=self.stream.cuda_stream, usedevicememory=True, **extra)
+        except Exception as exc:  # a context that refuses foreign streams (its own): the legacy default stream
+            if not _WARNED:  # once per process, not once per session
+                _WARNED.append(True)
+                log.warning("NVDEC on a torch stream failed (%s); using the default stream", exc)
             self.stream = torch.cuda.default_stream(self.gpu)
-            self._decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=0,
-                                              usedevicememory=True)
+            decoder = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=context, cudastream=0,
+                                        usedevicememory=True, **extra)
+        self.opened += 1
+        self.open_s += time.perf_counter() - started
+        return decoder
 
     def _decode(self) -> Iterator[Any]:
+        reuse, passes = self.options.reuse, 0
         while True:
             produced = False
             for packet in self._demuxer:
                 for frame in self._decoder.Decode(packet):
                     produced = True
                     yield frame
-            if not (self.loop and produced):
+            if not produced and reuse and passes:  # the kept decoder gave nothing after its flush: a new one
+                log.warning("NVDEC: a decoder kept across passes decoded nothing on %s; new decoders from now",
+                            self.path.name)
+                reuse = False
+            elif not (self.loop and produced):
                 return
-            self._open()  # from the start again, on a fresh session (the old one has seen its end)
+            passes += 1
+            # from the start again: a new demuxer, and (the old way) a new decoder, since this one saw the end
+            self._demuxer = _nvc().CreateDemuxer(filename=str(self.path))
+            if not reuse:
+                self._decoder = None  # freed before its successor is made
+                self._decoder = self._create()
 
     def next(self) -> Any:
         """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end."""
         import torch
 
+        started = time.perf_counter()
         frame = next(self._frames, None)
         if frame is None:
             return None
+        decoded = time.perf_counter()
         with torch.cuda.stream(self.stream):
             picture = torch.from_dlpack(frame).clone()  # out of the decoder's surface pool
+        self.pts = _pts(frame)
+        if self.options.timing:
+            self.times["decode"] += decoded - started
+            self.times["copy"] += time.perf_counter() - decoded
         self.decoded += 1
         return picture
+
+    def synchronize(self) -> None:
+        """Wait for this session's stream (the picture is complete before any other stream reads it)."""
+        started = time.perf_counter()
+        self.stream.synchronize()
+        if self.options.timing:
+            self.times["sync"] += time.perf_counter() - started
+
+
+def _pts(frame: Any) -> float | None:
+    """A decoded frame's presentation time stamp, or None where this PyNvVideoCodec build gives none."""
+    value = getattr(frame, "timestamp", None)
+    try:
+        value = value() if callable(value) else value
+        return None if value is None else float(value)
+    except (TypeError, ValueError):  # an accessor of another shape: no time stamp rather than a failed stream
+        return None
 
 
 def _call(obj: Any, name: str) -> Any:
@@ -124,7 +237,7 @@ class _Lane:
 
     session: _Session
     depth: int
-    queue: collections.deque[tuple[Any, float]] = field(default_factory=collections.deque)
+    queue: collections.deque[tuple[Any, float, Any]] = field(default_factory=collections.deque)
     finished: bool = False
     error: BaseException | None = None
 
@@ -133,7 +246,8 @@ class NvdecSource:
     """One stream of an :class:`NvdecPool`, as a frame source delivering NV12 device tensors.
 
     ``frame_format`` is ``"nv12"``: :func:`~streamrt.video.runner.run_detection` builds the NV12
-    stages for it. ``read()`` blocks until the worker has decoded the next picture.
+    stages for it. ``read()`` blocks until the worker has decoded the next picture; ``last_pts`` is
+    that picture's presentation time stamp (None where the frames carry none).
     """
 
     frame_format = "nv12"
@@ -141,6 +255,7 @@ class NvdecSource:
     def __init__(self, pool: NvdecPool, index: int, info: SourceInfo) -> None:
         self._pool, self._index, self._info = pool, index, info
         self.last_time = 0.0
+        self.last_pts: Any = None
         self._read = 0
 
     @property
@@ -151,7 +266,7 @@ class NvdecSource:
         item = self._pool._take(self._index)
         if item is None:
             return None
-        picture, _ = item
+        picture, _, self.last_pts = item
         self.last_time = self._read / self._info.fps
         self._read += 1
         return picture
@@ -176,6 +291,7 @@ class NvdecPool:
         depth: decoded pictures queued per stream ahead of the pipeline.
         loop: start a file over at its end (benchmarks: streams as long as needed).
         gpu: the device ordinal.
+        options: how sessions are created (:class:`NvdecOptions`; the default is the old way).
 
     Raises:
         MissingDependencyError: PyNvVideoCodec is not installed.
@@ -183,7 +299,7 @@ class NvdecPool:
     """
 
     def __init__(self, paths: Sequence[str | Path], *, workers: int = 4, depth: int = 4, loop: bool = False,
-                 gpu: int = 0) -> None:
+                 gpu: int = 0, options: NvdecOptions | None = None) -> None:
         import torch
 
         if workers < 1 or depth < 1:
@@ -192,6 +308,7 @@ class NvdecPool:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._gpu, self._depth, self._loop, self._workers = gpu, depth, loop, workers
+        self.options = options or NvdecOptions()
         self._streams = [torch.cuda.Stream(device=gpu) for _ in range(workers)]
         self._lanes: list[_Lane] = []
         self._infos: list[SourceInfo] = []
@@ -210,7 +327,7 @@ class NvdecPool:
         index = len(self._lanes)
         stream = self._streams[index % self._workers]
         try:
-            session = _Session(path, self._gpu, stream, self._loop)
+            session = _Session(path, self._gpu, stream, self._loop, self.options)
             for _ in range(skip):
                 session.next()
             first = session.next()
@@ -219,9 +336,9 @@ class NvdecPool:
                               hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)") from None
         if first is None:
             raise SourceError(f"video {path} has no decodable frames (corrupt or truncated)")
-        session.stream.synchronize()
+        session.synchronize()
         lane = _Lane(session, self._depth)
-        lane.queue.append((first, time.perf_counter()))
+        lane.queue.append((first, time.perf_counter(), session.pts))
         rows, width = first.shape
         info = SourceInfo(path.name, int(width), int(rows) * 2 // 3, float(session.fps), None)
         with self._cond:
@@ -247,6 +364,15 @@ class NvdecPool:
         """Pictures decoded so far, all streams."""
         return sum(lane.session.decoded for lane in self._lanes)
 
+    def stats(self) -> dict[str, float]:
+        """Decoders created, seconds spent creating them, and (``options.timing``) host seconds per phase."""
+        sessions = [lane.session for lane in self._lanes]
+        out = {"decoded": float(sum(s.decoded for s in sessions)), "opened": float(sum(s.opened for s in sessions)),
+               "open_s": sum(s.open_s for s in sessions)}
+        for phase in ("decode", "copy", "sync"):
+            out[f"{phase}_s"] = sum(s.times[phase] for s in sessions)
+        return out
+
     def _work(self, worker: int) -> None:
         def todo() -> list[_Lane]:
             mine = self._lanes[worker::self._workers]
@@ -260,7 +386,7 @@ class NvdecPool:
                 try:
                     picture = lane.session.next()
                     if picture is not None:
-                        lane.session.stream.synchronize()  # complete before any other stream reads it
+                        lane.session.synchronize()  # complete before any other stream reads it
                 except BaseException as exc:  # handed to the reader
                     picture, lane.error = None, exc
                 with self._cond:
@@ -269,10 +395,10 @@ class NvdecPool:
                     if picture is None:
                         lane.finished = True
                     else:
-                        lane.queue.append((picture, time.perf_counter()))
+                        lane.queue.append((picture, time.perf_counter(), lane.session.pts))
                     self._cond.notify_all()
 
-    def _take(self, index: int) -> tuple[Any, float] | None:
+    def _take(self, index: int) -> tuple[Any, float, Any] | None:
         lane = self._lanes[index]
         with self._cond:
             self._cond.wait_for(lambda: bool(lane.queue) or lane.finished or self._stop.is_set())
@@ -288,8 +414,9 @@ class NvdecPool:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        deadline = time.perf_counter() + 10  # in all, not per thread: 200 sessions must not take 2,000 s
         for t in self._threads:
-            t.join(timeout=10)
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
         for lane in self._lanes:
             lane.queue.clear()
             lane.finished = True
@@ -301,13 +428,15 @@ class NvdecPool:
         self.close()
 
 
-def measure_nvdec(paths: Sequence[str | Path], decoders: int, seconds: float = 5.0, gpu: int = 0) -> dict[str, float]:
+def measure_nvdec(paths: Sequence[str | Path], decoders: int, seconds: float = 5.0, gpu: int = 0,
+                  options: NvdecOptions | None = None) -> dict[str, float]:
     """NVDEC alone: ``decoders`` sessions (paths cycled, files looped), one thread each, decoding as fast
-    as they can for ``seconds`` after a warm-up; returns frames/s in aggregate and per session."""
+    as they can for ``seconds`` after a warm-up; returns frames/s in aggregate and per session.
+    (``scripts/gpu_nvdec_scaling.py`` measures more: host time, GIL waits, sessions that open.)"""
     import torch
 
     pool = NvdecPool([paths[i % len(paths)] for i in range(decoders)], workers=decoders, depth=8, loop=True,
-                     gpu=gpu)
+                     gpu=gpu, options=options)
     sources = pool.sources()
     stop = threading.Event()
     counts = [0] * decoders
