@@ -13,8 +13,9 @@ side by side, each variant a row per session count:
 Then, for ``--open-variants``, sessions are opened one at a time up to ``--open`` with the free device
 memory read before and after each (MiB per session), a few frames decoded from every open stream.
 
-Parts run in this order: the scaling of the first two variants (the old way and the fix), the open
-test, then the other variants (which factor does what). Each part catches its own failure (a
+Parts run in this order: the scaling of every variant (the old way and the fix first), then the
+open test, the fix before the old way: on the H200 (2026-12-02) the old way's 182 closed sessions
+kept their device memory, so every part after them failed to create a decoder. Each part catches its own failure (a
 ``FAILED`` row, then the next); ``OUT/nvdec_scaling.md`` and ``.json`` are rewritten after every part;
 a part that would not fit in what is left of ``--budget`` is skipped and says so.
 
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", default="1,2,4,7,8,14,28,56")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of: {', '.join(VARIANTS)}")
     parser.add_argument("--open", type=int, default=200, help="sessions to open at once in the open test")
-    parser.add_argument("--open-variants", default="legacy,primary+reuse")
+    parser.add_argument("--open-variants", default="primary+reuse,legacy")
     parser.add_argument("--open-frames", type=int, default=10, help="frames read per stream once all are open")
     parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point")
     parser.add_argument("--warmup", type=float, default=0.5)
@@ -308,14 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args.out, _environment(args, argv))
     executors: dict[int, ProcessPoolExecutor] = {}
     try:
-        for name in variants[:2]:
+        for name in variants:
             run.part(f"Scaling: {name}", args.seconds + 3, budget,
                      lambda name=name: part_scaling(args, name, budget, run, executors))  # type: ignore[misc]
-        if opens and args.open:
+        if opens and args.open:  # last: a variant whose closed sessions keep their contexts starves what follows
             run.part(f"Open {args.open} sessions at once", 10, budget, lambda: part_open(args, opens, budget, run))
-        for name in variants[2:]:
-            run.part(f"Scaling: {name}", args.seconds + 3, budget,
-                     lambda name=name: part_scaling(args, name, budget, run, executors))  # type: ignore[misc]
         run.part("Summary", 0, budget, lambda: part_summary(args, run))
     finally:
         for executor in executors.values():
