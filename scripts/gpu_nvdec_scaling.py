@@ -78,6 +78,8 @@ VARIANTS = {
                                 "as primary+reuse, 8 driver threads for all sessions", workers=8),
     "primary+reuse+p4": Variant(replace(_TIMED, context="primary", reuse=True),
                                 "as primary+reuse, sessions split over 4 processes", processes=4),
+    "primary+reuse+p8": Variant(replace(_TIMED, context="primary", reuse=True),
+                                "as primary+reuse, sessions split over 8 processes", processes=8),
 }
 DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+w8"
 
