@@ -90,17 +90,34 @@ def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes]) -> N
 def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int, processes: int,
              seconds: float, extra: list[str]) -> dict[str, Any]:
     """One ``streamrt perf`` run (its JSON report, first level) plus the command."""
+    levels, status, stderr, command = run_perf_levels(protocol, port, model, batch, str(concurrency), processes,
+                                                      seconds, extra, timeout=seconds * 4 + 120)
+    if status not in (0, 1) or not levels:
+        raise SystemExit(f"perf failed ({status}): {stderr[-2000:]}")
+    result = levels[0]
+    result["command"] = command
+    result["stderr"] = stderr.strip()[-500:]
+    return dict(result)
+
+
+def run_perf_levels(protocol: str, port: int, model: str, batch: int, concurrency_range: str, processes: int,
+                    seconds: float, extra: list[str], timeout: float) -> tuple[list[dict[str, Any]], int, str, str]:
+    """``streamrt perf --json`` as a child: (every level's JSON, exit status, stderr, the command).
+
+    The levels are empty when perf printed no JSON (it failed before measuring). A latency-bound search
+    (``extra`` with ``--latency-bound-ms``) prints its levels and then fails with status 2 when no level
+    meets the bound, so the caller decides what a status means.
+    """
     cmd = [sys.executable, "-m", "streamrt.cli.main", "perf", "-m", model, "-i", protocol,
-           "-u", f"127.0.0.1:{port}", "--concurrency-range", str(concurrency), "-b", str(batch),
+           "-u", f"127.0.0.1:{port}", "--concurrency-range", concurrency_range, "-b", str(batch),
            "--processes", str(processes), "--measurement-interval", str(int(seconds * 1000)),
            "--warmup-ms", "1500", "--json", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds * 4 + 120)
-    if out.returncode not in (0, 1) or not out.stdout.strip():
-        raise SystemExit(f"perf failed ({out.returncode}): {out.stderr[-2000:]}")
-    result = json.loads(out.stdout)[0]
-    result["command"] = shlex.join(["streamrt", *cmd[3:]])
-    result["stderr"] = out.stderr.strip()[-500:]
-    return dict(result)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    try:
+        levels = json.loads(out.stdout) if out.stdout.strip() else []
+    except ValueError:
+        levels = []
+    return [dict(level) for level in levels], out.returncode, out.stderr, shlex.join(["streamrt", *cmd[3:]])
 
 
 def cpu_seconds(pid: int, children: bool = True) -> float:

@@ -30,7 +30,7 @@ import json
 import logging
 import multiprocessing
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ from streamrt.running.inputs import random_inputs
 from streamrt.serve.wire.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 
-__all__ = ["LevelResult", "LoadConfig", "format_results", "run_load", "run_load_async"]
+__all__ = ["LevelResult", "LoadConfig", "format_results", "measure_level", "run_async", "run_load", "run_load_async"]
 
 CLIENT_BUSY_WARNING = 0.8
 """A client process busy (CPU time / window) above this share of the window may be the limit."""
@@ -469,7 +469,7 @@ def _process_main(cfg: LoadConfig, concurrency: int, index: int, ready: Any, go:
         return part
 
     try:
-        results.put((index, _run(main()), ""))
+        results.put((index, run_async(main()), ""))
     except BaseException as exc:
         ready.put((index, f"{type(exc).__name__}: {exc}"))
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
@@ -535,26 +535,32 @@ def _merge(cfg: LoadConfig, concurrency: int, parts: list[_Part], processes: int
     )
 
 
+async def measure_level(cfg: LoadConfig, concurrency: int) -> LevelResult:
+    """One level at ``concurrency`` (``cfg.processes`` > 1: in a worker thread driving the processes).
+
+    The sweep (:func:`run_load_async`) and the latency-bound search (:mod:`streamrt.client.search`)
+    both measure through here, so a level means the same in both.
+    """
+    if cfg.processes > 1:
+        result = await asyncio.get_running_loop().run_in_executor(None, _level_processes, cfg, concurrency)
+    else:
+        result = await _level(cfg, concurrency)
+    log.debug("concurrency %d: %.1f infer/s, p99 %.2f ms, %d errors", concurrency, result.throughput,
+              result.latency_ms.p99 if result.latency_ms else float("nan"), result.errors)
+    return result
+
+
 async def run_load_async(cfg: LoadConfig) -> list[LevelResult]:
     """Sweep ``cfg.concurrency`` (on the running event loop; ``processes`` > 1 runs in worker threads)."""
-    results = []
-    for level in cfg.concurrency:
-        if cfg.processes > 1:
-            result = await asyncio.get_running_loop().run_in_executor(None, _level_processes, cfg, level)
-        else:
-            result = await _level(cfg, level)
-        log.debug("concurrency %d: %.1f infer/s, p99 %.2f ms, %d errors", level, result.throughput,
-                  result.latency_ms.p99 if result.latency_ms else float("nan"), result.errors)
-        results.append(result)
-    return results
+    return [await measure_level(cfg, level) for level in cfg.concurrency]
 
 
 def run_load(cfg: LoadConfig) -> list[LevelResult]:
     """Sweep ``cfg.concurrency`` on a fresh event loop (blocking)."""
-    return _run(run_load_async(cfg))
+    return run_async(run_load_async(cfg))
 
 
-def _run(main: Coroutine[Any, Any, T]) -> T:
+def run_async(main: Coroutine[Any, Any, T]) -> T:
     """``main`` on uvloop when it is installed (about 15% less client CPU per gRPC request than
     asyncio's loop, measured against a real tritonserver), else on asyncio's."""
     try:
@@ -564,19 +570,23 @@ def _run(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-def format_results(results: list[LevelResult]) -> str:
-    """perf_analyzer-like table: throughput, client latency percentiles, server time split."""
+def format_results(results: list[LevelResult], marks: Sequence[str] | None = None) -> str:
+    """perf_analyzer-like table: throughput, client latency percentiles, server time split.
+
+    ``marks`` (one per result) adds a last column, e.g. the latency-bound search's ``best`` / ``under`` / ``over``.
+    """
     head = (f"{'conc':>5} {'infer/s':>10} {'p50 ms':>8} {'p90 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'avg ms':>8}"
-            f" | {'server us':>9} {'queue':>7} {'c.in':>6} {'c.infer':>8} {'c.out':>6} {'batch':>5} {'errors':>6}")
+            f" | {'server us':>9} {'queue':>7} {'c.in':>6} {'c.infer':>8} {'c.out':>6} {'batch':>5} {'errors':>6}"
+            + (f" {'bound':>5}" if marks is not None else ""))
     lines = [head, "-" * len(head)]
-    for r in results:
+    for i, r in enumerate(results):
         s, lat = r.server_us, r.latency_ms
         p = (lat.median, lat.p90, lat.p95, lat.p99, lat.mean) if lat else (float("nan"),) * 5
         lines.append(
             f"{r.concurrency:>5} {r.throughput:>10.1f} " + " ".join(f"{v:>8.2f}" for v in p)
             + f" | {s.get('success', 0):>9.0f} {s.get('queue', 0):>7.0f} {s.get('compute_input', 0):>6.0f}"
             f" {s.get('compute_infer', 0):>8.0f} {s.get('compute_output', 0):>6.0f} {s.get('avg_batch', 0):>5.1f}"
-            f" {r.errors:>6}"
+            f" {r.errors:>6}" + (f" {marks[i]:>5}" if marks is not None else "")
         )
     errors = [r.first_error for r in results if r.first_error]
     if errors:
