@@ -184,6 +184,10 @@ def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
         lines.append(_row(r, one))
         print(lines[-1], flush=True)
         run.write()
+    if variant.processes and variant.processes in executors:
+        # the workers' CUDA contexts and decoders go with the variant: on the H200 (2026-12-02) the
+        # p4 and p8 workers left alive made every later part fail to create a decoder
+        executors.pop(variant.processes).shutdown(wait=True, cancel_futures=True)
     if rows:
         best = max(rows, key=lambda r: r["fps"])
         lines += ["", f"- best: {best['fps']:.0f} frames/s at {best['sessions']} sessions "
