@@ -56,7 +56,10 @@ def test_levels_4_and_5_add_autotuning_freezing_layout_and_cudnn_benchmark() -> 
     assert four.inductor["max_autotune_gemm_backends"].startswith("ATEN,TRITON")
     assert not four.inductor["freezing"] and four.memory_format == "inductor" and not four.cudnn_benchmark
     assert five.inductor["coordinate_descent_tuning"] and five.inductor["freezing"]
-    assert five.memory_format == "measure" and five.cudnn_benchmark
+    assert five.cudnn_benchmark and four.inductor["max_autotune_conv_backends"] == "ATEN,TRITON"
+    # Level 5 on CUDA is bounded: convolutions from cuDNN (benchmark mode), GEMMs autotuned, one layout.
+    assert five.inductor["max_autotune_conv_backends"] == "ATEN" and five.memory_format == "inductor"
+    assert resolve_recipe(_config(5), "cpu").memory_format == "measure"
     assert not resolve_recipe(_config(5), "cpu").cudnn_benchmark  # no cuDNN on the CPU
     assert resolve_recipe(_config(4), "cpu").inductor["max_autotune_gemm_backends"] == "ATEN,CPP"
 
@@ -67,6 +70,11 @@ def test_backend_options_override_the_level() -> None:
     assert recipe.inductor["force_layout_optimization"] is True
     assert resolve_recipe(_config(3, backend_options={"memory_format": "contiguous"}), "cpu").inductor[
         "layout_optimization"] is False
+    unbounded = resolve_recipe(_config(5, backend_options={"conv_backends": "aten,triton",
+                                                            "memory_format": "measure"}), "cuda")
+    assert unbounded.inductor["max_autotune_conv_backends"] == "ATEN,TRITON" and unbounded.memory_format == "measure"
+    with pytest.raises(ConfigError, match="conv_backends must be one of ATEN, ATEN,TRITON"):
+        resolve_recipe(_config(5, backend_options={"conv_backends": "CUDNN"}), "cuda")
     with pytest.raises(ConfigError, match="memory_format must be one of"):
         resolve_recipe(_config(5, backend_options={"memory_format": "nhwc"}), "cuda")
 
