@@ -198,3 +198,23 @@ def test_convolution_graphs_are_recognised() -> None:
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
     assert has_convolutions(torch.export.export(conv, (torch.randn(1, 3, 8, 8),)))
     assert not has_convolutions(torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),)))
+
+
+def test_a_plan_built_by_the_budget_fallback_says_so() -> None:
+    fell = {"seconds": 300.0, "spent_s": 286.1, "reserve_s": 90.0, "child_compiles": 1, "fell_back": [
+        {"what": "profile 1/1", "to": "level-3 recipe (max_autotune and coordinate_descent_tuning off)",
+         "after_s": 211.5, "why": "autotuning passed its 205 s deadline"}]}
+    settings = {"config": {}, "backend": {
+        "optimization": {"level": 5, "inductor": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                                                  "max_autotune_conv_backends": "ATEN"}},
+        "build_budget": fell}}
+    first, budget = optimization_lines(settings, timing_cache=False)
+    assert "max_autotune on (ATEN,TRITON; convolutions ATEN)" in first
+    assert budget == ("  build budget 300 s: FELL BACK, profile 1/1 -> level-3 recipe (max_autotune and "
+                      "coordinate_descent_tuning off) after 211.5 s (autotuning passed its 205 s deadline)")
+    kept = {**fell, "spent_s": 120.0, "fell_back": []}
+    settings["backend"]["build_budget"] = kept
+    assert optimization_lines(settings)[1] == ("  build budget 300 s: kept (autotuned in 1 compile process(es), "
+                                              "120.0 s spent)")
+    settings["backend"]["build_budget"] = {**kept, "child_compiles": 0}  # nothing autotuned: nothing to say
+    assert len(optimization_lines(settings)) == 1

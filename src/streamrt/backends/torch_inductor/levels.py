@@ -31,8 +31,8 @@ from typing import Any
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["BOUNDED_AUTOTUNE", "CONV_BACKENDS", "LEVEL5_CUDA", "MEMORY_FORMATS", "Recipe", "gemm_backends", "inductor_knows", "layout_knobs",
-           "resolve_recipe"]
+__all__ = ["BOUNDED_AUTOTUNE", "CONV_BACKENDS", "LEVEL5_CUDA", "MEMORY_FORMATS", "Recipe", "gemm_backends",
+           "inductor_knows", "layout_knobs", "resolve_recipe"]
 
 #: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges
 #: worth it); ``measure``: compile both layouts and keep the faster at the opt shape;
