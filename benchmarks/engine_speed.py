@@ -125,17 +125,25 @@ def tasks_in_order(models: list[str], precisions: list[str], batches: list[int],
 
 
 def tasks_of_groups(groups: list[tuple[str, list[int], list[str]]], precisions: list[str]) -> list[Task]:
-    """``--groups``: every group's tasks in the order written (group, batch, precision, variant)."""
-    return [Task(model, precision, batch, variant) for model, batches, variants in groups for batch in batches
-            for precision in precisions for variant in variants]
+    """``--groups``: every group's tasks in the order written (group, batch, precision, variant);
+    ``V/N`` pins that variant of that group to lane N."""
+    tasks = []
+    for model, batches, variants in groups:
+        for batch in batches:
+            for precision in precisions:
+                for item in variants:
+                    variant, _, lane = item.partition("/")
+                    tasks.append(Task(model, precision, batch, variant, int(lane) if lane else None))
+    return tasks
 
 
 def pin_lanes(tasks: list[Task], lanes: int, lane_of: dict[str, int]) -> list[Task]:
-    """Each task's lane: ``--lane-of`` first; with 2+ lanes the autotuning variants default to lane 1
-    (one after the other), the rest run on whichever lane is free."""
+    """Each task's lane: a ``--groups`` pin (``V/N``), else ``--lane-of``; with 2+ lanes the autotuning
+    variants default to lane 1 (one after the other), the rest run on whichever lane is free."""
     if lanes <= 1:
         return [replace(t, lane=None) for t in tasks]
-    return [replace(t, lane=lane_of.get(t.variant, 1 if t.tier == 2 else None)) for t in tasks]
+    return [t if t.lane is not None else replace(t, lane=lane_of.get(t.variant, 1 if t.tier == 2 else None))
+            for t in tasks]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -491,6 +499,8 @@ def _groups(text: str) -> list[tuple[str, list[int], list[str]]]:
         if not (sep and at and variants):
             raise argparse.ArgumentTypeError(f"--groups: expected MODEL@BATCHES=VARIANTS, got {item!r}")
         out.append((model.strip(), _ints(batches), _names(variants)))
+        if any(not lane.isdigit() for v in out[-1][2] for _, slash, lane in [v.partition("/")] if slash):
+            raise argparse.ArgumentTypeError(f"--groups: a lane pin is V/N with N a lane number, got {item!r}")
     return out
 
 
@@ -524,7 +534,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--groups", type=_groups, default=None, metavar="MODEL@B,B=V,V;...",
                    help="run exactly these, in this order (most important first), e.g. "
                    "'resnet50@32=L5,L5r,max-autotune,eager,compile,L3;mobilenet@32,1=compile,L3' "
-                   "(replaces --models/--batches/--levels/--baselines; L5r implies --rebuild)")
+                   "(replaces --models/--batches/--levels/--baselines; L5r implies --rebuild; V/N pins V of that group "
+                   "to lane N)")
     p.add_argument("--lanes", type=int, default=1, help="children building at a time (default 1); timed runs "
                    "never overlap: the other lanes are stopped while one times (speed_lanes.py)")
     p.add_argument("--lane-of", type=_lane_of, default={}, metavar="V=N,...",
@@ -550,16 +561,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ["eager", "compile"] if quick else ["eager", "compile", "max-autotune"])
     args.runs = args.runs or (10 if quick else 200)
     args.warmup = args.warmup or (2 if quick else 20)
+    pins: list[int] = []
     if args.groups:
         args.models = list(dict.fromkeys(m for m, _, _ in args.groups))
-        grouped = [v for _, _, vs in args.groups for v in vs]
+        grouped = [v.partition("/")[0] for _, _, vs in args.groups for v in vs]
+        pins = [int(v.partition("/")[2]) for _, _, vs in args.groups for v in vs if "/" in v]
         args.baselines = [v for v in dict.fromkeys(grouped) if level_of(v) is None]
         args.levels = sorted({level for v in grouped if (level := level_of(v)) is not None})
         args.rebuild = args.rebuild or any(is_rebuild(v) for v in grouped)
         unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
         if unknown:
             p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, {', '.join(BASELINES)}")
-    if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in args.lane_of.values()):
+    if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
         p.error(f"--lanes must be >= 1 and --lane-of lanes within 1..{args.lanes}, got {args.lane_of}")
     for name, values, known in (("--models", args.models, CANDIDATES), ("--precisions", args.precisions, DTYPES),
                                 ("--baselines", args.baselines, BASELINES)):
@@ -571,7 +584,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     variants = {*args.baselines, *(f"L{level}" for level in args.levels),
                 *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
     if args.groups:
-        variants = {v for _, _, vs in args.groups for v in vs}
+        variants = set(grouped)
     unknown = sorted(set(args.deadlines) - set(DEADLINES_S))
     if unknown:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")

@@ -40,8 +40,10 @@ GATE_WAIT_S = 300.0
 
 
 class LaneTask(Protocol):
-    variant: str
-    lane: int | None
+    """What :func:`next_task` reads of a task (``engine_speed.Task``)."""
+
+    @property
+    def lane(self) -> int | None: ...
 
     def waits_for(self) -> object | None: ...
 

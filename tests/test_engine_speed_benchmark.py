@@ -149,10 +149,11 @@ def test_groups_run_in_the_order_written_on_two_lanes_and_a_rebuild_waits_for_it
 
 def test_lanes_take_their_pinned_work_first_and_a_rebuild_after_its_build() -> None:
     module = _module()
-    tasks = module.pin_lanes(module.tasks_of_groups([("m", [32], ["eager", "L5", "L5r", "max-autotune", "L3"])],
-                                                    ["fp16"]), 2, {"max-autotune": 2})
+    tasks = module.pin_lanes(module.tasks_of_groups([("m", [32], ["eager", "L5", "L5r", "max-autotune", "L3"]),
+                                                     ("n", [1], ["L3/2"])], ["fp16"]), 2, {"max-autotune": 2})
     assert [(t.variant, t.lane) for t in tasks] == [("eager", None), ("L5", 1), ("L5r", 1), ("max-autotune", 2),
-                                                    ("L3", None)]
+                                                    ("L3", None), ("L3", 2)]
+    tasks = tasks[:-1]
     from speed_lanes import next_task
 
     first, _ = next_task(tasks, 1, set())
