@@ -27,6 +27,10 @@ the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (through
 over the paired torch.compile variant's in the same table), the fraction of the precision's dense
 tensor-core peak (CUDA), and the relative L2 error of the first output against eager fp32.
 
+Order and lanes: ``--groups`` lists exactly what runs, most important first; ``--lanes 2`` builds two
+variants at a time and stops the other lane while one is timed (:mod:`speed_lanes`), so a call of
+~500 s holds level 5, its warm rebuild and torch.compile max-autotune together with the cheap rows.
+
 Deadlines: ``--deadline S`` for every variant, ``--deadlines L5=200,max-autotune=240`` per variant;
 ``--budget S`` bounds the whole call: a child never gets more than what is left, and a variant whose
 expected time (measured earlier in the call, else a prior) does not fit is skipped, so the cheap
@@ -36,6 +40,9 @@ Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
     python benchmarks/engine_speed.py --out DIR --batches 32 --levels 3,5 --baselines eager,compile,max-autotune \
         --budget 520 --build-budget-s 200 --deadlines eager=90,compile=150,L3=180,L5=270,max-autotune=300
+    python benchmarks/engine_speed.py --out DIR --lanes 2 --budget 505 --build-budget-s 420 \
+        --groups 'resnet50@32=L5,L5r,eager/2,compile/2,L3/2,max-autotune/2;mobilenet@32=compile,L3;vit@32=compile,L3' \
+        --deadlines L5=450,L5r=150,max-autotune=360,L3=200,compile=150,eager=90    # the H200 call of issue 28
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
     python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
