@@ -27,6 +27,10 @@ the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (through
 over the paired torch.compile variant's in the same table), the fraction of the precision's dense
 tensor-core peak (CUDA), and the relative L2 error of the first output against eager fp32.
 
+Order and lanes: ``--groups`` lists exactly what runs, most important first; ``--lanes 2`` builds two
+variants at a time and stops the other lane while one is timed (:mod:`speed_lanes`), so a call of
+~500 s holds level 5, its warm rebuild and torch.compile max-autotune together with the cheap rows.
+
 Deadlines: ``--deadline S`` for every variant, ``--deadlines L5=200,max-autotune=240`` per variant;
 ``--budget S`` bounds the whole call: a child never gets more than what is left, and a variant whose
 expected time (measured earlier in the call, else a prior) does not fit is skipped, so the cheap
@@ -36,6 +40,9 @@ Usage:
     python benchmarks/engine_speed.py --out DIR                      # ResNet-50 fp16, batch 32 and 1 (H200)
     python benchmarks/engine_speed.py --out DIR --batches 32 --levels 3,5 --baselines eager,compile,max-autotune \
         --budget 520 --build-budget-s 200 --deadlines eager=90,compile=150,L3=180,L5=270,max-autotune=300
+    python benchmarks/engine_speed.py --out DIR --lanes 2 --budget 505 --build-budget-s 420 \
+        --groups 'resnet50@32=L5,L5r,eager/2,compile/2,L3/2,max-autotune/2;mobilenet@32=compile,L3;vit@32=compile,L3' \
+        --deadlines L5=450,L5r=150,max-autotune=360,L3=200,compile=150,eager=90    # the H200 call of issue 28
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
     python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
@@ -50,15 +57,17 @@ import platform
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from speed_lanes import DONE, REQUEST, GpuGate, next_task
 from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS, level_of
 from streamrt.backends.torch_inductor.deadline import child_env, live_children, run_with_deadline
 from streamrt.profiling.peaks import peaks_for
@@ -78,12 +87,27 @@ RESERVE_S = 5.0
 
 # --- tasks -----------------------------------------------------------------------------------
 
+def is_rebuild(variant: str) -> bool:
+    """``L4r``/``L5r``: a plan built again into its first build's timing cache."""
+    return level_of(variant) is not None and variant.endswith("r")
+
+
 @dataclass(frozen=True)
 class Task:
     model: str
     precision: str
     batch: int
     variant: str
+    lane: int | None = field(default=None, compare=False)  # pinned to a lane (1..N), else any lane
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        return self.model, self.precision, self.batch, self.variant
+
+    def waits_for(self) -> tuple[str, str, int, str] | None:
+        """The first build a warm rebuild (``L5r``) reuses the timing cache of; ``None`` for others."""
+        rebuild = is_rebuild(self.variant)
+        return (self.model, self.precision, self.batch, self.variant[:-1]) if rebuild else None
 
     @property
     def tier(self) -> int:
@@ -94,7 +118,7 @@ class Task:
         return 1
 
     def row(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "lane"}
 
 
 def tasks_in_order(models: list[str], precisions: list[str], batches: list[int], variants: list[str]) -> list[Task]:
@@ -105,6 +129,28 @@ def tasks_in_order(models: list[str], precisions: list[str], batches: list[int],
     order = {t: i for i, t in enumerate(tasks)}
     return sorted(tasks, key=lambda t: (order[Task(t.model, t.precision, t.batch, variants[0])], t.tier,
                                         level_of(t.variant) is None, order[t]))
+
+
+def tasks_of_groups(groups: list[tuple[str, list[int], list[str]]], precisions: list[str]) -> list[Task]:
+    """``--groups``: every group's tasks in the order written (group, batch, precision, variant);
+    ``V/N`` pins that variant of that group to lane N."""
+    tasks = []
+    for model, batches, variants in groups:
+        for batch in batches:
+            for precision in precisions:
+                for item in variants:
+                    variant, _, lane = item.partition("/")
+                    tasks.append(Task(model, precision, batch, variant, int(lane) if lane else None))
+    return tasks
+
+
+def pin_lanes(tasks: list[Task], lanes: int, lane_of: dict[str, int]) -> list[Task]:
+    """Each task's lane: a ``--groups`` pin (``V/N``), else ``--lane-of``; with 2+ lanes the autotuning
+    variants default to lane 1 (one after the other), the rest run on whichever lane is free."""
+    if lanes <= 1:
+        return [replace(t, lane=None) for t in tasks]
+    return [t if t.lane is not None else replace(t, lane=lane_of.get(t.variant, 1 if t.tier == 2 else None))
+            for t in tasks]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -128,6 +174,7 @@ class Results:
         self.jsonl.write_text(json.dumps({"meta": meta}) + "\n")
 
     def add(self, row: dict[str, Any]) -> None:
+        """Append ``row`` (callers on several lanes hold :class:`Run`'s lock)."""
         self.rows.append(row)
         with self.jsonl.open("a") as f:
             f.write(json.dumps({"row": row}) + "\n")
@@ -140,30 +187,42 @@ class Results:
         return text
 
 
-def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
-    """Run one variant in a child with ``deadline``; its row, or what became of it."""
+def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: float, lane: int,
+               gate: GpuGate) -> dict[str, Any]:
+    """Run one variant in a child with ``deadline`` (its timed runs behind ``gate``); its row, or what became of it."""
     name = f"{task.model}-{task.precision}-b{task.batch}-{task.variant}"
+    go = spec_dir / "gates" / f"{name}.go"
+    go.parent.mkdir(exist_ok=True)
+    go.unlink(missing_ok=True)
     spec = {**task.row(), "device": args.device, "runs": args.runs, "warmup": args.warmup,
             "scratch": str(spec_dir), "cudnn_benchmark": args.cudnn_benchmark,
             "build_budget_s": args.build_budget_s, "rebuild": args.rebuild,
-            "timing_cache": str(args.timing_cache) if args.timing_cache else None}
+            "timing_cache": str(args.timing_cache) if args.timing_cache else None, "gate": str(go)}
     spec_path, result_path = spec_dir / f"{name}.spec.json", spec_dir / f"{name}.row.json"
     spec_path.write_text(json.dumps(spec))
     last = [""]
+    tag = f"[{task.variant}{f' lane {lane}' if args.lanes > 1 else ''}]"
 
     def relay(line: str) -> None:
+        if line == REQUEST:
+            gate.acquire(lane, go)
+        elif line == DONE:
+            gate.release(lane)
         if line.strip():
             last[0] = line.strip()
         if args.verbose or line.startswith(("build:", "building", "timing", "failed")):
-            print(f"  [{task.variant}] {line}", flush=True)
+            print(f"  {tag} {line}", flush=True)
 
     def beat(elapsed: float) -> None:
-        print(f"  [{task.variant}] {elapsed:.0f} s of {deadline:.0f} s; last: {last[0][:160]}", flush=True)
+        print(f"  {tag} {elapsed:.0f} s of {deadline:.0f} s; last: {last[0][:160]}", flush=True)
 
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path), str(result_path)]
-    done = run_with_deadline(command, deadline, env=child_env(), cwd=ROOT, on_line=relay, on_heartbeat=beat,
-                             heartbeat_s=args.heartbeat)
-    base = {**task.row(), "elapsed_s": done.elapsed_s}
+    try:
+        done = run_with_deadline(command, deadline, env=child_env(), cwd=ROOT, on_line=relay, on_heartbeat=beat,
+                                 heartbeat_s=args.heartbeat, on_start=lambda proc: gate.started(lane, proc))
+    finally:
+        gate.finished(lane)
+    base = {**task.row(), "elapsed_s": done.elapsed_s, **({"lane": lane} if args.lanes > 1 else {})}
     if done.timed_out:
         return {**base, "status": "did not finish",
                 "notes": f"did not finish in {deadline:.0f} s (killed; last: {last[0][:200]})"}
@@ -173,46 +232,118 @@ def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: f
     return {**base, "status": "failed", "notes": f"failed: child exit {done.returncode}: {tail}"}
 
 
+class Run:
+    """One call's tasks, taken by ``args.lanes`` lane threads in priority order (:func:`speed_lanes.next_task`)."""
+
+    def __init__(self, args: argparse.Namespace, tasks: list[Task], results: Results, scratch: Path) -> None:
+        self.args, self.results, self.scratch = args, results, scratch
+        self.pending = list(tasks)
+        self.finished: set[object] = set()
+        self.observed: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.gate = GpuGate()
+        self.started = time.monotonic()
+        self.interrupted = False
+
+    def _take(self, lane: int) -> tuple[Task | None, bool]:
+        with self.lock:
+            task, left = next_task(self.pending, lane, self.finished)
+            if task is not None:
+                self.pending.remove(task)  # type: ignore[arg-type]
+            return task, left  # type: ignore[return-value]
+
+    def _done(self, task: Task, row: dict[str, Any]) -> None:
+        with self.lock:
+            self.finished.add(task.key)
+            if "elapsed_s" in row and row.get("status") != "skipped":
+                self.observed[task.variant] = max(self.observed.get(task.variant, 0.0), row["elapsed_s"])
+            self.results.add(row)
+
+    def lane(self, lane: int) -> None:
+        """Run tasks until none is left for this lane (or the call is stopped)."""
+        args = self.args
+        while not self.stop.is_set():
+            task, left = self._take(lane)
+            if task is None:
+                if not left:
+                    return
+                time.sleep(0.5)  # a rebuild waits for its first build on another lane
+                continue
+            budget_left = args.budget - (time.monotonic() - self.started) - RESERVE_S
+            deadline = min(args.deadline_map[task.variant], budget_left)
+            expected = min(self.observed.get(task.variant, PRIORS_S.get(task.variant, 60.0)), deadline)
+            if budget_left < max(expected, 1.0):
+                self._done(task, {**task.row(), "status": "skipped",
+                                  "notes": f"skipped: budget ({budget_left:.0f} s left, ~{expected:.0f} s expected)"})
+                print(f"skip {task.key}: budget", flush=True)
+                continue
+            print(f"# {task.model} {task.precision} b{task.batch} {task.variant}: deadline {deadline:.0f} s"
+                  + (f" (lane {lane})" if args.lanes > 1 else ""), flush=True)
+            t0 = time.monotonic()
+            row = _child_row(task, self.scratch, args, deadline, lane, self.gate)
+            if self.stop.is_set():
+                self._done(task, {**task.row(), "status": "interrupted", "elapsed_s": time.monotonic() - t0,
+                                  "notes": f"interrupted after {time.monotonic() - t0:.0f} s"})
+                return
+            self._done(task, row)
+            print(_row_line(row), flush=True)
+
+    def run(self) -> None:
+        """The lanes as threads; SIGTERM/SIGINT (raised here, in the main thread) stop them all."""
+        # The main thread waits on a semaphore, not Thread.join: an exception raised by the signal
+        # handler inside join() leaves CPython 3.11 reporting a running thread as finished.
+        ended = threading.Semaphore(0)
+
+        def lane(n: int) -> None:
+            try:
+                self.lane(n)
+            finally:
+                ended.release()
+
+        for n in range(1, self.args.lanes + 1):
+            threading.Thread(target=lane, args=(n,), name=f"lane-{n}", daemon=True).start()
+        waiting = self.args.lanes
+        try:
+            while waiting:
+                if ended.acquire(timeout=0.2):
+                    waiting -= 1
+        except Interrupted:
+            self.interrupted = True
+            self.stop.set()
+            self.gate.resume_all()
+            for proc in live_children():
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            give_up = time.monotonic() + 30
+            while waiting and ended.acquire(timeout=max(0.0, give_up - time.monotonic())):
+                waiting -= 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Every task in a child, rows written as they come; 143 when interrupted, else 0."""
-    variants = [*args.baselines, *(f"L{level}" for level in args.levels),
-                *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)]
-    tasks = tasks_in_order(args.models, args.precisions, args.batches, variants)
-    started = time.monotonic()
+    if args.groups:
+        tasks = tasks_of_groups(args.groups, args.precisions)
+    else:
+        variants = [*args.baselines, *(f"L{level}" for level in args.levels),
+                    *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)]
+        tasks = tasks_in_order(args.models, args.precisions, args.batches, variants)
+    tasks = pin_lanes(tasks, args.lanes, args.lane_of)
     meta: dict[str, Any] = {
         "device_kind": args.device, "header": report_header(["python", *args.command], ROOT),
         "python": platform.python_version(), "budget_s": args.budget, "deadlines_s": args.deadline_map,
         "build_budget_s": args.build_budget_s, "cudnn_benchmark": args.cudnn_benchmark if args.device == "cuda"
-        else None, "pairs": PAIRS, "runs": args.runs, "warmup": args.warmup,
+        else None, "pairs": PAIRS, "runs": args.runs, "warmup": args.warmup, "lanes": args.lanes,
     }
     results = Results(args.out, meta)
-    observed: dict[str, float] = {}
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
         with _scratch(args) as scratch:
-            for task in tasks:
-                left = args.budget - (time.monotonic() - started) - RESERVE_S
-                deadline = min(args.deadline_map[task.variant], left)
-                expected = min(observed.get(task.variant, PRIORS_S.get(task.variant, 60.0)), deadline)
-                if left < max(expected, 1.0):
-                    results.add({**task.row(), "status": "skipped",
-                                 "notes": f"skipped: budget ({left:.0f} s left, ~{expected:.0f} s expected)"})
-                    print(f"skip {task}: budget", flush=True)
-                    continue
-                print(f"# {task.model} {task.precision} b{task.batch} {task.variant}: deadline {deadline:.0f} s",
-                      flush=True)
-                t0 = time.monotonic()
-                try:
-                    row = _child_row(task, scratch, args, deadline)
-                except Interrupted as exc:
-                    results.add({**task.row(), "status": "interrupted", "elapsed_s": time.monotonic() - t0,
-                                 "notes": f"interrupted ({exc}) after {time.monotonic() - t0:.0f} s"})
-                    status = 143
-                    break
-                observed[task.variant] = max(observed.get(task.variant, 0.0), row.get("elapsed_s", 0.0))
-                results.add(row)
-                print(_row_line(row), flush=True)
+            call = Run(args, tasks, results, scratch)
+            call.run()
+            meta["gate_pauses"] = call.gate.pauses
+            status = 143 if call.interrupted else 0
     except Interrupted:
         status = 143
     finally:
@@ -321,6 +452,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "- roofline: FLOPs (FlopCounterMode) x images/s / "
         + (f"{peaks.name} dense peak of the precision (fp16/bf16 {peaks.fp16:g}, tf32 {peaks.tf32:g}, fp32 "
            f"{peaks.fp32:g} TFLOP/s; {peaks.source})" if peaks else "unknown device: no roofline column"),
+        *([f"- lanes: {meta['lanes']} children built at a time (build seconds overlap the other lane's build); "
+           f"timed runs never overlapped: the other lanes' processes were stopped during each "
+           f"({meta.get('gate_pauses', 0)} pauses)"] if (meta.get("lanes") or 1) > 1 else []),
         f"- budget {_fmt(meta.get('budget_s'), '.0f')} s, spent {_fmt(meta.get('spent_s'), '.0f')} s; deadlines "
         + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("deadlines_s") or {}).items())
         + f"; plan build budget {meta.get('build_budget_s') if meta.get('build_budget_s') is not None else 'default'}",
@@ -363,6 +497,24 @@ def _deadlines(text: str) -> dict[str, float]:
     return out
 
 
+def _groups(text: str) -> list[tuple[str, list[int], list[str]]]:
+    """``MODEL@B,B=V,V;MODEL@B=V``: the tasks of each group in the order written."""
+    out = []
+    for item in (g.strip() for g in text.split(";") if g.strip()):
+        head, sep, variants = item.partition("=")
+        model, at, batches = head.partition("@")
+        if not (sep and at and variants):
+            raise argparse.ArgumentTypeError(f"--groups: expected MODEL@BATCHES=VARIANTS, got {item!r}")
+        out.append((model.strip(), _ints(batches), _names(variants)))
+        if any(not lane.isdigit() for v in out[-1][2] for _, slash, lane in [v.partition("/")] if slash):
+            raise argparse.ArgumentTypeError(f"--groups: a lane pin is V/N with N a lane number, got {item!r}")
+    return out
+
+
+def _lane_of(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _deadlines(text).items()}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,6 +538,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timing-cache", type=Path, default=None, help="plans' --timing-cache directory (shared)")
     p.add_argument("--rebuild", action="store_true", help="after each level >= 4 plan, build it again into the "
                    "same timing cache (variant L5r: the warm rebuild's time and timing-cache hits)")
+    p.add_argument("--groups", type=_groups, default=None, metavar="MODEL@B,B=V,V;...",
+                   help="run exactly these, in this order (most important first), e.g. "
+                   "'resnet50@32=L5,L5r,max-autotune,eager,compile,L3;mobilenet@32,1=compile,L3' "
+                   "(replaces --models/--batches/--levels/--baselines; L5r implies --rebuild; V/N pins V of that group "
+                   "to lane N)")
+    p.add_argument("--lanes", type=int, default=1, help="children building at a time (default 1); timed runs "
+                   "never overlap: the other lanes are stopped while one times (speed_lanes.py)")
+    p.add_argument("--lane-of", type=_lane_of, default={}, metavar="V=N,...",
+                   help="pin variants to lanes 1..N (default with 2+ lanes: autotuning variants on lane 1)")
     p.add_argument("--runs", type=int, default=None, help="timed calls per variant (default 200; quick 10)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per variant (default 20; quick 2)")
     p.add_argument("--heartbeat", type=float, default=30.0, help="seconds between progress lines of a child")
@@ -407,6 +568,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ["eager", "compile"] if quick else ["eager", "compile", "max-autotune"])
     args.runs = args.runs or (10 if quick else 200)
     args.warmup = args.warmup or (2 if quick else 20)
+    pins: list[int] = []
+    if args.groups:
+        args.models = list(dict.fromkeys(m for m, _, _ in args.groups))
+        grouped = [v.partition("/")[0] for _, _, vs in args.groups for v in vs]
+        pins = [int(v.partition("/")[2]) for _, _, vs in args.groups for v in vs if "/" in v]
+        args.baselines = [v for v in dict.fromkeys(grouped) if level_of(v) is None]
+        args.levels = sorted({level for v in grouped if (level := level_of(v)) is not None})
+        args.rebuild = args.rebuild or any(is_rebuild(v) for v in grouped)
+        unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
+        if unknown:
+            p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, {', '.join(BASELINES)}")
+    if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
+        p.error(f"--lanes must be >= 1 and --lane-of lanes within 1..{args.lanes}, got {args.lane_of}")
     for name, values, known in (("--models", args.models, CANDIDATES), ("--precisions", args.precisions, DTYPES),
                                 ("--baselines", args.baselines, BASELINES)):
         unknown = [v for v in values if v not in known]
@@ -416,6 +590,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--levels must be in 0..5, got {args.levels}")
     variants = {*args.baselines, *(f"L{level}" for level in args.levels),
                 *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
+    if args.groups:
+        variants = set(grouped)
     unknown = sorted(set(args.deadlines) - set(DEADLINES_S))
     if unknown:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")

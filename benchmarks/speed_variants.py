@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from speed_lanes import DONE as GATE_DONE
+from speed_lanes import wait_for_gate
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
          "L5": "max-autotune", "L4r": "max-autotune", "L5r": "max-autotune"}
@@ -93,6 +96,9 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
     "yolo": [("StreamRT yolo_like (YOLOv8n-sized, 80 classes)", _yolo, (3, 640, 640))],
     "transformer": [("timm vit_small_patch16_224", _timm("vit_small_patch16_224"), (3, 224, 224)),
                     ("StreamRT zoo ViTLike (2 layers, 32x32)", _zoo("vit"), (3, 32, 32))],
+    "vit": [("timm vit_tiny_patch16_224", _timm("vit_tiny_patch16_224"), (3, 224, 224)),
+            ("torchvision vit_b_16", _torchvision("vit_b_16"), (3, 224, 224)),
+            ("StreamRT zoo ViTLike (2 layers, 32x32)", _zoo("vit"), (3, 32, 32))],
     "tiny": [("StreamRT zoo MTCNNPNet (3 convs, 2 outputs)", _zoo("mtcnn"), (3, 48, 48))],
 }
 
@@ -197,6 +203,7 @@ class Spec:
     build_budget_s: float | None = None
     timing_cache: str | None = None
     rebuild: bool = False
+    gate: str | None = None  # the GPU gate's go file (speed_lanes): wait for it before the timed runs
 
     def row(self) -> dict[str, Any]:
         return {"model": self.model, "precision": self.precision, "batch": self.batch, "variant": self.variant}
@@ -311,6 +318,7 @@ def measure(spec: Spec) -> dict[str, Any]:
     print(f"building {spec.variant}", flush=True)
     plan = level_of(spec.variant) is not None
     fn = _plan_fn(spec, model, x, row, cleanup) if plan else _torch_fn(spec, model, x, row)
+    waited = wait_for_gate(spec.gate, lambda line: print(line, flush=True))
     print(f"timing {spec.variant}: {spec.warmup} warm-up + {spec.runs} runs", flush=True)
     try:
         with torch.no_grad():
@@ -318,8 +326,12 @@ def measure(spec: Spec) -> dict[str, Any]:
             out = first_tensor(fn(x[0])).clone()
             _sync(device)
     finally:
+        if spec.gate:
+            print(GATE_DONE, flush=True)
         for close in cleanup:
             close()
+    if waited:
+        row["notes"] = "; ".join(n for n in (row.get("notes"), waited) if n)
     peaks = peaks_for(torch.cuda.get_device_name()) if device == "cuda" else None
     roof = Roofline(flops, peaks, spec.precision, wall_ms=ms, kernel_ms=0.0)
     row.update(ms=ms, images_per_s=spec.batch / ms * 1e3, rel_l2=rel_l2(out, ref), status="ok")

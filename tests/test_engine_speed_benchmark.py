@@ -6,6 +6,7 @@ and merges two calls' JSONL files into one table; SIGTERM mid-build still leaves
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -128,3 +129,74 @@ def test_ratios_pair_each_level_with_its_torch_compile_partner() -> None:
     assert by_variant["L3"]["x_pair"] == pytest.approx(0.8) and by_variant["L3"]["x_eager"] == pytest.approx(1.6)
     assert by_variant["L5"]["x_pair"] == pytest.approx(1.0)
     assert "x_pair" not in by_variant["L0"] and "x_pair" not in by_variant["eager"]
+
+
+def test_groups_run_in_the_order_written_on_two_lanes_and_a_rebuild_waits_for_its_build(tmp_path: Path) -> None:
+    # The H200 command's path (--groups, --lanes 2, L5 then L5r on lane 1, the GPU gate) with the tiny model:
+    # level 5 and its rebuild are killed at their 3 s deadlines, eager is timed on the other lane meanwhile.
+    meta, rows = _run(tmp_path, "--groups", "tiny@1=L5,L5r,eager;tiny@2=eager", "--lanes", "2",
+                      "--deadlines", "L5=3,L5r=3")
+    by_key = {(r["batch"], r["variant"]): r for r in rows}
+    assert set(by_key) == {(1, "L5"), (1, "L5r"), (1, "eager"), (2, "eager")}
+    assert by_key[(1, "L5")]["status"] == by_key[(1, "L5r")]["status"] == "did not finish"
+    assert by_key[(1, "L5")]["lane"] == by_key[(1, "L5r")]["lane"] == 1  # autotuning variants: lane 1
+    assert [r["variant"] for r in rows if r["variant"].startswith("L")] == ["L5", "L5r"]
+    assert by_key[(1, "eager")]["status"] == by_key[(2, "eager")]["status"] == "ok"
+    assert by_key[(1, "eager")]["lane"] == 2  # the other lane took the first unpinned task at once
+    assert meta["lanes"] == 2
+    assert "- lanes: 2 children built at a time" in (tmp_path / "engine-speed.md").read_text()
+
+
+def test_lanes_take_their_pinned_work_first_and_a_rebuild_after_its_build() -> None:
+    module = _module()
+    tasks = module.pin_lanes(module.tasks_of_groups([("m", [32], ["eager", "L5", "L5r", "max-autotune", "L3"]),
+                                                     ("n", [1], ["L3/2"])], ["fp16"]), 2, {"max-autotune": 2})
+    assert [(t.variant, t.lane) for t in tasks] == [("eager", None), ("L5", 1), ("L5r", 1), ("max-autotune", 2),
+                                                    ("L3", None), ("L3", 2)]
+    tasks = tasks[:-1]
+    from speed_lanes import next_task
+
+    first, _ = next_task(tasks, 1, set())
+    other, _ = next_task(tasks, 2, set())
+    assert (first.variant, other.variant) == ("L5", "max-autotune")
+    waiting = [t for t in tasks if t.variant in ("L5r", "L3")]
+    assert next_task(waiting, 1, set())[0].variant == "L3"  # L5r waits for L5
+    assert next_task(waiting, 1, {tasks[1].key})[0].variant == "L5r"
+    assert next_task(waiting[:1], 2, set()) == (None, False)  # another lane's work: nothing left for lane 2
+    assert not module.is_rebuild("eager") and module.is_rebuild("L5r")
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_the_gpu_gate_stops_the_other_lanes_whole_process_tree_while_one_times(tmp_path: Path) -> None:
+    _module()  # puts benchmarks/ on sys.path
+    from speed_lanes import GpuGate
+
+    grandchild = "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    other = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; {grandchild}; time.sleep(60)"],
+                             start_new_session=True)
+    me = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1.0)
+        from speed_lanes import descendants
+
+        tree = descendants(other.pid)
+        assert len(tree) == 2
+        gate = GpuGate()
+        gate.started(1, me)
+        gate.started(2, other)
+        gate.acquire(1, tmp_path / "go")
+        assert (tmp_path / "go").is_file() and {_state(pid) for pid in tree} == {"T"} and _state(me.pid) != "T"
+        gate.finished(1)  # the timing child exited holding the gate: the others go on
+        assert "T" not in {_state(pid) for pid in tree} and gate.pauses == 1
+        gate.acquire(1, tmp_path / "late")  # a child that died waiting never takes the gate
+        assert not (tmp_path / "late").exists()
+    finally:
+        for proc in (other, me):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL) if proc is other else proc.kill()
+            proc.wait()

@@ -56,7 +56,10 @@ def test_levels_4_and_5_add_autotuning_freezing_layout_and_cudnn_benchmark() -> 
     assert four.inductor["max_autotune_gemm_backends"].startswith("ATEN,TRITON")
     assert not four.inductor["freezing"] and four.memory_format == "inductor" and not four.cudnn_benchmark
     assert five.inductor["coordinate_descent_tuning"] and five.inductor["freezing"]
-    assert five.memory_format == "measure" and five.cudnn_benchmark
+    assert five.cudnn_benchmark and four.inductor["max_autotune_conv_backends"] == "ATEN,TRITON"
+    # Level 5 on CUDA is bounded: convolutions from cuDNN (benchmark mode), GEMMs autotuned, one layout.
+    assert five.inductor["max_autotune_conv_backends"] == "ATEN" and five.memory_format == "inductor"
+    assert resolve_recipe(_config(5), "cpu").memory_format == "measure"
     assert not resolve_recipe(_config(5), "cpu").cudnn_benchmark  # no cuDNN on the CPU
     assert resolve_recipe(_config(4), "cpu").inductor["max_autotune_gemm_backends"] == "ATEN,CPP"
 
@@ -67,6 +70,11 @@ def test_backend_options_override_the_level() -> None:
     assert recipe.inductor["force_layout_optimization"] is True
     assert resolve_recipe(_config(3, backend_options={"memory_format": "contiguous"}), "cpu").inductor[
         "layout_optimization"] is False
+    unbounded = resolve_recipe(_config(5, backend_options={"conv_backends": "aten,triton",
+                                                            "memory_format": "measure"}), "cuda")
+    assert unbounded.inductor["max_autotune_conv_backends"] == "ATEN,TRITON" and unbounded.memory_format == "measure"
+    with pytest.raises(ConfigError, match="conv_backends must be one of ATEN, ATEN,TRITON"):
+        resolve_recipe(_config(5, backend_options={"conv_backends": "CUDNN"}), "cuda")
     with pytest.raises(ConfigError, match="memory_format must be one of"):
         resolve_recipe(_config(5, backend_options={"memory_format": "nhwc"}), "cuda")
 
@@ -190,3 +198,23 @@ def test_convolution_graphs_are_recognised() -> None:
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
     assert has_convolutions(torch.export.export(conv, (torch.randn(1, 3, 8, 8),)))
     assert not has_convolutions(torch.export.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),)))
+
+
+def test_a_plan_built_by_the_budget_fallback_says_so() -> None:
+    fell = {"seconds": 300.0, "spent_s": 286.1, "reserve_s": 90.0, "child_compiles": 1, "fell_back": [
+        {"what": "profile 1/1", "to": "level-3 recipe (max_autotune and coordinate_descent_tuning off)",
+         "after_s": 211.5, "why": "autotuning passed its 205 s deadline"}]}
+    settings = {"config": {}, "backend": {
+        "optimization": {"level": 5, "inductor": {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                                                  "max_autotune_conv_backends": "ATEN"}},
+        "build_budget": fell}}
+    first, budget = optimization_lines(settings, timing_cache=False)
+    assert "max_autotune on (ATEN,TRITON; convolutions ATEN)" in first
+    assert budget == ("  build budget 300 s: FELL BACK, profile 1/1 -> level-3 recipe (max_autotune and "
+                      "coordinate_descent_tuning off) after 211.5 s (autotuning passed its 205 s deadline)")
+    kept = {**fell, "spent_s": 120.0, "fell_back": []}
+    settings["backend"]["build_budget"] = kept
+    assert optimization_lines(settings)[1] == ("  build budget 300 s: kept (autotuned in 1 compile process(es), "
+                                              "120.0 s spent)")
+    settings["backend"]["build_budget"] = {**kept, "child_compiles": 0}  # nothing autotuned: nothing to say
+    assert len(optimization_lines(settings)) == 1

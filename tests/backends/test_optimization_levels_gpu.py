@@ -1,6 +1,7 @@
 """Optimization levels, --tf32 and the timing cache on a GPU (H200): what the CPU cannot show.
 
-- level 5 measures both memory formats of a convolution network and records the decision;
+- level 5 with ``memory_format=measure`` measures both memory formats of a convolution network and records
+  the decision;
 - a ``--tf32`` plan stays within 1e-2 relative L2 of a float64 reference (TF32: about 1e-3 here)
   while the default fp32 plan stays within 1e-5, and running either leaves torch's flags alone;
 - a level-4 rebuild with one ``--timing-cache`` reuses every GEMM/convolution timing.
@@ -55,10 +56,12 @@ def test_level_5_measures_the_memory_format(tmp_path: Path) -> None:
     # No build budget: this test is about the measurement, and under six test processes on the H200
     # (2026-12-01) a budgeted level-5 build could spend its budget autotuning the first layout and
     # skip the second (as the budget is meant to); tests/backends/test_build_budget.py covers that.
+    # Level 5 on CUDA keeps Inductor's layout heuristic (levels.LEVEL5_CUDA); the measurement is asked for.
     config = BuildConfig(backend="torch_inductor", optimization_level=5, profiles=model.profiles,
-                         backend_options=GPU, build_budget_s=None)
+                         backend_options={**GPU, "memory_format": "measure"}, build_budget_s=None)
     result = streamrt.build(catalogue_file("small_cnn", tmp_path), config, tmp_path / "m.plan", cache=False)
     recipe = result.manifest.build_settings["backend"]["optimization"]
+    assert recipe["inductor"]["max_autotune_conv_backends"] == "ATEN"  # convolutions from cuDNN at level 5
     decision = recipe["memory_format_decision"]
     assert recipe["level"] == 5 and recipe["memory_format"] == "measure" and recipe["cudnn_benchmark"]
     assert decision["memory_format"] in ("channels_last", "contiguous")

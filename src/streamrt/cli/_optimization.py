@@ -10,11 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["optimization_lines"]
+__all__ = ["budget_line", "optimization_lines"]
 
 
 def _on(value: Any) -> str:
     return "on" if value else "off"
+
+
+def budget_line(record: Mapping[str, Any] | None) -> str:
+    """``build budget ...``: whether the autotuning kept to ``--build-budget-s`` or fell back, and to what.
+
+    Reads ``build_settings.backend.build_budget`` (:meth:`BuildBudget.to_dict`); empty when the build
+    recorded none or ran no autotuning compile under it (nothing to say). A plan that fell back runs
+    kernels of the level-3 recipe where the line says so, although its level and knobs read 5.
+    """
+    if not record or not (record.get("child_compiles") or record.get("fell_back")):
+        return ""
+    seconds = record.get("seconds")
+    head = f"  build budget {seconds:g} s" if isinstance(seconds, (int, float)) else "  build budget none"
+    events = record.get("fell_back") or []
+    if not events:
+        return (f"{head}: kept (autotuned in {record.get('child_compiles')} compile process(es), "
+                f"{record.get('spent_s')} s spent)")
+    what = "; ".join(f"{e.get('what')} -> {e.get('to')} after {e.get('after_s')} s"
+                     + (f" ({e['why']})" if e.get("why") else "") for e in events)
+    return f"{head}: FELL BACK, {what}"
 
 
 def optimization_lines(build_settings: Mapping[str, Any], *, timing_cache: bool = True) -> list[str]:
@@ -29,7 +49,10 @@ def optimization_lines(build_settings: Mapping[str, Any], *, timing_cache: bool 
     recipe = backend.get("optimization")
     if recipe:
         knobs = recipe.get("inductor", {})
-        autotune = f"on ({knobs.get('max_autotune_gemm_backends')})" if knobs.get("max_autotune") else "off"
+        autotune = "off"
+        if knobs.get("max_autotune"):
+            convs = knobs.get("max_autotune_conv_backends")
+            autotune = f"on ({knobs.get('max_autotune_gemm_backends')}{f'; convolutions {convs}' if convs else ''})"
         layout = recipe.get("memory_format_decision") or {}
         memory = recipe.get("memory_format", "inductor")
         if layout:
@@ -45,6 +68,9 @@ def optimization_lines(build_settings: Mapping[str, Any], *, timing_cache: bool 
     elif "builder_optimization_level" in backend:
         lines.append(f"  optimization builder_optimization_level {backend['builder_optimization_level']}, "
                      f"tf32 {_on(backend.get('tf32'))}")
+    budget = budget_line(backend.get("build_budget"))
+    if budget:
+        lines.append(budget)
     cache = backend.get("timing_cache") if timing_cache else None
     if isinstance(cache, Mapping):
         state = f"ignored ({cache['ignored']})" if cache.get("ignored") else f"{cache.get('hits', 0)} hits"

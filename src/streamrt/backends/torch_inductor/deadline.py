@@ -83,13 +83,15 @@ def run_with_deadline(
     heartbeat_s: float = 30.0,
     on_heartbeat: Callable[[float], None] | None = None,
     keep_lines: int = 40,
+    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> ChildResult:
     """Run ``command``; past ``deadline_s`` seconds kill its process group and report ``timed_out``.
 
     Every output line goes to ``on_line`` as it arrives (a reader thread keeps the pipe drained, so
     a chatty child never blocks); ``on_heartbeat(elapsed_s)`` is called every ``heartbeat_s``
-    while it runs. The child is killed too when this function is left by an exception (a
-    KeyboardInterrupt, a handler's SystemExit), so it never outlives the caller's wait.
+    while it runs; ``on_start(proc)`` once it is started (a caller that pauses or signals it). The
+    child is killed too when this function is left by an exception (a KeyboardInterrupt, a handler's
+    SystemExit), so it never outlives the caller's wait.
     """
     started = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=keep_lines)
@@ -100,6 +102,8 @@ def run_with_deadline(
     )
     with _LIVE_LOCK:
         _LIVE.add(proc)
+    if on_start is not None:
+        on_start(proc)
 
     def read() -> None:
         assert proc.stdout is not None

@@ -4,11 +4,20 @@ The table, the build-time figures behind it and the knobs' meanings are in
 ``docs/optimization-levels.md``. In short: 0-2 cut compile time (0 the most), 3 is the
 default recipe (Inductor's defaults), 4 adds max-autotune for GEMMs and convolutions over the
 GEMM backends that build here, 5 adds coordinate-descent tuning, freezing (constant folding),
-a measured memory-format choice and cuDNN benchmark mode.
+a memory-format choice and cuDNN benchmark mode.
+
+Level 5 on CUDA is the **bounded** recipe (:data:`LEVEL5_CUDA`): GEMMs autotuned (1x1
+convolutions in channels-last become GEMMs), every other convolution left to cuDNN timing its own
+algorithms (benchmark mode), and Inductor's layout heuristic instead of compiling both layouts.
+Why: on the H200 (2026-12-01) one level-5 ResNet-50 compile that also autotuned Triton convolution
+templates ran past its 211 s deadline (choices failing "out of resource: shared memory"), and
+measuring two layouts doubles that; Inductor's own config says Triton convolution templates show
+no gains on CUDA (H100). ``--option conv_backends=ATEN,TRITON --option memory_format=measure`` is
+the earlier, unbounded level 5.
 
 Explicit backend options (``max_autotune``, ``coordinate_descent_tuning``, ``freezing``,
-``memory_format``) override what the level says; the resolved recipe is what the plan's manifest
-records and what the build cache key includes.
+``memory_format``, ``conv_backends``) override what the level says; the resolved recipe is what
+the plan's manifest records and what the build cache key includes.
 """
 
 from __future__ import annotations
@@ -22,13 +31,22 @@ from typing import Any
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["BOUNDED_AUTOTUNE", "MEMORY_FORMATS", "Recipe", "gemm_backends", "inductor_knows", "layout_knobs",
-           "resolve_recipe"]
+__all__ = ["BOUNDED_AUTOTUNE", "CONV_BACKENDS", "LEVEL5_CUDA", "MEMORY_FORMATS", "Recipe", "gemm_backends",
+           "inductor_knows", "layout_knobs", "resolve_recipe"]
 
 #: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges
 #: worth it); ``measure``: compile both layouts and keep the faster at the opt shape;
 #: ``channels_last`` / ``contiguous``: forced.
 MEMORY_FORMATS = ("inductor", "measure", "channels_last", "contiguous")
+
+#: ``max_autotune_conv_backends`` a build may ask for (``--option conv_backends=...``): ``ATEN``
+#: (ATen's convolution: cuDNN on CUDA) alone, or with Inductor's Triton convolution templates.
+CONV_BACKENDS = ("ATEN", "ATEN,TRITON")
+
+#: What level 5 on CUDA sets apart from level 4 + coordinate descent + freezing (see the module
+#: docstring): convolutions from cuDNN (its benchmark mode times its algorithms), Inductor's layout
+#: heuristic (channels-last for convolution graphs it judges worth it) instead of two compiles.
+LEVEL5_CUDA: dict[str, str] = {"conv_backends": "ATEN", "memory_format": "inductor"}
 
 # Level 0's compile-time cuts (measured in docs/optimization-levels.md): the AOTInductor wrapper
 # compiled at -O0, Inductor's pattern-matcher passes off; on CUDA, one heuristic config per
@@ -112,6 +130,14 @@ def layout_knobs(memory_format: str) -> dict[str, Any]:
     return {}
 
 
+def _conv_backends(opts: Mapping[str, Any], default: str) -> str:
+    value = str(opts.get("conv_backends", default)).upper().replace(" ", "")
+    if value not in CONV_BACKENDS:
+        raise ConfigError(f"torch_inductor option conv_backends must be one of {', '.join(CONV_BACKENDS)}, "
+                          f"got {opts.get('conv_backends')!r}")
+    return value
+
+
 def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
     """The recipe of ``config.optimization_level`` on ``kind`` (``cuda`` or ``cpu``), options applied."""
     level, opts = config.optimization_level, config.backend_options
@@ -121,9 +147,11 @@ def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
     if level == 1 and kind == "cuda":
         inductor["triton.autotune_pointwise"] = False
     inductor.update(max_autotune=level >= 4, coordinate_descent_tuning=level >= 5, freezing=level >= 5)
+    bounded5 = level >= 5 and kind == "cuda"
     if level >= 4:
         inductor["max_autotune_gemm_backends"] = gemm_backends(kind)
-        inductor["max_autotune_conv_backends"] = "ATEN,TRITON" if kind == "cuda" else "ATEN"
+        inductor["max_autotune_conv_backends"] = _conv_backends(opts, LEVEL5_CUDA["conv_backends"] if bounded5
+                                                                else "ATEN,TRITON" if kind == "cuda" else "ATEN")
         if kind == "cuda":
             inductor.update({k: v for k, v in BOUNDED_AUTOTUNE.items() if inductor_knows(k)})
     for key in ("max_autotune", "coordinate_descent_tuning", "freezing"):
@@ -133,7 +161,8 @@ def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
         # C++ kernels read the team size at run time (the engine's thread policy), instead of
         # baking in the build machine's thread count.
         inductor["cpp.dynamic_threads"] = True
-    memory_format = str(opts.get("memory_format", "measure" if level >= 5 else "inductor"))
+    default_format = LEVEL5_CUDA["memory_format"] if bounded5 else "measure" if level >= 5 else "inductor"
+    memory_format = str(opts.get("memory_format", default_format))
     if memory_format not in MEMORY_FORMATS:
         raise ConfigError(
             f"torch_inductor option memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}"
