@@ -107,6 +107,7 @@ def install_probes(folder: str) -> None:
     """Wrap the steps of the request path in this process (called by the server's ``sitecustomize``)."""
     import numpy as np
 
+    from streamrt.device import staging
     from streamrt.serve.execution import instances
     from streamrt.serve.listeners import grpc_service
     from streamrt.serve.listeners.frontends import channel, supervisor, tensors
@@ -198,6 +199,16 @@ def install_probes(folder: str) -> None:
 
     channel.FrameWriter.send = _send  # type: ignore[method-assign]
 
+    slot_gather = staging.HostSlots.gather
+
+    def _slot_gather(self: Any, name: str, arrays: Any) -> Any:
+        batch = slot_gather(self, name, arrays)
+        probe.copy("batch gather", batch.array.nbytes)
+        probe.know(batch.array)
+        return batch
+
+    staging.HostSlots.gather = _slot_gather  # type: ignore[method-assign]
+
     gather = instances.Instance._gather
 
     def _gather(self: Any, requests: Any) -> Any:
@@ -208,10 +219,11 @@ def install_probes(folder: str) -> None:
                     probe.know(array)
         gathered = gather(self, requests)
         for name, value in gathered.items():
-            if isinstance(value, np.ndarray) and not probe.inside(value):
-                probe.copy("batch gather", value.nbytes)
-            elif not isinstance(value, np.ndarray):  # a CUDA batch: host staging and the H2D copy
-                probe.copy("batch gather", sum(np.asarray(r[name]).nbytes for r in requests))
+            if isinstance(value, np.ndarray):
+                if not probe.inside(value):
+                    probe.copy("batch gather", value.nbytes)
+            else:  # a CUDA batch: the DMA of its rows (a host copy first only when it went through a slot)
+                probe.copy("host -> device (DMA, not a CPU copy)", sum(np.asarray(r[name]).nbytes for r in requests))
         return gathered
 
     instances.Instance._gather = _gather  # type: ignore[method-assign]
@@ -226,6 +238,15 @@ def install_probes(folder: str) -> None:
 
     instances.Instance._infer = _run  # type: ignore[method-assign]
 
+    to_host = instances.to_host
+
+    def _to_host(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(value, np.ndarray) and value.is_cuda:
+            probe.copy("device -> host (DMA, not a CPU copy)", value.nbytes)
+        return to_host(value, *args, **kwargs)
+
+    instances.to_host = _to_host
+
 
 SITECUSTOMIZE = f"""import os, sys
 if os.environ.get({PROBE_ENV!r}):
@@ -238,13 +259,14 @@ if os.environ.get({PROBE_ENV!r}):
 # --- the driver -------------------------------------------------------------------------------------
 
 
-def write_repository(repo: Path) -> Path:
-    """``echo_small`` ([-1, 16] fp32) and ``echo_image`` ([-1, 3, 224, 224] fp32): ONNX ``Identity``."""
+def write_repository(repo: Path, device: str = "cpu") -> Path:
+    """``echo_small`` ([-1, 16] fp32) and ``echo_image`` ([-1, 3, 224, 224] fp32): ONNX ``Identity``, served
+    by ONNX Runtime on the CPU, or (``device="cuda"``) built with torch_inductor for two CUDA instances."""
     import onnx
     from onnx import TensorProto, helper
 
-    for name, item in (("echo_small", ["16"]), ("echo_image", ["3", "224", "224"])):
-        dims: list[Any] = ["n", *(int(d) for d in item)]
+    for name, item in (("echo_small", (16,)), ("echo_image", (3, 224, 224))):
+        dims: list[Any] = ["n", *item]
         graph = helper.make_graph(
             [helper.make_node("Identity", ["x"], ["y"])], name,
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
@@ -253,9 +275,20 @@ def write_repository(repo: Path) -> Path:
         model.ir_version = 8
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
+        kind = "KIND_CPU"
+        if device == "cuda":
+            import streamrt
+            from streamrt.types import ShapeProfile, ShapeRange
+
+            source = repo / name / "1" / "model.onnx"
+            profile = ShapeProfile({"x": ShapeRange((1, *item), (8, *item), (8, *item))})
+            streamrt.build(source, streamrt.BuildConfig(backend="torch_inductor", profiles=(profile,)),
+                           repo / name / "1" / "model.plan", cache_dir=repo.parent / "cache")
+            source.replace(repo.parent / f"{name}.onnx")
+            kind = "KIND_GPU"
         (repo / name / "config.yaml").write_text(json.dumps({
             "max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 100},
-            "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}))
+            "instance_group": [{"count": 1, "kind": kind}]}))
     return repo
 
 
@@ -271,7 +304,8 @@ def _records(folder: Path) -> dict[Path, list[dict[str, Any]]]:
             for path in sorted(folder.glob("*.jsonl"))}
 
 
-def measure(frontends: int, requests: int, work: Path) -> dict[str, dict[str, float]]:
+def measure(frontends: int, requests: int, work: Path, device: str = "cpu",
+            server_src: Path | None = None) -> dict[str, dict[str, float]]:
     """``{size: {stage: bytes copied per request}}`` through a server with ``frontends`` front-end processes."""
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -282,11 +316,14 @@ def measure(frontends: int, requests: int, work: Path) -> dict[str, dict[str, fl
     (work / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     repo = work / "repo"
     if not repo.exists():
-        write_repository(repo)
+        write_repository(repo, device)
     http, grpc = _free_port(), _free_port()
     env = {**os.environ, PROBE_ENV: str(probes), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(work / "site"), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     extra = ["--frontend-processes", str(frontends)] if frontends > 1 else []
+    if server_src is not None:  # another tree's server (an older commit's src/), the same probes and client
+        env["PYTHONPATH"] = os.pathsep.join([str(work / "site"), str(server_src.resolve()),
+                                             os.environ.get("PYTHONPATH", "")])
     log = open(work / f"server-{frontends}.log", "wb")  # noqa: SIM115 - closed after the server stops
     server = subprocess.Popen(
         [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http), "--grpc-port",
@@ -295,7 +332,7 @@ def measure(frontends: int, requests: int, work: Path) -> dict[str, dict[str, fl
     result: dict[str, dict[str, float]] = {}
     try:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600
         while True:
             with contextlib.suppress(Exception):
                 if client.is_model_ready("echo_small") and client.is_model_ready("echo_image"):
@@ -340,15 +377,26 @@ def table(results: dict[int, dict[str, dict[str, float]]]) -> str:
     for stage in stages:
         values = [results[f][s].get(stage, 0) for f, s in columns]
         lines.append(f"| {stage} | " + " | ".join(f"{v:,.0f}" for v in values) + " |")
-    sums = [sum(v for k, v in results[f][s].items() if not k.startswith("channel frames")) for f, s in columns]
-    lines.append("| **tensor bytes copied** | " + " | ".join(f"**{v:,.0f}**" for v in sums) + " |")
+    not_cpu = ("channel frames", "host -> device", "device -> host")
+    sums = [sum(v for k, v in results[f][s].items() if not k.startswith(not_cpu)) for f, s in columns]
+    lines.append("| **tensor bytes copied by the CPU** | " + " | ".join(f"**{v:,.0f}**" for v in sums) + " |")
     tensor = [4 * math.prod(SIZES[s]) for _, s in columns]
     lines.append("| copies of the tensor (in + out) | "
                  + " | ".join(f"{v / t:.2f}" for v, t in zip(sums, tensor, strict=True)) + " |")
     return "\n".join(lines)
 
 
+def _gpu(device: str) -> str:
+    if device != "cuda":
+        return ""
+    import torch
+
+    return f", {torch.cuda.get_device_name(0)}"
+
+
 def _commit() -> str:
+    if os.environ.get("STREAMRT_COMMIT"):  # the GPU machine has no git history
+        return os.environ["STREAMRT_COMMIT"]
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return out.stdout.strip() or "unknown"
 
@@ -357,13 +405,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=5, help="measured requests per size (after 2 warm-ups)")
     parser.add_argument("--frontends", default="1,2", help="front-end process counts to measure, comma-separated")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="serve the echo models with ONNX Runtime on the CPU or torch_inductor on CUDA")
+    parser.add_argument("--server-src", type=Path, default=None,
+                        help="run the server from this source tree (an older commit's src/, for a before row)")
     parser.add_argument("--out", type=Path, default=None, help="append the table to this markdown file")
     parser.add_argument("--json", type=Path, default=None, help="write {frontends: {size: {stage: bytes}}} here")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="streamrt-copies-"))
-    results = {int(f): measure(int(f), args.requests, work) for f in args.frontends.split(",")}
+    results = {int(f): measure(int(f), args.requests, work, args.device, args.server_src)
+               for f in args.frontends.split(",")}
     text = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, "
-            f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), "
+            f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}{_gpu(args.device)}), "
             f"`python benchmarks/request_copies.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
             f"{table(results)}\n")
     print(text)
