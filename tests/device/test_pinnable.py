@@ -46,8 +46,8 @@ class Recorder:
 def shared() -> Iterator[np.ndarray]:
     """A shared mapping as the arenas are (a memfd), as a writable uint8 array."""
     fd = os.memfd_create("pinnable-test")
-    os.ftruncate(fd, 16 * CHUNK)
-    mapping = mmap.mmap(fd, 16 * CHUNK)
+    os.ftruncate(fd, 64 * CHUNK)
+    mapping = mmap.mmap(fd, 64 * CHUNK)
     yield np.frombuffer(mapping, np.uint8)
     os.close(fd)
 
@@ -128,3 +128,43 @@ def test_rows_copied_straight_from_locked_shared_memory(requests: int) -> None:
         stream.close(timeout=10)
     assert memory.locked_bytes == 0
     os.close(fd)
+
+
+class _CopyOnlyDevice:
+    """Claims CUDA and allocates CPU tensors: runs rows_to_device's copies on a machine without a GPU."""
+
+    is_cuda = True
+
+    def empty(self, shape: tuple[int, ...], dtype: object) -> object:
+        from streamrt.device.buffers import torch_dtype
+
+        torch = pytest.importorskip("torch")
+        return torch.full(shape, 7, dtype=torch_dtype(dtype))  # poisoned: an unwritten row fails
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.uint8])
+def test_rows_to_device_concatenates_parts_across_chunks(shared: np.ndarray, dtype: type) -> None:
+    pytest.importorskip("torch")
+    cuda = Recorder()
+    memory = PinnableMemory(CHUNK, cuda.register, cuda.unregister)
+    memory.offer(shared)
+    rng = np.random.default_rng()
+    item = (DIRECT_MIN_BYTES // np.dtype(dtype).itemsize // 4 // 4, 4)  # 1/4 of the minimum part per row
+    rows, parts, offset = [4, 5, 6], [], 0
+    for n in rows:
+        nbytes = n * int(np.prod(item)) * np.dtype(dtype).itemsize
+        if offset + nbytes > shared.nbytes:
+            pytest.skip("the test mapping is too small for these parts")
+        part = shared[offset : offset + nbytes].view(dtype).reshape(n, *item)
+        part[...] = rng.integers(0, 100, part.shape).astype(dtype)
+        parts.append(part)
+        offset += nbytes
+    out = rows_to_device(parts, _CopyOnlyDevice(), None, pinnable=memory)  # type: ignore[arg-type]
+    assert out is not None
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(parts))
+    assert len(cuda.locked) > 1  # the parts span several chunks, each locked once
+    small = [p[:1] for p in parts]  # several parts under DIRECT_MIN_BYTES: one gather is cheaper
+    assert rows_to_device(small, _CopyOnlyDevice(), None, pinnable=memory) is None  # type: ignore[arg-type]
+    assert rows_to_device([parts[0][:1]], _CopyOnlyDevice(), None, pinnable=memory) is not None  # type: ignore[arg-type]
+    assert rows_to_device([parts[0], parts[1][:, :2]], _CopyOnlyDevice(), None, pinnable=memory) is None  # type: ignore[arg-type]
+    memory.withdraw(shared)

@@ -245,7 +245,7 @@ Register = Callable[[int, int], bool]
 
 def _cuda_register(address: int, nbytes: int) -> bool:
     cudart = import_torch().cuda.cudart()
-    return int(cudart.cudaHostRegister(address, nbytes, 0)) == 0
+    return int(cudart.cudaHostRegister(address, nbytes, 1)) == 0  # cudaHostRegisterPortable: every GPU's context
 
 
 def _cuda_unregister(address: int, nbytes: int) -> bool:
@@ -363,9 +363,11 @@ def rows_to_device(parts: Sequence[np.ndarray], device: Device, stream: StreamLi
 
     The copies are asynchronous: the parts' memory must stay as it is until ``stream`` gets there.
     """
-    if not device.is_cuda or not parts:
+    if not device.is_cuda or not parts or not all(isinstance(p, np.ndarray) for p in parts):
         return None
     first = parts[0]
+    if first.dtype.hasobject:
+        return None
     item = tuple(first.shape[1:])
     if any(p.dtype != first.dtype or tuple(p.shape[1:]) != item or p.ndim != first.ndim for p in parts):
         return None
