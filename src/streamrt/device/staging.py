@@ -305,6 +305,12 @@ class PinnableMemory:
                 if not self._unregister(offered.start + offset, nbytes):
                     log.warning("could not unlock %d bytes of page-locked host memory", nbytes)
 
+    def offers(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s memory lies inside an offered buffer."""
+        start = int(array.__array_interface__["data"][0])
+        with self._lock:
+            return any(o.start <= start and start + array.nbytes <= o.end for o in self._offered)
+
     @property
     def locked_bytes(self) -> int:
         """Bytes page-locked now, over every offered buffer."""
