@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import threading
@@ -50,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrt._optional import available
 from streamrt.device.base import Device, StreamLike
 from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
@@ -243,13 +245,31 @@ Register = Callable[[int, int], bool]
 """``register(address, nbytes)`` page-locks host memory for the GPU (``cudaHostRegister``): True when done."""
 
 
+def _runtime() -> Any | None:
+    """cuda-python's runtime, or None. Its calls run on the driver API with an error state of their own:
+    a failed registration there cannot leave an error in torch's runtime for its next kernel launch check
+    to raise (torch's ``cudart().cudaHostRegister`` would, and torch exposes no ``cudaGetLastError``)."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):  # cuda-python < 12.6 named it cuda.cudart
+        if available(name):
+            return importlib.import_module(name)
+    return None
+
+
+def _succeeded(result: Any) -> bool:
+    err = result[0] if isinstance(result, tuple) else result
+    return getattr(err, "value", err) == 0  # cudaError_t is an enum in cuda-bindings 12 and 13
+
+
 def _cuda_register(address: int, nbytes: int) -> bool:
-    cudart = import_torch().cuda.cudart()
-    return int(cudart.cudaHostRegister(address, nbytes, 1)) == 0  # cudaHostRegisterPortable: every GPU's context
+    runtime = _runtime()
+    if runtime is None:
+        raise PipelineError("cuda-python is not installed", hint="install streamrt[cuda-shm]")
+    return _succeeded(runtime.cudaHostRegister(address, nbytes, runtime.cudaHostRegisterPortable))
 
 
 def _cuda_unregister(address: int, nbytes: int) -> bool:
-    return int(import_torch().cuda.cudart().cudaHostUnregister(address)) == 0
+    runtime = _runtime()
+    return runtime is not None and _succeeded(runtime.cudaHostUnregister(address))
 
 
 class _Offered:
@@ -339,15 +359,15 @@ class PinnableMemory:
 
     def _lock_chunk(self, offered: _Offered, chunk: int) -> bool:
         nbytes = min(self.chunk_bytes, offered.buffer.nbytes - chunk)
+        why = "cudaHostRegister failed"
         try:
             done = self._register(offered.start + chunk, nbytes)
-        except Exception as exc:  # no CUDA runtime in torch, say
-            log.debug("cudaHostRegister raised %s", exc)
-            done = False
+        except Exception as exc:  # no cuda-python, say
+            done, why = False, str(exc)
         if not done:
             offered.failed = True
-            log.warning("cannot page-lock %d MiB of shared host memory; its tensors are staged through pinned "
-                        "slots instead (one more host copy)", nbytes >> 20)
+            log.warning("cannot page-lock %.1f MiB of shared host memory (%s); its tensors are staged through "
+                        "pinned slots instead (one more host copy)", nbytes / 2**20, why)
             return False
         offered.locked[chunk] = nbytes
         return True
