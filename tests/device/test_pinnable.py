@@ -96,7 +96,11 @@ def test_rows_to_device_leaves_the_host_device_to_the_slot(shared: np.ndarray) -
 @pytest.mark.gpu
 @pytest.mark.parametrize("requests", [1, 3])
 def test_rows_copied_straight_from_locked_shared_memory(requests: int) -> None:
+    from streamrt._optional import available
+
     torch = pytest.importorskip("torch")
+    if not (available("cuda.bindings.runtime") or available("cuda.cudart")):
+        pytest.skip("cuda-python (streamrt[cuda-shm]) locks the memory")
     size = 8 << 20
     fd = os.memfd_create("pinnable-gpu")
     os.ftruncate(fd, size)

@@ -264,7 +264,7 @@ def _cuda_register(address: int, nbytes: int) -> bool:
     runtime = _runtime()
     if runtime is None:
         raise PipelineError("cuda-python is not installed", hint="install streamrt[cuda-shm]")
-    return _succeeded(runtime.cudaHostRegister(address, nbytes, runtime.cudaHostRegisterPortable))
+    return _succeeded(runtime.cudaHostRegister(address, nbytes, getattr(runtime, "cudaHostRegisterPortable", 1)))
 
 
 def _cuda_unregister(address: int, nbytes: int) -> bool:
