@@ -44,6 +44,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
 from streamrt.errors import PipelineError
 
-__all__ = ["PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device", "split_rows",
+__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device", "split_rows",
            "to_device", "to_host"]
 
 log = logging.getLogger(__name__)
@@ -377,6 +378,11 @@ PINNABLE = PinnableMemory()
 """The process's offered memory (the front-end arenas of the engine process)."""
 
 DIRECT_MIN_BYTES = 64 * 1024
+
+DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "") == "1"
+"""Whether the server's CUDA instances use :func:`rows_to_device` (``STREAMRT_DIRECT_HOST_COPIES=1``).
+Off by default until it has run on a GPU: page-locking front-end arenas and shared-memory mappings
+with ``cudaHostRegister`` is tested on the CPU only (2026-12-02)."""
 """A batch of several requests is copied part by part only when each part has at least this many bytes
 (many small copies cost more than one gather and one copy)."""
 
