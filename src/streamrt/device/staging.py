@@ -58,8 +58,8 @@ from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
 from streamrt.errors import PipelineError
 
-__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device", "split_rows",
-           "to_device", "to_host"]
+__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device",
+           "split_rows", "to_device", "to_host"]
 
 log = logging.getLogger(__name__)
 
