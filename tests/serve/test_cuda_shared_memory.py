@@ -143,3 +143,30 @@ def test_bad_cuda_handle_is_refused(gpu_server: dict[str, int]) -> None:
             client.register_cuda_shared_memory("short", base64.b64encode(b"123"), 0, 1024)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_binary_requests_to_the_gpu_model_alone_and_batched(gpu_server: dict[str, int], reference: Any,
+                                                            protocol: str) -> None:
+    """Binary tensors (no region) to the CUDA instances: through front-end processes they are copied
+    to the device straight from the page-locked arena, alone and several to a batch (concurrent
+    clients), instead of through a pinned staging slot; the answers must not change."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng()
+    xs = [rng.standard_normal((n, 3, 32, 32)).astype(np.float32) for n in (1, 4, 2, 8, 3, 4, 1, 6)]
+
+    def one(x: np.ndarray) -> np.ndarray:
+        client, mod = _client(gpu_server, protocol)
+        try:
+            inp = mod.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            return np.asarray(client.infer("gpu_cnn", [inp]).as_numpy("logits"))
+        finally:
+            client.close()
+
+    for rounds in range(3):  # alone first, then concurrent (several requests to a batch)
+        with ThreadPoolExecutor(1 if rounds == 0 else len(xs)) as pool:
+            answers = list(pool.map(one, xs))
+        for x, y in zip(xs, answers, strict=True):
+            np.testing.assert_allclose(y, reference("small_cnn", {"x": x})["logits"], rtol=2e-3, atol=2e-3)

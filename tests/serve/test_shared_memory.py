@@ -7,6 +7,7 @@ and a soak over shared memory."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -320,3 +321,29 @@ def test_classification_into_shared_memory_is_refused(server: Any, region: Any) 
     finally:
         client.unregister_system_shared_memory()
         client.close()
+
+
+def test_system_regions_are_offered_for_page_locking_until_unregistered(tmp_path: Any) -> None:
+    """A CUDA instance copies a system region's tensors to the device straight from the mapping: the
+    registry offers each mapping to staging.PINNABLE (nothing is locked until a copy reads it) and
+    withdraws it on unregister."""
+    import uuid
+
+    from streamrt.device.staging import PINNABLE
+    from streamrt.serve.wire.shared_memory import RegionRef, SharedMemoryRegistry
+
+    key = f"/streamrt_pin_{uuid.uuid4().hex[:8]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 8192)
+        registry = SharedMemoryRegistry()
+        registry.register_system("pinned", key, 0, 8192)
+        leases: list[Any] = []
+        view = registry.read_input(RegionRef("pinned", 4096, 64), np.dtype(np.float32), (16,), "input 'x'", leases)
+        assert PINNABLE.offers(view) and PINNABLE.locked_bytes == 0
+        SharedMemoryRegistry.release(leases)
+        registry.unregister("system", "pinned")
+        assert not PINNABLE.offers(view)
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")

@@ -12,6 +12,12 @@ into a ring slot) move data the same way, so they share these steps:
    buffer when one is given, else a fresh pinned one: torch's caching host allocator recycles those).
 4. :func:`split_rows`: the batch's outputs back to per-request views.
 
+Rows that already lie in page-locked memory skip step 1: :func:`rows_to_device` copies each
+request's rows straight into the device batch (one DMA each, no host gather). Memory outside
+torch's allocator (the front-end processes' shared arenas) is *offered* to :data:`PINNABLE`, which
+page-locks it (``cudaHostRegister``) chunk by chunk the first time a device copy reads it, so only
+the part of an arena in use is locked.
+
 How they run: the caller is already in the stream's order (a pipeline stage, or an instance's
 worker thread). On a CUDA stream each copy is *enqueued* with the stream current; on a host stream
 (:mod:`streamrt.device.host`) it runs now, in the calling thread, which is that stream's worker:
@@ -35,19 +41,27 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import logging
+import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from streamrt._optional import available
 from streamrt.device.base import Device, StreamLike
 from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
 from streamrt.errors import PipelineError
 
-__all__ = ["HostBatch", "HostSlots", "gather_into", "split_rows", "to_device", "to_host"]
+__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device",
+           "split_rows", "to_device", "to_host"]
+
+log = logging.getLogger(__name__)
 
 Take = Callable[[str, Any, int, int, int], Any]
 """``take(name, value, request, start, stop)``: request ``request``'s part (rows ``start:stop``) of output ``name``."""
@@ -224,3 +238,183 @@ def _copy_on_host(out: Any, value: Any) -> None:
         np.copyto(out, np.asarray(value))
     else:
         out.copy_(import_torch().as_tensor(value))
+
+
+# --- page-locked memory outside torch's allocator -----------------------------------------------------
+
+Register = Callable[[int, int], bool]
+"""``register(address, nbytes)`` page-locks host memory for the GPU (``cudaHostRegister``): True when done."""
+
+
+def _runtime() -> Any | None:
+    """cuda-python's runtime, or None. Its calls run on the driver API with an error state of their own:
+    a failed registration there cannot leave an error in torch's runtime for its next kernel launch check
+    to raise (torch's ``cudart().cudaHostRegister`` would, and torch exposes no ``cudaGetLastError``)."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):  # cuda-python < 12.6 named it cuda.cudart
+        if available(name):
+            return importlib.import_module(name)
+    return None
+
+
+def _succeeded(result: Any) -> bool:
+    err = result[0] if isinstance(result, tuple) else result
+    return getattr(err, "value", err) == 0  # cudaError_t is an enum in cuda-bindings 12 and 13
+
+
+def _cuda_register(address: int, nbytes: int) -> bool:
+    runtime = _runtime()
+    if runtime is None:
+        raise PipelineError("cuda-python is not installed", hint="install streamrt[cuda-shm]")
+    return _succeeded(runtime.cudaHostRegister(address, nbytes, getattr(runtime, "cudaHostRegisterPortable", 1)))
+
+
+def _cuda_unregister(address: int, nbytes: int) -> bool:
+    runtime = _runtime()
+    return runtime is not None and _succeeded(runtime.cudaHostUnregister(address))
+
+
+class _Offered:
+    """One offered buffer: its address range, a writable uint8 view (kept alive) and its locked chunks."""
+
+    def __init__(self, buffer: np.ndarray) -> None:
+        self.buffer = buffer
+        self.start = int(buffer.__array_interface__["data"][0])
+        self.end = self.start + buffer.nbytes
+        self.tensor: Any | None = None  # torch's uint8 view of ``buffer``, made on first use
+        self.locked: dict[int, int] = {}  # chunk start offset -> bytes locked
+        self.failed = False
+
+
+class PinnableMemory:
+    """Host buffers that may be page-locked for direct device copies, chunk by chunk on first use.
+
+    :meth:`offer` records a buffer (no CUDA call: a CPU-only server never imports torch for it);
+    :meth:`pieces` hands the pinned torch views of an array inside one, locking the chunks it
+    covers first; :meth:`withdraw` unlocks them (call it once no copy reads the buffer any more).
+    A chunk that cannot be locked marks its buffer as unpinnable: its arrays take the staging slot,
+    as before.
+
+    Args:
+        chunk_bytes: the unit locked at a time (aligned to the buffer's start).
+        register / unregister: page-lock and release ``(address, nbytes)``; CUDA's by default.
+    """
+
+    def __init__(self, chunk_bytes: int = 64 << 20, register: Register = _cuda_register,
+                 unregister: Register = _cuda_unregister) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._register, self._unregister = register, unregister
+        self._offered: list[_Offered] = []
+        self._lock = threading.Lock()  # instances of several models gather on their own threads
+
+    def offer(self, buffer: np.ndarray) -> None:
+        """Allow ``buffer`` (C-contiguous, writable, uint8) to be page-locked when a device copy reads it."""
+        if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.writeable:
+            raise PipelineError("only a writable 1-D uint8 buffer can be offered for page-locking",
+                                hint="offer the whole mapping (for example Arena.array)")
+        with self._lock:
+            self._offered.append(_Offered(buffer))
+
+    def withdraw(self, buffer: np.ndarray) -> None:
+        """Unlock what was locked of ``buffer`` and forget it (nothing happens for a buffer never offered)."""
+        start = int(buffer.__array_interface__["data"][0])
+        with self._lock:
+            kept = [o for o in self._offered if o.start != start]
+            gone = [o for o in self._offered if o.start == start]
+            self._offered = kept
+        for offered in gone:
+            for offset, nbytes in offered.locked.items():
+                if not self._unregister(offered.start + offset, nbytes):
+                    log.warning("could not unlock %d bytes of page-locked host memory", nbytes)
+
+    def offers(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s memory lies inside an offered buffer."""
+        start = int(array.__array_interface__["data"][0])
+        with self._lock:
+            return any(o.start <= start and start + array.nbytes <= o.end for o in self._offered)
+
+    @property
+    def locked_bytes(self) -> int:
+        """Bytes page-locked now, over every offered buffer."""
+        return sum(sum(o.locked.values()) for o in self._offered)
+
+    def pieces(self, array: np.ndarray) -> list[Any] | None:
+        """``array``'s bytes as page-locked torch uint8 views, one per locked chunk it spans; None when
+        it is not contiguous inside an offered buffer or its chunks cannot be locked."""
+        if not array.flags.c_contiguous or array.dtype.hasobject or not array.nbytes:
+            return None
+        address = int(array.__array_interface__["data"][0])
+        with self._lock:
+            offered = next((o for o in self._offered if o.start <= address and address + array.nbytes <= o.end), None)
+            if offered is None or offered.failed:
+                return None
+            first = address - offered.start
+            last = first + array.nbytes
+            chunks = range(first // self.chunk_bytes * self.chunk_bytes, last, self.chunk_bytes)
+            for chunk in chunks:
+                if chunk not in offered.locked and not self._lock_chunk(offered, chunk):
+                    return None
+            if offered.tensor is None:
+                offered.tensor = import_torch().from_numpy(offered.buffer)
+            tensor = offered.tensor
+        return [tensor[max(first, c) : min(last, c + self.chunk_bytes)] for c in chunks]
+
+    def _lock_chunk(self, offered: _Offered, chunk: int) -> bool:
+        nbytes = min(self.chunk_bytes, offered.buffer.nbytes - chunk)
+        why = "cudaHostRegister failed"
+        try:
+            done = self._register(offered.start + chunk, nbytes)
+        except Exception as exc:  # no cuda-python, say
+            done, why = False, str(exc)
+        if not done:
+            offered.failed = True
+            log.warning("cannot page-lock %.1f MiB of shared host memory (%s); its tensors are staged through "
+                        "pinned slots instead (one more host copy)", nbytes / 2**20, why)
+            return False
+        offered.locked[chunk] = nbytes
+        return True
+
+
+PINNABLE = PinnableMemory()
+"""The process's offered memory (the front-end arenas of the engine process)."""
+
+DIRECT_MIN_BYTES = 64 * 1024
+
+DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "") == "1"
+"""Whether the server's CUDA instances use :func:`rows_to_device` (``STREAMRT_DIRECT_HOST_COPIES=1``).
+Off by default until it has run on a GPU: page-locking front-end arenas and shared-memory mappings
+with ``cudaHostRegister`` is tested on the CPU only (2026-12-02)."""
+"""A batch of several requests is copied part by part only when each part has at least this many bytes
+(many small copies cost more than one gather and one copy)."""
+
+
+def rows_to_device(parts: Sequence[np.ndarray], device: Device, stream: StreamLike | None, *,
+                   pinnable: PinnableMemory = PINNABLE) -> Any | None:
+    """``parts`` concatenated along axis 0 on ``device``, copied on ``stream`` straight from page-locked
+    memory (no host gather, no staging slot); None when that cannot be done (the host device, parts not
+    all in offered memory, several small parts, mismatched dtypes or item shapes): gather them instead.
+
+    The copies are asynchronous: the parts' memory must stay as it is until ``stream`` gets there.
+    """
+    if not device.is_cuda or not parts or not all(isinstance(p, np.ndarray) for p in parts):
+        return None
+    first = parts[0]
+    if first.dtype.hasobject:
+        return None
+    item = tuple(first.shape[1:])
+    if any(p.dtype != first.dtype or tuple(p.shape[1:]) != item or p.ndim != first.ndim for p in parts):
+        return None
+    if len(parts) > 1 and min(p.nbytes for p in parts) < DIRECT_MIN_BYTES:
+        return None
+    pieces = [pinnable.pieces(p) for p in parts]
+    if any(p is None for p in pieces):
+        return None
+    rows = sum(int(p.shape[0]) for p in parts) if first.ndim else 1
+    with stream_scope(stream):
+        out = device.empty((rows, *item) if first.ndim else (), first.dtype)
+        flat = out.reshape(-1).view(import_torch().uint8)
+        position = 0
+        for part in pieces:
+            for piece in part or ():
+                flat[position : position + piece.numel()].copy_(piece, non_blocking=True)
+                position += piece.numel()
+    return out

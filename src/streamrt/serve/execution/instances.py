@@ -12,7 +12,11 @@ pipeline workloads use too; this module decides which requests go where.
 * **Inputs**: each request's tensors are zero-copy views of the request body. They are
   concatenated straight into a per-instance input slot (:class:`~streamrt.device.staging.HostSlots`:
   pinned host memory when the engine is on CUDA, then one asynchronous H2D copy on the instance's
-  stream). A batch of one request on a CPU engine skips the slot and runs on the view itself.
+  stream). A batch of one request on a CPU engine skips the slot and runs on the view itself. On a
+  CUDA engine, requests whose tensors lie in page-locked memory (a front-end process's arena, which
+  the engine process offers to :data:`~streamrt.device.staging.PINNABLE`) skip the slot too: each is
+  copied straight into the device batch (:func:`~streamrt.device.staging.rows_to_device`), when
+  ``STREAMRT_DIRECT_HOST_COPIES=1`` (off by default: not yet run on a GPU).
 * **Outputs**: CUDA outputs are copied asynchronously into freshly taken pinned buffers (torch's
   caching host allocator recycles them), then split into per-request views; the front end's
   serialisation is the only further copy. CPU outputs are split as views. Before the split, the
@@ -55,6 +59,7 @@ from streamrt.device import (
     to_device,
     to_host,
 )
+from streamrt.device.staging import DIRECT_COPIES, rows_to_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.configs.config import InstanceGroupConfig
 from streamrt.serve.execution.integrity import OutputCheck
@@ -193,6 +198,10 @@ class Instance:
             arrays = [r[name] for r in requests]
             if self._cuda and any(isinstance(a, DeviceTensor) for a in arrays):
                 gathered[name] = self._gather_on_device(arrays)
+                continue
+            direct = rows_to_device(arrays, self.device, self.stream) if self._cuda and DIRECT_COPIES else None
+            if direct is not None:  # read by the copy until the batch's end, when the instance waits for its stream
+                gathered[name] = direct
                 continue
             if self.batched:
                 host = self._slots.gather(name, arrays)  # more rows than a slot: a fresh array

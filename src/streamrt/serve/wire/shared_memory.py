@@ -21,7 +21,9 @@ with Triton's codes and words where Triton has its own: an unknown region is a
 :class:`~streamrt.errors.RegionExistsError` (400, ALREADY_EXISTS).
 
 Data path: a system-region input is a zero-copy NumPy view of the mapping (the batcher's gather
-is its one copy); an output is one copy into the mapping. A CUDA-region input is a
+is its one copy; a CUDA instance copies it to the device straight from the mapping, which is offered
+for page-locking: :class:`~streamrt.device.staging.PinnableMemory`); an output is one copy into the
+mapping. A CUDA-region input is a
 :class:`DeviceTensor` (a torch view of the device memory): CUDA instances gather it on the
 device (no host round trip), CPU instances copy it to the host. CUDA-region outputs are copied
 from the instance's host output (one H2D copy).
@@ -174,6 +176,12 @@ class _SystemRegion(_Region):
         finally:
             os.close(fd)
         self._view = memoryview(self._map)[offset:] if self._map is not None else memoryview(b"")
+        self._pinnable: np.ndarray | None = None
+        if self._map is not None:  # CUDA instances lock the chunks they read and copy from them directly
+            from streamrt.device.staging import PINNABLE
+
+            self._pinnable = np.frombuffer(self._map, np.uint8)
+            PINNABLE.offer(self._pinnable)
 
     def read(self, ref: RegionRef, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Any:
         return np.frombuffer(self._view, dtype=dtype, count=ref.byte_size // dtype.itemsize,
@@ -187,6 +195,11 @@ class _SystemRegion(_Region):
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def close(self) -> None:
+        if self._pinnable is not None:  # unregister refuses a region in use: no copy reads it now
+            from streamrt.device.staging import PINNABLE
+
+            PINNABLE.withdraw(self._pinnable)
+            self._pinnable = None
         self._view.release()
         if self._map is not None:
             try:

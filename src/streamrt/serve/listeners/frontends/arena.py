@@ -10,6 +10,11 @@ returned, so nothing still reads it); the engine writes outputs into the second 
 block when the worker says it has serialised the response). Each side allocates only in its own
 half, so no lock crosses the processes.
 
+In the engine process the input half is also offered for page-locking
+(:meth:`Arena.offer_inputs`): a CUDA instance then copies a request's tensors straight from the
+arena to the device, with no gather into a pinned staging slot first (the chunks a copy reads are
+locked on first use, so only the part of the arena in use is locked).
+
 Example:
     >>> blocks = Blocks(0, 1024)
     >>> a, b = blocks.alloc(100), blocks.alloc(100)
@@ -88,9 +93,11 @@ class Arena:
         self._map = mmap.mmap(fd, size)
         self.array = np.frombuffer(self._map, np.uint8)
         self.base = int(self.array.__array_interface__["data"][0])
-        self.inputs = Blocks(0, size // 2 // ALIGN * ALIGN)
         half = size // 2 // ALIGN * ALIGN
+        self.inputs = Blocks(0, half)
         self.outputs = Blocks(half, size - half)
+        self.input_bytes = half
+        self._offered = False
 
     @classmethod
     def create(cls, size: int, name: str = "streamrt-frontend") -> Arena:
@@ -122,8 +129,22 @@ class Arena:
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset : offset + nbytes]
 
+    def offer_inputs(self) -> None:
+        """Let CUDA instances page-lock the input half and copy from it directly (the engine process's
+        arenas; see :class:`~streamrt.device.staging.PinnableMemory`). No CUDA call until a copy needs one."""
+        from streamrt.device.staging import PINNABLE
+
+        PINNABLE.offer(self.array[: self.input_bytes])
+        self._offered = True
+
     def close(self) -> None:
-        """Close the descriptor and unmap (the mapping stays until the last view of it is gone)."""
+        """Close the descriptor and unmap (the mapping stays until the last view of it is gone); what was
+        page-locked of it is unlocked first (the engine closes an arena once nothing reads it)."""
+        if self._offered:
+            from streamrt.device.staging import PINNABLE
+
+            PINNABLE.withdraw(self.array)
+            self._offered = False
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

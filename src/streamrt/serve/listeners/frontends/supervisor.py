@@ -144,6 +144,7 @@ class FrontendSupervisor:
 
     async def _spawn(self, index: int) -> None:
         arena = Arena.create(self.arena_bytes, f"streamrt-frontend-{index}")
+        arena.offer_inputs()  # CUDA instances copy request tensors from it to the device directly
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             spec = {
