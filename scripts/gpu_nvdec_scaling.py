@@ -65,7 +65,7 @@ class Variant:
     processes: int = 0  # 0: all in this process
 
 
-_TIMED = NvdecOptions(timing=True)
+_TIMED = NvdecOptions(context="own", reuse=False, timing=True)  # the old way; the others vary it
 VARIANTS = {
     "legacy": Variant(_TIMED, "a context per decoder, a new decoder every pass, a thread per session (the old way)"),
     "primary+reuse": Variant(replace(_TIMED, context="primary", reuse=True),

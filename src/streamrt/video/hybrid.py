@@ -1,7 +1,8 @@
 """Hybrid decode: streams on NVDEC while it has room, on CPU decoders beyond, moved as measurements say.
 
 :class:`HybridDecode` opens one :class:`HybridSource` per video, each decoded either by an NVDEC
-session (:class:`~streamrt.video.decode_nvdec.NvdecPool`) or by PyAV on a CPU thread
+session (:class:`~streamrt.video.decode_nvdec.NvdecPool`, primary context and kept decoders: the
+:class:`~streamrt.video.decode_nvdec.NvdecOptions` default) or by PyAV on a CPU thread
 (:func:`~streamrt.video.decoding.open_nv12`: PyAV, else OpenCV, behind a
 :class:`~streamrt.video.sources.Prefetch`).
 Both deliver NV12 (a device tensor from NVDEC, a host array from the CPU), so streams of both
