@@ -191,8 +191,12 @@ class _Session:
                 self._decoder = None  # freed before its successor is made
                 self._decoder = self._create()
 
-    def next(self) -> Any:
-        """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end."""
+    def next(self, out: Any = None) -> Any:
+        """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end.
+
+        ``out``, a tensor of that shape, receives the picture instead of a new one (a decoder process
+        copies straight into a slot the detector process shares with it, :mod:`~streamrt.video.decode_processes`).
+        """
         import torch
 
         started = time.perf_counter()
@@ -200,8 +204,9 @@ class _Session:
         if frame is None:
             return None
         decoded = time.perf_counter()
-        with torch.cuda.stream(self.stream):
-            picture = torch.from_dlpack(frame).clone()  # out of the decoder's surface pool
+        with torch.cuda.stream(self.stream):  # out of the decoder's surface pool, on this session's stream
+            surface = torch.from_dlpack(frame)
+            picture = surface.clone() if out is None else out.copy_(surface)
         self.pts = _pts(frame)
         if self.options.timing:
             self.times["decode"] += decoded - started
