@@ -29,7 +29,8 @@ def test_cpu_smoke_run_runs_every_part(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick",
-                           "--clips", str(tmp_path / "none"), "--variants", "legacy,primary+reuse,primary+reuse+p4,primary+reuse+ipc4"],
+                           "--clips", str(tmp_path / "none"),
+                           "--variants", "legacy,primary+reuse,primary+reuse+p4,primary+reuse+ipc4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = (out / "nvdec_scaling.md").read_text()
