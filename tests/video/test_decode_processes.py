@@ -184,3 +184,16 @@ def test_nvdec_in_processes_gives_the_in_process_pools_pictures() -> None:
         assert [p for _, p in a] == [p for _, p in b], f"stream {i}: time stamps differ"
         for k, ((x, _), (y, _)) in enumerate(zip(a, b, strict=True)):
             assert torch.equal(x, y), f"stream {i} frame {k}: {int((x.int() - y.int()).abs().max())} levels apart"
+
+
+def test_detect_refuses_decoder_processes_without_nvdec(clips: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``streamrt detect --decode-processes N`` on a machine without NVDEC: one line naming what is missing."""
+    from streamrt.cli.main import main
+    from streamrt.video.decode_nvdec import nvdec_available
+
+    if nvdec_available():
+        pytest.skip("NVDEC is here")
+    assert main(["detect", str(clips[0]), "--decode-processes", "2", "--no-progress"]) == 2
+    assert "--decode-processes needs NVDEC: a CUDA GPU and PyNvVideoCodec" in capsys.readouterr().err
+    assert main(["detect", str(clips[0]), "--decode-processes", "-1"]) == 2
+    assert "--decode-processes must be >= 0 (0: decode in this process), got -1" in capsys.readouterr().err
