@@ -91,7 +91,7 @@ VARIANTS = {
                                   "as primary+reuse+p4, every picture handed to this process by CUDA IPC and "
                                   "copied out here (ProcessDecodePool: what the detector gets)", handover=4),
 }
-DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+w8"
+DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+ipc4,primary+reuse+w8"
 
 SCALING_HEADER = ["| sessions | frames/s | per session | x one session | slowest stream | NVDEC busy | "
                   "decoders made/s | host ms/frame decode / copy / sync | GIL probe p99 / max ms | in order |",

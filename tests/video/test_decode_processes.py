@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("av")  # the clips are encoded with PyAV, and the stand-in decodes with it
 
 FRAMES = 20  # per smoke clip
 
 
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny clips, encoded (and decoded by the stand-in) with PyAV: not on the GPU machine, whose test
+    below reads the carried clips instead."""
+    pytest.importorskip("av")
     from streamrt.video.clips import smoke_clips
 
     return smoke_clips(tmp_path_factory.mktemp("clips"))
