@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from streamrt._optional import require
 from streamrt.errors import ConfigError
@@ -251,8 +251,15 @@ class _Lane:
     error: BaseException | None = None
 
 
+class _Lanes(Protocol):
+    """What a source reads from: an :class:`NvdecPool`, or decoder processes
+    (:class:`~streamrt.video.decode_processes.ProcessDecodePool`)."""
+
+    def _take(self, index: int) -> tuple[Any, float, Any] | None: ...
+
+
 class NvdecSource:
-    """One stream of an :class:`NvdecPool`, as a frame source delivering NV12 device tensors.
+    """One stream of an :class:`NvdecPool` (or of decoder processes), a frame source of NV12 device tensors.
 
     ``frame_format`` is ``"nv12"``: :func:`~streamrt.video.runner.run_detection` builds the NV12
     stages for it. ``read()`` blocks until the worker has decoded the next picture; ``last_pts`` is
@@ -261,7 +268,7 @@ class NvdecSource:
 
     frame_format = "nv12"
 
-    def __init__(self, pool: NvdecPool, index: int, info: SourceInfo) -> None:
+    def __init__(self, pool: _Lanes, index: int, info: SourceInfo) -> None:
         self._pool, self._index, self._info = pool, index, info
         self.last_time = 0.0
         self.last_pts: Any = None

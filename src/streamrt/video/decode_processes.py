@@ -17,10 +17,11 @@ The hand-over, per stream:
 2. The worker decodes into a free slot (a copy from the decoder's surface on the session's own
    stream), synchronises that stream (the slot is complete in device memory before anyone hears of
    it) and announces ``(stream, slot, pts)`` on the pool's event queue.
-3. :meth:`ProcessSource.read` copies the slot into a picture of its own on the reader's stream,
-   waits for that copy, and hands the slot back (a ``free`` command to the worker): the picture it
-   returns is complete and owned, like :class:`~streamrt.video.decode_nvdec.NvdecSource`'s, so the
-   pipeline may keep it as long as it likes and read it on any stream.
+3. A stream's reader (a :class:`~streamrt.video.decode_nvdec.NvdecSource`, the in-process pool's
+   source) copies the slot into a picture of its own on the stream's copy stream, waits for that
+   copy, and hands the slot back (a ``free`` command to the worker): the picture it returns is
+   complete and owned, as the in-process pool's are, so the pipeline may keep it as long as it
+   likes and read it on any stream.
 
 Frames of one stream come from one worker thread through one queue, so they arrive in order. A
 worker that dies fails its streams with an error naming the process and its exit code; a stream
@@ -50,10 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.errors import ConfigError
-from streamrt.video.decode_nvdec import NvdecOptions
+from streamrt.video.decode_nvdec import NvdecOptions, NvdecSource
 from streamrt.video.sources import SourceError, SourceInfo
 
-__all__ = ["KINDS", "ProcessDecodePool", "ProcessSource"]
+__all__ = ["KINDS", "ProcessDecodePool"]
 
 log = logging.getLogger(__name__)
 
@@ -266,43 +267,6 @@ class _Lane:
     wake: threading.Condition = field(default_factory=threading.Condition)  # on the pool's lock
 
 
-class ProcessSource:
-    """One stream of a :class:`ProcessDecodePool`: NV12 pictures, owned and complete (see the module docstring)."""
-
-    frame_format = "nv12"
-
-    def __init__(self, pool: ProcessDecodePool, index: int, info: SourceInfo) -> None:
-        self._pool, self._index, self._info = pool, index, info
-        self.last_time = 0.0
-        self.last_pts: Any = None
-        self._read = 0
-
-    @property
-    def info(self) -> SourceInfo:
-        return self._info
-
-    def read(self) -> Any:
-        item = self._pool._take(self._index)
-        if item is None:
-            return None
-        slot, self.last_pts = item
-        picture = self._pool._copy_out(self._index, slot)
-        self.last_time = self._read / self._info.fps
-        self._read += 1
-        return picture
-
-    def skip(self, count: int) -> int:
-        skipped = 0
-        while skipped < count and (item := self._pool._take(self._index)) is not None:
-            self._pool._release(self._index, item[0])
-            skipped += 1
-            self._read += 1
-        return skipped
-
-    def close(self) -> None:
-        pass  # the pool owns the sessions
-
-
 class ProcessDecodePool:
     """Streams decoded in ``processes`` worker processes, :class:`~streamrt.video.decode_nvdec.NvdecPool`'s
     interface (``sources()``, ``add(path, skip=)``, ``remove(i)``, ``stats()``, ``close()``).
@@ -366,11 +330,11 @@ class ProcessDecodePool:
         """The worker processes' ids."""
         return [p.pid for p in self._procs]
 
-    def add(self, path: str | Path, *, skip: int = 0) -> ProcessSource:
+    def add(self, path: str | Path, *, skip: int = 0) -> NvdecSource:
         """Open one more stream, its first ``skip`` frames decoded and dropped."""
         return self.add_many([(path, skip)])[0]
 
-    def add_many(self, items: Sequence[tuple[str | Path, int]]) -> list[ProcessSource]:
+    def add_many(self, items: Sequence[tuple[str | Path, int]]) -> list[NvdecSource]:
         """Open several streams at once (every worker opens its share in parallel)."""
         import torch
 
@@ -405,7 +369,7 @@ class ProcessDecodePool:
                 lane.ring, lane.finished = ring, False
                 self._infos[index] = info
             self._send(lane.worker, ("ring", index, ring))
-            sources.append(ProcessSource(self, index, info))
+            sources.append(NvdecSource(self, index, info))
         return sources
 
     def remove(self, index: int) -> None:
@@ -417,9 +381,9 @@ class ProcessDecodePool:
             lane.wake.notify_all()
         self._send(lane.worker, ("remove", index), quiet=True)
 
-    def sources(self) -> list[ProcessSource]:
+    def sources(self) -> list[NvdecSource]:
         """One frame source per stream, in order."""
-        return [ProcessSource(self, i, info) for i, info in enumerate(self._infos)]
+        return [NvdecSource(self, i, info) for i, info in enumerate(self._infos)]
 
     @property
     def decoded(self) -> int:
@@ -452,7 +416,16 @@ class ProcessDecodePool:
                 self._cond.wait(left)
             return self._replies.pop(index)
 
-    def _take(self, index: int) -> tuple[int, Any] | None:
+    def _take(self, index: int) -> tuple[Any, float, Any] | None:
+        """Stream ``index``'s next picture (owned, complete), when it came and its pts; None at its end
+        (what :class:`~streamrt.video.decode_nvdec.NvdecSource` reads)."""
+        item = self._announced(index)
+        if item is None:
+            return None
+        slot, pts = item
+        return self._copy_out(index, slot), time.perf_counter(), pts
+
+    def _announced(self, index: int) -> tuple[int, Any] | None:
         """The next announced (slot, pts) of stream ``index``, waiting at most ``timeout_s``."""
         lane = self._lanes[index]
         deadline = time.monotonic() + self._timeout
@@ -481,11 +454,8 @@ class ProcessDecodePool:
             with torch.cuda.stream(lane.stream):
                 picture = lane.ring[slot].clone()
             lane.stream.synchronize()  # the copy is done before the worker may overwrite the slot
-        self._release(index, slot)
+        self._send(lane.worker, ("free", index, slot), quiet=True)
         return picture
-
-    def _release(self, index: int, slot: int) -> None:
-        self._send(self._lanes[index].worker, ("free", index, slot), quiet=True)
 
     def _dispatch(self) -> None:
         """Route the workers' events to the streams; notice workers that died."""
