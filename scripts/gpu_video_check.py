@@ -17,7 +17,8 @@ with date, commit (``$STREAMRT_COMMIT``), device and command.
 3. GPU decode vs CPU decode vs raw frames: same detector, same clips, same stream count, free-running.
 4. Fair baselines: benchmarks/detection.py part 1 (sync and pipelines, with and without graphs on both sides).
 5. Hybrid decode at the first stream count NVDEC alone did not sustain: streams spill to CPU decoders.
-6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, NV12 kernel in test_gpu_ops.py).
+6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, test_decode_processes.py,
+   NV12 kernel in test_gpu_ops.py).
 
 Every part (and every row of parts 1-3) catches its own failure, records it and goes on: a decoder that
 cannot open (``cuvidCreateDecoder`` out of memory at 150 sessions) costs its row, not the rest of the call.
@@ -443,7 +444,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
 def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
     run = ["-m", "gpu"] if dec.cuda else ["--collect-only"]  # on the CPU: the tests exist and import
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *run, "tests/video/test_nvdec.py",
-           "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
+           "tests/video/test_decode_processes.py", "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30, budget.left - 10),
                               env={**os.environ, "STREAMRT_VIDEO_CLIPS": str(clips_folder)})
