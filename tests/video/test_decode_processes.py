@@ -199,3 +199,24 @@ def test_detect_refuses_decoder_processes_without_nvdec(clips: list[Path], capsy
     assert "--decode-processes needs NVDEC: a CUDA GPU and PyNvVideoCodec" in capsys.readouterr().err
     assert main(["detect", str(clips[0]), "--decode-processes", "-1"]) == 2
     assert "--decode-processes must be >= 0 (0: decode in this process), got -1" in capsys.readouterr().err
+
+
+def test_detect_with_decoder_processes_that_fail_to_open_exits_with_one_line_and_no_process(
+        clips: list[Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVDEC said to be here but the workers cannot decode (no CUDA on this machine): the run ends with one
+    line naming the worker and its exit code, and the pool it opened is closed (no process left)."""
+    from streamrt.cli.main import main
+    from streamrt.video import decode_nvdec, decode_processes
+
+    monkeypatch.setattr(decode_nvdec, "nvdec_available", lambda: True)
+    opened: list[Any] = []
+    real = decode_processes.ProcessDecodePool.close
+
+    def close(self: Any) -> None:
+        opened.extend(self.pids)
+        real(self)
+
+    monkeypatch.setattr(decode_processes.ProcessDecodePool, "close", close)
+    assert main(["detect", str(clips[0]), "--decode-processes", "1", "--no-progress"]) == 2
+    assert "decoder process 0 cannot decode" in capsys.readouterr().err
+    assert opened and _gone(opened)

@@ -357,8 +357,9 @@ class ProcessDecodePool:
             lane = self._lanes[index]
             reply = self._reply(index)
             if reply[0] != "opened":
-                raise SourceError(f"decoder process {lane.worker} cannot decode {lane.path}: {reply[2]}",
-                                  hint="check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)")
+                hint = ("its traceback is on stderr" if lane.worker in self._dead
+                        else "check the codec with ffprobe (NVDEC: H.264, H.265, AV1, VP9)")
+                raise SourceError(f"decoder process {lane.worker} cannot decode {lane.path}: {reply[2]}", hint=hint)
             rows, width = reply[2]
             ring = torch.empty((self._slots, rows, width), dtype=torch.uint8, device=self._device)
             if self.kind == "cpu":
@@ -542,9 +543,9 @@ class ProcessDecodePool:
             for lane in self._lanes:
                 lane.ring, lane.finished = None, True
                 lane.ready.clear()
-        if self.kind != "cpu":
-            import torch
+        import torch
 
+        if self.kind != "cpu" and torch.cuda.is_initialized():
             torch.cuda.ipc_collect()  # rings the workers held, now released
 
     def __enter__(self) -> ProcessDecodePool:
