@@ -29,6 +29,10 @@ kernel); a foreign torch stream is then refused and the legacy default stream us
 A looping file used to get a new decoder (and context) at every pass; ``reuse=True`` keeps the
 decoder and reopens only the demuxer. ``scripts/gpu_nvdec_scaling.py`` compares the ways in one run.
 
+Past ~4 sessions one Python process binds (the GIL, per-frame host work: ~2,000-2,800 frames/s on
+an H200 against 5,134 with the sessions over 4 processes): :mod:`streamrt.video.decode_processes`
+runs these sessions in decoder processes and hands the pictures over by CUDA IPC.
+
 Example:
     >>> pool = NvdecPool(["a.mp4", "b.mp4"], workers=2, loop=True)      # doctest: +SKIP
     >>> sources = pool.sources()                                         # doctest: +SKIP
