@@ -10,6 +10,12 @@ side by side, each variant a row per session count:
 - a GIL probe: how late a 1 ms sleeper wakes (a decoder call holding the GIL shows here);
 - streams whose pictures came in order (presentation time stamps).
 
+``primary+reuse+ipc4`` is the process split as the detector gets it: the sessions in 4 decoder
+processes (:class:`~streamrt.video.decode_processes.ProcessDecodePool`), every picture handed over
+by CUDA IPC and copied out, one reader thread per stream, in this process: set beside
+``primary+reuse+p4`` (the same split, frames counted in the workers) it shows what the hand-over
+costs. Its pool opens once and grows with the session counts.
+
 Then, for ``--open-variants``, sessions are opened one at a time up to ``--open`` with the free device
 memory read before and after each (MiB per session), a few frames decoded from every open stream.
 
@@ -63,9 +69,10 @@ class Variant:
     what: str
     workers: int = 0  # 0: a thread per session
     processes: int = 0  # 0: all in this process
+    handover: int = 0  # decoder processes handing every picture to this process (ProcessDecodePool); 0: none
 
 
-_TIMED = NvdecOptions(timing=True)
+_TIMED = NvdecOptions(context="own", reuse=False, timing=True)  # the old way; the others vary it
 VARIANTS = {
     "legacy": Variant(_TIMED, "a context per decoder, a new decoder every pass, a thread per session (the old way)"),
     "primary+reuse": Variant(replace(_TIMED, context="primary", reuse=True),
@@ -80,8 +87,11 @@ VARIANTS = {
                                 "as primary+reuse, sessions split over 4 processes", processes=4),
     "primary+reuse+p8": Variant(replace(_TIMED, context="primary", reuse=True),
                                 "as primary+reuse, sessions split over 8 processes", processes=8),
+    "primary+reuse+ipc4": Variant(replace(_TIMED, context="primary", reuse=True),
+                                  "as primary+reuse+p4, every picture handed to this process by CUDA IPC and "
+                                  "copied out here (ProcessDecodePool: what the detector gets)", handover=4),
 }
-DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+w8"
+DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,primary+reuse+ipc4,primary+reuse+w8"
 
 SCALING_HEADER = ["| sessions | frames/s | per session | x one session | slowest stream | NVDEC busy | "
                   "decoders made/s | host ms/frame decode / copy / sync | GIL probe p99 / max ms | in order |",
@@ -150,9 +160,36 @@ def _spec(args: argparse.Namespace, variant: Variant) -> PoolSpec:
     return PoolSpec(args.device_kind, variant.options, workers=variant.workers)
 
 
+def _grown(args: argparse.Namespace, variant: Variant, n: int, held: list[Any]) -> Any:
+    """The variant's ProcessDecodePool with ``n`` sessions: opened once (its workers started once), grown
+    by the sessions the next point adds; reopened when a point asks for fewer."""
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    if held and len(held[0].sources()) > n:
+        held.pop().close()
+    if not held:
+        processes = min(variant.handover, max(args.session_counts))  # the CPU smoke run: no idle workers
+        held.append(ProcessDecodePool([], processes=processes, kind=args.device_kind, slots=4, loop=True,
+                                      options=variant.options))
+    pool = held[0]
+    have = len(pool.sources())
+    pool.add_many([(args.paths[i % len(args.paths)], 0) for i in range(have, n)])
+    return pool
+
+
 def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
                  executors: dict[int, ProcessPoolExecutor]) -> list[str]:
     variant = VARIANTS[name]
+    handover: list[Any] = []  # the variant's ProcessDecodePool, closed with the variant
+    try:
+        return _scaling(args, name, variant, budget, run, executors, handover)
+    finally:
+        for pool in handover:
+            pool.close()
+
+
+def _scaling(args: argparse.Namespace, name: str, variant: Variant, budget: Budget, run: Run,
+             executors: dict[int, ProcessPoolExecutor], handover: list[Any]) -> list[str]:
     spec = _spec(args, variant)
     lines = [f"{variant.what}.", "", *SCALING_HEADER]
     rows: list[dict[str, Any]] = run.data["scaling"].setdefault(name, [])
@@ -163,7 +200,9 @@ def part_scaling(args: argparse.Namespace, name: str, budget: Budget, run: Run,
             lines.append(f"| {n} | skipped: {budget.left:.0f} s left, the point needs ~{needs:.0f} s |" + " |" * 8)
             continue
         try:
-            if variant.processes:
+            if variant.handover:
+                r = drain(_grown(args, variant, n, handover), args.seconds, args.warmup)
+            elif variant.processes:
                 if variant.processes not in executors:
                     executors[variant.processes] = ProcessPoolExecutor(
                         variant.processes, mp_context=multiprocessing.get_context("spawn"))

@@ -17,7 +17,8 @@ with date, commit (``$STREAMRT_COMMIT``), device and command.
 3. GPU decode vs CPU decode vs raw frames: same detector, same clips, same stream count, free-running.
 4. Fair baselines: benchmarks/detection.py part 1 (sync and pipelines, with and without graphs on both sides).
 5. Hybrid decode at the first stream count NVDEC alone did not sustain: streams spill to CPU decoders.
-6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, NV12 kernel in test_gpu_ops.py).
+6. The gpu-marked tests of decoding and the NV12 kernel (tests/video/test_nvdec.py, test_decode_processes.py,
+   NV12 kernel in test_gpu_ops.py).
 
 Every part (and every row of parts 1-3) catches its own failure, records it and goes on: a decoder that
 cannot open (``cuvidCreateDecoder`` out of memory at 150 sessions) costs its row, not the rest of the call.
@@ -66,7 +67,7 @@ from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
 # How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
-NVDEC_WAYS = {"legacy": NvdecOptions(), "primary+reuse": NvdecOptions(context="primary", reuse=True)}
+NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
 
 
 class Budget:
@@ -139,13 +140,20 @@ def measure_cpu(paths: list[Path], decoders: int, seconds: float = 3.0) -> dict[
 class Decoders:
     """The decoder the parts use: NVDEC on the GPU, :class:`CpuPool` standing in for it on the CPU."""
 
-    def __init__(self, device: str, quick: bool, nvdec: str = "legacy") -> None:
-        self.device, self.quick = device, quick
+    def __init__(self, device: str, quick: bool, nvdec: str = "primary+reuse", processes: int = 0) -> None:
+        self.device, self.quick, self.processes = device, quick, processes
         self.cuda = device == "cuda"
         self.options = NVDEC_WAYS[nvdec]
-        self.name = f"NVDEC ({self.options.describe()})" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
+        where = f", in {processes} decoder processes (CUDA IPC)" if processes else ""
+        self.name = f"NVDEC ({self.options.describe()}{where})" if self.cuda else "CPU stand-in for NVDEC (OpenCV)"
 
     def pool(self, paths: list[Path], *, workers: int, depth: int = 4, loop: bool = False) -> Any:
+        """The decoding pool of a part: NVDEC (threads here, or ``processes`` decoder processes), or the CPU
+        stand-in (BGR host frames: a CPU engine takes no NV12, so the processes are NVDEC's only)."""
+        if self.cuda and self.processes:
+            from streamrt.video.decode_processes import ProcessDecodePool
+
+            return ProcessDecodePool(paths, processes=self.processes, slots=depth, loop=loop, options=self.options)
         if self.cuda:
             return NvdecPool(paths, workers=workers, depth=depth, loop=loop, options=self.options)
         return CpuPool(paths, workers=workers, depth=depth, loop=loop)
@@ -415,7 +423,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         return [f"{n} streams planned from capacities NVDEC 0, CPU {capacity['cpu']:.0f} frames/s: assignment "
                 f"{summary['assignment']}; frames read per stream {frames} (detection needs a CUDA engine for NV12)."]
     with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True, nvdec_workers=8,
-                      interval_s=1.0) as hybrid:
+                      interval_s=1.0, decode_processes=dec.processes) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
         report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
         report.decode = hybrid.summary()
@@ -436,7 +444,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
 def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
     run = ["-m", "gpu"] if dec.cuda else ["--collect-only"]  # on the CPU: the tests exist and import
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *run, "tests/video/test_nvdec.py",
-           "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
+           "tests/video/test_decode_processes.py", "tests/ops/test_gpu_ops.py", "-k", "nvdec or nv12 or hybrid"]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(30, budget.left - 10),
                               env={**os.environ, "STREAMRT_VIDEO_CLIPS": str(clips_folder)})
@@ -457,8 +465,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="50,100,150,200")
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per sweep point")
     parser.add_argument("--workers", type=int, default=8, help="NVDEC driver threads in the sweep")
-    parser.add_argument("--nvdec", choices=tuple(NVDEC_WAYS), default="legacy",
-                        help="how NVDEC sessions are made: the old way, or the primary context with decoders kept")
+    parser.add_argument("--nvdec", choices=tuple(NVDEC_WAYS), default="primary+reuse",
+                        help="how NVDEC sessions are made: the primary context with decoders kept (default, "
+                             "measured better on the H200), or the old way (legacy)")
+    parser.add_argument("--decode-processes", type=int, default=0, metavar="N",
+                        help="parts 2, 3 and 5: NVDEC sessions in N decoder processes, pictures handed over by CUDA "
+                             "IPC (0: threads in this process)")
     parser.add_argument("--admission", choices=ADMISSION_MODES, default="off",
                         help="part 2: refuse or queue the streams that do not fit the measured capacity, or run all "
                              "(off: the overload behaviour, every stream dropping evenly)")
@@ -467,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)
-    dec = Decoders(args.device, args.quick, args.nvdec)
+    dec = Decoders(args.device, args.quick, args.nvdec, args.decode_processes)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):
         print("needs a CUDA GPU and PyNvVideoCodec (pip install the pynvvideocodec wheel); "
               "--device cpu --quick is the CPU smoke run", file=sys.stderr)

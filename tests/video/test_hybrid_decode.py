@@ -66,3 +66,18 @@ def test_cpu_capacity_over_demand_is_reported(detector: Any, paths: list[Path]) 
         summary = hybrid.summary()
     assert not summary["fits"] and summary["binding"] == "cpu"
     assert summary["pools"]["cpu"]["utilisation"] == pytest.approx(90 / 40, rel=1e-3)
+
+
+def test_streams_in_decoder_processes_give_the_plain_decoder_detections(detector: Any, paths: list[Path]) -> None:
+    """``decode_processes``: the NVDEC side in worker processes (here their CPU stand-in, host shared-memory
+    slots), pictures through the same NV12 stages, detections those of plain PyAV NV12 sources."""
+    model = dataclasses.replace(detector, engine=ImportedEngine("cpu"), device="cuda", backend="torch", max_batch=4)
+    with HybridDecode(paths, capacity={"nvdec": 500.0, "cpu": 0.0}, interval_s=0, decode_processes=2,
+                      process_kind="cpu") as hybrid:
+        assert hybrid.assignment == ["nvdec"] * 3
+        pids = hybrid._nvdec.pids
+        _, got = _detect(model, hybrid.sources())
+    _, want = _detect(model, [AvSource(p, output="nv12") for p in paths])
+    assert len(got) == len(want) == 24
+    assert all(a.same_as(b, atol=1e-4) for a, b in zip(got, want, strict=True))
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)

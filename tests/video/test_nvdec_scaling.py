@@ -29,13 +29,14 @@ def test_cpu_smoke_run_runs_every_part(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick",
-                           "--clips", str(tmp_path / "none"), "--variants", "legacy,primary+reuse,primary+reuse+p4"],
+                           "--clips", str(tmp_path / "none"),
+                           "--variants", "legacy,primary+reuse,primary+reuse+p4,primary+reuse+ipc4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = (out / "nvdec_scaling.md").read_text()
     assert "FAILED" not in report and "skipped" not in report
     for title in ("## Scaling: legacy", "## Scaling: primary+reuse", "## Open 3 sessions at once",
-                  "## Scaling: primary+reuse+p4", "## Summary"):
+                  "## Scaling: primary+reuse+p4", "## Scaling: primary+reuse+ipc4", "## Summary"):
         assert title in report
     data = json.loads((out / "nvdec_scaling.json").read_text())
     assert not data["failed"]
@@ -214,3 +215,35 @@ def test_the_scripts_gpu_path_over_the_fake(fake: FakeNvc, monkeypatch: pytest.M
     assert all(r["opened"] == 3 and r["mib_per_session_median"] == 0 for r in data["open"].values())
     assert {k["cudacontext"] for k in fake.created} == {0, 1234}
     assert any(k.get("enableasyncallocations") for k in fake.created)
+
+
+def test_a_decoder_process_loop_decodes_into_the_slots_it_is_handed(fake: FakeNvc,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_processes' worker loop on the NVDEC path, run on a thread over the fake: open (first
+    picture decoded, its shape answered), ring, a picture per slot handed back, in order, stop."""
+    import queue
+    import threading
+
+    from streamrt.video.decode_nvdec import NvdecOptions
+    from streamrt.video.decode_processes import _worker_main
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
+    commands: queue.Queue[Any] = queue.Queue()
+    events: queue.Queue[Any] = queue.Queue()
+    worker = threading.Thread(target=_worker_main, args=(0, "nvdec", 0, NvdecOptions(), commands, events))
+    worker.start()
+    commands.put(("open", 3, "x.mp4", True, 1))
+    assert events.get(timeout=5) == ("opened", 3, (6, 4), 30.0)
+    ring = torch.full((2, 6, 4), 255, dtype=torch.uint8)  # poisoned: an unwritten slot reads 255
+    commands.put(("ring", 3, ring))
+    got = []
+    for _ in range(7):
+        op, stream, slot, pts = events.get(timeout=5)
+        assert (op, stream) == ("frame", 3)
+        got.append((pts, int(ring[slot].min()), int(ring[slot].max())))
+        commands.put(("free", 3, slot))
+    commands.put(("stop",))
+    worker.join(timeout=5)
+    assert not worker.is_alive()
+    assert got == [(k, k, k) for k in (1, 2, 3, 4, 0, 1, 2)]  # the first frame skipped, a loop, in order
+    assert len(fake.created) == 1 and fake.created[0]["cudacontext"] == 1234  # the default: primary, kept

@@ -21,6 +21,7 @@ MODULES = [
     "streamrt.video.clips",
     "streamrt.video.decode_av",
     "streamrt.video.decode_nvdec",
+    "streamrt.video.decode_processes",
     "streamrt.video.decoding",
     "streamrt.video.demo",
     "streamrt.video.hybrid",

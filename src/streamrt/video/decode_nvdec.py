@@ -29,6 +29,10 @@ kernel); a foreign torch stream is then refused and the legacy default stream us
 A looping file used to get a new decoder (and context) at every pass; ``reuse=True`` keeps the
 decoder and reopens only the demuxer. ``scripts/gpu_nvdec_scaling.py`` compares the ways in one run.
 
+Past ~4 sessions one Python process binds (the GIL, per-frame host work: ~2,000-2,800 frames/s on
+an H200 against 5,134 with the sessions over 4 processes): :mod:`streamrt.video.decode_processes`
+runs these sessions in decoder processes and hands the pictures over by CUDA IPC.
+
 Example:
     >>> pool = NvdecPool(["a.mp4", "b.mp4"], workers=2, loop=True)      # doctest: +SKIP
     >>> sources = pool.sources()                                         # doctest: +SKIP
@@ -46,7 +50,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from streamrt._optional import require
 from streamrt.errors import ConfigError
@@ -79,17 +83,21 @@ class NvdecOptions:
     """How NVDEC sessions are created (see the module docstring for why each matters).
 
     Attributes:
-        context: ``own`` (``cudacontext=0``: PyNvVideoCodec creates a context per decoder, the old
-            way) or ``primary`` (the device's primary context, which torch uses, and the worker's stream).
-        reuse: a looping file keeps its decoder at the end of a pass (only the demuxer reopens);
-            False opens a new decoder for every pass, the old way.
+        context: ``primary`` (the default: the device's primary context, which torch uses, and the
+            worker's stream) or ``own`` (``cudacontext=0``: PyNvVideoCodec creates a context per
+            decoder, the old way).
+        reuse: a looping file keeps its decoder at the end of a pass (only the demuxer reopens), the
+            default; False opens a new decoder for every pass, the old way.
+
+    The defaults are the way measured best on the H200 (docs/benchmarks/2026-12-02-h200-nvdec.md):
+    one session 738 frames/s against the old way's 589, 2,788 against 1,702 at 4 sessions.
         async_alloc: ``enableasyncallocations`` (stream-ordered ``cuMemAllocAsync`` for the output
             surfaces) where the PyNvVideoCodec build knows it.
         timing: add up per-frame host time per phase (demux + decode, copy out, stream sync).
     """
 
-    context: str = "own"
-    reuse: bool = False
+    context: str = "primary"
+    reuse: bool = True
     async_alloc: bool = False
     timing: bool = False
 
@@ -187,8 +195,12 @@ class _Session:
                 self._decoder = None  # freed before its successor is made
                 self._decoder = self._create()
 
-    def next(self) -> Any:
-        """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end."""
+    def next(self, out: Any = None) -> Any:
+        """The next picture as an owned (H * 3 / 2, W) uint8 device tensor, or None at the end.
+
+        ``out``, a tensor of that shape, receives the picture instead of a new one (a decoder process
+        copies straight into a slot the detector process shares with it, :mod:`~streamrt.video.decode_processes`).
+        """
         import torch
 
         started = time.perf_counter()
@@ -196,8 +208,9 @@ class _Session:
         if frame is None:
             return None
         decoded = time.perf_counter()
-        with torch.cuda.stream(self.stream):
-            picture = torch.from_dlpack(frame).clone()  # out of the decoder's surface pool
+        with torch.cuda.stream(self.stream):  # out of the decoder's surface pool, on this session's stream
+            surface = torch.from_dlpack(frame)
+            picture = surface.clone() if out is None else out.copy_(surface)
         self.pts = _pts(frame)
         if self.options.timing:
             self.times["decode"] += decoded - started
@@ -242,8 +255,15 @@ class _Lane:
     error: BaseException | None = None
 
 
+class _Lanes(Protocol):
+    """What a source reads from: an :class:`NvdecPool`, or decoder processes
+    (:class:`~streamrt.video.decode_processes.ProcessDecodePool`)."""
+
+    def _take(self, index: int) -> tuple[Any, float, Any] | None: ...
+
+
 class NvdecSource:
-    """One stream of an :class:`NvdecPool`, as a frame source delivering NV12 device tensors.
+    """One stream of an :class:`NvdecPool` (or of decoder processes), a frame source of NV12 device tensors.
 
     ``frame_format`` is ``"nv12"``: :func:`~streamrt.video.runner.run_detection` builds the NV12
     stages for it. ``read()`` blocks until the worker has decoded the next picture; ``last_pts`` is
@@ -252,7 +272,7 @@ class NvdecSource:
 
     frame_format = "nv12"
 
-    def __init__(self, pool: NvdecPool, index: int, info: SourceInfo) -> None:
+    def __init__(self, pool: _Lanes, index: int, info: SourceInfo) -> None:
         self._pool, self._index, self._info = pool, index, info
         self.last_time = 0.0
         self.last_pts: Any = None
@@ -291,7 +311,7 @@ class NvdecPool:
         depth: decoded pictures queued per stream ahead of the pipeline.
         loop: start a file over at its end (benchmarks: streams as long as needed).
         gpu: the device ordinal.
-        options: how sessions are created (:class:`NvdecOptions`; the default is the old way).
+        options: how sessions are created (:class:`NvdecOptions`; default primary context, decoder kept).
 
     Raises:
         MissingDependencyError: PyNvVideoCodec is not installed.

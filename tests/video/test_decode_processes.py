@@ -1,0 +1,222 @@
+"""The decoder-process pool (:mod:`streamrt.video.decode_processes`): on the CPU with its stand-in (CPU
+decoders in the workers, host shared-memory slots), the pictures equal the in-process decoder's, every
+stream's frames come in order, slots are handed back (many more frames than slots), a worker that dies
+or stalls fails its stream with an error instead of a hang, and closing leaves no process behind. On
+the GPU (marked ``gpu``) NVDEC in worker processes, handed over by CUDA IPC, gives the pictures the
+in-process NVDEC pool gives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+FRAMES = 20  # per smoke clip
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny clips, encoded (and decoded by the stand-in) with PyAV: not on the GPU machine, whose test
+    below reads the carried clips instead."""
+    pytest.importorskip("av")
+    from streamrt.video.clips import smoke_clips
+
+    return smoke_clips(tmp_path_factory.mktemp("clips"))
+
+
+def _reference(path: Path) -> list[np.ndarray]:
+    from streamrt.video.decoding import open_nv12
+
+    source = open_nv12(path)
+    frames = []
+    while (frame := source.read()) is not None:
+        frames.append(frame)
+    source.close()
+    return frames
+
+
+def _gone(pids: list[int | None]) -> bool:
+    for pid in pids:
+        assert pid is not None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
+def test_pictures_equal_the_in_process_decoders_in_order_with_slots_handed_back(clips: list[Path]) -> None:
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    paths = [clips[0], clips[1], clips[0]]
+    refs = {p: _reference(p) for p in clips}
+    reads = 2 * FRAMES + 5  # two passes and a bit: every slot reused many times
+    with ProcessDecodePool(paths, processes=2, kind="cpu", slots=2, loop=True) as pool:
+        sources = pool.sources()
+        assert [s.info.name for s in sources] == [p.name for p in paths]
+        assert (sources[0].info.width, sources[0].info.height, sources[0].frame_format) == (320, 180, "nv12")
+        seen: list[list[Any]] = [[] for _ in paths]
+        for k in range(reads):
+            for i, source in enumerate(sources):  # interleaved, as a batched detector reads them
+                picture = source.read()
+                assert isinstance(picture, torch.Tensor) and picture.dtype == torch.uint8
+                np.testing.assert_array_equal(picture.numpy(), refs[paths[i]][k % FRAMES], err_msg=f"{i} {k}")
+                seen[i].append(source.last_pts)
+        assert pool.decoded <= reads * len(paths) + 2 * len(paths)  # never more than the slots ahead
+        pids = pool.pids
+    assert seen == [[k % FRAMES for k in range(reads)]] * len(paths)
+    assert _gone(pids)
+
+
+def test_a_file_ends_skip_and_remove(clips: list[Path]) -> None:
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    with ProcessDecodePool([clips[0]], processes=1, kind="cpu", slots=3) as pool:
+        (source,) = pool.sources()
+        count = 0
+        while source.read() is not None:
+            count += 1
+        assert count == FRAMES and source.read() is None
+        late = pool.add(clips[1], skip=5)
+        assert late.read() is not None and late.last_pts == 5
+        assert late.skip(3) == 3 and late.read() is not None and late.last_pts == 9
+        pool.remove(1)
+        assert late.read() is None
+
+
+def test_a_worker_that_dies_or_stalls_fails_its_stream_not_the_others(clips: list[Path]) -> None:
+    from streamrt.video.decode_processes import ProcessDecodePool
+    from streamrt.video.sources import SourceError
+
+    with ProcessDecodePool(clips * 2, processes=3, kind="cpu", slots=2, loop=True, timeout_s=1.0) as pool:
+        sources = pool.sources()  # streams 0 and 3 on worker 0, 1 on worker 1, 2 on worker 2
+        for source in sources:
+            assert source.read() is not None
+        pids = pool.pids
+        os.kill(pids[1], signal.SIGKILL)  # type: ignore[arg-type]
+        started = time.monotonic()
+        with pytest.raises(SourceError, match=r"decoder process 1 \(pid \d+\) exited with code -9"):
+            for _ in range(10 * FRAMES):  # what it announced before dying may come first
+                sources[1].read()
+        assert time.monotonic() - started < 5
+        os.kill(pids[2], signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            with pytest.raises(SourceError, match=r"no picture of smoke1\.mp4 from decoder process 2 in 1 s"):
+                for _ in range(10 * FRAMES):
+                    sources[2].read()
+        finally:
+            os.kill(pids[2], signal.SIGCONT)  # type: ignore[arg-type]
+        for _ in range(2 * FRAMES):  # the healthy worker's streams go on
+            assert sources[0].read() is not None and sources[3].read() is not None
+    assert _gone(pids)
+
+
+def test_a_file_that_cannot_be_decoded_fails_the_pool_and_leaves_no_process(tmp_path: Path) -> None:
+    from streamrt.video.decode_processes import ProcessDecodePool
+    from streamrt.video.sources import SourceError
+
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(os.urandom(2000))
+    procs: list[Any] = []
+    real = ProcessDecodePool.close
+
+    def close(self: Any) -> None:
+        procs.extend(self.pids)
+        real(self)
+
+    ProcessDecodePool.close = close  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SourceError, match=r"decoder process 0 cannot decode .*bad\.mp4"):
+            ProcessDecodePool([bad], processes=1, kind="cpu")
+    finally:
+        ProcessDecodePool.close = real  # type: ignore[method-assign]
+    assert procs and _gone(procs)
+
+
+def test_bad_arguments_name_the_value() -> None:
+    from streamrt.errors import ConfigError
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    with pytest.raises(ConfigError, match="processes >= 1 and slots >= 1, got 0, 4"):
+        ProcessDecodePool([], processes=0)
+    with pytest.raises(ConfigError, match="nvdec, cpu"):
+        ProcessDecodePool([], kind="gpu")
+
+
+@pytest.mark.gpu
+def test_nvdec_in_processes_gives_the_in_process_pools_pictures() -> None:
+    """NVDEC in 2 worker processes, pictures handed over by CUDA IPC, against the in-process NvdecPool."""
+    from streamrt.video.decode_nvdec import NvdecPool, nvdec_available
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    if not nvdec_available():
+        pytest.skip("needs PyNvVideoCodec and a CUDA GPU")
+    clips = sorted(Path(os.environ.get("STREAMRT_VIDEO_CLIPS", "build/video-clips")).glob("*.mp4"))[:2]
+    if not clips:
+        pytest.skip("no clips in STREAMRT_VIDEO_CLIPS (scripts/make_video_clips.py)")
+    frames = 45
+    paths = [clips[0], clips[-1], clips[0]]
+
+    def read(pool: Any) -> list[list[tuple[Any, Any]]]:
+        out = []
+        for source in pool.sources():
+            got = []
+            for _ in range(frames):
+                picture = source.read()
+                assert picture is not None and picture.is_cuda and picture.dtype == torch.uint8
+                got.append((picture.cpu(), source.last_pts))
+            out.append(got)
+        return out
+
+    with NvdecPool(paths, workers=2) as pool:
+        ours = read(pool)
+    with ProcessDecodePool(paths, processes=2, kind="nvdec", slots=4) as procs:
+        theirs = read(procs)
+        pids = procs.pids
+    assert _gone(pids)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert [p for _, p in a] == [p for _, p in b], f"stream {i}: time stamps differ"
+        for k, ((x, _), (y, _)) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"stream {i} frame {k}: {int((x.int() - y.int()).abs().max())} levels apart"
+
+
+def test_detect_refuses_decoder_processes_without_nvdec(clips: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``streamrt detect --decode-processes N`` on a machine without NVDEC: one line naming what is missing."""
+    from streamrt.cli.main import main
+    from streamrt.video.decode_nvdec import nvdec_available
+
+    if nvdec_available():
+        pytest.skip("NVDEC is here")
+    assert main(["detect", str(clips[0]), "--decode-processes", "2", "--no-progress"]) == 2
+    assert "--decode-processes needs NVDEC: a CUDA GPU and PyNvVideoCodec" in capsys.readouterr().err
+    assert main(["detect", str(clips[0]), "--decode-processes", "-1"]) == 2
+    assert "--decode-processes must be >= 0 (0: decode in this process), got -1" in capsys.readouterr().err
+
+
+def test_detect_with_decoder_processes_that_fail_to_open_exits_with_one_line_and_no_process(
+        clips: list[Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVDEC said to be here but the workers cannot decode (no CUDA on this machine): the run ends with one
+    line naming the worker and its exit code, and the pool it opened is closed (no process left)."""
+    from streamrt.cli.main import main
+    from streamrt.video import decode_nvdec, decode_processes
+
+    monkeypatch.setattr(decode_nvdec, "nvdec_available", lambda: True)
+    opened: list[Any] = []
+    real = decode_processes.ProcessDecodePool.close
+
+    def close(self: Any) -> None:
+        opened.extend(self.pids)
+        real(self)
+
+    monkeypatch.setattr(decode_processes.ProcessDecodePool, "close", close)
+    assert main(["detect", str(clips[0]), "--decode-processes", "1", "--no-progress"]) == 2
+    assert "decoder process 0 cannot decode" in capsys.readouterr().err
+    assert opened and _gone(opened)
