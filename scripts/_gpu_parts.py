@@ -17,10 +17,23 @@ and message (the traceback goes to stderr), then lets the script go on with the 
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class Budget:
+    """A call's time budget: ``left`` seconds until ``seconds`` after it was made (parts that would not
+    fit in what is left are skipped, so a call ends with its report written)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.perf_counter() + seconds
+
+    @property
+    def left(self) -> float:
+        return self.end - time.perf_counter()
 
 
 class Report:

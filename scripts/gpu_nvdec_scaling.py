@@ -57,6 +57,9 @@ from streamrt.video.clips import smoke_clips as _smoke_clips
 from streamrt.video.decode_nvdec import NvdecOptions
 from streamrt.video.decode_scaling import PoolSpec, drain, drain_in_processes, open_sessions, start_processes
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_parts import Budget
+
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
 
@@ -96,15 +99,6 @@ DEFAULT_VARIANTS = "legacy,primary+reuse,own+reuse,primary,primary+reuse+p4,prim
 SCALING_HEADER = ["| sessions | frames/s | per session | x one session | slowest stream | NVDEC busy | "
                   "decoders made/s | host ms/frame decode / copy / sync | GIL probe p99 / max ms | in order |",
                   "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
-
-
-class Budget:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.perf_counter() + seconds
-
-    @property
-    def left(self) -> float:
-        return self.end - time.perf_counter()
 
 
 def _cell(text: str) -> str:

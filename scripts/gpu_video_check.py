@@ -64,19 +64,13 @@ from streamrt.video.decode_scaling import DecoderLoad
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_parts import Budget
+
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
 # How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
 NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
-
-
-class Budget:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.perf_counter() + seconds
-
-    @property
-    def left(self) -> float:
-        return self.end - time.perf_counter()
 
 
 class _LoopedFile:
