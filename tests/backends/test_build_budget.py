@@ -8,6 +8,7 @@ and the plan still computes the module (fresh random data, 1e-4).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,77 @@ def test_a_spent_budget_compiles_required_work_without_autotuning_and_skips_opti
     assert [e["what"] for e in fell] == ["profile 1/2", "profile 1 contiguous", "profile 2/2"]
     assert fell[1]["to"] == "skipped" and fell[0]["to"].startswith("level-3 recipe")
     assert any("compiling with the level-3 recipe (no autotuning) instead" in line for line in lines)
+
+
+class SlowCompiler(RecordingCompiler):
+    """A :class:`RecordingCompiler` that takes ``seconds`` per compile, as a real level-3 compile takes its time."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, ep: Any, configs: Mapping[str, Any]) -> bytes:
+        time.sleep(self.seconds)
+        return super().__call__(ep, configs)
+
+
+def test_a_budget_too_small_for_autotuning_bounds_the_whole_build_and_keeps_the_level_3_plan() -> None:
+    # The level-3 compile (faked: 4.5 s) comes first; the real autotuning child gets the 2.5 s left
+    # and cannot finish (it imports torch and runs g++), so it is killed and nothing more is compiled.
+    # Before the fix the child ran to its deadline first and the fallback came after it: ~9.4 s.
+    ep = torch.export.export(torch.nn.Linear(8, 4).eval(), (torch.randn(2, 8),))
+    compiler = SlowCompiler(4.5)
+    lines: list[str] = []
+    configs = {"max_autotune": True, "coordinate_descent_tuning": False, "freezing": False}
+    started = time.monotonic()
+    budget = BuildBudget(7.0, lines.append, compiler)
+    package = budget.compile(ep, configs, label="profile 1/1")
+    took = time.monotonic() - started
+    assert took < 7.0 + 1.0, (took, lines)
+    assert package == b"PK-1" and compiler.calls == [fallback_configs(configs)]  # the plan is the level-3 one
+    assert budget.exhausted and budget.child_compiles == 1
+    record = budget.to_dict()
+    assert [e["what"] for e in record["fell_back"]] == ["profile 1/1"] and record["fallback_s"] >= 4.5
+    assert record["fell_back"][0]["to"].startswith("level-3 recipe") and "deadline" in record["fell_back"][0]["why"]
+    assert lines[0].startswith("profile 1/1: compiling the level-3 recipe first"), lines
+    assert any(line.startswith("build budget 7 s: autotuning passed its") and "no further compile" in line
+               for line in lines), lines
+
+
+class InstantChildBudget(BuildBudget):
+    """A budget whose autotuning child always finishes at once, recording the deadline it was given."""
+
+    deadlines: list[float]
+
+    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes, str]:
+        self.deadlines.append(ends_at - self.started)
+        return b"TUNED", ""
+
+
+def test_an_autotuned_compile_that_ends_in_time_is_kept_and_later_profiles_keep_their_level_3_time() -> None:
+    compiler = RecordingCompiler()
+    budget = InstantChildBudget(300.0, print, compiler)
+    budget.deadlines = deadlines = []
+    configs = {"max_autotune": True}
+    assert budget.compile(None, configs, label="profile 1/2", later=1) == b"TUNED"
+    assert budget.compile(None, configs, label="profile 2/2") == b"TUNED"
+    assert compiler.calls == [fallback_configs(configs)] * 2 and not budget.events and not budget.exhausted
+    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s) and deadlines[1] == 300.0
+    assert budget.compile(None, {**configs, "layout_optimization": False}, label="p2 contiguous",
+                          optional=True) == b"TUNED"
+    assert len(compiler.calls) == 2  # an optional compile gets no level-3 package first
+
+
+def test_a_level_3_compile_longer_than_the_budget_warns_and_keeps_it_without_autotuning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    compiler = SlowCompiler(0.05)
+    lines: list[str] = []
+    budget = BuildBudget(0.01, lines.append, compiler)
+    with caplog.at_level("WARNING", logger="streamrt.backends.torch_inductor.budget"):
+        assert budget.compile(None, {"max_autotune": True}, label="profile 1/1") == b"PK-1"
+    assert budget.child_compiles == 0 and budget.exhausted and len(compiler.calls) == 1
+    assert "cannot bound this build" in caplog.text
+    assert "level-3 compile alone took" in budget.events[0]["why"]
 
 
 def test_compiles_without_autotuning_or_without_a_budget_run_here_unchanged() -> None:
