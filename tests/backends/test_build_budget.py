@@ -1,8 +1,10 @@
 """The build budget: autotuning compiles end on time or fall back to the level-3 recipe; bounded knobs; GPU int8.
 
-The slow test builds a real level-4 CPU plan with a budget too small for its autotuning child:
-the child is killed, the plan is compiled without autotuning, the manifest and progress say so,
-and the plan still computes the module (fresh random data, 1e-4).
+The level-3 recipe is compiled first and the autotuning child gets what is left of the budget; a
+test with a fake 4.5 s level-3 compile and the real child checks that the whole compile ends
+within the budget (plus the kill) with the level-3 plan. The slow test builds a real level-4 CPU
+plan with a budget smaller than its level-3 compile: no child is started, a warning says so, the
+manifest and progress record it, and the plan still computes the module (fresh random data, 1e-4).
 """
 
 from __future__ import annotations
@@ -182,21 +184,23 @@ def test_int8_torch_inductor_build_on_a_gpu_is_refused_before_calibration(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_level_4_build_past_its_budget_falls_back_and_still_computes_the_module(tmp_path: Path) -> None:
+def test_a_level_4_build_whose_level_3_compile_exceeds_the_budget_keeps_it_and_still_computes_the_module(
+        tmp_path: Path) -> None:
     from streamrt import load
     from streamrt.building.module_builder import build_module
 
     net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
-    config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=6.0,
+    # 1 s: less than any real AOTInductor compile (g++ alone takes longer), so the path is the same on every machine.
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=1.0,
                          timing_cache=tmp_path / "timings", backend_options={"device": "cpu"})
     lines: list[str] = []
     built = build_module(net, [torch.randn(4, 64)], tmp_path / "m.plan", config, progress=lines.append,
                          cache_dir=tmp_path / "c")
     budget = built.manifest.build_settings["backend"]["build_budget"]
-    assert budget["seconds"] == 6.0 and budget["child_compiles"] == 1
+    assert budget["seconds"] == 1.0 and budget["child_compiles"] == 0 and budget["fallback_s"] > 1.0
     assert [e["what"] for e in budget["fell_back"]] == ["profile 1/1"]
-    assert "deadline" in budget["fell_back"][0]["why"]
-    assert any(line.startswith("build budget 6 s: autotuning passed its") for line in lines), lines
+    assert "level-3 compile alone took" in budget["fell_back"][0]["why"]
+    assert any(line.startswith("build budget 1 s: the level-3 compile alone took") for line in lines), lines
     x = torch.randn(4, 64)
     with load(built.path) as engine, engine.create_context() as ctx:
         got = ctx.infer({"input_0": x})["output_0"]

@@ -148,8 +148,7 @@ class BuildBudget:
         self.progress(f"{label}: compiling the level-3 recipe first (no autotuning): the plan kept if autotuning "
                       f"does not finish within the {self.seconds:g} s budget")
         started = time.monotonic()
-        package = with_heartbeat(lambda: self.compile_here(ep, fallback_configs(configs)), self.progress,
-                                 f"{label}: level-3 recipe")
+        package = self._level3(ep, configs, label)
         took = time.monotonic() - started
         self.fallback_s += took
         self.fallback_each_s = max(self.fallback_each_s, took)
@@ -169,7 +168,12 @@ class BuildBudget:
         self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: compiling "
                       "with the level-3 recipe (no autotuning) instead")
         self._event(label, FALLBACK_TO, why)
-        return self.compile_here(ep, fallback_configs(configs))
+        return self._level3(ep, configs, label)
+
+    def _level3(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes:
+        """The level-3 recipe of ``configs``, compiled here behind a heartbeat (it is silent for a minute or more)."""
+        return with_heartbeat(lambda: self.compile_here(ep, fallback_configs(configs)), self.progress,
+                              f"{label}: level-3 recipe")
 
     def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes | None, str]:
         """Compile in a child that must end by ``ends_at`` (monotonic); the package, or ``None`` and why not."""
