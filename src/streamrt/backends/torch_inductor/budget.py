@@ -1,16 +1,33 @@
-"""The build budget (``--build-budget-s``): autotuning compiles that end on time, or fall back.
+"""The build budget (``--build-budget-s``): a build that ends within it, autotuned when the time allows.
 
 Inductor's max-autotune cannot be stopped from inside the process once it runs, and on the H200
-a level-5 ResNet-50 build autotuned convolutions for more than 9 minutes without finishing. So a
-compile whose recipe autotunes (``max_autotune`` or ``coordinate_descent_tuning``: levels 4-5) runs
-in a child process (:mod:`._compile_child`, started through :mod:`.deadline`) on the exported
-program saved to a temporary file, with a deadline of what is left of the budget minus a reserve
-(30%, at most 120 s) kept for the fallback compile. When the child passes its deadline its process
-group is killed and the build goes on with the **level-3 recipe** (the same Inductor configs with
-``max_autotune`` and ``coordinate_descent_tuning`` off) in this process; the rest of the build
-(later profiles) uses it too, and an optional compile (level 5's second memory-format candidate)
-is skipped. The progress lines and the manifest (``build_settings.backend.build_budget``) say
-what fell back, when, and to what.
+a level-5 ResNet-50 build autotuned convolutions for more than 9 minutes without finishing. So
+each compile whose recipe autotunes (``max_autotune`` or ``coordinate_descent_tuning``: levels
+4-5) goes in two steps:
+
+1. The **level-3 recipe** (the same Inductor configs with ``max_autotune`` and
+   ``coordinate_descent_tuning`` off) is compiled first, in this process: the fast, safe plan.
+2. The autotuned compile runs in a child process (:mod:`._compile_child`, started through
+   :mod:`.deadline`) on the exported program saved to a temporary file, with a deadline of what
+   is left of the budget (less, for a build with several profiles, the level-3 compile time of
+   the profiles still to come). If it finishes, its package is kept; if not, its process group is
+   killed and the level-3 package already built is kept, with **no further compile**.
+
+Why first and not after the deadline (the earlier order): the fallback's own compile then came
+after the budget was spent (on the H200 on 2026-12-02 it started at 211 s of 300 s and had not
+finished at 300 s), so the budget did not bound the build. Why in sequence and not side by side:
+Inductor's autotuning times kernels on the device, and a concurrent compile (its compile workers
+on the CPU, Triton's pointwise autotuning on the GPU) would skew those timings, which the timing
+cache then keeps; in sequence each gets the machine to itself and the level-3 time is measured
+before the autotuning deadline is set. The cost: autotuning gets the budget minus the level-3
+compile (about 226 s of 300 s for ResNet-50 on the H200, whose level-3 compile took 74 s).
+
+Once a child has been killed (or the budget is spent) the rest of the build compiles with the
+level-3 recipe only, and an optional compile (level 5's second memory-format candidate) is
+skipped. If the level-3 compile alone takes longer than the budget, a warning says that the
+budget cannot bound this build and the plan is the level-3 one: a budget never fails a build.
+The progress lines and the manifest (``build_settings.backend.build_budget``) say what fell back,
+when, to what and why.
 
 What a killed child had already timed stays in the timing cache (Inductor writes each operator's
 autotuning result as it is measured), so the next build with the same ``--timing-cache`` starts
@@ -31,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.backends.torch_inductor.deadline import child_env, python_command, run_with_deadline
+from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
 from streamrt.errors import BuildError
 
 __all__ = ["BuildBudget", "fallback_configs", "tunes"]
@@ -38,9 +56,8 @@ __all__ = ["BuildBudget", "fallback_configs", "tunes"]
 log = logging.getLogger(__name__)
 
 CHILD_MODULE = "streamrt.backends.torch_inductor._compile_child"
-RESERVE_FRACTION = 0.3
-RESERVE_MAX_S = 120.0
 HEARTBEAT_S = 15.0
+FALLBACK_TO = "level-3 recipe (max_autotune and coordinate_descent_tuning off)"
 _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 
 
@@ -56,7 +73,7 @@ def fallback_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class BuildBudget:
-    """Seconds of autotuning left to one build, and what happened when they ran out.
+    """Seconds one build may take, and which of its compiles kept their autotuning.
 
     Example:
         >>> budget = BuildBudget(300.0, progress=print, compile_here=compile_package)   # doctest: +SKIP
@@ -74,67 +91,105 @@ class BuildBudget:
     exhausted: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     child_compiles: int = 0
+    fallback_s: float = 0.0
+    """Seconds spent on the level-3 compiles made first (kept or not)."""
+    fallback_each_s: float = 0.0
+    """The longest of those compiles: what each profile still to come is expected to need."""
 
     @property
     def spent_s(self) -> float:
         return time.monotonic() - self.started
 
-    @property
-    def reserve_s(self) -> float:
-        return min(RESERVE_FRACTION * (self.seconds or 0.0), RESERVE_MAX_S)
-
     def to_dict(self) -> dict[str, Any]:
         """What the manifest records (``build_settings.backend.build_budget``)."""
-        return {"seconds": self.seconds, "spent_s": round(self.spent_s, 1), "reserve_s": round(self.reserve_s, 1),
+        return {"seconds": self.seconds, "spent_s": round(self.spent_s, 1), "fallback_s": round(self.fallback_s, 1),
                 "child_compiles": self.child_compiles, "fell_back": list(self.events)}
 
-    def compile(self, ep: Any, configs: Mapping[str, Any], *, label: str, optional: bool = False) -> bytes | None:
-        """One ``.pt2``: autotuned within the budget, else with the fallback recipe.
+    def compile(self, ep: Any, configs: Mapping[str, Any], *, label: str, optional: bool = False,
+                later: int = 0) -> bytes | None:
+        """One ``.pt2``: autotuned if that finishes within the budget, else the level-3 one compiled first.
 
-        ``None`` only for an ``optional`` compile once the budget is spent (it is skipped)."""
+        ``later`` is how many required compiles of this build come after this one (later shape
+        profiles): the autotuning deadline leaves each of them the level-3 compile time measured
+        here. An ``optional`` compile gets no level-3 package first and returns ``None`` (it is
+        skipped) when its autotuning does not finish or the budget is spent.
+        """
         if self.seconds is None or not tunes(configs):
             return self.compile_here(ep, configs)
         if self.exhausted:
             if optional:
                 self.progress(f"build budget: {label} skipped (the {self.seconds:g} s budget is spent)")
-                self.events.append({"what": label, "to": "skipped", "after_s": round(self.spent_s, 1)})
+                self._event(label, "skipped")
                 return None
             return self._fallback(ep, configs, label, "the budget was already spent")
-        deadline = self.seconds - self.spent_s - self.reserve_s
-        if deadline <= 0:
-            self.exhausted = True
-            return self.compile(ep, configs, label=label, optional=optional)
-        package = self._in_child(ep, configs, label, deadline)
+        fallback = None if optional else self._fallback_first(ep, configs, label)
+        if self.exhausted:  # the level-3 compile alone used the budget up
+            return fallback
+        ends_at = self.started + self.seconds - later * self.fallback_each_s
+        package, why = self._in_child(ep, configs, label, ends_at)
         if package is not None:
             return package
         self.exhausted = True
         if optional:
-            self.events.append({"what": label, "to": "skipped", "after_s": round(self.spent_s, 1)})
-            self.progress(f"build budget: {label} skipped after {self.spent_s:.0f} s of {self.seconds:g} s")
+            self._event(label, "skipped", why)
+            self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label} skipped")
             return None
-        return self._fallback(ep, configs, label, f"autotuning passed its {deadline:.0f} s deadline")
+        self._event(label, FALLBACK_TO, why)
+        self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: keeping the "
+                      "level-3 recipe compiled first (no autotuning), no further compile")
+        return fallback
+
+    def _event(self, label: str, to: str, why: str | None = None) -> None:
+        event = {"what": label, "to": to, "after_s": round(self.spent_s, 1)}
+        self.events.append({**event, "why": why} if why else event)
+
+    def _fallback_first(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes:
+        """Compile the level-3 recipe here and time it; past the budget, warn and mark the budget spent."""
+        self.progress(f"{label}: compiling the level-3 recipe first (no autotuning): the plan kept if autotuning "
+                      f"does not finish within the {self.seconds:g} s budget")
+        started = time.monotonic()
+        package = self._level3(ep, configs, label)
+        took = time.monotonic() - started
+        self.fallback_s += took
+        self.fallback_each_s = max(self.fallback_each_s, took)
+        self.progress(f"{label}: level-3 recipe compiled in {took:.0f} s")
+        assert self.seconds is not None
+        if self.spent_s >= self.seconds:
+            self.exhausted = True
+            why = (f"the level-3 compile alone took {took:.1f} s ({self.spent_s:.1f} s spent) "
+                   f"of the {self.seconds:g} s budget")
+            log.warning("build budget %g s cannot bound this build: %s; %s keeps the level-3 recipe, no autotuning "
+                        "(raise --build-budget-s, or build at --optimization-level 3)", self.seconds, why, label)
+            self.progress(f"build budget {self.seconds:g} s: {why}; {label}: keeping it, no autotuning")
+            self._event(label, FALLBACK_TO, why)
+        return package
 
     def _fallback(self, ep: Any, configs: Mapping[str, Any], label: str, why: str) -> bytes:
         self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: compiling "
                       "with the level-3 recipe (no autotuning) instead")
-        self.events.append({"what": label, "to": "level-3 recipe (max_autotune and coordinate_descent_tuning off)",
-                            "after_s": round(self.spent_s, 1), "why": why})
-        return self.compile_here(ep, fallback_configs(configs))
+        self._event(label, FALLBACK_TO, why)
+        return self._level3(ep, configs, label)
 
-    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, deadline: float) -> bytes | None:
-        """Compile in a child with ``deadline``; ``None`` when it had to be killed."""
+    def _level3(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes:
+        """The level-3 recipe of ``configs``, compiled here behind a heartbeat (it is silent for a minute or more)."""
+        return with_heartbeat(lambda: self.compile_here(ep, fallback_configs(configs)), self.progress,
+                              f"{label}: level-3 recipe")
+
+    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes | None, str]:
+        """Compile in a child that must end by ``ends_at`` (monotonic); the package, or ``None`` and why not."""
         import torch
 
         with tempfile.TemporaryDirectory(prefix="streamrt-budget-") as tmp:
             folder = Path(tmp)
             try:
                 torch.export.save(ep, str(folder / "program.pt2"))
-            except Exception as exc:  # a program torch cannot serialise still builds, without a deadline
-                log.warning("build budget not enforced for %s: the exported program could not be saved (%s: %s)",
-                            label, type(exc).__name__, exc)
-                self.events.append({"what": label, "to": "in-process compile without a deadline",
-                                    "why": f"torch.export.save failed: {type(exc).__name__}"})
-                return self.compile_here(ep, configs)
+            except Exception as exc:  # autotuning cannot run where it can be stopped: the level-3 plan it is
+                log.warning("build budget: %s not autotuned, the exported program could not be saved for the "
+                            "compile process (%s: %s)", label, type(exc).__name__, exc)
+                return None, f"torch.export.save failed ({type(exc).__name__}), so autotuning could not run in a child"
+            deadline = ends_at - time.monotonic()  # the save above is inside the budget too
+            if deadline <= 0:
+                return None, "no time left for autotuning after the level-3 compile"
             job = {"program": str(folder / "program.pt2"), "configs": dict(configs), "out": str(folder / "out.pt2"),
                    "stats": str(folder / "stats.json"), "tf32": self.tf32, "cudnn_benchmark": self.cudnn_benchmark}
             (folder / "job.json").write_text(json.dumps(job))
@@ -155,7 +210,7 @@ class BuildBudget:
             done = run_with_deadline(python_command(CHILD_MODULE, str(folder / "job.json")), deadline,
                                      env=child_env(), on_line=line, heartbeat_s=HEARTBEAT_S, on_heartbeat=beat)
             if done.timed_out:
-                return None
+                return None, f"autotuning passed its {deadline:.0f} s deadline"
             if not done.ok or not (folder / "out.pt2").is_file():
                 tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
                 raise BuildError(f"AOTInductor compilation failed in the build's compile process "
@@ -167,4 +222,4 @@ class BuildBudget:
             self.misses += int(stats.get("misses", 0))
             self.progress(f"{label}: autotuned in {done.elapsed_s:.0f} s ({stats.get('hits', 0)} timing-cache hits, "
                           f"{stats.get('misses', 0)} misses)")
-            return (folder / "out.pt2").read_bytes()
+            return (folder / "out.pt2").read_bytes(), ""

@@ -196,10 +196,10 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
 
 def _compile_in_layout(
     budget: BuildBudget, ep: torch.export.ExportedProgram, configs: Mapping[str, Any], label: str,
-    memory_format: str, optional: bool,
+    later: int, memory_format: str, optional: bool,
 ) -> bytes | None:
     return budget.compile(ep, {**configs, **layout_knobs(memory_format)}, label=f"{label} {memory_format}",
-                          optional=optional)
+                          optional=optional, later=later)
 
 
 def _describe(recipe: Recipe) -> str:
@@ -301,8 +301,9 @@ def _compile(
     """One package per profile, and each profile's exported outputs (:func:`.output_specs.exported_outputs`).
 
     At ``memory_format=measure`` profile 0 decides the layout for all. Autotuning compiles run
-    under ``budget`` (:mod:`.budget`): in a child with a deadline (which reports its own
-    progress), else with the level-3 recipe; other compiles run here behind a heartbeat."""
+    under ``budget`` (:mod:`.budget`): the level-3 recipe first, then autotuning in a child with
+    the rest of the budget as its deadline (both report their own progress); other compiles run
+    here behind a heartbeat."""
     configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
     packages, layout = [], None
     exported: list[list[CompiledOutput]] = []
@@ -311,6 +312,7 @@ def _compile(
             progress(f"profile {i + 1}/{len(profiles)}: torch.export with {len(names)} inputs")
             ep = export_profiles(module, names, dtypes, profile, kind)
             exported.append(exported_outputs(ep))
+            later = len(profiles) - i - 1  # required compiles after this one: the budget keeps their level-3 time
             tuned = "autotuning kernels" if configs["max_autotune"] else "compiling kernels"
             step = f"profile {i + 1}/{len(profiles)}: AOTInductor, {tuned} for {kind}"
             progress(step)
@@ -320,7 +322,7 @@ def _compile(
                 else:
                     choose = functools.partial(
                         choose_memory_format, ep,
-                        functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}"),
+                        functools.partial(_compile_in_layout, budget, ep, configs, f"profile {i + 1}", later),
                         kind, progress,
                     )
                     choice = choose() if tunes(configs) else with_heartbeat(choose, progress, step)
@@ -328,7 +330,8 @@ def _compile(
                     configs.update(layout_knobs(choice.memory_format))
                     packages.append(choice.package)
                     continue
-            compile_step = functools.partial(budget.compile, ep, configs, label=f"profile {i + 1}/{len(profiles)}")
+            compile_step = functools.partial(budget.compile, ep, configs, label=f"profile {i + 1}/{len(profiles)}",
+                                             later=later)
             package = compile_step() if tunes(configs) else with_heartbeat(compile_step, progress, step)
             assert package is not None  # only optional compiles are skipped
             packages.append(package)
