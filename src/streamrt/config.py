@@ -130,9 +130,9 @@ class BuildConfig:
         timing_cache: a file (TensorRT) or directory (torch_inductor) keeping kernel timings
             across builds, like trtexec's ``--timingCacheFile``; ``None``: the backend's default
             under the cache directory.
-        build_budget_s: seconds the autotuning compiles of one build may take (torch_inductor
-            levels 4-5): past it the build stops autotuning and compiles the rest with the
-            level-3 recipe, and says so in its progress and manifest; ``None``: no limit.
+        build_budget_s: seconds one autotuning build may take (torch_inductor levels 4-5): the
+            level-3 recipe is compiled first, autotuning gets what is left, and past it the
+            level-3 plan is kept (said in the progress lines and the manifest); ``None``: no limit.
         backend_options: backend-specific settings, recorded in the plan (e.g. ``threads``).
         verify_shapes: run the plan at every profile's corners against ONNX Runtime fp32 before
             writing it (see :mod:`streamrt.building.verify`); ``None``: on for every backend but onnxruntime.

@@ -132,9 +132,10 @@ BUILD_OPTIONS = (
     Option("timing_cache", ("--timing-cache",), "keep kernel timings across builds here and reuse them (like "
            "trtexec --timingCacheFile): a file for tensorrt, a directory for torch_inductor",
            {"type": Path, "metavar": "PATH"}),
-    Option("build_budget_s", ("--build-budget-s",), "seconds the autotuning of one build may take (torch_inductor "
-           "levels 4-5; default 300): past it the rest is compiled without autotuning, and the build says so; "
-           "0: no limit", {"type": float, "metavar": "SECONDS"}, value=lambda v: None if v == 0 else v,
+    Option("build_budget_s", ("--build-budget-s",), "seconds one autotuning build may take (torch_inductor "
+           "levels 4-5; default 300): the level-3 recipe is compiled first and kept if autotuning does not "
+           "finish in what is left, and the build says so; 0: no limit", {"type": float, "metavar": "SECONDS"},
+           value=lambda v: None if v == 0 else v,
            text=lambda v: "0" if v is None else number_text(v)),
     Option("memory_limit_mb", ("--memory-limit",), "workspace/arena limit", {"type": int, "metavar": "MB"}),
     Option("keep_io_types", ("--no-keep-io-types",), "fp16/bf16: convert inputs/outputs too (default keeps them fp32)",
