@@ -227,12 +227,14 @@ class ScheduledModel:
         return answer
 
     async def stop(self, timeout: float) -> None:
-        """Drain the scheduler (bounded by ``timeout``; it closes the executors), then release the rest."""
-        self._started = False
+        """Drain the scheduler (bounded by ``timeout``; it closes the executors), then release the rest.
+        Requests that arrive while it drains get the scheduler's "unloading" refusal."""
         if self._scheduler is None:
+            self._started = False
             self.release()
             return
         await self._scheduler.close(timeout)
+        self._started = False
         self._release_after_scheduler()
 
     # --- descriptions -------------------------------------------------------------------------
