@@ -273,6 +273,10 @@ def part_summary(args: argparse.Namespace, run: Run) -> list[str]:
         mib = opened.get("mib_per_session_median")
         lines.append(f"| {name} | {best['fps']:.0f} ({best['sessions']}) | {flat} | {falls} | "
                      f"{opened.get('opened', '-')} | {'-' if mib is None else f'{mib:.0f}'} |")
+    for name, opened in run.data["open"].items():  # the open test alone (--variants ""): its row too
+        if not run.data["scaling"].get(name):
+            mib = opened.get("mib_per_session_median")
+            lines.append(f"| {name} | - | - | - | {opened['opened']} | {'-' if mib is None else f'{mib:.0f}'} |")
     lines += ["", f"Targets (issue 27): >= 4,000 frames/s, flat from 7 to 56 sessions, {args.open} sessions open."]
     return lines
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call for issue 27 (video detection with NVDEC at scale), each step under its own timeout
-# (90 + 100 + 60 + 230 = 480 s), each step's log under $OUT/<step>/log as it goes, everything packed
+# (180 + 100 + 60 + 230 = 570 s), each step's log under $OUT/<step>/log as it goes, everything packed
 # into $OUT/h200.tar.gz at the end (no clips, videos or files over 4 MB).
 #
 #   bash scripts/h200_video_call.sh COMMIT              # on the device machine (wheels in .whl-video/,
@@ -34,9 +34,9 @@ run() {  # run STEP TIMEOUT CMD...: log to $out/STEP/log (appended), print the t
     tail -n 25 "$out/$name/log"
 }
 
-# 1. tests (90 s): the decoder-process test first, then every gpu-marked video test
+# 1. tests (180 s): the decoder-process test first, then every gpu-marked video test
 run tests 30 python3 -m pytest -v -p no:cacheprovider tests/video/test_decode_processes.py -k nvdec_in_processes
-run tests 60 python3 -m pytest -v -p no:cacheprovider -m gpu tests/video
+run tests 150 python3 -m pytest -v -p no:cacheprovider -m gpu tests/video --timeout 140
 # 2. NVDEC scaling (100 s): 4 processes, counted in the workers vs handed over by CUDA IPC
 run nvdec 100 python3 scripts/gpu_nvdec_scaling.py "$out/nvdec" --clips "$clips" --sessions 14,28,56 \
     --variants primary+reuse+p4,primary+reuse+ipc4 --open-variants "" --budget 90
