@@ -94,7 +94,10 @@ def test_qdq_matches_onnxruntime(qdq_model: onnx.ModelProto) -> None:
         with torch.no_grad():
             (got,) = module(torch.from_numpy(x))
         np.testing.assert_allclose(got.numpy(), _ort(qdq_model, x, optimize=False), rtol=0, atol=1e-5)
-        assert np.abs(got.numpy() - _ort(qdq_model, x, optimize=True)).max() <= 2 * step + 1e-6
+        # The exact reference is the unoptimized graph above. With its optimizations ONNX Runtime fuses
+        # DQ->op->Q into int8 kernels that re-round at every layer; on fresh random data that has been
+        # up to 4 output steps apart (a fresh-machine run, 2026-12-02), so the bound is 6 steps.
+        assert np.abs(got.numpy() - _ort(qdq_model, x, optimize=True)).max() <= 6 * step + 1e-6
 
 
 def test_qdq_exports_with_dynamic_batch(qdq_model: onnx.ModelProto, tmp_path: Path) -> None:
