@@ -261,22 +261,21 @@ def part_summary(args: argparse.Namespace, run: Run) -> list[str]:
     """Each variant against the targets: >= 4,000 frames/s, flat (never falling) from 7 sessions on, 200 open."""
     lines = ["| variant | best frames/s (sessions) | from 7 sessions on: lowest / highest | falls past its best | "
              "opened | MiB per session |", "|---|---|---|---|---:|---:|"]
-    for name, rows in run.data["scaling"].items():
-        if not rows:
-            continue
-        best = max(rows, key=lambda r: r["fps"])
-        late = [r["fps"] for r in rows if r["sessions"] >= 7]
-        flat = f"{min(late):.0f} / {max(late):.0f}" if late else "-"
-        after = [r["fps"] for r in rows if r["sessions"] > best["sessions"]]
-        falls = f"yes, to {min(after):.0f}" if after and min(after) < 0.9 * best["fps"] else "no"
+    for name in {**run.data["scaling"], **run.data["open"]}:  # a variant of the open test alone has a row too
+        rows = run.data["scaling"].get(name) or []
         opened = run.data["open"].get(name, {})
+        if not rows and not opened:
+            continue
+        measured = "- | - | -"
+        if rows:
+            best = max(rows, key=lambda r: r["fps"])
+            late = [r["fps"] for r in rows if r["sessions"] >= 7]
+            flat = f"{min(late):.0f} / {max(late):.0f}" if late else "-"
+            after = [r["fps"] for r in rows if r["sessions"] > best["sessions"]]
+            falls = f"yes, to {min(after):.0f}" if after and min(after) < 0.9 * best["fps"] else "no"
+            measured = f"{best['fps']:.0f} ({best['sessions']}) | {flat} | {falls}"
         mib = opened.get("mib_per_session_median")
-        lines.append(f"| {name} | {best['fps']:.0f} ({best['sessions']}) | {flat} | {falls} | "
-                     f"{opened.get('opened', '-')} | {'-' if mib is None else f'{mib:.0f}'} |")
-    for name, opened in run.data["open"].items():  # the open test alone (--variants ""): its row too
-        if not run.data["scaling"].get(name):
-            mib = opened.get("mib_per_session_median")
-            lines.append(f"| {name} | - | - | - | {opened['opened']} | {'-' if mib is None else f'{mib:.0f}'} |")
+        lines.append(f"| {name} | {measured} | {opened.get('opened', '-')} | {'-' if mib is None else f'{mib:.0f}'} |")
     lines += ["", f"Targets (issue 27): >= 4,000 frames/s, flat from 7 to 56 sessions, {args.open} sessions open."]
     return lines
 

@@ -61,10 +61,4 @@ for group in "${wanted[@]}"; do
     wait
 done
 rm -rf "$out"/zoo/plans
-# Only what reports come back (files back are at most 16 MiB each): no plans, models or videos.
-find "$out" -type f \( -name '*.plan' -o -name '*.onnx' -o -name '*.pt2' -o -name '*.mp4' -o -name '*.npz' \
-    -o -name '*.npy' -o -name '*.avi' -o -name '*.h264' \) -delete
-find "$out" -type f -size +4M -printf 'dropped (over 4 MB): %p %s\n' -delete
-tar -czf /tmp/h200.tar.gz -C "$out" . && mv /tmp/h200.tar.gz "$out/h200.tar.gz"
-find "$out" -mindepth 1 -maxdepth 1 ! -name h200.tar.gz -exec rm -rf {} +
-ls -la "$out"
+bash "$(dirname "$0")/h200_pack.sh" "$out"

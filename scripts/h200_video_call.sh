@@ -48,9 +48,4 @@ run open 60 python3 scripts/gpu_nvdec_scaling.py "$out/open" --clips "$clips" --
 run video 230 python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" --decode-processes 4 \
     --streams 100,150,200 --admission queue --parts 2,3,5 --budget 215
 [ -n "$dry" ] && exit 0
-find "$out" -type f \( -name '*.plan' -o -name '*.onnx' -o -name '*.pt2' -o -name '*.mp4' -o -name '*.npz' \
-    -o -name '*.npy' -o -name '*.avi' -o -name '*.h264' \) -delete
-find "$out" -type f -size +4M -printf 'dropped (over 4 MB): %p %s\n' -delete
-tar -czf /tmp/h200.tar.gz -C "$out" . && mv /tmp/h200.tar.gz "$out/h200.tar.gz"
-find "$out" -mindepth 1 -maxdepth 1 ! -name h200.tar.gz -exec rm -rf {} +
-ls -la "$out"
+bash "$(dirname "$0")/h200_pack.sh" "$out"

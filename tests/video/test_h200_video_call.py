@@ -1,0 +1,41 @@
+"""The issue-27 H200 call script (scripts/h200_video_call.sh) on the CPU: its dry run names scripts and
+flags that exist, and its packing step (scripts/h200_pack.sh) keeps the reports and drops the rest."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path) -> None:
+    out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path)})
+    commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
+    assert len(commands) == 5, out.stdout
+    for command in commands:
+        words = shlex.split(command)
+        script = next(w for w in words if w.endswith(".py") or w.startswith("tests/"))
+        assert (ROOT / script).exists(), script
+        if script.startswith("scripts/"):  # every flag is one the script's parser knows
+            help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                                       cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": f"{ROOT}/src"}).stdout
+            flags = [w for w in words if w.startswith("--")]
+            assert flags and all(flag in help_text for flag in flags), (script, flags)
+
+
+def test_pack_keeps_reports_and_drops_videos_and_large_files(tmp_path: Path) -> None:
+    (tmp_path / "video").mkdir()
+    (tmp_path / "video" / "report.md").write_text("# report\n")
+    (tmp_path / "video" / "clip.mp4").write_bytes(b"x" * 100)
+    (tmp_path / "video" / "big.log").write_bytes(b"x" * (5 * 2**20))
+    subprocess.run(["bash", "scripts/h200_pack.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["h200.tar.gz"]
+    with tarfile.open(tmp_path / "h200.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert "report.md" in names and "clip.mp4" not in names and "big.log" not in names
