@@ -111,7 +111,7 @@ def test_rows_copied_straight_from_locked_shared_memory(requests: int) -> None:
     device = get_device("cuda")
     stream = device.stream("pinnable")
     rng = np.random.default_rng()
-    item = (3, 64, 64)
+    item = (3, 128, 128)  # 192 KiB a row: every part is past DIRECT_MIN_BYTES, and they cross 1 MiB chunks
     rows = [2, 1, 3][:requests]
     parts, offset = [], 4096 + 64
     for n in rows:

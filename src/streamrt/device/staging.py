@@ -378,13 +378,13 @@ PINNABLE = PinnableMemory()
 """The process's offered memory (the front-end arenas of the engine process)."""
 
 DIRECT_MIN_BYTES = 64 * 1024
+"""A batch of several requests is copied part by part only when each part has at least this many bytes
+(many small copies cost more than one gather and one copy)."""
 
 DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "") == "1"
 """Whether the server's CUDA instances use :func:`rows_to_device` (``STREAMRT_DIRECT_HOST_COPIES=1``).
-Off by default until it has run on a GPU: page-locking front-end arenas and shared-memory mappings
-with ``cudaHostRegister`` is tested on the CPU only (2026-12-02)."""
-"""A batch of several requests is copied part by part only when each part has at least this many bytes
-(many small copies cost more than one gather and one copy)."""
+Off by default: page-locking front-end arenas and shared-memory mappings with ``cudaHostRegister``
+hung on the H200 on 2026-12-02 (docs/benchmarks/2026-12-02-h200-session2.md)."""
 
 
 def rows_to_device(parts: Sequence[np.ndarray], device: Device, stream: StreamLike | None, *,

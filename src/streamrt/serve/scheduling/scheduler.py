@@ -163,7 +163,7 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         self._wakeup.set()
         if isinstance(result, BaseException):
             log.warning("model '%s': a batch of %d requests failed on %s: %s", self.name, len(batch),
-                        instance.name, result)
+                        instance.name, result, exc_info=result)  # the stack: where in the instance it failed
             for item in batch:
                 self._fail(item.payload, result)
             return
