@@ -232,14 +232,16 @@ def _admission(detector: DetectorModel, sources: list[Any], batch: int, state: d
 
 
 def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: dict[str, Any] | None = None,
-           admission: str = "off", quick: bool = False) -> tuple[RunReport, float | None]:
+           admission: str = "off", quick: bool = False, reader: str = "auto") -> tuple[RunReport, float | None]:
+    live_reader, ahead = READERS[reader]
     """Camera-paced live streams (each on its own thread behind a drop-oldest queue, served round-robin:
     under overload every stream drops evenly and latency stays bounded), admitted from measured capacity."""
     calls = -(-len(sources) // detector.max_batch)
     batch = -(-len(sources) // calls)
     config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
                                                   cuda_graphs=True),
-                          batch=batch, paced=True, live=True, queue_depth=2, fps=FPS,
+                          batch=batch, paced=True, live=True, queue_depth=2, fps=FPS, live_reader=live_reader,
+                          calls_ahead=ahead,
                           max_frames=int(seconds * FPS) + 15, warmup_frames=15)
     plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick)
     print(f"  admission: {plan.message}", flush=True)
@@ -263,41 +265,60 @@ def _binding(report: RunReport, nvdec_util: float | None, bound: float | None) -
     return f"{neck[0]} ({100 * neck[1]:.0f}%)" if neck else "-"
 
 
+# How part 2 reads live streams and fills engine calls (DetectConfig.live_reader, calls_ahead): the default,
+# and the ways before it, run beside it at the counts of --baselines-at.
+READERS = {"auto": ("auto", None), "threads": ("threads", None), "no-hold": ("auto", 1 << 30),
+           "before": ("threads", 1 << 30)}
+
+
+def _sweep_points(counts: list[int], baselines_at: list[int], baselines: list[str]) -> list[tuple[int, str]]:
+    """(streams, reader) in order: each count with the default reader (``auto``: one thread for a decoder
+    pool's streams, part-filled calls held while 2 are in flight) and the ``baselines`` beside it at the
+    counts in ``baselines_at``."""
+    return [(n, r) for n in counts for r in ["auto", *(baselines if n in baselines_at else [])]]
+
+
 def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: int, state: dict[str, Any],
-               budget: Budget, dec: Decoders, admission: str = "off") -> list[str]:
+               budget: Budget, dec: Decoders, admission: str = "off", baselines_at: list[int] | None = None,
+               baselines: list[str] | None = None) -> list[str]:
     detector = _detector(state)
     bound = state.get("nvdec_bound_fps")
     lines = [f"Detector built in {state['detector_s']:.0f} s ({detector.backend}, batch <= {detector.max_batch}). "
              f"Live streams (DetectConfig(live=True), drop-oldest queues of 2), admission {admission} from measured "
-             "capacity (decode: part 1's bound; engine: measured at the run's batch).", "",
-             "| streams | fit (admission) | ran | batch | offered FPS | achieved FPS | dropped | drops per stream "
-             "min / max | p50 ms | p99 ms | sustained | NVDEC busy | binding resource |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---|"]
+             "capacity (decode: part 1's bound; engine: measured at the run's batch). Reader: `auto` = one thread for "
+             "a decoder pool's streams (LiveGroup) and part-filled calls held while 2 are in flight; `threads` = a "
+             "LiveStream thread per stream; `no-hold` = no holding; `before` = both, as before 2026-12-02. "
+             "frames/call = frames per engine call (a CUDA call runs the full batch however few fill it).", "",
+             "| streams | reader | fit (admission) | ran | batch | offered FPS | achieved FPS | frames/call | "
+             "dropped | drops per stream min / max | p50 ms | p99 ms | sustained | NVDEC busy | binding resource |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---|"]
     failures = 0
-    for n in counts:
+    for n, reader in _sweep_points(counts, baselines_at or [], baselines or []):
         if budget.left < seconds + 40:
-            lines.append(f"| {n} | | | | | | | | | | skipped: time budget | | |")
+            lines.append(f"| {n} | {reader} | | | | | | | | | | | skipped: time budget | | |")
             continue
         try:
             with dec.pool([clips[i % len(clips)] for i in range(n)], workers=workers, depth=4, loop=True) as pool:
-                report, util = _paced(detector, list(pool.sources()), seconds, state, admission, dec.quick)
+                report, util = _paced(detector, list(pool.sources()), seconds, state, admission, dec.quick, reader)
         except Exception as exc:  # 150 sessions that cannot open: this row fails, the sweep goes on
-            lines.append(_error_row(13, n, exc, state, "part 2"))
+            lines.append(_error_row(14, f"{n} | {reader}", exc, state, "part 2"))
             failures += 1
             if failures >= 2:
                 break
             continue
-        state.setdefault("sweep", []).append({**report.to_dict(), "nvdec_util": util})
+        state.setdefault("sweep", []).append({**report.to_dict(), "nvdec_util": util, "reader": reader})
         busy = f"{100 * util:.0f}%" if util is not None else "n/a"
-        lines.append(f"| {n} | {report.admission['fit']} | {report.admission['admitted']} | {report.batch} | "
-                     f"{n * FPS:.0f} | {report.fps:.1f} | {report.dropped} | {_drops(report)} | "
-                     f"{_lat(report, 'p50')} | {_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | "
-                     f"{busy} | {_binding(report, util, bound)} |")
+        lines.append(f"| {n} | {reader} | {report.admission['fit']} | {report.admission['admitted']} | "
+                     f"{report.batch} | {n * FPS:.0f} | {report.fps:.1f} | {report.frames_per_call:.1f} | "
+                     f"{report.dropped} | {_drops(report)} | {_lat(report, 'p50')} | {_lat(report, 'p99')} | "
+                     f"{'yes' if report.sustained else 'no'} | {busy} | {_binding(report, util, bound)} |")
         print(lines[-1], flush=True)
+        if reader != "auto":
+            continue  # a baseline beside the default: it does not end the sweep
         failures = 0 if report.sustained else failures + 1
         if failures >= 2:
             break
-    sustained = [r for r in state.get("sweep", []) if r["sustained"]]
+    sustained = [r for r in state.get("sweep", []) if r["sustained"] and r["reader"] == "auto"]
     lines.append("")
     if sustained:
         top = max(sustained, key=lambda r: r["admission"]["admitted"])
@@ -399,7 +420,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     from streamrt.video.hybrid import HybridDecode, measure_cpu_decode
 
     detector = _detector(state)
-    sweep = state.get("sweep", [])
+    sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
     failed = [r["sources"] for r in sweep if not r["sustained"]]
     n = min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50)
     if dec.quick:
@@ -468,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admission", choices=ADMISSION_MODES, default="off",
                         help="part 2: refuse or queue the streams that do not fit the measured capacity, or run all "
                              "(off: the overload behaviour, every stream dropping evenly)")
+    parser.add_argument("--baselines-at", default="", metavar="N,..",
+                        help="stream counts of part 2 also run with the --baselines readers beside the default")
+    parser.add_argument("--baselines", default="before", metavar="NAME,..",
+                        help=f"part 2's other readers: {', '.join(r for r in READERS if r != 'auto')}")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
@@ -479,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
               "--device cpu --quick is the CPU smoke run", file=sys.stderr)
         return 2
     if args.quick:
-        args.decoders, args.streams, args.duration, args.path_streams = "1,2", "2,3", 1.0, 2
+        args.decoders, args.streams, args.duration, args.path_streams, args.baselines_at = "1,2", "2,3", 1.0, 2, "2"
     clips = sorted(args.clips.glob("*.mp4"))
     if not clips and not dec.cuda:
         clips = _smoke_clips(args.out / "clips")
@@ -498,11 +523,15 @@ def main(argv: list[str] | None = None) -> int:
            "clips": ", ".join(f"{c.name} ({c.stat().st_size / 1e6:.1f} MB)" for c in clips)}
     state: dict[str, Any] = {}
     ints = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    names = lambda text: [v.strip() for v in text.split(",") if v.strip()]  # noqa: E731
+    if unknown_readers := [r for r in names(args.baselines) if r not in READERS]:
+        print(f"unknown readers {unknown_readers}; readers are {', '.join(READERS)}", file=sys.stderr)
+        return 2
     parts: dict[str, tuple[str, float, Callable[[], list[str]]]] = {
         "1": ("1. NVDEC alone", 30, lambda: part_nvdec(clips, ints(args.decoders), state, dec)),
         "2": ("2. Decode-included camera-paced streams at 30 FPS (NVDEC -> fused NV12 pre -> engine -> NMS)", 120,
               lambda: part_sweep(clips, ints(args.streams), args.duration, args.workers, state, budget, dec,
-                                 args.admission)),
+                                 args.admission, ints(args.baselines_at), names(args.baselines))),
         "3": ("3. GPU decode vs CPU decode vs raw frames (same detector, same clips)", 60,
               lambda: part_paths(clips, args.path_streams, 20 if args.quick else 150, state, dec)),
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,

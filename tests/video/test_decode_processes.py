@@ -176,16 +176,36 @@ def test_nvdec_in_processes_gives_the_in_process_pools_pictures() -> None:
             out.append(got)
         return out
 
+    def read_ready(pool: Any) -> list[list[tuple[Any, Any]]]:
+        """The same pictures taken all streams at once (what a LiveGroup reads)."""
+        out: list[list[tuple[Any, Any]]] = [[] for _ in paths]
+        deadline = time.monotonic() + 60
+        while min(len(got) for got in out) < frames and time.monotonic() < deadline:
+            ready = pool.take_ready([i for i, got in enumerate(out) if len(got) < frames])
+            assert not ready.failed and not ready.ended
+            for index, picture, pts in ready.taken:
+                assert picture.is_cuda and picture.dtype == torch.uint8
+                out[index].append((picture.cpu(), pts))
+        return out
+
     with NvdecPool(paths, workers=2) as pool:
         ours = read(pool)
+    with NvdecPool(paths, workers=2) as pool:
+        ours_ready = read_ready(pool)
     with ProcessDecodePool(paths, processes=2, kind="nvdec", slots=4) as procs:
         theirs = read(procs)
         pids = procs.pids
+    with ProcessDecodePool(paths, processes=2, kind="nvdec", slots=4) as procs:
+        theirs_ready = read_ready(procs)
+        pids += procs.pids
     assert _gone(pids)
-    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        assert [p for _, p in a] == [p for _, p in b], f"stream {i}: time stamps differ"
-        for k, ((x, _), (y, _)) in enumerate(zip(a, b, strict=True)):
-            assert torch.equal(x, y), f"stream {i} frame {k}: {int((x.int() - y.int()).abs().max())} levels apart"
+    for name, other in (("decoder processes", theirs), ("in-process take_ready", ours_ready),
+                        ("decoder processes' take_ready", theirs_ready)):
+        for i, (a, b) in enumerate(zip(ours, other, strict=True)):
+            assert [p for _, p in a] == [p for _, p in b], f"{name}, stream {i}: time stamps differ"
+            for k, ((x, _), (y, _)) in enumerate(zip(a, b, strict=True)):
+                assert torch.equal(x, y), \
+                    f"{name}, stream {i} frame {k}: {int((x.int() - y.int()).abs().max())} levels apart"
 
 
 def test_detect_refuses_decoder_processes_without_nvdec(clips: list[Path], capsys: pytest.CaptureFixture[str]) -> None:

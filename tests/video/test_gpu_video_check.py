@@ -38,7 +38,8 @@ def test_cpu_smoke_run_runs_every_part(tmp_path: Path) -> None:
         assert f"## {n}. " in report
     assert "| GPU decode (CPU stand-in for NVDEC (OpenCV)) |" in report and "| raw frames (pre-decoded" in report
     data = json.loads((out / "gpu_video_check.json").read_text())
-    assert len(data["paths"]) == 3 and len(data["sweep"]) == 2 and "failed" not in data
+    assert len(data["paths"]) == 3 and "failed" not in data
+    assert [r["reader"] for r in data["sweep"]] == ["auto", "before", "auto"]  # --quick: the old way beside at 2
 
 
 def _script() -> Any:
@@ -75,4 +76,4 @@ def test_a_decoder_pool_that_cannot_open_fails_its_row_only(clips: list[Path], m
     sweep = check.part_sweep(clips, [3, 2], 0.3, 1, state, check.Budget(600), dec)
     assert sum("FAILED" in line for line in sweep) == 1 and len(state["sweep"]) == 1  # after the failure: next point
     assert [f.split(":")[0] for f in state["failed"]] == ["part 3 GPU decode (CPU stand-in for NVDEC (OpenCV))",
-                                                          "part 2 3"]
+                                                          "part 2 3 | auto"]

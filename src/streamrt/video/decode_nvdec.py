@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 from streamrt._optional import require
 from streamrt.errors import ConfigError
+from streamrt.video.live_group import ReadyPictures
 from streamrt.video.sources import SourceError, SourceInfo
 
 __all__ = ["CONTEXTS", "NvdecOptions", "NvdecPool", "NvdecSource", "measure_nvdec", "nvdec_available",
@@ -282,6 +283,11 @@ class NvdecSource:
     def info(self) -> SourceInfo:
         return self._info
 
+    @property
+    def pool_lane(self) -> tuple[_Lanes, int]:
+        """Its pool and its index there (:func:`~streamrt.video.live_group.shared_lanes` reads many at once)."""
+        return self._pool, self._index
+
     def read(self) -> Any:
         item = self._pool._take(self._index)
         if item is None:
@@ -429,6 +435,26 @@ class NvdecPool:
         if lane.error is not None:
             raise SourceError(f"NVDEC failed on {lane.session.path}: {type(lane.error).__name__}: {lane.error}")
         return None
+
+    def take_ready(self, indices: Sequence[int]) -> ReadyPictures:
+        """The next decoded picture of each of ``indices`` that has one, without waiting, and which of the
+        others ended or failed (:class:`~streamrt.video.live_group.LiveGroup` reads the streams this way:
+        one lock for the set and no reader thread per stream)."""
+        ready = ReadyPictures()
+        with self._cond:
+            for index in indices:
+                lane = self._lanes[index]
+                if lane.queue:
+                    picture, _, pts = lane.queue.popleft()
+                    ready.taken.append((index, picture, pts))
+                elif lane.error is not None:
+                    ready.failed[index] = (f"NVDEC failed on {lane.session.path}: "
+                                           f"{type(lane.error).__name__}: {lane.error}")
+                elif lane.finished or self._stop.is_set():
+                    ready.ended.append(index)
+            if ready.taken:
+                self._cond.notify_all()  # the decoder threads: room in those queues
+        return ready
 
     def close(self) -> None:
         self._stop.set()

@@ -52,6 +52,7 @@ from typing import Any
 
 from streamrt.errors import ConfigError
 from streamrt.video.decode_nvdec import NvdecOptions, NvdecSource
+from streamrt.video.live_group import ReadyPictures
 from streamrt.video.sources import SourceError, SourceInfo
 
 __all__ = ["KINDS", "ProcessDecodePool"]
@@ -263,6 +264,10 @@ def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, comman
                 lane.thread.start()
             elif op == "free" and stream in lanes:
                 lanes[stream].free.put(command[2])
+            elif op == "free_many":  # (stream, slot) pairs of several streams, handed back together
+                for index, slot in command[1]:
+                    if index in lanes:
+                        lanes[index].free.put(slot)
             elif op == "remove" and stream in lanes:
                 lanes.pop(stream).stop()
     finally:
@@ -342,6 +347,7 @@ class ProcessDecodePool:
         self._replies: dict[int, tuple[Any, ...]] = {}
         self._dead: dict[int, str] = {}
         self._closing = False
+        self._copy_stream: Any = None  # take_ready's (CUDA pools)
         self._exited = threading.Event()
         for proc, (_, theirs) in zip(self._procs, pipes, strict=True):
             proc.start()
@@ -474,6 +480,45 @@ class ProcessDecodePool:
                     raise SourceError(f"no picture of {lane.path.name} from decoder process {lane.worker} in "
                                       f"{self._timeout:.0f} s", hint="the worker is stuck or overloaded")
                 lane.wake.wait(left)
+
+    def take_ready(self, indices: Sequence[int]) -> ReadyPictures:
+        """One announced picture of each of ``indices`` that has one, copied out together, without waiting;
+        and which of the others ended or failed.
+
+        What :class:`~streamrt.video.live_group.LiveGroup` reads: one copy stream, one synchronisation and
+        one ``free_many`` message per worker for the whole set, where :meth:`_take` costs every picture a
+        reader thread, a synchronisation and a message (100 streams: 3,000 of each per second).
+        """
+        import torch
+
+        ready, picked = ReadyPictures(), []
+        with self._cond:
+            for index in indices:
+                lane = self._lanes[index]
+                if lane.ready and lane.ring is not None:
+                    slot, pts = lane.ready.popleft()
+                    picked.append((index, lane.worker, lane.ring, slot, pts))
+                elif lane.error is not None:
+                    ready.failed[index] = f"decoding {lane.path.name} failed: {lane.error}"
+                elif lane.finished or self._closing:
+                    ready.ended.append(index)
+        if not picked:
+            return ready
+        if self.kind == "cpu":
+            pictures = [ring[slot].clone() for _, _, ring, slot, _ in picked]
+        else:
+            if self._copy_stream is None:  # high priority: a copy-out is never queued behind the engine
+                self._copy_stream = torch.cuda.Stream(device=self._gpu, priority=-1)
+            with torch.cuda.stream(self._copy_stream):
+                pictures = [ring[slot].clone() for _, _, ring, slot, _ in picked]
+            self._copy_stream.synchronize()  # every copy done before the workers may overwrite the slots
+        frees: dict[int, list[tuple[int, int]]] = {}
+        for index, worker, _, slot, _ in picked:
+            frees.setdefault(worker, []).append((index, slot))
+        for worker, items in frees.items():
+            self._send(worker, ("free_many", items), quiet=True)
+        ready.taken = [(index, picture, pts) for (index, _, _, _, pts), picture in zip(picked, pictures, strict=True)]
+        return ready
 
     def _copy_out(self, index: int, slot: int) -> Any:
         """Slot ``slot`` of stream ``index`` copied into a picture of its own; the slot handed back."""

@@ -60,6 +60,12 @@ class RunReport:
     per_source: list[dict[str, Any]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)  # hybrid decode: pools, capacities, moves
     admission: dict[str, Any] = field(default_factory=dict)  # admission control: the line, counts, capacity
+    calls: int = 0  # engine calls while measuring (frames / calls: how full the batches were)
+
+    @property
+    def frames_per_call(self) -> float:
+        """Frames per engine call over the measured window (the batch is ``batch`` however few are filled)."""
+        return self.frames / self.calls if self.calls else 0.0
 
     @property
     def fps(self) -> float:
@@ -74,7 +80,7 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("trace")
-        out.update(fps=self.fps, sustained=self.sustained)
+        out.update(fps=self.fps, sustained=self.sustained, frames_per_call=self.frames_per_call)
         return out
 
     def format_text(self) -> str:

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from streamrt.pipeline.executor import Pipeline
 from streamrt.pipeline.stage import Result
 from streamrt.video.admission import Admission
 from streamrt.video.live import LiveStream
+from streamrt.video.live_group import GroupedStream, LiveGroup, shared_lanes
 from streamrt.video.model import DetectorModel
 from streamrt.video.report import RunReport, latency_stats
 from streamrt.video.sources import FrameSource
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 
 OnResult = Callable[[Frame, Detections], None]
 Progress = Callable[[int, int | None], None]
+
+
+LIVE_READERS = ("auto", "threads", "group")
+"""How live streams may be read (:attr:`DetectConfig.live_reader`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,12 @@ class DetectConfig:
             under overload every stream drops the same share and latency stays bounded. Without it,
             the lock-step tick of the module docstring.
         queue_depth: frames each live stream holds for the pipeline.
+        live_reader: how live streams are read: ``threads`` (a :class:`~streamrt.video.live.LiveStream`
+            thread per source), ``group`` (one :class:`~streamrt.video.live_group.LiveGroup` thread for
+            streams of one decoder pool), ``auto`` (the group where the sources allow it).
+        calls_ahead: live streams: a part-filled engine call starts only when fewer than this many calls
+            are in flight (meanwhile more frames come). None: 2 on a CUDA engine, whose calls run the full
+            batch however few frames fill it; no wait on a CPU engine, whose calls run only the frames given.
     """
 
     postprocess: PostprocessConfig = field(default_factory=PostprocessConfig)
@@ -82,8 +94,14 @@ class DetectConfig:
     use_triton: bool | None = None
     live: bool = False
     queue_depth: int = 2
+    live_reader: str = "auto"
+    calls_ahead: int | None = None
 
     def __post_init__(self) -> None:
+        if self.live_reader not in LIVE_READERS:
+            raise ConfigError(f"live_reader must be one of {', '.join(LIVE_READERS)}, got {self.live_reader!r}")
+        if self.calls_ahead is not None and self.calls_ahead < 1:
+            raise ConfigError(f"calls_ahead must be >= 1, got {self.calls_ahead}")
         if self.queue_depth < 1:
             raise ConfigError(f"queue_depth must be >= 1, got {self.queue_depth}")
         if self.batch < 0:
@@ -139,6 +157,7 @@ class _Tally:
     done_s: list[float] = field(default_factory=list)  # completion time of every measured frame
     frames: int = 0
     detections: int = 0
+    calls: int = 0  # engine calls (pipeline items) while measuring: frames / calls is how full the batches were
     measuring: bool = True
     last: float = 0.0
 
@@ -162,6 +181,7 @@ class _Tally:
 def _submit(pipe: Pipeline, tally: _Tally, chunk: list[Frame]) -> None:
     for frame in chunk:
         tally.pending[(frame.source, frame.index)] = frame
+    tally.calls += tally.measuring
     pipe.submit(chunk)
     for result in pipe.poll():
         tally.handle(result)
@@ -203,32 +223,58 @@ def _camera_paced(pipe: Pipeline, mux: _Mux, tally: _Tally, fps: float) -> int:
         tick += 1
 
 
-def _live(pipe: Pipeline, streams: list[LiveStream], tally: _Tally, batch: int, running: list[int],
-          waiting: list[int]) -> None:
-    """Serve live streams round-robin, one frame per stream per turn, ``batch`` frames per call.
+def _live_streams(sources: Sequence[FrameSource], config: DetectConfig, fps: float, wake: threading.Condition,
+                  first: list[int]) -> Sequence[LiveStream | GroupedStream]:
+    """The live streams of a run: one :class:`~streamrt.video.live_group.LiveGroup` thread for streams of one
+    decoder pool (``live_reader`` auto or group), else a :class:`~streamrt.video.live.LiveStream` thread each."""
+    limits = [None if config.max_frames is None else config.max_frames - first[i] for i in range(len(sources))]
+    shared = shared_lanes(sources) if config.live_reader != "threads" else None
+    if shared is not None:
+        pool, lanes = shared
+        return LiveGroup(pool, lanes, [s.info for s in sources], fps=fps, depth=config.queue_depth, wake=wake,
+                         first_index=first, max_frames=limits).streams
+    if config.live_reader == "group":
+        raise ConfigError("live_reader='group' needs every source to be a stream of one decoder pool",
+                          hint="open the sources with NvdecPool or ProcessDecodePool, or use live_reader='auto'")
+    return [LiveStream(s, fps=fps, depth=config.queue_depth, wake=wake, first_index=first[i], max_frames=limits[i])
+            for i, s in enumerate(sources)]
 
-    A turn starts after the stream served last, so no stream is favoured by its position. When a
-    stream ends, the first ``waiting`` one (admission ``queue``) starts in its place.
+
+def _live(pipe: Pipeline, streams: Sequence[LiveStream | GroupedStream], tally: _Tally, batch: int, running: list[int],
+          waiting: list[int], ahead: int) -> None:
+    """Serve live streams round-robin, one frame per stream per turn, up to ``batch`` frames per call.
+
+    A turn starts after the stream served last, so no stream is favoured by its position. The engine
+    runs its full batch however few frames fill it, so a part-filled call starts only when fewer than
+    ``ahead`` calls are in flight (the GPU would soon run dry); until then the frames taken wait in
+    hand while the next turns add to them. When a stream ends, the first ``waiting`` one (admission
+    ``queue``) starts in its place.
     """
     wake = streams[0].wake
     for i in running:
         streams[i].start()
     turn = 0
-    while running:
-        chunk: list[Frame] = []
-        served = -1
+    held: list[Frame] = []
+    while running or held:
+        took = False
+        served = turn - 1
         for k in range(len(running)):
+            if len(held) == batch:
+                break
             pos = (turn + k) % len(running)
             got = streams[running[pos]].take()
             if got is not None:
-                chunk.append(Frame(running[pos], got.index, got.image, got.captured))
-                served = pos
-                if len(chunk) == batch:
-                    break
-        if chunk:
-            turn = served + 1
-            _submit(pipe, tally, chunk)
+                held.append(Frame(running[pos], got.index, got.image, got.captured))
+                served, took = pos, True
+        turn = served + 1
+        for result in pipe.poll():
+            tally.handle(result)
+        if held and (len(held) == batch or pipe.in_flight < ahead or not running):
+            _submit(pipe, tally, held)
+            held = []
             continue
+        if took:
+            continue  # more may have come meanwhile
         ended = [i for i in running if streams[i].done]
         for i in ended:
             running.remove(i)
@@ -237,8 +283,6 @@ def _live(pipe: Pipeline, streams: list[LiveStream], tally: _Tally, batch: int, 
                 log.info("stream %s ended; starting queued stream %s", streams[i].info.name, streams[nxt].info.name)
                 running.append(nxt)
                 streams[nxt].start()
-        for result in pipe.poll():
-            tally.handle(result)
         if not ended:
             with wake:
                 wake.wait(timeout=0.002)
@@ -309,12 +353,10 @@ def run_detection(
         if config.paced and config.live:
             running = list(admission.admitted) if admission is not None else list(range(len(sources)))
             waiting = list(admission.queued) if admission is not None else []
-            wake = threading.Condition()
-            streams = [LiveStream(s, fps=fps, depth=config.queue_depth, wake=wake, first_index=mux.read[i],
-                                  max_frames=None if config.max_frames is None else config.max_frames - mux.read[i])
-                       for i, s in enumerate(sources)]
+            streams = _live_streams(sources, config, fps, threading.Condition(), mux.read)
             try:
-                _live(pipe, streams, tally, batch, running, waiting)
+                ahead = config.calls_ahead or (2 if workload.cuda else sys.maxsize)
+                _live(pipe, streams, tally, batch, running, waiting, ahead)
             finally:
                 for stream in streams:
                     stream.stop()  # the caller closes the sources
@@ -340,7 +382,7 @@ def run_detection(
         device=model.device, sources=len(sources), frame_size=f"{w}x{h}", batch=batch, frames=tally.frames,
         wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
-        detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source,
+        detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source, calls=tally.calls,
         window_fps=window_rates(tally.done_s),
         admission={} if admission is None else {"message": admission.message, "admitted": len(admission.admitted),
                                                 "queued": len(admission.queued), "refused": len(admission.refused),

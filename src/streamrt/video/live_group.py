@@ -1,0 +1,251 @@
+"""Live streams of one decoder pool, paced by one thread: no reader thread per camera.
+
+A :class:`~streamrt.video.live.LiveStream` gives every camera a thread that blocks in ``read()``.
+That is what a CPU decoder needs (the thread *is* the decoder), but a decoder pool
+(:class:`~streamrt.video.decode_nvdec.NvdecPool`, :class:`~streamrt.video.decode_processes.ProcessDecodePool`)
+decodes on threads or processes of its own, and its ``read()`` is only a hand-over: at 100 cameras
+that is 100 more Python threads, each waking, taking the GIL and (decoder processes) synchronising a
+copy stream and sending a message for every one of 3,000 pictures a second, beside the one thread
+that feeds the engine. On the H200 the detector fed that way achieved 117 of 3,000 offered frames/s
+at 100 streams with every thread it traced idle (docs/benchmarks/2026-12-02-h200-session2.md).
+
+:class:`LiveGroup` keeps the camera semantics and drops the threads: one thread releases frame ``k``
+of a stream no earlier than ``k / fps`` after that stream started, takes every due picture of the
+whole set in one call (:meth:`ReadyLanes.take_ready`: one copy stream, one synchronisation, one
+message per worker) and puts each in its stream's drop-oldest queue of ``depth`` frames. Each
+:class:`GroupedStream` reads like a ``LiveStream`` (``start``, ``take``, ``done``, ``stats``,
+``stop``), so the round-robin consumer of :func:`streamrt.video.runner.run_detection` serves both.
+
+Example:
+    >>> import threading
+    >>> class Lanes:  # two streams of three pictures each
+    ...     def __init__(self): self.left = {0: 3, 1: 3}
+    ...     def take_ready(self, indices):
+    ...         taken = [(i, f"picture {3 - self.left[i]}", None) for i in indices if self.left[i]]
+    ...         for i, _, _ in taken: self.left[i] -= 1
+    ...         return ReadyPictures(taken, [i for i in indices if not self.left[i]], {})
+    >>> infos = [SourceInfo(name, 64, 48, 30.0, 3) for name in ("a", "b")]
+    >>> group = LiveGroup(Lanes(), [0, 1], infos, fps=0, depth=8, wake=threading.Condition())
+    >>> for s in group.streams: s.start()
+    >>> _ = group.streams[1].wait_finished(5.0); group.streams[1].stats()["produced"]
+    3
+    >>> [group.streams[1].take().image for _ in range(3)]
+    ['picture 0', 'picture 1', 'picture 2']
+    >>> group.stop()
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from streamrt.errors import ConfigError
+from streamrt.video.live import LiveFrame
+from streamrt.video.sources import SourceError, SourceInfo
+
+__all__ = ["GroupedStream", "LiveGroup", "ReadyLanes", "ReadyPictures", "shared_lanes"]
+
+_POLL_S = 0.001  # how soon a due stream whose picture was not decoded yet is looked at again
+
+
+@dataclass
+class ReadyPictures:
+    """What :meth:`ReadyLanes.take_ready` found: pictures (stream, owned picture, pts), streams that ended
+    (nothing left to decode) and streams whose decoder failed (stream -> message)."""
+
+    taken: list[tuple[int, Any, Any]] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+class ReadyLanes(Protocol):
+    """A decoder pool whose streams can be read together without blocking."""
+
+    def take_ready(self, indices: Sequence[int]) -> ReadyPictures: ...
+
+
+def shared_lanes(sources: Sequence[Any]) -> tuple[ReadyLanes, list[int]] | None:
+    """The pool every source is a stream of, and their indices in it; None when they are not all streams of one
+    pool that can be read together (then each source needs a :class:`~streamrt.video.live.LiveStream`)."""
+    lanes = [getattr(s, "pool_lane", None) for s in sources]
+    if not lanes or any(lane is None for lane in lanes):
+        return None
+    pools = {id(pool) for pool, _ in lanes}  # type: ignore[misc]
+    pool = lanes[0][0]  # type: ignore[index]
+    if len(pools) != 1 or not callable(getattr(pool, "take_ready", None)):
+        return None
+    return pool, [index for _, index in lanes]  # type: ignore[misc]
+
+
+class GroupedStream:
+    """One camera of a :class:`LiveGroup`: a :class:`~streamrt.video.live.LiveStream` without its thread."""
+
+    def __init__(self, group: LiveGroup, lane: int, info: SourceInfo, first_index: int, max_frames: int | None) -> None:
+        self._group = group
+        self.lane, self._info, self.first_index, self.max_frames = lane, info, first_index, max_frames
+        self.depth = group.depth
+        self.wake = group.wake
+        self.queue: collections.deque[LiveFrame] = collections.deque(maxlen=group.depth)
+        self.produced = self.delivered = self.dropped = 0
+        self.t0: float | None = None  # when it started: frame k is released from t0 + k / fps
+        self.finished = False
+        self.error: BaseException | None = None
+        self._ended = threading.Event()
+
+    @property
+    def info(self) -> SourceInfo:
+        return self._info
+
+    @property
+    def started(self) -> bool:
+        return self.t0 is not None
+
+    def start(self) -> None:
+        with self.wake:
+            self.t0 = time.perf_counter()
+        self._group.started()
+
+    def take(self) -> LiveFrame | None:
+        """The oldest queued frame, or None when none is queued (never blocks)."""
+        with self.wake:
+            if not self.queue:
+                if self.error is not None:
+                    error, self.error = self.error, None
+                    raise error
+                return None
+            self.delivered += 1
+            return self.queue.popleft()
+
+    @property
+    def done(self) -> bool:
+        """The stream ended (or failed, or was stopped) and every queued frame was taken."""
+        with self.wake:
+            return self.finished and not self.queue and self.error is None
+
+    def wait_finished(self, timeout: float | None = None) -> bool:
+        return self._ended.wait(timeout)
+
+    def stats(self) -> dict[str, int]:
+        with self.wake:
+            return {"produced": self.produced, "delivered": self.delivered, "dropped": self.dropped,
+                    "queue_depth": self.depth}
+
+    def stop(self) -> None:
+        """Stop taking this stream's pictures (the pool stays open: whoever opened it closes it)."""
+        with self.wake:
+            self._finish()
+        self._group.stopped()
+
+    close = stop
+
+    def _finish(self, error: BaseException | None = None) -> None:  # the wake lock held
+        if error is not None and not self.finished:
+            self.error = error
+        self.finished = True
+        self._ended.set()
+
+    def _put(self, picture: Any) -> None:  # the wake lock held
+        if len(self.queue) == self.depth:
+            self.dropped += 1  # the deque drops the oldest on append
+        self.queue.append(LiveFrame(self.first_index + self.produced, picture, time.perf_counter()))
+        self.produced += 1
+        if self.max_frames is not None and self.produced >= self.max_frames:
+            self._finish()
+
+    def _due(self, now: float, period: float) -> bool:  # the wake lock held
+        return self.t0 is not None and not self.finished and self.t0 + self.produced * period <= now
+
+
+class LiveGroup:
+    """Streams ``indices`` of ``lanes`` as live cameras at ``fps``, paced and read by one thread.
+
+    Args:
+        lanes: the decoder pool (:class:`ReadyLanes`).
+        indices: the streams' indices in the pool.
+        infos: the streams' :class:`~streamrt.video.sources.SourceInfo` (names in reports).
+        fps: release rate per stream; 0 releases pictures as soon as they are decoded.
+        depth: frames each stream's queue holds (a full queue drops its oldest).
+        wake: notified on every new frame (the consumer waits on it).
+        first_index: per stream, the index of its next frame (frames read before, e.g. warm-up).
+        max_frames: per stream, stop after this many frames (None: until the stream ends).
+    """
+
+    def __init__(self, lanes: ReadyLanes, indices: Sequence[int], infos: Sequence[SourceInfo], *, fps: float | None,
+                 depth: int = 2, wake: threading.Condition | None = None, first_index: Sequence[int] | None = None,
+                 max_frames: Sequence[int | None] | None = None) -> None:
+        if depth < 1:
+            raise ConfigError(f"live stream queue depth must be >= 1, got {depth}")
+        self.lanes, self.fps, self.depth = lanes, float(fps or 0.0), depth
+        self.wake = wake or threading.Condition()
+        firsts = list(first_index or [0] * len(indices))
+        limits = list(max_frames or [None] * len(indices))
+        self.streams = [GroupedStream(self, lane, info, first, limit)
+                        for lane, info, first, limit in zip(indices, infos, firsts, limits, strict=True)]
+        self._by_lane = {s.lane: s for s in self.streams}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-group", daemon=True)
+        self.takes = 0  # take_ready calls that took pictures (produced / takes: how many each took)
+
+    def started(self) -> None:
+        """A stream started: the thread runs from the first one on."""
+        with self.wake:
+            if self._thread.ident is None and not self._stop.is_set():
+                self._thread.start()
+
+    def stopped(self) -> None:
+        """A stream was stopped: the thread ends with the last one."""
+        with self.wake:
+            if not all(s.finished for s in self.streams):
+                return
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.wake:
+            for s in self.streams:
+                s._finish()
+            self.wake.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        period = 1.0 / self.fps if self.fps > 0 else 0.0
+        try:
+            while not self._stop.is_set():
+                with self.wake:
+                    due = [s.lane for s in self.streams if s._due(time.perf_counter(), period)]
+                if due:
+                    self._take(due)
+                with self.wake:
+                    live = [s for s in self.streams if s.started and not s.finished]
+                    if not live and all(s.started for s in self.streams):
+                        return  # every stream ended
+                    nxt = min((s.t0 + s.produced * period for s in live if s.t0 is not None), default=None)
+                delay = _POLL_S if nxt is None else nxt - time.perf_counter()
+                if due:  # some due stream may have had no picture decoded yet: look again soon
+                    delay = min(delay, _POLL_S)
+                if delay > 0:
+                    self._stop.wait(delay)
+        except BaseException as exc:  # handed to every stream's consumer by take()
+            with self.wake:
+                for s in self.streams:
+                    s._finish(exc)
+                self.wake.notify_all()
+
+    def _take(self, due: list[int]) -> None:
+        ready = self.lanes.take_ready(due)
+        self.takes += bool(ready.taken)
+        with self.wake:
+            for lane, picture, _pts in ready.taken:
+                stream = self._by_lane[lane]
+                if not stream.finished:
+                    stream._put(picture)
+            for lane in ready.ended:
+                self._by_lane[lane]._finish()
+            for lane, message in ready.failed.items():
+                self._by_lane[lane]._finish(SourceError(message))
+            self.wake.notify_all()
