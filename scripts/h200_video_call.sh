@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call for issue 27 (video detection with NVDEC at scale), each step under its own timeout
-# (180 + 100 + 60 + 230 = 570 s), each step's log under $OUT/<step>/log as it goes, everything packed
+# (60 + 90 + 250 + 130 = 530 s), each step's log under $OUT/<step>/log as it goes, everything packed
 # into $OUT/h200.tar.gz at the end (no clips, videos or files over 4 MB).
 #
 #   bash scripts/h200_video_call.sh COMMIT              # on the device machine (wheels in .whl-video/,
@@ -34,18 +34,15 @@ run() {  # run STEP TIMEOUT CMD...: log to $out/STEP/log (appended), print the t
     tail -n 25 "$out/$name/log"
 }
 
-# 1. tests (180 s): the decoder-process test first, then every gpu-marked video test
-run tests 30 python3 -m pytest -v -p no:cacheprovider tests/video/test_decode_processes.py -k nvdec_in_processes
-run tests 150 python3 -m pytest -v -p no:cacheprovider -m gpu tests/video --timeout 140
-# 2. NVDEC scaling (100 s): 4 processes, counted in the workers vs handed over by CUDA IPC
-run nvdec 100 python3 scripts/gpu_nvdec_scaling.py "$out/nvdec" --clips "$clips" --sessions 14,28,56 \
-    --variants primary+reuse+p4,primary+reuse+ipc4 --open-variants "" --budget 90
-# 3. open test (60 s): 200 sessions at once, device memory per session (cudaMemGetInfo before/after each)
-run open 60 python3 scripts/gpu_nvdec_scaling.py "$out/open" --clips "$clips" --variants "" \
-    --open-variants primary+reuse --open 200 --budget 52
-# 4. video check (230 s): decode-included camera-paced sweep with 4 decoder processes and admission,
-#    GPU vs CPU decode vs raw, hybrid
-run video 230 python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" --decode-processes 4 \
-    --streams 100,150,200 --admission queue --parts 2,3,5 --budget 215
+# 1. the pool hand-over test (NVDEC in processes and take_ready against the in-process pool), 60 s
+run tests 60 python3 -m pytest -v -p no:cacheprovider tests/video/test_decode_processes.py -k nvdec_in_processes
+# 2. the GPU tests that failed in the full suite of 2026-12-02 (d7c454e), alone, 90 s
+run reruns 90 python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 80 tests/device/test_pinnable.py \
+    tests/serve/test_memory_budget.py tests/serve/test_batch_property.py
+# 3. decode-included camera-paced sweep, 4 decoder processes, admission; the old reader beside the new at 100 (250 s)
+run video 250 python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" --decode-processes 4 \
+    --streams 100,150,200 --baselines-at 100 --baselines before --admission queue --parts 2 --budget 240
+# 4. every gpu-marked video test, as far as 130 s go
+run videotests 130 python3 -m pytest -v -p no:cacheprovider -m gpu tests/video --timeout 120
 [ -n "$dry" ] && exit 0
 bash "$(dirname "$0")/h200_pack.sh" "$out"

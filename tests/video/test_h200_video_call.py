@@ -17,7 +17,7 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path) -
     out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
                          text=True, check=True, env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path)})
     commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert len(commands) == 5, out.stdout
+    assert len(commands) == 4, out.stdout
     for command in commands:
         words = shlex.split(command)
         script = next(w for w in words if w.endswith(".py") or w.startswith("tests/"))
