@@ -14,10 +14,14 @@ from streamrt.serve.wire.http_headers import BoundedTable
 from streamrt.serve.wire.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
 
 
-def _binary_body(arrays: dict[str, np.ndarray], **params: object) -> tuple[bytes, int]:
+def _binary_body(arrays: dict[str, np.ndarray], outputs: list[dict[str, object]] | None = None,
+                 **params: object) -> tuple[bytes, int]:
     entries = [{"name": n, "shape": list(a.shape), "datatype": "FP32" if a.dtype == np.float32 else "INT64",
                 "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()]
-    header = json.dumps({"inputs": entries, "parameters": {"binary_data_output": True, **params}}).encode()
+    message: dict[str, object] = {"inputs": entries, "parameters": {"binary_data_output": True, **params}}
+    if outputs is not None:
+        message["outputs"] = outputs
+    header = json.dumps(message).encode()
     return header + b"".join(a.tobytes() for a in arrays.values()), len(header)
 
 
@@ -29,8 +33,9 @@ def test_a_repeated_header_reads_the_new_body() -> None:
     rng = np.random.default_rng()
     first = {"x": rng.standard_normal((2, 16), dtype=np.float32), "k": rng.integers(0, 99, (2, 3))}
     second = {"x": rng.standard_normal((2, 16), dtype=np.float32), "k": rng.integers(0, 99, (2, 3))}
-    body1, length = _binary_body(first, priority=2, timeout=500, sequence_id=7, sequence_start=True)
-    body2, length2 = _binary_body(second, priority=2, timeout=500, sequence_id=7, sequence_start=True)
+    outputs = [{"name": "y", "parameters": {"binary_data": False}}, {"name": "z", "parameters": {"classification": 2}}]
+    body1, length = _binary_body(first, outputs, priority=2, timeout=500, sequence_id=7, sequence_start=True)
+    body2, length2 = _binary_body(second, outputs, priority=2, timeout=500, sequence_id=7, sequence_start=True)
     assert length == length2
     protocol._LAYOUTS = BoundedTable()
     parsed = _decode(body1, length)
@@ -43,6 +48,8 @@ def test_a_repeated_header_reads_the_new_body() -> None:
     for field in ("model", "version", "id", "outputs", "binary_output", "priority", "timeout_us", "sequence"):
         assert getattr(again, field) == getattr(parsed, field), field
     assert again.leases == [] and again.leases is not parsed.leases
+    assert [(o.name, o.binary, o.class_count) for o in again.outputs] == [("y", False, 0), ("z", None, 2)]
+    assert again.priority == 2 and again.timeout_us == 500 and again.sequence is not None
 
 
 def test_a_known_header_with_a_short_body_gets_the_full_parse_error() -> None:

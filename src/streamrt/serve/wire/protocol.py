@@ -381,7 +381,7 @@ def _decode_http(
     inputs: dict[str, np.ndarray] = {}
     offset = json_end
     view = memoryview(body)
-    binary: list[BinaryInput] | None = []  # the layout to remember; None: the header is not one to keep
+    kept: list[BinaryInput] | None = []  # the inputs of the layout to remember; None: not a header to keep
     for index, item in enumerate(inputs_json):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"input {index}: needs a 'name' string")
@@ -403,7 +403,7 @@ def _decode_http(
             ref = region_ref(iparams, where)
             _elements(shape, where, max_elements)
             inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)
-            binary = None
+            kept = None
         elif "binary_data_size" in iparams:
             size = _int_param(iparams, "binary_data_size", where)
             if header_length is None:
@@ -418,14 +418,14 @@ def _decode_http(
                     f"{where}: binary data ends at byte {offset + size} but the body has {len(body)} bytes"
                 )
             inputs[name] = tensor_from_bytes(view[: offset + size], offset, datatype, shape, where, max_elements)
-            if binary is not None and datatype != "BYTES":
-                binary.append(BinaryInput(name, numpy_dtype(datatype), shape, inputs[name].size, offset))
+            if kept is not None and datatype != "BYTES":
+                kept.append(BinaryInput(name, numpy_dtype(datatype), shape, inputs[name].size, offset))
             else:
-                binary = None
+                kept = None
             offset += size
         elif "data" in item:
             inputs[name] = _tensor_from_json(item["data"], datatype, shape, where, max_elements)
-            binary = None
+            kept = None
         else:
             raise RequestError(f"{where}: needs 'data' or parameters.binary_data_size")
     if offset != len(body):
@@ -445,7 +445,7 @@ def _decode_http(
                                               "server (parameter shared_memory_region)")
             region = region_ref(oparams, f"output '{item['name']}'")
             memory.lease_output(region, f"output '{item['name']}'", leases)
-            binary = None
+            kept = None
         binary = oparams.get("binary_data")
         classes = _int_param(oparams, "classification", f"output '{item['name']}'")
         outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes, region))
@@ -462,9 +462,9 @@ def _decode_http(
         leases=leases,
         sequence=sequence_flags(params),
     )
-    if binary is not None and header_length is not None:
+    if kept is not None and header_length is not None:
         _LAYOUTS.put((bytes(body[:header_length]), max_elements), RequestLayout(
-            tuple(binary), len(body), request.outputs, request.id, request.binary_output, request.priority,
+            tuple(kept), len(body), request.outputs, request.id, request.binary_output, request.priority,
             request.timeout_us, request.sequence))
     return request
 
