@@ -99,7 +99,8 @@ def test_replies_with_json_data_or_bytes_are_not_kept() -> None:
     body, length = encode_http_response(InferResponse("m", "1", "", {"y": y}), InferRequest("m"))
     assert length is None and json.loads(body)["outputs"][0]["data"] == y.ravel().tolist()
     words = np.array([b"ab", b"c"], dtype=object)
-    body, length = encode_http_response(InferResponse("m", "1", "", {"s": words}), InferRequest("m", binary_output=True))
+    body, length = encode_http_response(InferResponse("m", "1", "", {"s": words}),
+                                        InferRequest("m", binary_output=True))
     assert length is not None and body[length:] == b"\x02\x00\x00\x00ab\x01\x00\x00\x00c"
     assert len(protocol._REPLY_HEADERS) == 0
 

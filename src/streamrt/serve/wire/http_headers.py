@@ -24,12 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from streamrt.serve.wire.protocol import RequestedOutput, SequenceFlags
 
 __all__ = ["MAX_ENTRIES", "BinaryInput", "BoundedTable", "RequestLayout"]
 
@@ -61,17 +58,20 @@ class RequestLayout:
     Attributes:
         inputs: the binary inputs in body order.
         body_length: the body length the header implies (header + every input's bytes).
-        outputs / request_id / binary_output / priority / timeout_us / sequence: as parsed.
+        outputs / request_id / binary_output / priority / timeout_us / sequence: as parsed
+            (``outputs``: :class:`~.protocol.RequestedOutput` s, ``sequence``: a
+            :class:`~.protocol.SequenceFlags` or None; typed loosely because :mod:`.protocol`
+            imports this module, not the other way round).
     """
 
     inputs: tuple[BinaryInput, ...]
     body_length: int
-    outputs: tuple[RequestedOutput, ...]
+    outputs: tuple[Any, ...]
     request_id: str
     binary_output: bool
     priority: int
     timeout_us: int
-    sequence: SequenceFlags | None
+    sequence: Any
 
 
 class BoundedTable(Generic[V]):
