@@ -10,7 +10,7 @@ import pytest
 
 from streamrt.errors import RequestError
 from streamrt.serve.wire import protocol
-from streamrt.serve.wire.http_headers import BoundedTable
+from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BoundedTable
 from streamrt.serve.wire.protocol import InferRequest, InferResponse, decode_http_request, encode_http_response
 
 
@@ -61,8 +61,11 @@ def test_a_known_header_with_a_short_body_gets_the_full_parse_error() -> None:
         _decode(body[:-4], length)
 
 
-def test_headers_with_json_data_bytes_or_shared_memory_are_not_kept() -> None:
+def test_headers_with_json_data_bytes_shared_memory_or_over_4_kib_are_not_kept() -> None:
     protocol._LAYOUTS = BoundedTable()
+    x = np.random.default_rng().standard_normal((1, 4), dtype=np.float32)
+    body, length = _binary_body({"x": x}, note="n" * MAX_HEADER_BYTES)  # a long request parameter
+    np.testing.assert_array_equal(_decode(body, length).inputs["x"], x)
     _decode(b'{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2]}]}', None)
     words = b"\x02\x00\x00\x00hi"
     header = json.dumps({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES",

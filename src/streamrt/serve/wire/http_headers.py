@@ -16,8 +16,9 @@ raises the same errors as before. Reply headers are kept only for replies whose 
 binary, non-BYTES and not in shared memory (their JSON depends on nothing but the outputs' names,
 datatypes and shapes), without the request id, which is appended per reply.
 
-Both tables are bounded (:data:`MAX_ENTRIES`, cleared when full), so a client that sends a new
-shape every time costs one failed lookup per request, never memory.
+Both tables are bounded (:data:`MAX_ENTRIES`, cleared when full; request headers over
+:data:`MAX_HEADER_BYTES` are never kept), so a client that sends a new shape every time costs one
+failed lookup per request, never memory.
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["MAX_ENTRIES", "BinaryInput", "BoundedTable", "RequestLayout"]
+__all__ = ["MAX_ENTRIES", "MAX_HEADER_BYTES", "BinaryInput", "BoundedTable", "RequestLayout"]
 
 MAX_ENTRIES = 256
 """Headers each table keeps (a server sees a handful of shapes per model)."""
+
+MAX_HEADER_BYTES = 4096
+"""Longer request headers are parsed every time and never kept: the table holds at most
+``MAX_ENTRIES * MAX_HEADER_BYTES`` (1 MiB) of header bytes, whatever clients send (a long ``id`` or
+parameters would otherwise pin their copies)."""
 
 V = TypeVar("V")
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
-from streamrt.serve.wire.http_headers import BinaryInput, BoundedTable, RequestLayout
+from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BinaryInput, BoundedTable, RequestLayout
 from streamrt.serve.wire.shared_memory import RegionRef, RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
@@ -328,7 +328,7 @@ def decode_http_request(
         SharedMemoryError: unknown regions, ranges out of bounds, sizes that disagree.
         UnsupportedRequestError: shared memory without a registry, raw binary bodies.
     """
-    if header_length is not None and 0 < header_length <= len(body):
+    if header_length is not None and 0 < header_length <= min(len(body), MAX_HEADER_BYTES):
         key = (body[:header_length] if isinstance(body, bytes) else bytes(body[:header_length]), max_elements)
         layout = _LAYOUTS.get(key)
         if layout is not None and layout.body_length == len(body):
@@ -462,7 +462,7 @@ def _decode_http(
         leases=leases,
         sequence=sequence_flags(params),
     )
-    if kept is not None and header_length is not None:
+    if kept is not None and header_length is not None and header_length <= MAX_HEADER_BYTES:
         _LAYOUTS.put((bytes(body[:header_length]), max_elements), RequestLayout(
             tuple(kept), len(body), request.outputs, request.id, request.binary_output, request.priority,
             request.timeout_us, request.sequence))
