@@ -12,8 +12,8 @@ extensions ``/v2/{system,cuda}sharedmemory/[region/{name}/]{status,register,unre
 Errors are ``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.wire.status`.
 Extensions StreamRT does not implement (trace, logging) answer 501 with a message naming them.
 Request bodies may be gzip or deflate compressed (``Content-Encoding``, decoded by aiohttp);
-responses are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
-``request/response_compression_algorithm`` do.
+responses of 1 KiB or more are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
+``request/response_compression_algorithm`` do (shorter ones go identity: :data:`COMPRESS_MIN_BYTES`).
 
 Uncompressed request bodies are read into one buffer of ``Content-Length`` bytes as they arrive
 (aiohttp's ``read()`` would copy them twice more); binary tensors are views of that buffer.
