@@ -21,7 +21,11 @@ at a time, alternating rounds. Server CPU per request counts the server process 
 Usage (repository root)::
 
     python benchmarks/vs_triton.py --cases grpc:small:1,grpc:image:8,http:small:1,http:image:8 \\
-        --concurrency 16 --processes 2 --seconds 4 --rounds 2 [--out docs/benchmarks/x.md]
+        --concurrency 16 --processes 2 --seconds 4 --rounds 2 [--before-src /tmp/base/src] [--out docs/benchmarks/x.md]
+
+``--before-src`` adds a third server, ``streamrt-before``: the same CLI from another source tree
+(``git archive BASE src | tar -x -C /tmp/base``), so a change is measured beside its base and Triton
+in one run, rounds alternating.
 """
 
 from __future__ import annotations
@@ -106,11 +110,15 @@ def start_triton(repo: Path, work: Path, http: int, grpc: int, log: Path) -> sub
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def start_streamrt(repo: Path, http: int, grpc: int, log: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+def start_streamrt(repo: Path, http: int, grpc: int, log: Path, extra: list[str],
+                   src: Path | None = None) -> subprocess.Popen[bytes]:
+    """``streamrt serve`` from this checkout, or from the source tree ``src`` (an older commit's
+    ``src/``: the "before" of a change, served beside the "after" in the same run)."""
+    env = {**os.environ, "PYTHONPATH": str(src.resolve())} if src is not None else None
     return subprocess.Popen(
         [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(http), "--grpc-port",
          str(grpc), "--metrics-port", "-1", "--log-level", "WARNING", *extra],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -131,6 +139,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--server-args", default="", help="extra `streamrt serve` arguments")
+    parser.add_argument("--before-src", type=Path, default=None,
+                        help="also serve from this source tree as 'streamrt-before' (e.g. `git archive BASE src`)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     cases = [parse_case(c) for c in args.cases.split(",")]
@@ -138,11 +148,12 @@ def main() -> int:
     repo = write_repository(work / "repo")
     rows = []
     for round_ in range(1, args.rounds + 1):
-        for server_name in ("triton", "streamrt"):
+        for server_name in ("triton", "streamrt", *(("streamrt-before",) if args.before_src else ())):
             http, grpc = free_port(), free_port()
             log = work / f"{server_name}-{round_}.log"
             server = (start_triton(repo, work, http, grpc, log) if server_name == "triton"
-                      else start_streamrt(repo, http, grpc, log, shlex.split(args.server_args)))
+                      else start_streamrt(repo, http, grpc, log, shlex.split(args.server_args),
+                                          args.before_src if server_name == "streamrt-before" else None))
             try:
                 wait_ready(http, 300, server)
                 time.sleep(1.0)

@@ -54,6 +54,17 @@ def test_serving_frontend_writes_a_row_per_protocol(tmp_path: Path) -> None:
     assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+def test_http_library_floor_writes_a_row_per_round(tmp_path: Path) -> None:
+    """The aiohttp variant only: granian is not a dependency (the benchmark shows why)."""
+    out = tmp_path / "floor.md"
+    _run(tmp_path, "http_library_floor.py", "--variants", "aiohttp", "--concurrency", "2", "--processes", "1",
+         "--seconds", "1", "--rounds", "1", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0][:3] == ["library", "round", "requests/s"]
+    assert [r[:2] for r in rows[1:]] == [["aiohttp", "1"]]
+    assert float(rows[1][2].replace(",", "")) > 0 and float(rows[1][3]) > 0 and rows[1][-1] == "0", rows
+
+
 @pytest.mark.slow
 def test_serving_benchmark_without_ray_writes_both_streamrt_rows(tmp_path: Path) -> None:
     out = tmp_path / "serving.md"

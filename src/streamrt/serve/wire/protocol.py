@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
+from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BinaryInput, BoundedTable, RequestLayout
 from streamrt.serve.wire.shared_memory import RegionRef, RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
@@ -327,12 +328,31 @@ def decode_http_request(
         SharedMemoryError: unknown regions, ranges out of bounds, sizes that disagree.
         UnsupportedRequestError: shared memory without a registry, raw binary bodies.
     """
+    if header_length is not None and 0 < header_length <= min(len(body), MAX_HEADER_BYTES):
+        key = (body[:header_length] if isinstance(body, bytes) else bytes(body[:header_length]), max_elements)
+        layout = _LAYOUTS.get(key)
+        if layout is not None and layout.body_length == len(body):
+            return _from_layout(layout, body, model, version)
     leases: list[Any] = []
     try:
         return _decode_http(body, header_length, model, version, max_elements, memory, leases)
     except BaseException:
         SharedMemoryRegistry.release(leases)
         raise
+
+
+_LAYOUTS: BoundedTable[RequestLayout] = BoundedTable()
+"""Checked headers of binary requests by (header bytes, max_elements): see :mod:`.http_headers`."""
+
+
+def _from_layout(layout: RequestLayout, body: bytes | bytearray | memoryview, model: str, version: str) -> InferRequest:
+    """The request of a body whose header was checked before (the same bytes, the same length)."""
+    view = memoryview(body)
+    return InferRequest(
+        model=model, version=version, id=layout.request_id, inputs={i.name: i.view(view) for i in layout.inputs},
+        outputs=layout.outputs, binary_output=layout.binary_output, priority=layout.priority,
+        timeout_us=layout.timeout_us, sequence=layout.sequence,
+    )
 
 
 def _decode_http(
@@ -361,6 +381,7 @@ def _decode_http(
     inputs: dict[str, np.ndarray] = {}
     offset = json_end
     view = memoryview(body)
+    kept: list[BinaryInput] | None = []  # the inputs of the layout to remember; None: not a header to keep
     for index, item in enumerate(inputs_json):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(f"input {index}: needs a 'name' string")
@@ -382,6 +403,7 @@ def _decode_http(
             ref = region_ref(iparams, where)
             _elements(shape, where, max_elements)
             inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)
+            kept = None
         elif "binary_data_size" in iparams:
             size = _int_param(iparams, "binary_data_size", where)
             if header_length is None:
@@ -396,9 +418,14 @@ def _decode_http(
                     f"{where}: binary data ends at byte {offset + size} but the body has {len(body)} bytes"
                 )
             inputs[name] = tensor_from_bytes(view[: offset + size], offset, datatype, shape, where, max_elements)
+            if kept is not None and datatype != "BYTES":
+                kept.append(BinaryInput(name, numpy_dtype(datatype), shape, inputs[name].size, offset))
+            else:
+                kept = None
             offset += size
         elif "data" in item:
             inputs[name] = _tensor_from_json(item["data"], datatype, shape, where, max_elements)
+            kept = None
         else:
             raise RequestError(f"{where}: needs 'data' or parameters.binary_data_size")
     if offset != len(body):
@@ -418,11 +445,12 @@ def _decode_http(
                                               "server (parameter shared_memory_region)")
             region = region_ref(oparams, f"output '{item['name']}'")
             memory.lease_output(region, f"output '{item['name']}'", leases)
+            kept = None
         binary = oparams.get("binary_data")
         classes = _int_param(oparams, "classification", f"output '{item['name']}'")
         outputs.append(RequestedOutput(item["name"], None if binary is None else bool(binary), classes, region))
     request_id = header.get("id", "")
-    return InferRequest(
+    request = InferRequest(
         model=model,
         version=version,
         id=str(request_id) if request_id is not None else "",
@@ -434,10 +462,17 @@ def _decode_http(
         leases=leases,
         sequence=sequence_flags(params),
     )
+    if kept is not None and header_length is not None and header_length <= MAX_HEADER_BYTES:
+        _LAYOUTS.put((bytes(body[:header_length]), max_elements), RequestLayout(
+            tuple(kept), len(body), request.outputs, request.id, request.binary_output, request.priority,
+            request.timeout_us, request.sequence))
+    return request
 
 
 def encode_http_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
     """The HTTP body of ``response`` and its JSON header length (None when all data is JSON)."""
+    if response.outputs and not response.in_shared_memory and _all_plain_binary(response, request):
+        return _encode_binary(response)
     binary_of = {o.name: o.binary for o in request.outputs}
     entries = []
     blobs: list[memoryview] = []
@@ -463,3 +498,36 @@ def encode_http_response(response: InferResponse, request: InferRequest) -> tupl
     if not blobs:
         return text, None
     return b"".join([text, *blobs]), len(text)
+
+
+_REPLY_HEADERS: BoundedTable[bytes] = BoundedTable()
+"""JSON headers of all-binary replies, without the id and the closing brace, by (model, version,
+each output's name, dtype and shape): see :mod:`.http_headers`."""
+
+
+def _all_plain_binary(response: InferResponse, request: InferRequest) -> bool:
+    """Every output goes binary and has a fixed byte size (not BYTES): its header is one to keep."""
+    binary_of = {o.name: o.binary for o in request.outputs} if request.outputs else {}
+    for name, array in response.outputs.items():
+        flag = binary_of.get(name)
+        if not (flag if flag is not None else request.binary_output):
+            return False
+        if array.dtype == object or array.dtype.kind in "SU":
+            return False
+    return True
+
+
+def _encode_binary(response: InferResponse) -> tuple[bytes, int]:
+    """:func:`encode_http_response` of an all-binary reply: the same bytes, the header written once
+    per output signature."""
+    outputs = response.outputs
+    key = (response.model, response.version, tuple((n, a.dtype, a.shape) for n, a in outputs.items()))
+    prefix = _REPLY_HEADERS.get(key)
+    if prefix is None:
+        entries = [{"name": n, "datatype": kserve_dtype(a), "shape": list(a.shape),
+                    "parameters": {"binary_data_size": a.nbytes}} for n, a in outputs.items()]
+        header = {"model_name": response.model, "model_version": response.version, "outputs": entries}
+        prefix = json.dumps(header, separators=(",", ":")).encode()[:-1]
+        _REPLY_HEADERS.put(key, prefix)
+    text = prefix + b',"id":' + json.dumps(response.id).encode() + b"}" if response.id else prefix + b"}"
+    return b"".join([text, *(memoryview(raw_bytes(a)) for a in outputs.values())]), len(text)

@@ -58,6 +58,10 @@ def error_of(error: TritonError) -> StreamRTError:
     return STATUS_OF_CODE.get(code, InferenceError)(str(error.message()))
 
 
+def _which(model: str, request_id: str) -> str:
+    return f"model '{model}', request '{request_id}'" if request_id else f"model '{model}'"
+
+
 def _dtype_of(value: Any) -> DType | None:
     try:
         return DType.from_any(value.dtype)
@@ -79,10 +83,10 @@ def check_response(
         outputs: the config's outputs by name.
         rows: the request's batch rows (the first dim every output must have); None: no batch dim.
     """
-    which = f"model '{model}', request '{request_id}'" if request_id else f"model '{model}'"
+    # The messages are written only when a check fails: this runs for every response of every batch.
     if not isinstance(response, InferenceResponse):
-        return InferenceError(f"{which}: execute() returned {type(response).__name__} for the request, "
-                              "not a pb_utils.InferenceResponse")
+        return InferenceError(f"{_which(model, request_id)}: execute() returned {type(response).__name__} for the "
+                              "request, not a pb_utils.InferenceResponse")
     error = response.error()
     if error is not None:
         return error_of(error)
@@ -91,7 +95,7 @@ def check_response(
     for name in requested:
         tensor = given.get(name)
         if tensor is None:
-            return OutputMismatchError(f"{which}: the response has no output '{name}' "
+            return OutputMismatchError(f"{_which(model, request_id)}: the response has no output '{name}' "
                                        f"(it has {', '.join(given) or 'none'})")
         value = tensor.value
         config = outputs[name]
@@ -99,14 +103,15 @@ def check_response(
         if got is not config.data_type:
             shown = got.kserve if got is not None else str(value.dtype)
             wanted = "STRING" if config.data_type is DType.BYTES else config.data_type.kserve
-            return OutputMismatchError(f"{which}: output '{name}' has datatype {shown}, the config says TYPE_{wanted}")
-        shape = tuple(int(d) for d in value.shape)
+            return OutputMismatchError(f"{_which(model, request_id)}: output '{name}' has datatype {shown}, "
+                                       f"the config says TYPE_{wanted}")
+        shape = value.shape if isinstance(value, np.ndarray) else tuple(int(d) for d in value.shape)
         dims = shape[1:] if rows is not None else shape
-        expected = ([rows] if rows is not None else []) + list(config.dims)
         fits = len(dims) == len(config.dims) and all(c in (-1, d) for d, c in zip(dims, config.dims, strict=True))
         if not fits or (rows is not None and (not shape or shape[0] != rows)):
-            return OutputMismatchError(f"{which}: output '{name}' has shape {list(shape)}, the config expects "
-                                       f"{expected} (-1: any size)")
+            expected = ([rows] if rows is not None else []) + list(config.dims)
+            return OutputMismatchError(f"{_which(model, request_id)}: output '{name}' has shape {list(shape)}, "
+                                       f"the config expects {expected} (-1: any size)")
         if isinstance(value, np.ndarray) and value.dtype.kind == "S":
             value = value.astype(np.object_)
         result[name] = value
