@@ -209,8 +209,9 @@ class BuildBudget:
             self.child_compiles += 1
             done = run_with_deadline(python_command(CHILD_MODULE, str(folder / "job.json")), deadline,
                                      env=child_env(), on_line=line, heartbeat_s=HEARTBEAT_S, on_heartbeat=beat)
-            if done.timed_out:
-                return None, f"autotuning passed its {deadline:.0f} s deadline"
+            if done.timed_out:  # what it timed is in the timing cache (Inductor writes each result as it goes)
+                self.misses += tuned[0]
+                return None, f"autotuning passed its {deadline:.0f} s deadline after timing {tuned[0]} operators"
             if not done.ok or not (folder / "out.pt2").is_file():
                 tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
                 raise BuildError(f"AOTInductor compilation failed in the build's compile process "
