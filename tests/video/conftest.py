@@ -25,3 +25,13 @@ def detector(cache_dir: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def rng() -> np.random.Generator:
     return np.random.default_rng()
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny clips (20 frames each), encoded with PyAV: the CPU tests of decoder pools read them."""
+    pytest.importorskip("av")
+    from streamrt.video.clips import smoke_clips
+
+    return smoke_clips(tmp_path_factory.mktemp("clips"))
+

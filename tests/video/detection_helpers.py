@@ -9,6 +9,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -149,3 +150,16 @@ def _tf32_mode() -> Any:
             return func(*args, **kwargs)
 
     return Tf32Convolutions()
+
+
+def decoded_nv12(path: Path) -> list[np.ndarray]:
+    """Every frame of ``path`` as the CPU decoder gives it (NV12): what a pool's pictures are compared with."""
+    from streamrt.video.decoding import open_nv12
+
+    source = open_nv12(path)
+    frames = []
+    while (frame := source.read()) is not None:
+        frames.append(frame)
+    source.close()
+    return frames
+

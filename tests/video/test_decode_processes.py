@@ -18,28 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from video.detection_helpers import decoded_nv12  # noqa: E402
+
 FRAMES = 20  # per smoke clip
-
-
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Two tiny clips, encoded (and decoded by the stand-in) with PyAV: not on the GPU machine, whose test
-    below reads the carried clips instead."""
-    pytest.importorskip("av")
-    from streamrt.video.clips import smoke_clips
-
-    return smoke_clips(tmp_path_factory.mktemp("clips"))
-
-
-def _reference(path: Path) -> list[np.ndarray]:
-    from streamrt.video.decoding import open_nv12
-
-    source = open_nv12(path)
-    frames = []
-    while (frame := source.read()) is not None:
-        frames.append(frame)
-    source.close()
-    return frames
 
 
 def _gone(pids: list[int | None]) -> bool:
@@ -57,7 +38,7 @@ def test_pictures_equal_the_in_process_decoders_in_order_with_slots_handed_back(
     from streamrt.video.decode_processes import ProcessDecodePool
 
     paths = [clips[0], clips[1], clips[0]]
-    refs = {p: _reference(p) for p in clips}
+    refs = {p: decoded_nv12(p) for p in clips}
     reads = 2 * FRAMES + 5  # two passes and a bit: every slot reused many times
     with ProcessDecodePool(paths, processes=2, kind="cpu", slots=2, loop=True) as pool:
         sources = pool.sources()

@@ -17,33 +17,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from video.detection_helpers import decoded_nv12  # noqa: E402
+
 FRAMES = 20  # per smoke clip
-
-
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    pytest.importorskip("av")
-    from streamrt.video.clips import smoke_clips
-
-    return smoke_clips(tmp_path_factory.mktemp("clips"))
-
-
-def _reference(path: Path) -> list[np.ndarray]:
-    from streamrt.video.decoding import open_nv12
-
-    source = open_nv12(path)
-    frames = []
-    while (frame := source.read()) is not None:
-        frames.append(frame)
-    source.close()
-    return frames
 
 
 def test_take_ready_hands_over_every_stream_in_order_and_says_when_they_end(clips: list[Path]) -> None:
     from streamrt.video.decode_processes import ProcessDecodePool
 
     paths = [clips[0], clips[1], clips[0]]
-    refs = {p: _reference(p) for p in clips}
+    refs = {p: decoded_nv12(p) for p in clips}
     seen: list[list[np.ndarray]] = [[] for _ in paths]
     ended: set[int] = set()
     with ProcessDecodePool(paths, processes=2, kind="cpu", slots=2) as pool:  # 2 slots: each reused 10 times
@@ -69,7 +52,7 @@ def test_a_group_delivers_each_stream_in_order_paced_and_drops_the_oldest(clips:
     from streamrt.video.live_group import LiveGroup, shared_lanes
 
     paths = [clips[0], clips[1]]
-    refs = [_reference(p) for p in paths]
+    refs = [decoded_nv12(p) for p in paths]
     with ProcessDecodePool(paths, processes=1, kind="cpu", slots=3) as pool:
         sources = pool.sources()
         shared = shared_lanes(sources)

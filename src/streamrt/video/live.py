@@ -32,7 +32,7 @@ from typing import Any
 from streamrt.errors import ConfigError
 from streamrt.video.sources import FrameSource, SourceInfo
 
-__all__ = ["LiveFrame", "LiveStream"]
+__all__ = ["LiveFrame", "LiveQueue", "LiveStream"]
 
 
 @dataclass(frozen=True)
@@ -44,45 +44,23 @@ class LiveFrame:
     captured: float
 
 
-class LiveStream:
-    """One source read on a thread, paced at ``fps``, behind a drop-oldest queue of ``depth`` frames.
+class LiveQueue:
+    """A camera's drop-oldest queue of ``depth`` frames and its counters: what the consumer reads.
 
-    Args:
-        source: any :class:`~streamrt.video.sources.FrameSource` (a file, a clip, a decoder).
-        fps: release rate; None or 0 reads as fast as the source goes (the queue still drops).
-        depth: frames held for the consumer.
-        max_frames: stop after this many frames.
-        wake: a condition notified on every new frame (the consumer waits on it; shared by streams).
-        first_index: the source's index of the next frame read (frames read before, e.g. warm-up).
+    :class:`LiveStream` fills it from a thread of its own; a
+    :class:`~streamrt.video.live_group.GroupedStream` is filled by its group's thread.
     """
 
-    def __init__(self, source: FrameSource, *, fps: float | None, depth: int = 2, max_frames: int | None = None,
-                 wake: threading.Condition | None = None, first_index: int = 0) -> None:
+    def __init__(self, depth: int, wake: threading.Condition | None, first_index: int,
+                 max_frames: int | None) -> None:
         if depth < 1:
             raise ConfigError(f"live stream queue depth must be >= 1, got {depth}")
-        self.source = source
-        self.fps = fps or 0.0
-        self.depth = depth
-        self.max_frames = max_frames
-        self.first_index = first_index
+        self.depth, self.first_index, self.max_frames = depth, first_index, max_frames
         self.wake = wake or threading.Condition()
         self._queue: collections.deque[LiveFrame] = collections.deque(maxlen=depth)
-        self._stop = threading.Event()
         self._finished = threading.Event()
         self._error: BaseException | None = None
         self.produced = self.delivered = self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name=f"live:{source.info.name}", daemon=True)
-
-    @property
-    def info(self) -> SourceInfo:
-        return self.source.info
-
-    @property
-    def started(self) -> bool:
-        return self._thread.is_alive() or self._finished.is_set()
-
-    def start(self) -> None:
-        self._thread.start()
 
     def take(self) -> LiveFrame | None:
         """The oldest queued frame, or None when none is queued (never blocks)."""
@@ -97,7 +75,7 @@ class LiveStream:
 
     @property
     def done(self) -> bool:
-        """The source ended (or failed, or was closed) and every queued frame was taken."""
+        """The stream ended (or failed, or was stopped) and every queued frame was taken."""
         with self.wake:
             return self._finished.is_set() and not self._queue and self._error is None
 
@@ -108,6 +86,46 @@ class LiveStream:
         with self.wake:
             return {"produced": self.produced, "delivered": self.delivered, "dropped": self.dropped,
                     "queue_depth": self.depth}
+
+    def _put(self, image: Any) -> None:
+        """Queue the stream's next frame, stamped now, dropping the oldest when full (the wake lock held)."""
+        if len(self._queue) == self.depth:
+            self.dropped += 1  # the deque drops the oldest on append
+        self._queue.append(LiveFrame(self.first_index + self.produced, image, time.perf_counter()))
+        self.produced += 1
+        self.wake.notify_all()
+
+
+class LiveStream(LiveQueue):
+    """One source read on a thread, paced at ``fps``, behind a drop-oldest queue of ``depth`` frames.
+
+    Args:
+        source: any :class:`~streamrt.video.sources.FrameSource` (a file, a clip, a decoder).
+        fps: release rate; None or 0 reads as fast as the source goes (the queue still drops).
+        depth: frames held for the consumer.
+        max_frames: stop after this many frames.
+        wake: a condition notified on every new frame (the consumer waits on it; shared by streams).
+        first_index: the source's index of the next frame read (frames read before, e.g. warm-up).
+    """
+
+    def __init__(self, source: FrameSource, *, fps: float | None, depth: int = 2, max_frames: int | None = None,
+                 wake: threading.Condition | None = None, first_index: int = 0) -> None:
+        super().__init__(depth, wake, first_index, max_frames)
+        self.source = source
+        self.fps = fps or 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"live:{source.info.name}", daemon=True)
+
+    @property
+    def info(self) -> SourceInfo:
+        return self.source.info
+
+    @property
+    def started(self) -> bool:
+        return self._thread.is_alive() or self._finished.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop reading (the source stays open: whoever opened it closes it)."""
@@ -135,11 +153,7 @@ class LiveStream:
                 if delay > 0 and self._stop.wait(delay):
                     break
                 with self.wake:
-                    if len(self._queue) == self.depth:
-                        self.dropped += 1  # the deque drops the oldest on append
-                    self._queue.append(LiveFrame(self.first_index + k, image, time.perf_counter()))
-                    self.produced += 1
-                    self.wake.notify_all()
+                    self._put(image)
                 k += 1
         except BaseException as exc:  # handed to the consumer by take()
             with self.wake:

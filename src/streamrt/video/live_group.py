@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streamrt.errors import ConfigError
-from streamrt.video.live import LiveFrame
+from streamrt.video.live import LiveQueue
 from streamrt.video.sources import SourceError, SourceInfo
 
 __all__ = ["GroupedStream", "LiveGroup", "ReadyLanes", "ReadyPictures", "shared_lanes"]
@@ -81,20 +80,13 @@ def shared_lanes(sources: Sequence[Any]) -> tuple[ReadyLanes, list[int]] | None:
     return pool, [index for _, index in lanes]  # type: ignore[misc]
 
 
-class GroupedStream:
+class GroupedStream(LiveQueue):
     """One camera of a :class:`LiveGroup`: a :class:`~streamrt.video.live.LiveStream` without its thread."""
 
     def __init__(self, group: LiveGroup, lane: int, info: SourceInfo, first_index: int, max_frames: int | None) -> None:
-        self._group = group
-        self.lane, self._info, self.first_index, self.max_frames = lane, info, first_index, max_frames
-        self.depth = group.depth
-        self.wake = group.wake
-        self.queue: collections.deque[LiveFrame] = collections.deque(maxlen=group.depth)
-        self.produced = self.delivered = self.dropped = 0
+        super().__init__(group.depth, group.wake, first_index, max_frames)
+        self._group, self.lane, self._info = group, lane, info
         self.t0: float | None = None  # when it started: frame k is released from t0 + k / fps
-        self.finished = False
-        self.error: BaseException | None = None
-        self._ended = threading.Event()
 
     @property
     def info(self) -> SourceInfo:
@@ -104,35 +96,14 @@ class GroupedStream:
     def started(self) -> bool:
         return self.t0 is not None
 
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
     def start(self) -> None:
         with self.wake:
             self.t0 = time.perf_counter()
         self._group.started()
-
-    def take(self) -> LiveFrame | None:
-        """The oldest queued frame, or None when none is queued (never blocks)."""
-        with self.wake:
-            if not self.queue:
-                if self.error is not None:
-                    error, self.error = self.error, None
-                    raise error
-                return None
-            self.delivered += 1
-            return self.queue.popleft()
-
-    @property
-    def done(self) -> bool:
-        """The stream ended (or failed, or was stopped) and every queued frame was taken."""
-        with self.wake:
-            return self.finished and not self.queue and self.error is None
-
-    def wait_finished(self, timeout: float | None = None) -> bool:
-        return self._ended.wait(timeout)
-
-    def stats(self) -> dict[str, int]:
-        with self.wake:
-            return {"produced": self.produced, "delivered": self.delivered, "dropped": self.dropped,
-                    "queue_depth": self.depth}
 
     def stop(self) -> None:
         """Stop taking this stream's pictures (the pool stays open: whoever opened it closes it)."""
@@ -144,15 +115,11 @@ class GroupedStream:
 
     def _finish(self, error: BaseException | None = None) -> None:  # the wake lock held
         if error is not None and not self.finished:
-            self.error = error
-        self.finished = True
-        self._ended.set()
+            self._error = error
+        self._finished.set()
 
-    def _put(self, picture: Any) -> None:  # the wake lock held
-        if len(self.queue) == self.depth:
-            self.dropped += 1  # the deque drops the oldest on append
-        self.queue.append(LiveFrame(self.first_index + self.produced, picture, time.perf_counter()))
-        self.produced += 1
+    def _take_picture(self, picture: Any) -> None:  # the wake lock held
+        self._put(picture)
         if self.max_frames is not None and self.produced >= self.max_frames:
             self._finish()
 
@@ -243,7 +210,7 @@ class LiveGroup:
             for lane, picture, _pts in ready.taken:
                 stream = self._by_lane[lane]
                 if not stream.finished:
-                    stream._put(picture)
+                    stream._take_picture(picture)
             for lane in ready.ended:
                 self._by_lane[lane]._finish()
             for lane, message in ready.failed.items():
