@@ -74,13 +74,13 @@ def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> 
     layout = _REQUESTS.get((rest, max_elements))
     if layout is None or len(raw) != len(layout.inputs):
         return None
-    for data, tensor in zip(raw, layout.inputs):
+    for data, tensor in zip(raw, layout.inputs, strict=True):
         if data.nbytes != tensor.nbytes:
             return None
     return InferRequest(
         model=layout.model, version=layout.version, id=layout.request_id,
         inputs={t.name: np.frombuffer(data, dtype=t.dtype, count=t.count).reshape(t.shape)
-                for data, t in zip(raw, layout.inputs)},
+                for data, t in zip(raw, layout.inputs, strict=True)},
         outputs=layout.outputs,
     )
 
