@@ -85,6 +85,62 @@ def test_response_bytes_match_protobuf() -> None:
     assert stream.infer_response == parsed
 
 
+def _small(model: str, x: np.ndarray, request_id: str = "", **tensor: Any) -> bytes:
+    msg = m.ModelInferRequest(model_name=model, id=request_id)
+    msg.inputs.add(name="x", datatype="FP32", shape=list(x.shape), **tensor)
+    msg.raw_input_contents.append(x.tobytes())
+    return msg.SerializeToString()
+
+
+def test_a_remembered_request_layout_gives_the_full_decode_of_each_request() -> None:
+    """The second request of a shape is looked up (grpc_layouts); it must decode as the first did,
+    with its own tensor bytes, and a request whose raw entry has another size must still be refused."""
+    from streamrt.serve.wire import grpc_layouts
+
+    rng = np.random.default_rng()
+    model = f"layout_{rng.integers(1 << 30)}"  # a rest no other test remembered
+    first, second = (rng.standard_normal((1, 16)).astype(np.float32) for _ in range(2))
+    a = parse_infer_request(_small(model, first, "r1"), 10**6)
+    assert grpc_layouts.known_request(*split_infer_request(_small(model, second, "r1")), 10**6) is not None
+    b = parse_infer_request(_small(model, second, "r1"), 10**6)
+    assert (b.model, b.id, b.outputs, b.sequence, b.priority) == (a.model, a.id, a.outputs, a.sequence, a.priority)
+    np.testing.assert_array_equal(b.inputs["x"], second)
+    assert b.inputs["x"].shape == (1, 16) and b.inputs["x"].dtype == np.float32
+    short = m.ModelInferRequest.FromString(_small(model, second, "r1"))
+    short.raw_input_contents[0] = second.tobytes()[:-4]
+    with pytest.raises(RequestError, match="raw_input_contents has 60 bytes"):
+        parse_infer_request(short.SerializeToString(), 10**6)
+    with pytest.raises(RequestError, match="exceed the server limit"):  # the limit is part of the key
+        parse_infer_request(_small(model, second, "r1"), 8)
+
+
+def test_requests_with_parameters_are_decoded_every_time() -> None:
+    """Shared memory and sequence parameters depend on more than the message bytes: never remembered."""
+    from streamrt.serve.wire import grpc_layouts
+
+    x = np.ones((1, 16), np.float32)
+    msg = m.ModelInferRequest.FromString(_small("params", x))
+    msg.parameters["sequence_id"].int64_param = 5
+    msg.parameters["sequence_start"].bool_param = True
+    for _ in range(2):
+        request = parse_infer_request(msg.SerializeToString(), 10**6)
+        assert request.sequence is not None and request.sequence.start
+    assert grpc_layouts.known_request(*split_infer_request(msg.SerializeToString()), 10**6) is None
+
+
+def test_remembered_reply_headers_write_protobuf_bytes() -> None:
+    """A reply written from the remembered header is byte for byte protobuf's, with and without an id."""
+    rng = np.random.default_rng()
+    for request_id in ("", "id-9", "é" * 100, ""):
+        outputs = {"y": rng.standard_normal((2, 1)).astype(np.float32), "z": np.arange(6).reshape(2, 3)}
+        expected = m.ModelInferResponse(model_name="mod", model_version="3", id=request_id)
+        for name, array in outputs.items():
+            expected.outputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64",
+                                 shape=list(array.shape))
+            expected.raw_output_contents.append(array.tobytes())
+        assert serialize_grpc_response(InferResponse("mod", "3", request_id, outputs)) == expected.SerializeToString()
+
+
 def _null_repo(root: Path) -> Path:
     node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1, 2, 3], keepdims=0)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 224, 224])

@@ -33,6 +33,7 @@ from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnparsableRequestError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
 from streamrt.serve.port import InferencePort, port_in_use
+from streamrt.serve.wire.grpc_layouts import known_request, remember_request, reply_header
 from streamrt.serve.wire.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
 from streamrt.serve.wire.proto import SERVICE
 from streamrt.serve.wire.protocol import (
@@ -55,9 +56,6 @@ __all__ = ["UNARY_RPCS", "UNPARSABLE", "GrpcService", "InferenceRpcs", "bind_grp
 UNPARSABLE = "Unable to parse request"
 """What a message that is not the RPC's request message gets (INTERNAL), in gRPC C++'s words as Triton answers."""
 
-# Requests at least this large are split by hand (grpc_wire) instead of parsed whole by protobuf.
-_SPLIT_ABOVE = 16 * 1024
-
 log = logging.getLogger(__name__)
 
 # Typed contents field for each datatype (FP16/BF16 have none: they must come raw).
@@ -74,9 +72,9 @@ def import_grpc() -> Any:
     return require("grpc", extra="serve", purpose="the gRPC front end")
 
 
-def _traceparent(context: Any) -> str | None:
-    """The W3C ``traceparent`` a gRPC call carries in its metadata (OpenTelemetry's propagation)."""
-    return dict(context.invocation_metadata() or ()).get("traceparent")
+def _metadata(context: Any) -> dict[str, Any]:
+    """The call's metadata by key (``authorization``, OpenTelemetry's ``traceparent``)."""
+    return dict(context.invocation_metadata() or ())
 
 
 def _param(value: Any) -> Any:
@@ -85,19 +83,26 @@ def _param(value: Any) -> Any:
 
 
 def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | None = None) -> InferRequest:
-    """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``."""
+    """Serialized ``ModelInferRequest`` -> :class:`InferRequest`; tensors are zero-copy views of ``data``.
+
+    The message is split from its raw contents first (:func:`split_infer_request`); a rest decoded
+    before is looked up instead of parsed again (:mod:`streamrt.serve.wire.grpc_layouts`).
+    """
     from streamrt.serve.wire.proto import messages
 
     try:
-        if len(data) < _SPLIT_ABOVE:  # small: protobuf's C parser is quicker than walking the fields here
-            message, raw = messages.ModelInferRequest.FromString(data), None
-        else:
-            rest, raw = split_infer_request(data)
-            message = messages.ModelInferRequest.FromString(rest)
+        rest, raw = split_infer_request(data)
+        known = known_request(rest, raw, max_elements) if raw else None
+        if known is not None:
+            return known
+        message = messages.ModelInferRequest.FromString(rest)
     except Exception as exc:  # google.protobuf.message.DecodeError, or split_infer_request's RequestError
         log.debug("a ModelInferRequest of %d bytes does not parse: %s", len(data), exc)
         raise UnparsableRequestError(UNPARSABLE) from None
-    return decode_grpc_request(message, max_elements, raw=raw, memory=memory)
+    request = decode_grpc_request(message, max_elements, raw=raw, memory=memory)
+    if raw:
+        remember_request(rest, message, request, max_elements)
+    return request
 
 
 def decode_grpc_request(
@@ -225,6 +230,10 @@ def serialize_grpc_response(response: InferResponse) -> bytes:
     """
     from streamrt.serve.wire.proto import messages
 
+    parts = reply_header(response, messages)
+    if parts is not None:  # the same bytes as below: fields 1-2, the id (field 3), the outputs (field 5)
+        head = [parts[0], encode_length_delimited(3, response.id.encode()), parts[1]] if response.id else parts
+        return encode_infer_response(b"".join(head), [raw_bytes(a) for a in response.outputs.values()])
     message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
     blobs: list[memoryview | bytes] = []
     for name, array in response.outputs.items():
@@ -269,10 +278,12 @@ class InferenceRpcs:
         """End the call with ``exc``'s message and the status table's code."""
         await context.abort(self.grpc.StatusCode[status_for(exc).grpc], str(exc))
 
-    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Auth, then ``call``; a StreamRT error aborts the call with the status table's code."""
+    async def _guard(self, context: Any, call: Callable[[], Awaitable[Any]],
+                     metadata: Mapping[str, Any] | None = None) -> Any:
+        """Auth (from ``metadata``, the call's when not given), then ``call``; a StreamRT error aborts
+        the call with the status table's code."""
         try:
-            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+            self.port.check_auth((_metadata(context) if metadata is None else metadata).get("authorization"))
             return await call()
         except StreamRTError as exc:
             await self._abort(context, exc)
@@ -289,14 +300,16 @@ class InferenceRpcs:
         return await self.port.answer(request, serialize_grpc_response)
 
     async def ModelInfer(self, request: bytes, context: Any) -> Any:
-        return await self._guard(context, lambda: self._infer(request, _traceparent(context)))
+        metadata = _metadata(context)
+        return await self._guard(context, lambda: self._infer(request, metadata.get("traceparent")), metadata)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        metadata = _metadata(context)
         try:
-            self.port.check_auth(dict(context.invocation_metadata() or ()).get("authorization"))
+            self.port.check_auth(metadata.get("authorization"))
         except StreamRTError as exc:
             await self._abort(context, exc)
-        traceparent = _traceparent(context)
+        traceparent = metadata.get("traceparent")
         async for request in requests:
             try:
                 # ModelStreamInferResponse.infer_response is field 2: tag, length, the response bytes.

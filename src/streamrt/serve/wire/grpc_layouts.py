@@ -1,0 +1,123 @@
+"""Remembered gRPC inference messages: decode each request shape and write each reply shape once.
+
+A client sends the same ``ModelInferRequest`` for every request of one shape, apart from the tensor
+bytes in ``raw_input_contents`` (tritonclient and ``streamrt perf`` write it from the model name,
+each input's name, datatype and shape), and a model answers each such request with outputs of one
+shape. Parsing the request with protobuf and walking its fields (names, dtypes, shapes, counts,
+parameters, sequence flags) was ~14 us of a 64 B request, and building the reply message ~4.5 us
+(in isolation, ``benchmarks/vs_triton.py``'s null model); looked up, the two take ~2 and ~1 us.
+
+:class:`GrpcRequestLayout` is what the rest of a request (the message without its raw contents, as
+:func:`~.grpc_wire.split_infer_request` returns it) said once it was decoded: each input's name,
+dtype, shape and byte size, the requested outputs and the request-level fields. The gRPC listener
+keeps one per rest it decoded that names only raw, non-BYTES inputs and carries no parameters at
+all (so no shared memory, sequence flags, priority or timeout: nothing in it depends on anything
+but the rest's bytes), keyed by those bytes and the element limit they were checked against. A
+request whose rest is known and whose raw entries have the sizes the layout implies skips the
+parse; anything else takes the full decode, which raises the same errors as before.
+
+Reply headers (``model_name``, ``model_version`` and ``outputs``, the message without its ``id``
+and raw contents) are kept for replies whose outputs are all non-BYTES and not in shared memory;
+the id goes between the two parts as protobuf's field order puts it, so the bytes are those
+``SerializeToString`` writes.
+
+Both tables are :class:`~.http_headers.BoundedTable` s (cleared when full; rests over
+:data:`~.http_headers.MAX_HEADER_BYTES` are never kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BoundedTable
+from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype
+
+__all__ = ["GrpcRequestLayout", "RawInput", "known_request", "remember_request", "reply_header"]
+
+
+@dataclass(frozen=True)
+class RawInput:
+    """One raw input of a decoded request: ``count`` elements of ``dtype`` in ``nbytes`` bytes."""
+
+    name: str
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    count: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GrpcRequestLayout:
+    """What the rest of a request (its message without ``raw_input_contents``) said once decoded."""
+
+    model: str
+    version: str
+    request_id: str
+    inputs: tuple[RawInput, ...]
+    outputs: tuple[RequestedOutput, ...]
+
+
+_REQUESTS: BoundedTable[GrpcRequestLayout] = BoundedTable()
+"""Decoded request rests by (rest bytes, max_elements)."""
+
+_REPLIES: BoundedTable[tuple[bytes, bytes]] = BoundedTable()
+"""(fields 1-2, field 5) of reply messages by (model, version, each output's name, dtype and shape)."""
+
+
+def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> InferRequest | None:
+    """The request of a rest decoded before, its inputs zero-copy views of ``raw``; None when the
+    rest is not known or the raw entries are not the sizes it implies."""
+    layout = _REQUESTS.get((rest, max_elements))
+    if layout is None or len(raw) != len(layout.inputs):
+        return None
+    for data, tensor in zip(raw, layout.inputs, strict=True):
+        if data.nbytes != tensor.nbytes:
+            return None
+    return InferRequest(
+        model=layout.model, version=layout.version, id=layout.request_id,
+        inputs={t.name: np.frombuffer(data, dtype=t.dtype, count=t.count).reshape(t.shape)
+                for data, t in zip(raw, layout.inputs, strict=True)},
+        outputs=layout.outputs,
+    )
+
+
+def remember_request(rest: bytes, message: Any, request: InferRequest, max_elements: int) -> None:
+    """Keep the layout of ``request`` (decoded from ``message``, the protobuf of ``rest``) when
+    nothing in it depends on more than the rest's bytes: raw non-BYTES inputs, no parameters."""
+    if len(rest) > MAX_HEADER_BYTES or message.parameters or request.sequence is not None:
+        return
+    inputs = []
+    for tensor in message.inputs:
+        if tensor.parameters or tensor.datatype == "BYTES":
+            return
+        array = request.inputs[tensor.name]
+        inputs.append(RawInput(tensor.name, array.dtype, array.shape, array.size, array.nbytes))
+    if not inputs or len(inputs) != len(request.inputs) or any(o.parameters for o in message.outputs):
+        return
+    _REQUESTS.put((rest, max_elements), GrpcRequestLayout(
+        request.model, request.version, request.id, tuple(inputs), request.outputs))
+
+
+def reply_header(response: InferResponse, messages: Any) -> tuple[bytes, bytes] | None:
+    """(``model_name`` + ``model_version``, ``outputs``) of the serialized reply, written once per
+    output signature; None for a reply with BYTES outputs or outputs in shared memory."""
+    if response.in_shared_memory:
+        return None
+    outputs = response.outputs
+    key = (response.model, response.version, tuple((n, a.dtype, a.shape) for n, a in outputs.items()))
+    parts = _REPLIES.get(key)
+    if parts is not None:
+        return parts
+    if any(a.dtype == object or a.dtype.kind in "SU" for a in outputs.values()):
+        return None
+    head = messages.ModelInferResponse(model_name=response.model, model_version=response.version)
+    body = messages.ModelInferResponse()
+    for name, array in outputs.items():
+        body.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
+    parts = (head.SerializeToString(), body.SerializeToString())
+    _REPLIES.put(key, parts)
+    return parts
