@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from streamrt.errors import ConfigError
 from streamrt.video.live import LiveQueue
 from streamrt.video.sources import SourceError, SourceInfo
 
@@ -144,9 +143,7 @@ class LiveGroup:
     def __init__(self, lanes: ReadyLanes, indices: Sequence[int], infos: Sequence[SourceInfo], *, fps: float | None,
                  depth: int = 2, wake: threading.Condition | None = None, first_index: Sequence[int] | None = None,
                  max_frames: Sequence[int | None] | None = None) -> None:
-        if depth < 1:
-            raise ConfigError(f"live stream queue depth must be >= 1, got {depth}")
-        self.lanes, self.fps, self.depth = lanes, float(fps or 0.0), depth
+        self.lanes, self.fps, self.depth = lanes, float(fps or 0.0), depth  # depth is checked by each LiveQueue
         self.wake = wake or threading.Condition()
         firsts = list(first_index or [0] * len(indices))
         limits = list(max_frames or [None] * len(indices))
@@ -155,7 +152,6 @@ class LiveGroup:
         self._by_lane = {s.lane: s for s in self.streams}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-group", daemon=True)
-        self.takes = 0  # take_ready calls that took pictures (produced / takes: how many each took)
 
     def started(self) -> None:
         """A stream started: the thread runs from the first one on."""
@@ -184,7 +180,8 @@ class LiveGroup:
         try:
             while not self._stop.is_set():
                 with self.wake:
-                    due = [s.lane for s in self.streams if s._due(time.perf_counter(), period)]
+                    now = time.perf_counter()
+                    due = [s.lane for s in self.streams if s._due(now, period)]
                 if due:
                     self._take(due)
                 with self.wake:
@@ -205,7 +202,6 @@ class LiveGroup:
 
     def _take(self, due: list[int]) -> None:
         ready = self.lanes.take_ready(due)
-        self.takes += bool(ready.taken)
         with self.wake:
             for lane, picture, _pts in ready.taken:
                 stream = self._by_lane[lane]
