@@ -6,6 +6,10 @@
 #   bash scripts/h200_video_call.sh COMMIT              # on the device machine (wheels in .whl-video/,
 #                                                       # clips in build/video-clips from make_video_clips.py)
 #   DRY_RUN=1 bash scripts/h200_video_call.sh COMMIT    # print the commands only (CPU check)
+#   STEPS=tests,video VIDEO_ARGS="--streams 150,175 --parts 2" bash scripts/h200_video_call.sh COMMIT
+#                                                       # some steps only, other check arguments
+#   SAVE_CACHE=1 ...   # also return the build cache ($STREAMRT_CACHE: the detector's plan) as
+#                      # $OUT/srtcache.tgz, to carry into the next call (STREAMRT_CACHE=build/srtcache)
 #
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
@@ -13,17 +17,21 @@ commit=${1:?commit}
 out=${OUT:-/tmp/out}
 clips=${CLIPS:-build/video-clips}
 dry=${DRY_RUN:-}
+steps=",${STEPS:-tests,reruns,video,videotests},"
+video_args=${VIDEO_ARGS:---streams 100,150,200 --baselines-at 100 --baselines before --parts 2 --budget 240}
+cache=${STREAMRT_CACHE:-/tmp/srtcache}
 mkdir -p "$out"
 if [ -z "$dry" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl-video/*.whl > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 fi
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=/tmp/srtcache \
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=$cache \
     STREAMRT_COMMIT=$commit STREAMRT_VIDEO_CLIPS=$clips
 
-run() {  # run STEP TIMEOUT CMD...: log to $out/STEP/log (appended), print the tail
+run() {  # run STEP TIMEOUT CMD...: log to $out/STEP/log (appended), print the tail; a step not in STEPS is skipped
     local name=$1 limit=$2; shift 2
+    case $steps in *",$name,"*) ;; *) return 0 ;; esac
     mkdir -p "$out/$name"
     if [ -n "$dry" ]; then echo "[$name, timeout $limit s] $*"; return 0; fi
     local t0=$SECONDS
@@ -40,9 +48,18 @@ run tests 60 python3 -m pytest -v -p no:cacheprovider tests/video/test_decode_pr
 run reruns 90 python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 80 tests/device/test_pinnable.py \
     tests/serve/test_memory_budget.py tests/serve/test_batch_property.py
 # 3. decode-included camera-paced sweep, 4 decoder processes, admission; the old reader beside the new at 100 (250 s)
-run video 250 python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" --decode-processes 4 \
-    --streams 100,150,200 --baselines-at 100 --baselines before --admission queue --parts 2 --budget 240
+# shellcheck disable=SC2086  # VIDEO_ARGS is a list of arguments
+run video "${VIDEO_TIMEOUT:-250}" python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" \
+    --decode-processes 4 --admission queue $video_args
 # 4. every gpu-marked video test, as far as 130 s go
-run videotests 130 python3 -m pytest -v -p no:cacheprovider -m gpu tests/video --timeout 120
+# shellcheck disable=SC2086  # VIDEOTESTS_ARGS is a list of arguments
+run videotests "${VIDEOTESTS_TIMEOUT:-130}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 120 \
+    ${VIDEOTESTS_ARGS:-tests/video}
 [ -n "$dry" ] && exit 0
 bash "$(dirname "$0")/h200_pack.sh" "$out"
+if [ -n "${SAVE_CACHE:-}" ] && [ -d "$cache" ]; then  # files back are at most 16 MiB each
+    tar -czf /tmp/srtcache.tgz -C "$(dirname "$cache")" "$(basename "$cache")" \
+        && [ "$(stat -c %s /tmp/srtcache.tgz)" -lt 15000000 ] && mv /tmp/srtcache.tgz "$out/" \
+        || echo "build cache not returned: $(du -sh "$cache")"
+    ls -la "$out"
+fi

@@ -71,3 +71,18 @@ def test_nv12_needs_a_cuda_engine_and_one_format(detector: Any, tmp_path: Path) 
         run_detection(detector, [AvSource(path, output="nv12")], DetectConfig())
     with pytest.raises(ConfigError, match="one frame format"):
         run_detection(detector, [AvSource(path), AvSource(path, output="nv12")], DetectConfig())
+
+
+def test_gather_pictures_copies_every_picture_into_its_row_in_one_call() -> None:
+    from streamrt.video.workload import gather_pictures
+
+    rng = np.random.default_rng(7)
+    pictures: list[Any] = [rng.integers(0, 256, (6, 4), dtype=np.uint8) for _ in range(3)]
+    pictures[1] = torch.from_numpy(pictures[1].copy())  # a tensor beside host arrays (NVDEC beside CPU decoders)
+    dst = torch.full((5, 6, 4), 255, dtype=torch.uint8)  # poisoned: rows 3 and 4 must stay as they were
+    gather_pictures(dst, pictures)
+    for row, picture in enumerate(pictures):
+        assert np.array_equal(dst[row].numpy(), np.asarray(picture)), row
+    assert bool((dst[3:] == 255).all())
+    gather_pictures(dst, [])  # an empty call is no call
+    assert bool((dst[3:] == 255).all())

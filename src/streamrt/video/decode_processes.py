@@ -504,13 +504,15 @@ class ProcessDecodePool:
                     ready.ended.append(index)
         if not picked:
             return ready
+        # One stacked copy for the set (one launch, one allocation, the GIL given up once), handed out
+        # as views: a picture's memory is freed when the last view of its set is gone.
         if self.kind == "cpu":
-            pictures = [ring[slot].clone() for _, _, ring, slot, _ in picked]
+            pictures = list(torch.stack([ring[slot] for _, _, ring, slot, _ in picked]).unbind(0))
         else:
             if self._copy_stream is None:  # high priority: a copy-out is never queued behind the engine
                 self._copy_stream = torch.cuda.Stream(device=self._gpu, priority=-1)
             with torch.cuda.stream(self._copy_stream):
-                pictures = [ring[slot].clone() for _, _, ring, slot, _ in picked]
+                pictures = list(torch.stack([ring[slot] for _, _, ring, slot, _ in picked]).unbind(0))
             self._copy_stream.synchronize()  # every copy done before the workers may overwrite the slots
         frees: dict[int, list[tuple[int, int]]] = {}
         for index, worker, _, slot, _ in picked:

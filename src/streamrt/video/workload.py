@@ -41,7 +41,7 @@ from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 from streamrt.pipeline.stage import Lane, Slot, Stage, StageKind
 from streamrt.video.model import DetectorModel
 
-__all__ = ["DetectionWorkload", "Detections", "Frame"]
+__all__ = ["DetectionWorkload", "Detections", "Frame", "gather_pictures"]
 
 
 @dataclass
@@ -93,6 +93,23 @@ class Detections:
         return (len(self) == len(other) and np.array_equal(self.classes, other.classes)
                 and np.allclose(self.boxes, other.boxes, rtol=0, atol=atol)
                 and np.allclose(self.scores, other.scores, rtol=0, atol=max(atol, 1e-6)))
+
+
+def gather_pictures(dst: Any, pictures: list[Any]) -> None:
+    """``pictures`` (device tensors, or host arrays/tensors) copied into rows ``0..n-1`` of ``dst`` in one call.
+
+    A copy per picture from Python gives the GIL up and waits to get it back once per picture (200
+    streams on the H200 on 2026-12-02: 29.5 ms per engine call of 94 frames, the main thread 61%
+    busy). ``torch._foreach_copy_`` copies pictures already on ``dst``'s device in one fused launch
+    and host ones (a CPU decoder's NV12; from pinned memory: asynchronous) one after another in C++,
+    on the current stream, all under one release of the GIL.
+    """
+    import torch
+
+    if not pictures:
+        return
+    sources = [torch.from_numpy(p) if isinstance(p, np.ndarray) else p for p in pictures]
+    torch._foreach_copy_(list(dst[: len(sources)].unbind(0)), sources, non_blocking=True)
 
 
 class DetectionWorkload:
@@ -270,15 +287,8 @@ class DetectionWorkload:
             to_device(slot["frames"][b] if image is None else image, dev, stream, out=frames_dev[b])
 
     def gather_nv12(self, slot: Slot, item: int, stream: Stream) -> None:
-        import torch
-
-        dst = slot["nv12_dev"]
-        for b, frame in enumerate(slot.input):
-            picture = frame.image
-            if isinstance(picture, np.ndarray):  # a CPU decoder's NV12: host -> device (pinned: asynchronous)
-                picture = torch.from_numpy(picture)
-            # NVDEC pictures are complete when handed over (the decoder thread synchronised its stream).
-            dst[b].copy_(picture, non_blocking=True)
+        # NVDEC pictures are complete when handed over (the decoder side synchronised its stream).
+        gather_pictures(slot["nv12_dev"], [f.image for f in slot.input])
 
     def pre_nv12(self, slot: Slot, item: int, stream: Stream) -> None:
         slot.lane.state["letterbox_nv12"](slot["nv12_dev"], slot["images"])
