@@ -233,9 +233,9 @@ def _admission(detector: DetectorModel, sources: list[Any], batch: int, state: d
 
 def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: dict[str, Any] | None = None,
            admission: str = "off", quick: bool = False, reader: str = "auto") -> tuple[RunReport, float | None]:
-    live_reader, ahead = READERS[reader]
     """Camera-paced live streams (each on its own thread behind a drop-oldest queue, served round-robin:
     under overload every stream drops evenly and latency stays bounded), admitted from measured capacity."""
+    live_reader, ahead, switch_ms = READERS[reader]
     calls = -(-len(sources) // detector.max_batch)
     batch = -(-len(sources) // calls)
     config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
@@ -245,8 +245,14 @@ def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: d
                           max_frames=int(seconds * FPS) + 15, warmup_frames=15)
     plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick)
     print(f"  admission: {plan.message}", flush=True)
-    with DecoderLoad() as load:
-        report = run_detection(detector, sources, config, admission=plan)
+    before = sys.getswitchinterval()
+    if switch_ms is not None:  # how long a thread that wants the GIL waits for a busy holder to give it up
+        sys.setswitchinterval(switch_ms / 1000)
+    try:
+        with DecoderLoad() as load:
+            report = run_detection(detector, sources, config, admission=plan)
+    finally:
+        sys.setswitchinterval(before)
     report.admission["fit"] = fit
     return report, load.mean
 
@@ -265,10 +271,13 @@ def _binding(report: RunReport, nvdec_util: float | None, bound: float | None) -
     return f"{neck[0]} ({100 * neck[1]:.0f}%)" if neck else "-"
 
 
-# How part 2 reads live streams and fills engine calls (DetectConfig.live_reader, calls_ahead): the default,
-# and the ways before it, run beside it at the counts of --baselines-at.
-READERS = {"auto": ("auto", None), "threads": ("threads", None), "no-hold": ("auto", 1 << 30),
-           "before": ("threads", 1 << 30)}
+# How part 2 reads live streams and fills engine calls (DetectConfig.live_reader, calls_ahead, and the
+# interpreter's GIL switch interval in ms, None: Python's 5 ms): the default, and the ways before it, run
+# beside it at the counts of --baselines-at. gil0.5: the default reader with a 0.5 ms switch interval (at 185
+# streams on 2026-12-02 the consumer's gather took 25 ms per call of one copy launch: GIL waits, not work).
+READERS: dict[str, tuple[str, int | None, float | None]] = {
+    "auto": ("auto", None, None), "threads": ("threads", None, None), "no-hold": ("auto", 1 << 30, None),
+    "before": ("threads", 1 << 30, None), "gil0.5": ("auto", None, 0.5), "gil1": ("auto", None, 1.0)}
 
 
 def _sweep_points(counts: list[int], baselines_at: list[int], baselines: list[str]) -> list[tuple[int, str]]:
@@ -294,6 +303,8 @@ def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: in
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---|"]
     failures = 0
     for n, reader in _sweep_points(counts, baselines_at or [], baselines or []):
+        if failures >= 2 and reader == "auto":  # two counts in a row failed: higher ones would too
+            break                               # (the baselines beside the last one still run)
         if budget.left < seconds + 40:
             lines.append(f"| {n} | {reader} | | | | | | | | | | | skipped: time budget | | |")
             continue
@@ -302,9 +313,7 @@ def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: in
                 report, util = _paced(detector, list(pool.sources()), seconds, state, admission, dec.quick, reader)
         except Exception as exc:  # 150 sessions that cannot open: this row fails, the sweep goes on
             lines.append(_error_row(14, f"{n} | {reader}", exc, state, "part 2"))
-            failures += 1
-            if failures >= 2:
-                break
+            failures += reader == "auto"
             continue
         state.setdefault("sweep", []).append({**report.to_dict(), "nvdec_util": util, "reader": reader})
         busy = f"{100 * util:.0f}%" if util is not None else "n/a"
@@ -316,8 +325,6 @@ def part_sweep(clips: list[Path], counts: list[int], seconds: float, workers: in
         if reader != "auto":
             continue  # a baseline beside the default: it does not end the sweep
         failures = 0 if report.sustained else failures + 1
-        if failures >= 2:
-            break
     sustained = [r for r in state.get("sweep", []) if r["sustained"] and r["reader"] == "auto"]
     lines.append("")
     if sustained:
@@ -416,13 +423,14 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders) -> list[str]:
     return lines
 
 
-def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders) -> list[str]:
+def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders,
+                streams: int | None = None) -> list[str]:
     from streamrt.video.hybrid import HybridDecode, measure_cpu_decode
 
     detector = _detector(state)
     sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
     failed = [r["sources"] for r in sweep if not r["sustained"]]
-    n = min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50)
+    n = streams or (min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50))
     if dec.quick:
         n = min(n, 3)
     cpu_rate = measure_cpu_decode(clips[0], seconds=0.5 if dec.quick else 2.0)
@@ -494,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baselines", default="before", metavar="NAME,..",
                         help=f"part 2's other readers: {', '.join(r for r in READERS if r != 'auto')}")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
+    parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
+                        help="part 5's stream count (default: the first count part 2 did not sustain)")
+    parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
+                        help="NVDEC's bound on these clips, measured elsewhere (scripts/gpu_nvdec_scaling.py with "
+                             "decoder processes), for admission and the hybrid plan when part 1 does not run")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
     args = parser.parse_args(argv)
@@ -522,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
            "python": platform.python_version(),
            "clips": ", ".join(f"{c.name} ({c.stat().st_size / 1e6:.1f} MB)" for c in clips)}
     state: dict[str, Any] = {}
+    if args.nvdec_bound:  # part 1, if it runs, measures its own (in-process threads)
+        state["nvdec_bound_fps"] = args.nvdec_bound
+        env["NVDEC bound"] = f"{args.nvdec_bound:.0f} frames/s (given: --nvdec-bound)"
     ints = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
     names = lambda text: [v.strip() for v in text.split(",") if v.strip()]  # noqa: E731
     if unknown_readers := [r for r in names(args.baselines) if r not in READERS]:
@@ -537,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
               lambda: part_fair(state, args.out, dec)),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
-              lambda: part_hybrid(clips, args.duration, state, dec)),
+              lambda: part_hybrid(clips, args.duration, state, dec, args.hybrid_streams)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

@@ -25,6 +25,10 @@ if [ -z "$dry" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl-video/*.whl > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+    if [ -f build/srtcache.tgz ] && [ ! -d "$cache" ]; then  # a build cache returned by an earlier call
+        mkdir -p "$(dirname "$cache")" && tar -xzf build/srtcache.tgz -C "$(dirname "$cache")" \
+            && echo "build cache restored from build/srtcache.tgz into $cache"
+    fi
 fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=$cache \
     STREAMRT_COMMIT=$commit STREAMRT_VIDEO_CLIPS=$clips
