@@ -81,18 +81,19 @@ class SlowCompiler(RecordingCompiler):
 
 
 def test_a_budget_too_small_for_autotuning_bounds_the_whole_build_and_keeps_the_level_3_plan() -> None:
-    # The level-3 compile (faked: 4.5 s) comes first; the real autotuning child gets the 2.5 s left
-    # and cannot finish (it imports torch and runs g++), so it is killed and nothing more is compiled.
+    # The level-3 compile (faked: 4.5 s) comes first; the real autotuning child gets the 1.5 s left
+    # after the 1 s finish reserve and cannot finish (it imports torch and runs g++), so it is killed
+    # and nothing more is compiled, by 6 s: the reserve is left for the rest of the build.
     # Before the fix the child ran to its deadline first and the fallback came after it: ~9.4 s.
     ep = torch.export.export(torch.nn.Linear(8, 4).eval(), (torch.randn(2, 8),))
     compiler = SlowCompiler(4.5)
     lines: list[str] = []
     configs = {"max_autotune": True, "coordinate_descent_tuning": False, "freezing": False}
     started = time.monotonic()
-    budget = BuildBudget(7.0, lines.append, compiler)
+    budget = BuildBudget(7.0, lines.append, compiler, finish_reserve_s=1.0)
     package = budget.compile(ep, configs, label="profile 1/1")
     took = time.monotonic() - started
-    assert took < 7.0 + 1.0, (took, lines)
+    assert took < 7.0 - 1.0 + 0.5, (took, lines)  # 0.5 s: the kill and reaping the child
     assert package == b"PK-1" and compiler.calls == [fallback_configs(configs)]  # the plan is the level-3 one
     assert budget.exhausted and budget.child_compiles == 1
     record = budget.to_dict()
@@ -121,7 +122,10 @@ def test_an_autotuned_compile_that_ends_in_time_is_kept_and_later_profiles_keep_
     assert budget.compile(None, configs, label="profile 1/2", later=1) == b"TUNED"
     assert budget.compile(None, configs, label="profile 2/2") == b"TUNED"
     assert compiler.calls == [fallback_configs(configs)] * 2 and not budget.events and not budget.exhausted
-    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s) and deadlines[1] == pytest.approx(300.0)
+    reserve = budget.finish_reserve_s  # kept after the deadline for packaging, verifying and writing the plan
+    assert reserve == 5.0
+    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s - reserve)
+    assert deadlines[1] == pytest.approx(300.0 - reserve)
     assert budget.compile(None, {**configs, "layout_optimization": False}, label="p2 contiguous",
                           optional=True) == b"TUNED"
     assert len(compiler.calls) == 2  # an optional compile gets no level-3 package first
