@@ -210,3 +210,43 @@ def test_a_level_4_build_whose_level_3_compile_exceeds_the_budget_keeps_it_and_s
         got = ctx.infer({"input_0": x})["output_0"]
     with torch.no_grad():
         torch.testing.assert_close(torch.as_tensor(got), net(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_budget_bounds_the_whole_build_and_a_retry_with_more_time_reuses_the_level_3_package(
+        tmp_path: Path) -> None:
+    # The first build (1 s) keeps its level-3 compile; the second (10 s) finds that package in the timing
+    # cache, so nothing is compiled before its autotuning child, which gets 10 s less what was spent and the
+    # 5 s finish reserve, cannot finish (it imports torch, then runs g++) and is killed: the whole
+    # build_module call (export, child, packaging, verification, the plan's write) ends within 10 s.
+    # The third (10 s again) reuses that fallback at once.
+    from streamrt import load
+    from streamrt.building.module_builder import build_module
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=1.0,
+                         timing_cache=tmp_path / "timings", backend_options={"device": "cpu"})
+
+    def build(seconds: float, name: str) -> tuple[Any, float, list[str]]:
+        lines: list[str] = []
+        started = time.monotonic()
+        built = build_module(net, [torch.randn(4, 64)], tmp_path / name, config.replace(build_budget_s=seconds),
+                             progress=lines.append, cache_dir=tmp_path / "c")
+        return built, time.monotonic() - started, lines
+
+    build(1.0, "first.plan")
+    second, took, lines = build(10.0, "second.plan")
+    backend = second.manifest.build_settings["backend"]
+    assert took <= 10.0, (took, lines)
+    assert backend["build_budget"]["child_compiles"] == 1 and backend["build_budget"]["fell_back"], lines
+    assert "profile 1/1: level-3 recipe reused from the package cache (not compiled again)" in lines
+    assert backend["timing_cache"]["package"] == "compiled" and backend["timing_cache"]["packages"] == [
+        "compiled (level-3 fallback)"]
+    third, quick, lines = build(10.0, "third.plan")
+    assert third.manifest.build_settings["backend"]["timing_cache"]["package"] == "reused (level-3 fallback)"
+    assert quick < took and third.manifest.build_settings["backend"]["build_budget"]["child_compiles"] == 0
+    x = torch.randn(4, 64)
+    with load(third.path) as engine, engine.create_context() as ctx:
+        got = ctx.infer({"input_0": x})["output_0"]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.as_tensor(got), net(x), rtol=1e-4, atol=1e-4)
