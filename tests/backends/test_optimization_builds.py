@@ -1,12 +1,15 @@
 """Optimization levels and the timing cache in real CPU builds (AOTInductor's C++ path).
 
-Three builds (about 2 minutes on 2 busy cores): level 0 of a convolution model, then the same
-level-4 matmul model twice with one ``--timing-cache`` directory: the first times the GEMM
-candidates (a miss), the second reuses the timing (a hit).
+Level 0 of a convolution model; the same level-4 matmul model three times with one
+``--timing-cache`` directory: the first times the GEMM candidates (a miss), the second (its
+packages removed) reuses the timing (a hit), the third copies the autotuned package; and level-3
+module builds into one timing cache: the same program reuses its package, changed weights, a
+changed shape or a directory from another device do not (a few minutes on 2 busy cores).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 
 import streamrt
 from helpers import catalogue_file
+from streamrt.backends.torch_inductor.package_cache import PACKAGES_DIR
 from streamrt.cli.inspect import _text, describe
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
@@ -60,13 +64,27 @@ def test_timing_cache_is_reused_by_a_rebuild(tmp_path: Path) -> None:
                          verify_shapes=False)
     lines: list[str] = []
     first = streamrt.build(model, config, tmp_path / "a.plan", cache=False, cache_dir=tmp_path / "c")
+    shutil.rmtree(cache / PACKAGES_DIR)  # the timings alone: the package cache would skip the compile
     second = streamrt.build(model, config, tmp_path / "b.plan", cache=False, cache_dir=tmp_path / "c",
                             progress=lines.append)
     one, two = (r.manifest.build_settings["backend"]["timing_cache"] for r in (first, second))
     assert one["path"] == str(cache) and one["misses"] >= 1 and one["hits"] == 0
     assert two["hits"] == one["misses"] and two["misses"] == 0
-    assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning)" in lines
+    assert one["package"] == two["package"] == "compiled"
+    assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning); package compiled" \
+        in lines
     assert (cache / "streamrt-timing-cache.json").is_file()
+    # The autotuned package the second build kept: a third build copies it (no lookups, nothing compiled).
+    third = streamrt.build(model, config, tmp_path / "t.plan", cache=False, cache_dir=tmp_path / "c")
+    three = third.manifest.build_settings["backend"]["timing_cache"]
+    assert three["package"] == "reused" and three["hits"] == three["misses"] == 0
+    inputs = CATALOGUE["matmul"].inputs(np.random.default_rng(), 1)
+    with streamrt.load(second.path) as engine, engine.create_context() as ctx:
+        expected = {k: np.array(v, copy=True) for k, v in ctx.infer(inputs).items()}
+    with streamrt.load(third.path) as engine, engine.create_context() as ctx:
+        got = ctx.infer(inputs)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(got[name]), value)
 
 
 def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
@@ -139,8 +157,6 @@ def test_a_rebuild_into_the_same_timing_cache_reuses_the_package_and_a_changed_m
         assert built.manifest.build_settings["backend"]["timing_cache"]["package"] == "compiled"
 
     foreign = tmp_path / "foreign"
-    import shutil
-
     shutil.copytree(cache, foreign)
     record = json.loads((foreign / IDENTITY_FILE).read_text())
     (foreign / IDENTITY_FILE).write_text(json.dumps({**record, "device": "NVIDIA A100"}))

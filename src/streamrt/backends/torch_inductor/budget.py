@@ -188,7 +188,14 @@ class BuildBudget:
         self.events.append({**event, "why": why} if why else event)
 
     def _fallback_first(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes:
-        """Compile the level-3 recipe here and time it; past the budget, warn and mark the budget spent."""
+        """Compile the level-3 recipe here and time it; past the budget, warn and mark the budget spent.
+
+        A level-3 package in the package cache is taken instead: nothing is spent, and the
+        autotuning deadline gets the whole budget.
+        """
+        cached = self._cached_level3(ep, configs, label)
+        if cached is not None:
+            return cached
         self.progress(f"{label}: compiling the level-3 recipe first (no autotuning): the plan kept if autotuning "
                       f"does not finish within the {self.seconds:g} s budget")
         started = time.monotonic()
@@ -212,19 +219,19 @@ class BuildBudget:
         self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: compiling "
                       "with the level-3 recipe (no autotuning) instead")
         self._event(label, FALLBACK_TO, why)
-        return self._level3(ep, configs, label)
+        return self._cached_level3(ep, configs, label) or self._level3(ep, configs, label)
+
+    def _cached_level3(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes | None:
+        """The level-3 package of ``configs`` an earlier build compiled first, from the package cache; else ``None``."""
+        found = self.packages.find(ep, fallback_configs(configs), self.seconds) if self.packages is not None else None
+        if found is None:
+            return None
+        self.progress(f"{label}: level-3 recipe reused from the package cache (not compiled again)")
+        return found[0]
 
     def _level3(self, ep: Any, configs: Mapping[str, Any], label: str) -> bytes:
-        """The level-3 recipe of ``configs``: from the package cache, or compiled here behind a heartbeat.
-
-        The cached one is what an earlier build compiled first (a build whose autotuning did not
-        finish, retried with a larger budget): the whole budget then goes to autotuning.
-        """
+        """The level-3 recipe of ``configs``, compiled here behind a heartbeat (it is silent for a minute or more)."""
         plain = fallback_configs(configs)
-        found = self.packages.find(ep, plain, self.seconds) if self.packages is not None else None
-        if found is not None:
-            self.progress(f"{label}: level-3 recipe reused from the package cache (not compiled again)")
-            return found[0]
         package = with_heartbeat(lambda: self.compile_here(ep, plain), self.progress, f"{label}: level-3 recipe")
         if self.packages is not None:
             self.packages.keep(ep, plain, package, COMPILED)
