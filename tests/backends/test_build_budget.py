@@ -244,7 +244,9 @@ def test_the_budget_bounds_the_whole_build_and_a_retry_with_more_time_reuses_the
         "compiled (level-3 fallback)"]
     third, quick, lines = build(10.0, "third.plan")
     assert third.manifest.build_settings["backend"]["timing_cache"]["package"] == "reused (level-3 fallback)"
-    assert quick < took and third.manifest.build_settings["backend"]["build_budget"]["child_compiles"] == 0
+    reused = third.manifest.build_settings["backend"]["build_budget"]
+    assert quick < took and reused["child_compiles"] == 0
+    assert "reused the level-3 fallback" in reused["fell_back"][0]["why"]  # not a complete plan: not plan-cached
     x = torch.randn(4, 64)
     with load(third.path) as engine, engine.create_context() as ctx:
         got = ctx.infer({"input_0": x})["output_0"]

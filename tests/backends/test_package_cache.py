@@ -77,6 +77,7 @@ def test_a_second_budgeted_compile_reuses_the_package_and_a_fallback_only_under_
     same = BuildBudget(1e-6, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
     assert same.compile(ep, TUNED, label="p1") == b"PK-1" and same.outcomes == ["reused (level-3 fallback)"]
     assert len(compiler.calls) == 1 and any("package reused (level-3 fallback)" in line for line in lines)
+    assert same.events and same.events[0]["to"].startswith("level-3 recipe")  # the manifest's fell_back says so
 
     more = InstantChildBudget(300.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
     assert more.compile(ep, TUNED, label="p1") == b"TUNED" and more.outcomes == ["compiled"]
@@ -86,6 +87,7 @@ def test_a_second_budgeted_compile_reuses_the_package_and_a_fallback_only_under_
     again = InstantChildBudget(300.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
     assert again.compile(ep, TUNED, label="p1") == b"TUNED" and again.outcomes == ["reused"]
     assert again.child_compiles == 0 and len(compiler.calls) == 1
+    assert not again.events  # a fully autotuned package: nothing fell back
 
     other = BuildBudget(1e-6, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
     assert other.compile(_export(seed=3), TUNED, label="p1") == b"PK-2"  # other weights: compiled

@@ -146,6 +146,9 @@ class BuildBudget:
                 outcome = REUSED if found[1] == COMPILED else REUSED_FALLBACK
                 self.progress(f"{label}: package {outcome} from the package cache {self.packages.root} "
                               "(same program, configs and device; nothing compiled)")
+                if found[1] == FALLBACK:  # the plan is the level-3 one: the manifest says so, the plan cache skips it
+                    self._event(label, FALLBACK_TO, "reused the level-3 fallback an earlier build kept when its "
+                                "autotuning did not finish within a budget not smaller than this one")
                 self.outcomes.append(outcome)
                 return found[0]
         package, kind = self._compile(ep, configs, label, optional, later)
