@@ -20,7 +20,9 @@ warm-up with CUDA events (host clock on the CPU), median of many runs:
 * **max-autotune**: ``torch.compile(mode="max-autotune")``: the partner of levels 4-5.
 * **compile-plain** (opt-in): ``torch.compile()`` default mode, no CUDA graphs.
 * **L4r/L5r** (``--rebuild``): the level-4/5 plan built again right after the first build into the
-  same timing cache: the warm rebuild's build time and its timing-cache hits.
+  same timing cache: the warm rebuild's build time, its timing-cache hits and whether its package
+  was reused from the timing cache's package cache (``timing_cache.package`` in the JSONL, "package reused" in
+  the notes).
 
 Columns: build seconds (plan: ``build_module``'s wall time with a fresh Inductor cache; torch.compile:
 the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (throughput over eager's and

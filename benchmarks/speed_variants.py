@@ -234,9 +234,11 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
     backend = built.manifest.build_settings.get("backend", {})
     budget = backend.get("build_budget") or {}
     cache = backend.get("timing_cache") or {}
-    row["timing_cache"] = {"hits": cache.get("hits"), "misses": cache.get("misses")}
+    # "package": "reused" when the plan's packages came from the timing cache's package cache (a warm L5r).
+    row["timing_cache"] = {"hits": cache.get("hits"), "misses": cache.get("misses"), "package": cache.get("package")}
     row["build_budget"] = budget
-    notes = [f"timing cache {cache.get('hits')} hits, {cache.get('misses')} misses"]
+    notes = [f"timing cache {cache.get('hits')} hits, {cache.get('misses')} misses"
+             + (f", package {cache['package']}" if cache.get("package") else "")]
     for event in budget.get("fell_back") or []:
         notes.append(f"build budget {budget.get('seconds'):g} s: {event.get('what')} -> {event.get('to')} "
                      f"after {event.get('after_s')} s")

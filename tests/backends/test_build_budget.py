@@ -81,18 +81,19 @@ class SlowCompiler(RecordingCompiler):
 
 
 def test_a_budget_too_small_for_autotuning_bounds_the_whole_build_and_keeps_the_level_3_plan() -> None:
-    # The level-3 compile (faked: 4.5 s) comes first; the real autotuning child gets the 2.5 s left
-    # and cannot finish (it imports torch and runs g++), so it is killed and nothing more is compiled.
+    # The level-3 compile (faked: 4.5 s) comes first; the real autotuning child gets the 1.5 s left
+    # after the 1 s finish reserve and cannot finish (it imports torch and runs g++), so it is killed
+    # and nothing more is compiled, by 6 s: the reserve is left for the rest of the build.
     # Before the fix the child ran to its deadline first and the fallback came after it: ~9.4 s.
     ep = torch.export.export(torch.nn.Linear(8, 4).eval(), (torch.randn(2, 8),))
     compiler = SlowCompiler(4.5)
     lines: list[str] = []
     configs = {"max_autotune": True, "coordinate_descent_tuning": False, "freezing": False}
     started = time.monotonic()
-    budget = BuildBudget(7.0, lines.append, compiler)
+    budget = BuildBudget(7.0, lines.append, compiler, finish_reserve_s=1.0)
     package = budget.compile(ep, configs, label="profile 1/1")
     took = time.monotonic() - started
-    assert took < 7.0 + 1.0, (took, lines)
+    assert took < 7.0 - 1.0 + 0.5, (took, lines)  # 0.5 s: the kill and reaping the child
     assert package == b"PK-1" and compiler.calls == [fallback_configs(configs)]  # the plan is the level-3 one
     assert budget.exhausted and budget.child_compiles == 1
     record = budget.to_dict()
@@ -121,7 +122,10 @@ def test_an_autotuned_compile_that_ends_in_time_is_kept_and_later_profiles_keep_
     assert budget.compile(None, configs, label="profile 1/2", later=1) == b"TUNED"
     assert budget.compile(None, configs, label="profile 2/2") == b"TUNED"
     assert compiler.calls == [fallback_configs(configs)] * 2 and not budget.events and not budget.exhausted
-    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s) and deadlines[1] == pytest.approx(300.0)
+    reserve = budget.finish_reserve_s  # kept after the deadline for packaging, verifying and writing the plan
+    assert reserve == 5.0
+    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s - reserve)
+    assert deadlines[1] == pytest.approx(300.0 - reserve)
     assert budget.compile(None, {**configs, "layout_optimization": False}, label="p2 contiguous",
                           optional=True) == b"TUNED"
     assert len(compiler.calls) == 2  # an optional compile gets no level-3 package first
@@ -203,6 +207,48 @@ def test_a_level_4_build_whose_level_3_compile_exceeds_the_budget_keeps_it_and_s
     assert any(line.startswith("build budget 1 s: the level-3 compile alone took") for line in lines), lines
     x = torch.randn(4, 64)
     with load(built.path) as engine, engine.create_context() as ctx:
+        got = ctx.infer({"input_0": x})["output_0"]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.as_tensor(got), net(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_budget_bounds_the_whole_build_and_a_retry_with_more_time_reuses_the_level_3_package(
+        tmp_path: Path) -> None:
+    # The first build (1 s) keeps its level-3 compile; the second (10 s) finds that package in the timing
+    # cache, so nothing is compiled before its autotuning child, which gets 10 s less what was spent and the
+    # 5 s finish reserve, cannot finish (it imports torch, then runs g++) and is killed: the whole
+    # build_module call (export, child, packaging, verification, the plan's write) ends within 10 s.
+    # The third (10 s again) reuses that fallback at once.
+    from streamrt import load
+    from streamrt.building.module_builder import build_module
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, build_budget_s=1.0,
+                         timing_cache=tmp_path / "timings", backend_options={"device": "cpu"})
+
+    def build(seconds: float, name: str) -> tuple[Any, float, list[str]]:
+        lines: list[str] = []
+        started = time.monotonic()
+        built = build_module(net, [torch.randn(4, 64)], tmp_path / name, config.replace(build_budget_s=seconds),
+                             progress=lines.append, cache_dir=tmp_path / "c")
+        return built, time.monotonic() - started, lines
+
+    build(1.0, "first.plan")
+    second, took, lines = build(10.0, "second.plan")
+    backend = second.manifest.build_settings["backend"]
+    assert took <= 10.0, (took, lines)
+    assert backend["build_budget"]["child_compiles"] == 1 and backend["build_budget"]["fell_back"], lines
+    assert "profile 1/1: level-3 recipe reused from the package cache (not compiled again)" in lines
+    assert backend["timing_cache"]["package"] == "compiled" and backend["timing_cache"]["packages"] == [
+        "compiled (level-3 fallback)"]
+    third, quick, lines = build(10.0, "third.plan")
+    assert third.manifest.build_settings["backend"]["timing_cache"]["package"] == "reused (level-3 fallback)"
+    reused = third.manifest.build_settings["backend"]["build_budget"]
+    assert quick < took and reused["child_compiles"] == 0
+    assert "reused the level-3 fallback" in reused["fell_back"][0]["why"]  # not a complete plan: not plan-cached
+    x = torch.randn(4, 64)
+    with load(third.path) as engine, engine.create_context() as ctx:
         got = ctx.infer({"input_0": x})["output_0"]
     with torch.no_grad():
         torch.testing.assert_close(torch.as_tensor(got), net(x), rtol=1e-4, atol=1e-4)

@@ -1,19 +1,24 @@
 """Optimization levels and the timing cache in real CPU builds (AOTInductor's C++ path).
 
-Three builds (about 2 minutes on 2 busy cores): level 0 of a convolution model, then the same
-level-4 matmul model twice with one ``--timing-cache`` directory: the first times the GEMM
-candidates (a miss), the second reuses the timing (a hit).
+Level 0 of a convolution model; the same level-4 matmul model three times with one
+``--timing-cache`` directory: the first times the GEMM candidates (a miss), the second (its
+packages removed) reuses the timing (a hit), the third copies the autotuned package; and level-3
+module builds into one timing cache: the same program reuses its package, changed weights, a
+changed shape or a directory from another device do not (a few minutes on 2 busy cores).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import streamrt
 from helpers import catalogue_file
+from streamrt.backends.torch_inductor.package_cache import PACKAGES_DIR
 from streamrt.cli.inspect import _text, describe
 from streamrt.cli.main import main
 from streamrt.config import BuildConfig
@@ -59,13 +64,27 @@ def test_timing_cache_is_reused_by_a_rebuild(tmp_path: Path) -> None:
                          verify_shapes=False)
     lines: list[str] = []
     first = streamrt.build(model, config, tmp_path / "a.plan", cache=False, cache_dir=tmp_path / "c")
+    shutil.rmtree(cache / PACKAGES_DIR)  # the timings alone: the package cache would skip the compile
     second = streamrt.build(model, config, tmp_path / "b.plan", cache=False, cache_dir=tmp_path / "c",
                             progress=lines.append)
     one, two = (r.manifest.build_settings["backend"]["timing_cache"] for r in (first, second))
     assert one["path"] == str(cache) and one["misses"] >= 1 and one["hits"] == 0
     assert two["hits"] == one["misses"] and two["misses"] == 0
-    assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning)" in lines
+    assert one["package"] == two["package"] == "compiled"
+    assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning); package compiled" \
+        in lines
     assert (cache / "streamrt-timing-cache.json").is_file()
+    # The autotuned package the second build kept: a third build copies it (no lookups, nothing compiled).
+    third = streamrt.build(model, config, tmp_path / "t.plan", cache=False, cache_dir=tmp_path / "c")
+    three = third.manifest.build_settings["backend"]["timing_cache"]
+    assert three["package"] == "reused" and three["hits"] == three["misses"] == 0
+    inputs = CATALOGUE["matmul"].inputs(np.random.default_rng(), 1)
+    with streamrt.load(second.path) as engine, engine.create_context() as ctx:
+        expected = {k: np.array(v, copy=True) for k, v in ctx.infer(inputs).items()}
+    with streamrt.load(third.path) as engine, engine.create_context() as ctx:
+        got = ctx.infer(inputs)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(np.asarray(got[name]), value)
 
 
 def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
@@ -86,3 +105,61 @@ def test_memory_format_is_chosen_by_timing_both_layouts() -> None:
     assert set(choice.timings_ms) == {"channels_last", "contiguous"} and all(t > 0 for t in choice.timings_ms.values())
     assert choice.timings_ms[choice.memory_format] == min(choice.timings_ms.values())
     assert choice.package[:2] == b"PK" and lines[-1].startswith(f"memory format: {choice.memory_format} (")
+
+
+def _mlp(seed: int) -> Any:
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def _infer(path: Path, x: Any) -> Any:
+    import torch
+
+    with streamrt.load(path) as engine, engine.create_context() as ctx:
+        return torch.as_tensor(ctx.infer({"input_0": x})["output_0"]).clone()
+
+
+def test_a_rebuild_into_the_same_timing_cache_reuses_the_package_and_a_changed_model_or_device_does_not(
+        tmp_path: Path) -> None:
+    import json
+
+    import torch
+
+    from streamrt.backends.torch_inductor.cache import IDENTITY_FILE
+    from streamrt.building.module_builder import build_module
+
+    cache = tmp_path / "timings"
+    config = BuildConfig(backend="torch_inductor", timing_cache=cache, backend_options=CPU, verify_shapes=False)
+
+    def build(net: Any, batch: int, name: str, timings: Path = cache) -> tuple[Any, list[str]]:
+        lines: list[str] = []
+        built = build_module(net, [torch.randn(batch, 16)], tmp_path / name, config.replace(timing_cache=timings),
+                             progress=lines.append, cache_dir=tmp_path / "c")
+        return built, lines
+
+    net = _mlp(0)
+    first, _ = build(net, 4, "a.plan")
+    second, lines = build(net, 4, "b.plan")
+    one, two = (r.manifest.build_settings["backend"]["timing_cache"] for r in (first, second))
+    assert one["package"] == "compiled" and two["package"] == "reused" and two["packages"] == ["reused"]
+    assert any(line.endswith("; package reused") and line.startswith(f"timing cache {cache}") for line in lines)
+    assert any("package reused from the package cache" in line for line in lines), lines
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(_infer(second.path, x), _infer(first.path, x), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(_infer(second.path, x), net(x), rtol=1e-4, atol=1e-4)
+
+    other_weights, _ = build(_mlp(1), 4, "w.plan")
+    other_shape, _ = build(net, 6, "s.plan")
+    for built in (other_weights, other_shape):
+        assert built.manifest.build_settings["backend"]["timing_cache"]["package"] == "compiled"
+
+    foreign = tmp_path / "foreign"
+    shutil.copytree(cache, foreign)
+    record = json.loads((foreign / IDENTITY_FILE).read_text())
+    (foreign / IDENTITY_FILE).write_text(json.dumps({**record, "device": "NVIDIA A100"}))
+    elsewhere, _ = build(net, 4, "f.plan", foreign)
+    stats = elsewhere.manifest.build_settings["backend"]["timing_cache"]
+    assert "NVIDIA A100" in stats["ignored"] and "package" not in stats  # ignored: compiled, nothing reused

@@ -190,6 +190,8 @@ def test_optimization_lines_show_the_recipe_and_the_cache() -> None:
     assert "level 5: max_autotune on (ATEN,TRITON), coordinate descent on, freezing on" in first
     assert "memory format channels_last (measured: channels_last 1.000 ms, contiguous 1.500 ms)" in first
     assert first.endswith("cudnn benchmark on, tf32 on") and second == "  timing cache tc: 4 hits, 1 misses"
+    settings["backend"]["timing_cache"] = {"path": "tc", "hits": 0, "misses": 0, "ignored": "", "package": "reused"}
+    assert optimization_lines(settings)[1] == "  timing cache tc: 0 hits, 0 misses; package reused"
 
 
 def test_convolution_graphs_are_recognised() -> None:

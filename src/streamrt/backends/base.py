@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -56,6 +57,8 @@ class BuildJob:
         progress: receives one short line per long step.
         cache_dir: the build's cache root: backends keep their own caches under it (TensorRT's
             timing cache in ``tensorrt/``, Inductor's compile cache in ``inductor/``).
+        started: ``time.monotonic()`` when the build began (before the model was loaded and
+            lowered): a build budget counts from there.
     """
 
     model: OnnxModel
@@ -63,6 +66,7 @@ class BuildJob:
     profiles: tuple[ShapeProfile, ...]
     progress: Progress
     cache_dir: Path
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,7 @@ def _build(
     progress: Progress | None,
 ) -> BuildResult:
     started = time.perf_counter()
+    began = time.monotonic()  # the build budget's clock
     report = progress or _log_progress
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = model if isinstance(model, OnnxModel) else load_model(model)
@@ -247,7 +248,7 @@ def _build(
         transformed = precision.transform() if not config.tf32 else source
     report(f"building with {backend.name} {backend.version()}")
     try:
-        built = backend.build(BuildJob(transformed, config, profiles, report, cache_root))
+        built = backend.build(BuildJob(transformed, config, profiles, report, cache_root, began))
     except UnsupportedOperatorError as exc:
         if exc.alternatives is not None:
             raise

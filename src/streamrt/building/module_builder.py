@@ -91,6 +91,7 @@ def build_module(
         ...              BuildConfig(backend="torch_inductor", precision="fp16"))      # doctest: +SKIP
     """
     started = time.perf_counter()
+    began = time.monotonic()  # the build budget's clock
     config = config or BuildConfig(backend="torch_inductor")
     if config.backend != "torch_inductor":
         config = config.replace(backend="torch_inductor")
@@ -133,7 +134,7 @@ def build_module(
     backend = TorchInductorBackend()
     with inductor_cache(Path(cache_dir) if cache_dir is not None else default_cache_dir()), \
             out_of_memory_guard(f"building {type(module).__qualname__} with torch_inductor", BUILD_HINT):
-        built = backend.build_from_module(net, names, dtypes, config, profiles, report, kind)
+        built = backend.build_from_module(net, names, dtypes, config, profiles, report, kind, began)
     # From the exported programs, not an eager run at the example: -1 where an output follows a dynamic input.
     outputs = named(built.outputs, output_names)
     out_path = Path(output)

@@ -74,7 +74,8 @@ def optimization_lines(build_settings: Mapping[str, Any], *, timing_cache: bool 
     cache = backend.get("timing_cache") if timing_cache else None
     if isinstance(cache, Mapping):
         state = f"ignored ({cache['ignored']})" if cache.get("ignored") else f"{cache.get('hits', 0)} hits"
-        lines.append(f"  timing cache {cache.get('path')}: {state}, {cache.get('misses', 0)} misses")
+        package = f"; package {cache['package']}" if cache.get("package") else ""
+        lines.append(f"  timing cache {cache.get('path')}: {state}, {cache.get('misses', 0)} misses{package}")
     elif cache:
         lines.append(f"  timing cache {cache}")
     return lines

@@ -83,11 +83,12 @@ class TorchInductorBackend(Backend):
         profiles: tuple[ShapeProfile, ...],
         progress: Progress,
         kind: str,
+        started: float | None = None,
     ) -> BuildOutput:
         """Export and compile an imported (or user) module: :func:`.builder.build_from_module`."""
         from streamrt.backends.torch_inductor.builder import build_from_module
 
-        return build_from_module(module, names, dtypes, config, profiles, progress, kind)
+        return build_from_module(module, names, dtypes, config, profiles, progress, kind, started)
 
     def load(self, plan: Plan) -> Engine:
         from streamrt.backends.torch_inductor.engine import TorchInductorEngine

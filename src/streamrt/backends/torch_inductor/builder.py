@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from streamrt.backends.torch_inductor.output_specs import (
     merge_profiles,
     refine_declared,
 )
+from streamrt.backends.torch_inductor.package_cache import PackageCache
 from streamrt.backends.torch_inductor.payload import pack_payload
 from streamrt.backends.torch_inductor.target import cpu_target_note, device_kind, device_target, runtime_versions
 from streamrt.backends.torch_inductor.tf32 import backend_flags
@@ -227,7 +229,7 @@ def build_onnx(job: BuildJob) -> BuildOutput:
     names = [s.name for s in model.inputs]
     dtypes = [s.dtype.torch for s in model.inputs]
     with inductor_cache(job.cache_dir):
-        built = build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind)
+        built = build_from_module(module, names, dtypes, config, job.profiles, job.progress, kind, job.started)
     # The graph's names and dtypes, with the dims the compiled program makes follow its inputs.
     return dataclasses.replace(built, outputs=refine_declared(model.outputs, built.outputs))
 
@@ -240,13 +242,15 @@ def build_from_module(
     profiles: tuple[ShapeProfile, ...],
     progress: Progress,
     kind: str,
+    started: float | None = None,
 ) -> BuildOutput:
     """Export and compile an imported (or user) module, one ``.pt2`` per shape profile.
 
     The shared step of ONNX builds and :func:`streamrt.build_module`; the caller sets the
     Inductor cache (:func:`inductor_cache`) and has resolved ``kind`` and ``profiles``. The
     result's ``outputs`` (named ``output_<i>``) come from the exported programs' symbolic
-    shapes (:mod:`.output_specs`): ``-1`` where an output follows a dynamic input.
+    shapes (:mod:`.output_specs`): ``-1`` where an output follows a dynamic input. ``started``
+    (``time.monotonic()``) is when the caller's build began: the build budget counts from there.
     """
     threads = _threads_option(config)  # checked before the long compile
     recipe = resolve_recipe(config, kind)
@@ -255,11 +259,16 @@ def build_from_module(
         progress(note)
     meta = {"streamrt.inputs": ",".join(names), "streamrt.precision": config.numeric_precision}
     progress(f"optimization level {recipe.level}: {_describe(recipe)}")
-    budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark)
+    budget = BuildBudget(config.build_budget_s, progress, compile_package, config.tf32, recipe.cudnn_benchmark,
+                         started=time.monotonic() if started is None else started)
     with _timings(config, kind) as stats, backend_flags(config.tf32, recipe.cudnn_benchmark):
+        if config.timing_cache is not None and not stats.ignored:
+            budget.packages = PackageCache(config.timing_cache, _identity(kind),
+                                           {"tf32": config.tf32, "cudnn_benchmark": recipe.cudnn_benchmark})
         packages, layout, exported = _compile(
             module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
         stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
+        stats.packages = list(budget.outcomes) if budget.packages is not None else []
     progress(stats.line())
     decided = layout_knobs(layout["memory_format"]) if layout else {}
     settings = {
@@ -279,12 +288,15 @@ def build_from_module(
     )
     return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings, outputs=outputs)
 
+def _identity(kind: str) -> dict[str, Any]:
+    """What a timing cache and its packages were made on: the GPU's name or the CPU's ISA, and the versions."""
+    return {"device": device_target(kind).get("name" if kind == "cuda" else "isa"), **runtime_versions()}
+
+
 def _timings(config: BuildConfig, kind: str) -> contextlib.AbstractContextManager[TimingCacheStats]:
     """The explicit ``--timing-cache`` directory, or counting in the current Inductor cache."""
     if config.timing_cache is not None:
-        identity = {"device": device_target(kind).get("name" if kind == "cuda" else "isa"),
-                    **runtime_versions()}
-        return timing_cache(config.timing_cache, identity)
+        return timing_cache(config.timing_cache, _identity(kind))
     return count_autotuning(TimingCacheStats(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor default")))
 
 def _compile(

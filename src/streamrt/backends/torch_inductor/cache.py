@@ -11,6 +11,9 @@ DIR records what it was timed on (``streamrt-timing-cache.json``: device, torch,
 CUDA versions). A DIR from another GPU model or another version is ignored with one warning:
 the build then times into a fresh private directory and leaves DIR as it was.
 
+DIR also keeps the compiled packages (:mod:`.package_cache`), since timings alone still leave a
+rebuild re-running the whole AOTInductor compile.
+
 Hits and misses are counted per autotuning lookup (one per GEMM or convolution with several
 candidate kernels): a miss is a lookup that had to benchmark the candidates.
 """
@@ -23,7 +26,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +45,29 @@ class TimingCacheStats:
     hits: int = 0
     misses: int = 0
     ignored: str = ""  # why the given cache was not used (another GPU or version)
+    packages: list[str] = field(default_factory=list)
+    """Per package of the plan, with an explicit timing cache: "compiled", "reused", "reused (level-3 fallback)"..."""
+
+    @property
+    def package(self) -> str:
+        """``reused`` when every package came from the package cache, ``compiled`` when none did; "" without one."""
+        if not self.packages:
+            return ""
+        reused = [p for p in self.packages if p.startswith("reused")]
+        if len(reused) == len(self.packages):
+            return "reused" if all(p == "reused" for p in reused) else "reused (level-3 fallback)"
+        return "compiled" if not reused else f"reused {len(reused)} of {len(self.packages)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "hits": self.hits, "misses": self.misses, "ignored": self.ignored}
+        record = {"path": self.path, "hits": self.hits, "misses": self.misses, "ignored": self.ignored}
+        return {**record, "package": self.package, "packages": list(self.packages)} if self.packages else record
 
     def line(self) -> str:
+        package = f"; package {self.package}" if self.packages else ""
         if self.ignored:
             return f"timing cache {self.path} ignored ({self.ignored}); {self.misses} autotuning lookups timed"
-        return f"timing cache {self.path}: {self.hits} hits, {self.misses} misses (GEMM/convolution autotuning)"
+        return (f"timing cache {self.path}: {self.hits} hits, {self.misses} misses (GEMM/convolution autotuning)"
+                f"{package}")
 
 
 @contextlib.contextmanager

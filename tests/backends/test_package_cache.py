@@ -1,0 +1,127 @@
+"""The package cache in the ``--timing-cache`` directory, without compiling: keys, reuse rules, bad entries.
+
+Real exported programs (torch.export is fast), marker packages from a recording compiler in place of
+AOTInductor; tests/backends/test_optimization_builds.py reuses real packages in CPU builds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from streamrt.backends.torch_inductor.budget import BuildBudget, fallback_configs  # noqa: E402
+from streamrt.backends.torch_inductor.package_cache import (  # noqa: E402
+    COMPILED,
+    FALLBACK,
+    PACKAGES_DIR,
+    PackageCache,
+    program_digest,
+)
+
+IDENTITY = {"device": "avx2", "torch": "2.13.0", "cuda": "None"}
+TUNED = {"max_autotune": True, "coordinate_descent_tuning": False, "freezing": False}
+
+
+def _export(seed: int = 0, batch: int = 2) -> Any:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    return torch.export.export(net, (torch.randn(batch, 8),))
+
+
+class RecordingCompiler:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, ep: Any, configs: Mapping[str, Any]) -> bytes:
+        self.calls.append(dict(configs))
+        return b"PK-" + str(len(self.calls)).encode()
+
+
+class InstantChildBudget(BuildBudget):
+    """A budget whose autotuning child always finishes at once with a marker package."""
+
+    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes, str]:
+        self.child_compiles += 1
+        return b"TUNED", ""
+
+
+def test_the_key_follows_the_program_weights_shapes_configs_and_identity(tmp_path: Path) -> None:
+    assert program_digest(_export()) == program_digest(_export())  # two exports of the same module
+    assert program_digest(_export(seed=1)) != program_digest(_export())  # other weights
+    assert program_digest(_export(batch=3)) != program_digest(_export())  # another static shape
+    ep = _export()
+    cache = PackageCache(tmp_path, IDENTITY)
+    key = cache.key(ep, {"max_autotune": False})
+    assert key == PackageCache(tmp_path, IDENTITY).key(_export(), {"max_autotune": False})
+    assert key != cache.key(ep, {"max_autotune": True})
+    assert key != PackageCache(tmp_path, {**IDENTITY, "device": "NVIDIA H200"}).key(ep, {"max_autotune": False})
+    assert key != PackageCache(tmp_path, IDENTITY, {"tf32": True}).key(ep, {"max_autotune": False})
+
+
+def test_a_second_budgeted_compile_reuses_the_package_and_a_fallback_only_under_no_larger_budget(
+        tmp_path: Path) -> None:
+    ep, lines = _export(), []
+    compiler = RecordingCompiler()
+    # Spent at once: the level-3 compile is kept as the fallback of the autotuned compile, under a 1e-6 s budget.
+    first = BuildBudget(1e-6, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+    assert first.compile(ep, TUNED, label="p1") == b"PK-1" and first.outcomes == ["compiled (level-3 fallback)"]
+    entries = sorted(p.name for p in (tmp_path / PACKAGES_DIR).iterdir())
+    assert len(entries) == 4 and not [n for n in entries if n.endswith(".partial")]  # two keys: tuned and level 3
+
+    same = BuildBudget(1e-6, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+    assert same.compile(ep, TUNED, label="p1") == b"PK-1" and same.outcomes == ["reused (level-3 fallback)"]
+    assert len(compiler.calls) == 1 and any("package reused (level-3 fallback)" in line for line in lines)
+    assert same.events and same.events[0]["to"].startswith("level-3 recipe")  # the manifest's fell_back says so
+
+    more = InstantChildBudget(300.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+    assert more.compile(ep, TUNED, label="p1") == b"TUNED" and more.outcomes == ["compiled"]
+    assert len(compiler.calls) == 1 and more.child_compiles == 1  # the level-3 package came from the cache
+    assert "p1: level-3 recipe reused from the package cache (not compiled again)" in lines
+
+    again = InstantChildBudget(300.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+    assert again.compile(ep, TUNED, label="p1") == b"TUNED" and again.outcomes == ["reused"]
+    assert again.child_compiles == 0 and len(compiler.calls) == 1
+    assert not again.events  # a fully autotuned package: nothing fell back
+
+    other = BuildBudget(1e-6, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+    assert other.compile(_export(seed=3), TUNED, label="p1") == b"PK-2"  # other weights: compiled
+    assert compiler.calls[-1] == fallback_configs(TUNED)
+
+
+def test_a_corrupt_or_foreign_entry_is_ignored_with_one_warning_and_the_build_compiles(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ep, compiler = _export(), RecordingCompiler()
+    plain = {"max_autotune": False}
+    cache = PackageCache(tmp_path, IDENTITY)
+    cache.keep(ep, plain, b"GOOD-PACKAGE", COMPILED)
+    key = cache.key(ep, plain)
+    assert cache.find(ep, plain, None) == (b"GOOD-PACKAGE", COMPILED)
+    (tmp_path / PACKAGES_DIR / f"{key}.pt2").write_bytes(b"GOOD-PACK")  # truncated
+    with caplog.at_level("WARNING", logger="streamrt.backends.torch_inductor.package_cache"):
+        budget = BuildBudget(None, print, compiler, packages=PackageCache(tmp_path, IDENTITY))
+        assert budget.compile(ep, plain, label="p") == b"PK-1" and budget.outcomes == ["compiled"]
+        record = tmp_path / PACKAGES_DIR / f"{key}.json"
+        entry = json.loads(record.read_text())
+        assert entry["sha256"] and entry["kind"] == COMPILED  # the compile replaced the bad entry
+        record.write_text(json.dumps({**entry, "identity": {**IDENTITY, "device": "NVIDIA A100"}}))
+        foreign = PackageCache(tmp_path, IDENTITY)
+        assert foreign.find(ep, plain, None) is None and foreign.find(ep, plain, None) is None
+        record.write_text("{not json")
+        assert PackageCache(tmp_path, IDENTITY).find(ep, plain, None) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name.endswith("package_cache")]
+    assert len(warnings) == 3, warnings  # one per build (cache), not one per lookup
+    assert "sha256 does not match" in warnings[0] and "NVIDIA A100" in warnings[1] and "unreadable" in warnings[2]
+
+
+def test_a_fallback_entry_is_not_reused_by_a_build_without_a_budget(tmp_path: Path) -> None:
+    ep = _export()
+    cache = PackageCache(tmp_path, IDENTITY)
+    cache.keep(ep, TUNED, b"LEVEL3", FALLBACK, 300.0)
+    assert cache.find(ep, TUNED, 300.0) == (b"LEVEL3", FALLBACK) and cache.find(ep, TUNED, 120.0) is not None
+    assert cache.find(ep, TUNED, 301.0) is None and cache.find(ep, TUNED, None) is None
