@@ -403,7 +403,32 @@ def part_paths(clips: list[Path], n: int, frames: int, state: dict[str, Any], de
     return lines
 
 
-def part_fair(state: dict[str, Any], out: Path, dec: Decoders) -> list[str]:
+def part_fair_runners(state: dict[str, Any], out: Path, dec: Decoders, runners: list[str]) -> list[str]:
+    """Part 4 once per AOTInductor runner (``STREAMRT_AOTI_RUNNER``: ``torch`` holds the GIL while the
+    engine runs, ``nogil`` gives it up), one after the other in this process, the same detector."""
+    from streamrt.backends.torch_inductor.nogil_runner import RUNNER_ENV
+
+    if not runners:
+        return part_fair(state, out, dec)
+    lines: list[str] = []
+    before = os.environ.get(RUNNER_ENV)
+    try:
+        for runner in runners:
+            os.environ[RUNNER_ENV] = runner
+            lines += ["", f"### AOTInductor runner: {runner}", ""]
+            try:
+                lines += part_fair(state, out / runner, dec, key=f"fair_{runner}")
+            except Exception as exc:  # this runner fails alone: the next one runs
+                lines.append(_error_row(1, runner, exc, state, "part 4"))
+    finally:
+        if before is None:
+            os.environ.pop(RUNNER_ENV, None)
+        else:
+            os.environ[RUNNER_ENV] = before
+    return lines
+
+
+def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair") -> list[str]:
     spec_path = ROOT / "scripts" / "gpu_detection_check.py"
     import importlib.util
 
@@ -419,7 +444,7 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders) -> list[str]:
                            rounds=1 if dec.quick else 2)
     defaults = dict(bench.DEFAULTS[dec.device], trace_items=6 if dec.quick else 60)
     lines, rows = bench.throughput({"default": detector, "lane": detector}, frames, args, defaults, out / "fair")
-    state["fair"] = rows
+    state[key] = rows
     return lines
 
 
@@ -502,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baselines", default="before", metavar="NAME,..",
                         help=f"part 2's other readers: {', '.join(r for r in READERS if r != 'auto')}")
     parser.add_argument("--path-streams", type=int, default=32, help="streams in the GPU/CPU/raw comparison")
+    parser.add_argument("--aoti-runners", default="", metavar="NAME,..",
+                        help="part 4 once per AOTInductor runner: torch (holds the GIL while the engine runs), "
+                             "nogil (gives it up; the default runner); empty: once, with the default")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
@@ -551,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "3": ("3. GPU decode vs CPU decode vs raw frames (same detector, same clips)", 60,
               lambda: part_paths(clips, args.path_streams, 20 if args.quick else 150, state, dec)),
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
-              lambda: part_fair(state, args.out, dec)),
+              lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.hybrid_streams)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),

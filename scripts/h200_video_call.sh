@@ -59,6 +59,13 @@ run video "${VIDEO_TIMEOUT:-250}" python3 scripts/gpu_video_check.py "$out/video
 # shellcheck disable=SC2086  # VIDEOTESTS_ARGS is a list of arguments
 run videotests "${VIDEOTESTS_TIMEOUT:-130}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 120 \
     ${VIDEOTESTS_ARGS:-tests/video}
+# 5. (not by default) the AOTInductor runner without the GIL on the GPU: its backend tests and the detector's
+run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
+    tests/backends/test_torch_inductor_gpu.py -k "nogil or replay or steady or fresh" tests/video/test_gpu_detection.py
+# 6. (not by default) engine speed (benchmarks/engine_speed.py with SPEED_ARGS), e.g. level 5 and its warm rebuild
+# shellcheck disable=SC2086  # SPEED_ARGS is a list of arguments
+run speed "${SPEED_TIMEOUT:-300}" python3 benchmarks/engine_speed.py --out "$out/speed" \
+    ${SPEED_ARGS:---groups resnet50@32=L5,L5r --lanes 1 --budget 280 --build-budget-s 200 --deadlines L5=230,L5r=60}
 [ -n "$dry" ] && exit 0
 bash "$(dirname "$0")/h200_pack.sh" "$out"
 if [ -n "${SAVE_CACHE:-}" ] && [ -d "$cache" ]; then  # files back are at most 16 MiB each

@@ -122,3 +122,30 @@ def test_plan_loads_in_a_fresh_process(plans: dict[str, Path]) -> None:
     out = subprocess.run([sys.executable, "-c", code, str(plans["matmul"])], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok (2, 16)" in out.stdout
+
+
+def test_gpu_plans_run_on_the_runner_without_the_gil_with_torchs_answers(plans: dict[str, Path],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA package opens in nogil_runner.py (not a silent fall back to torch's runner), launches on the
+    caller's stream, and answers exactly like torch's runner, plain and as a CUDA graph."""
+    import torch
+
+    from streamrt.backends.torch_inductor.nogil_runner import RUNNER_ENV, NoGilRunner
+    from streamrt.device import get_device
+
+    stream = get_device("cuda").stream("engine")
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    answers = {}
+    for kind in ("nogil", "torch"):
+        monkeypatch.setenv(RUNNER_ENV, kind)
+        engine = streamrt.load(plans["small_cnn"])
+        for graph in (False, True):
+            ctx = engine.create_context(cuda_graph=graph)
+            for _ in range(3):  # the third call of a graphed context replays its capture
+                got = ctx.infer({"x": x}, stream)["logits"]
+            stream.synchronize()
+            answers[kind, graph] = got.clone()
+            assert isinstance(ctx._runner(0), NoGilRunner) == (kind == "nogil"), kind
+    assert torch.isfinite(answers["nogil", False]).all()
+    for key, got in answers.items():  # graph vs plain: the tolerance of the replay test above
+        torch.testing.assert_close(got, answers["torch", False], rtol=1e-5, atol=1e-5, msg=str(key))

@@ -42,18 +42,20 @@ def test_cpu_smoke_run_runs_every_part(tmp_path: Path) -> None:
     assert [r["reader"] for r in data["sweep"]] == ["auto", "before", "auto"]  # --quick: the old way beside at 2
 
 
-def test_cpu_smoke_run_of_the_gil_reader_a_given_nvdec_bound_and_hybrid_count(tmp_path: Path) -> None:
+def test_cpu_smoke_run_of_the_gil_reader_a_given_nvdec_bound_hybrid_count_and_runners(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "STREAMRT_CACHE": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick", "--parts", "2,5",
+    done = subprocess.run([sys.executable, str(SCRIPT), str(out), "--device", "cpu", "--quick", "--parts", "2,4,5",
                            "--clips", str(tmp_path / "none"), "--baselines", "gil0.5", "--nvdec-bound", "100",
-                           "--hybrid-streams", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+                           "--hybrid-streams", "2", "--aoti-runners", "torch,nogil"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     data = json.loads((out / "gpu_video_check.json").read_text())
     assert [r["reader"] for r in data["sweep"]] == ["auto", "gil0.5", "auto"]
     assert data["environment"]["NVDEC bound"].startswith("100 frames/s")
     assert len(data["hybrid"]["frames"]) == 2  # --hybrid-streams, not the sweep's first unsustained count
+    assert data["fair_torch"] and data["fair_nogil"] and "failed" not in data  # part 4 once per runner
 
 
 def _script() -> Any:

@@ -10,19 +10,23 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path) -> None:
+@pytest.mark.parametrize("steps", [None, "tests,reruns,video,videotests,runners,speed"])
+def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, steps: str | None) -> None:
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path), **({"STEPS": steps} if steps else {})}
     out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
-                         text=True, check=True, env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path)})
+                         text=True, check=True, env=env)
     commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert len(commands) == 4, out.stdout
+    assert len(commands) == (6 if steps else 4), out.stdout  # runners and speed only when asked for
     for command in commands:
         words = shlex.split(command)
         script = next(w for w in words if w.endswith(".py") or w.startswith("tests/"))
         assert (ROOT / script).exists(), script
-        if script.startswith("scripts/"):  # every flag is one the script's parser knows
+        if script.startswith(("scripts/", "benchmarks/")):  # every flag is one the script's parser knows
             help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
                                        cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": f"{ROOT}/src"}).stdout
             flags = [w for w in words if w.startswith("--")]

@@ -128,7 +128,14 @@ class TorchInductorEngine(Engine):
         """
         from torch._inductor.package import load_package
 
+        from streamrt.backends.torch_inductor.nogil_runner import open_nogil_runner
+
         index = torch.cuda.current_device() if self.device_kind == "cuda" else -1
+        # The runner without the GIL where the package allows it (nogil_runner.py: torch's holds
+        # the GIL for every launch of the run), torch's otherwise.
+        runner = open_nogil_runner(self._packages[profile], self._dir / f"nogil-{profile}-{index}", index)
+        if runner is not None:
+            return runner
         return load_package(
             str(self._packages[profile]), run_single_threaded=True, device_index=index
         )
