@@ -2,7 +2,7 @@
 
 :class:`HybridDecode` opens one :class:`HybridSource` per video, each decoded either by an NVDEC
 session (:class:`~streamrt.video.decode_nvdec.NvdecPool`, primary context and kept decoders: the
-:class:`~streamrt.video.decode_nvdec.NvdecOptions` default) or by PyAV on a CPU thread
+:class:`~streamrt.video.decode_nvdec.NvdecOptions` default) or by a CPU decoder on a thread of its own
 (:func:`~streamrt.video.decoding.open_nv12`: PyAV, else OpenCV, behind a
 :class:`~streamrt.video.sources.Prefetch`).
 Both deliver NV12 (a device tensor from NVDEC, a host array from the CPU), so streams of both
@@ -14,7 +14,8 @@ With ``decode_processes > 0`` **nothing decodes in the consumer process**: the N
 pictures by CUDA IPC) and the CPU streams in ``cpu_processes`` more (the same pool, ``kind="cpu"``,
 pictures through host shared memory). A CPU decoder as a thread of the consumer (the ``Prefetch`` of the
 in-process mode) decodes and converts 1080p frames holding the GIL for part of every frame: on the
-H200, 40-73 of them beside the thread feeding the engine collapsed 185 streams to 32.7 FPS in all. In
+H200, 185 streams with 40-73 of them beside the thread feeding the engine achieved 32.7 FPS in all, the
+trace binding on the consumer's main thread (GIL contention is the diagnosis, not yet measured). In
 this mode :class:`HybridDecode` is itself a pool of ready lanes (:meth:`HybridDecode.take_ready`), so
 the detector's live reader (``DetectConfig(live_reader="auto")``) reads all its streams, whichever
 decoder holds them, from one :class:`~streamrt.video.live_group.LiveGroup` thread: no thread per stream.
