@@ -450,7 +450,21 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders,
                 streams: int | None = None) -> list[str]:
-    from streamrt.video.hybrid import HybridDecode, measure_cpu_decode
+    """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
+
+    The plan's CPU capacity is one CPU decoder's measured rate x the cores given to CPU decoders, not x
+    every core: :func:`~streamrt.video.hybrid.cpu_decoder_processes` leaves
+    :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
+    group's and the pools' dispatchers) and one to each NVDEC decoder process, and with
+    ``--decode-processes`` the CPU streams run in exactly that many CPU decoder processes. (Without decoder
+    processes the CPU streams are threads of the consumer and share its GIL: the plan is then an upper
+    bound the run may not reach.)
+
+    On the CPU (``--device cpu``) both sides are decoder processes of the CPU stand-in, the NVDEC side
+    planned for one stream, and each stream's first frames are read through the one live group the
+    detector would read them with (detecting NV12 needs a CUDA engine).
+    """
+    from streamrt.video.hybrid import CONSUMER_CORES, HybridDecode, cpu_decoder_processes, measure_cpu_decode
 
     detector = _detector(state)
     sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
@@ -460,26 +474,26 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         n = min(n, 3)
     cpu_rate = measure_cpu_decode(clips[0], seconds=0.5 if dec.quick else 2.0)
     cores = len(os.sched_getaffinity(0))
-    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": cpu_rate * cores}
-    if not dec.cuda:  # no NVDEC: plan and decode on the CPU pool only (NV12 frames need a CUDA engine to detect)
-        capacity["nvdec"] = 0.0
-        with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True,
-                          interval_s=0) as hybrid:
-            frames = [sum(s.read() is not None for _ in range(5)) for s in hybrid.sources()]
-            summary = hybrid.summary()
-        state["hybrid"] = {"summary": summary, "frames": frames}
-        return [f"{n} streams planned from capacities NVDEC 0, CPU {capacity['cpu']:.0f} frames/s: assignment "
-                f"{summary['assignment']}; frames read per stream {frames} (detection needs a CUDA engine for NV12)."]
-    with HybridDecode([clips[i % len(clips)] for i in range(n)], capacity=capacity, loop=True, nvdec_workers=8,
-                      interval_s=1.0, decode_processes=dec.processes) as hybrid:
+    nvdec_processes = dec.processes if dec.cuda else max(1, dec.processes)
+    cpu_cores = 1 if dec.quick and not dec.cuda else cpu_decoder_processes(nvdec_processes, cores)
+    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": cpu_rate * cpu_cores}
+    paths = [clips[i % len(clips)] for i in range(n)]
+    if not dec.cuda:
+        return _hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores, state)
+    with HybridDecode(paths, capacity=capacity, loop=True, nvdec_workers=8, interval_s=1.0,
+                      decode_processes=dec.processes, cpu_processes=cpu_cores) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
         report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
         report.decode = hybrid.summary()
     state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned}
     pools = report.decode["pools"]
+    where = (f"in {cpu_cores} CPU decoder processes" if dec.processes else
+             f"on threads of the consumer ({cpu_cores} cores planned; they share its GIL)")
     return [f"{n} camera-paced streams at 30 FPS (the first NVDEC-only point not sustained, or beyond the sweep), "
-            f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s (part 1), CPU "
-            f"{cpu_rate:.0f} frames/s per decoder x {cores} cores.", "",
+            f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s, CPU "
+            f"{cpu_rate:.0f} frames/s per decoder x {cpu_cores} cores = {capacity['cpu']:.0f} frames/s ({cores} cores "
+            f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
+            f"{where}.", "",
             "| streams | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | dropped | p99 ms | "
             "sustained | binding |", "|---:|---|---|---:|---:|---:|---:|---|---|",
             f"| {n} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
@@ -487,6 +501,38 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
             f"{_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
             f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
             f"trace: {report.bottleneck[0] if report.bottleneck else '-'} |"]
+
+
+def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes: int, cpu_processes: int,
+                  state: dict[str, Any], frames: int = 5) -> list[str]:
+    """Part 5 on the CPU: both sides in decoder processes (the CPU stand-in), ``frames`` of every stream read
+    by one :class:`~streamrt.video.live_group.LiveGroup`, and the threads the consumer ran meanwhile."""
+    import threading
+
+    from streamrt.video.hybrid import HybridDecode
+    from streamrt.video.live_group import LiveGroup, shared_lanes
+
+    with HybridDecode(paths, capacity=capacity, loop=True, interval_s=0, decode_processes=nvdec_processes,
+                      cpu_processes=cpu_processes, process_kind="cpu") as hybrid:
+        sources = hybrid.sources()
+        shared = shared_lanes(sources)
+        if shared is None:
+            raise RuntimeError("the hybrid's streams do not read as one pool: the live reader would need a thread each")
+        group = LiveGroup(shared[0], shared[1], [s.info for s in sources], fps=0, depth=frames,
+                          max_frames=[frames] * len(sources))
+        for stream in group.streams:
+            stream.start()
+        for stream in group.streams:
+            stream.wait_finished(60)
+        threads = sorted({t.name.split(":")[0] for t in threading.enumerate()})
+        read = [stream.produced for stream in group.streams]
+        group.stop()
+        summary = hybrid.summary()
+    state["hybrid"] = {"summary": summary, "frames": read, "consumer_threads": threads}
+    return [f"{len(paths)} streams planned from capacities NVDEC (stand-in) {capacity['nvdec']:.0f}, CPU "
+            f"{capacity['cpu']:.0f} frames/s: assignment {summary['assignment']}, in {nvdec_processes} + "
+            f"{cpu_processes} decoder processes; frames read per stream through one live group {read}; consumer "
+            f"threads {', '.join(threads)} (detection needs a CUDA engine for NV12)."]
 
 
 def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:

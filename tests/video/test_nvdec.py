@@ -147,6 +147,37 @@ def test_hybrid_moves_a_stream_between_nvdec_and_cpu_at_the_frame_it_reached(cli
         assert _close(got, want) or np.abs(got.astype(int) - want.astype(int)).mean() <= 1.5
 
 
+def test_hybrid_in_decoder_processes_moves_through_one_group_at_the_frame_it_reached(clips: list[Path]) -> None:
+    """Both sides in decoder processes (NVDEC by CUDA IPC, the CPU's through shared memory), read as the live
+    group reads them (``take_ready``); a move, opened beside the reader, keeps the stream's place."""
+    from streamrt.video.hybrid import HybridDecode
+    from streamrt.video.hybrid_policy import HybridPolicy
+    from streamrt.video.live_group import shared_lanes
+
+    ref = _reference(clips[0], 12)
+    policy = HybridPolicy({"nvdec": 1000.0, "cpu": 1000.0}, hold_s=0.0)
+    with HybridDecode(clips[:1], policy=policy, interval_s=0, decode_processes=1, cpu_processes=1) as hybrid:
+        (source,) = hybrid.sources()
+        assert shared_lanes([source]) == (hybrid, [0]) and source.decoder == "nvdec"
+        got: list[Any] = []
+
+        def take(count: int) -> None:
+            want = len(got) + count
+            while len(got) < want:
+                got.extend(picture for _, picture, _ in hybrid.take_ready([0]).taken)
+
+        take(4)
+        source.switch("cpu")
+        take(4)
+        source.switch("nvdec")
+        take(4)
+        assert source.moves == 2 and source.decoder == "nvdec"
+    assert [p.is_cuda for p in got] == [True] * 4 + [False] * 4 + [True] * 4
+    for k, (picture, want) in enumerate(zip(got, ref, strict=True)):
+        picture = picture.cpu().numpy()
+        assert _close(picture, want) or np.abs(picture.astype(int) - want.astype(int)).mean() <= 1.5, k
+
+
 @pytest.fixture(scope="module")
 def detector_cuda() -> Any:
     from streamrt.video.model import bundled_labels, bundled_model, open_detector
