@@ -225,7 +225,7 @@ def test_a_decoder_process_loop_decodes_into_the_slots_it_is_handed(fake: FakeNv
     import threading
 
     from streamrt.video.decode_nvdec import NvdecOptions
-    from streamrt.video.decode_processes import _worker_main
+    from streamrt.video.decode_worker import _worker_main
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
     commands: queue.Queue[Any] = queue.Queue()
