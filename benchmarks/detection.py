@@ -63,8 +63,9 @@ class Case:
 
 
 def cases(cuda: bool, workers: list[int]) -> list[Case]:
-    """(a) sync, (b) stage per stream, (c) replicated lanes, (b+c) both; on CUDA every one also with graphs,
-    the synchronous loop included, so overlap on streams and CUDA graphs are measured apart.
+    """(a) sync, (b) stage per stream (on CUDA also with a launch thread), (c) replicated lanes, (b+c) both; on
+    CUDA every one also with graphs, the synchronous loop included, so overlap on streams and CUDA graphs are
+    measured apart.
 
     On the CPU, replicated lanes run the single-thread plan (one intra-op thread per session), and
     the synchronous loop is measured with both plans.
@@ -74,6 +75,9 @@ def cases(cuda: bool, workers: list[int]) -> list[Case]:
     if not cuda:
         out.append(Case("(a) sync", PipelineConfig(topology=Topology.SYNC), lane))
     out.append(Case("(b) streams", PipelineConfig(topology=Topology.STREAMS, ring_size=4)))
+    if cuda:  # the CUDA stages after `load` launched by a thread of their own (no CUDA stage on the CPU)
+        out.append(Case("(b) streams launcher", PipelineConfig(topology=Topology.STREAMS, ring_size=4,
+                                                              launch_thread=True)))
     for w in workers:
         out.append(Case(f"(c) single x{w}", PipelineConfig(topology=Topology.SINGLE, workers=w, ring_size=4), lane))
         out.append(Case(f"(b+c) streams x{w}", PipelineConfig(topology=Topology.STREAMS, workers=w, ring_size=4),

@@ -4,34 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from streamrt.device import Stream
-from streamrt.pipeline import Pipeline, PipelineConfig, Slot, Stage, StageKind, Topology
+from pipeline_chain import chain_stages
+from streamrt.pipeline import Pipeline, PipelineConfig, Stage, StageKind, Topology
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def chain_stages() -> list[Stage]:
-    """Each stage reads what the previous one wrote into the slot and checks it belongs to
-    this item: a slot reused too early, or a missing wait, shows up as a wrong value."""
-
-    def load(slot: Slot, item: int, stream: Stream) -> None:
-        slot["a"] = (item, slot.input)
-
-    def square(slot: Slot, item: int, stream: Stream) -> None:
-        owner, value = slot["a"]
-        assert owner == item, f"item {item} read stage-1 data of item {owner}"
-        slot["b"] = (item, value * value)
-
-    def finish(slot: Slot, item: int, stream: Stream) -> None:
-        owner, value = slot["b"]
-        assert owner == item, f"item {item} read stage-2 data of item {owner}"
-        slot.output = value + 1
-
-    return [
-        Stage("load", load, kind=StageKind.HOST),
-        Stage("square", square, kind=StageKind.COMPUTE),
-        Stage("finish", finish, kind="d2h"),
-    ]
 
 
 CONFIGS = [

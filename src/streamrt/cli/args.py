@@ -243,6 +243,9 @@ PIPELINE_OPTIONS = (
            {"type": int, "metavar": "N"}),
     Option("ring_size", ("--ring",), "items in flight per lane", {"type": int, "metavar": "N"}),
     GRAPHS_OPTION,
+    Option("launch_thread", ("--launch-thread",), "launch the CUDA stages that follow a host stage from a "
+           "thread of each lane's own, so the host stage goes on with the next item (--no-launch-thread: from "
+           "the host stage's thread)", {"action": argparse.BooleanOptionalAction}),
 )
 """PipelineConfig fields with a flag (its ``device`` follows the engine in detect and demo)."""
 

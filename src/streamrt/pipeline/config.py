@@ -51,6 +51,9 @@ class PipelineConfig:
         ring_size: slots per lane, i.e. items in flight per lane (``SYNC`` always uses 1).
         pinned: page-locked host buffers; None means "all topologies but ``SYNC``".
         cuda_graphs: capture stages marked ``graphable`` per slot and replay them (CUDA only).
+        launch_thread: launch the CUDA stages that follow a host stage from a thread of the lane's
+            own (its ``launch`` host stream) instead of from the host stage's thread, which then
+            starts its next item at once (see the executor's step 3).
         trace: record a span per stage execution (device events on CUDA, host clock elsewhere).
         nvtx: push an NVTX range around every stage launch (CUDA only; for Nsight Systems).
         stage_timeout_s: longest wait for one item's result before ``StageTimeoutError``.
@@ -63,6 +66,7 @@ class PipelineConfig:
     ring_size: int = 4
     pinned: bool | None = None
     cuda_graphs: bool = False
+    launch_thread: bool = False
     trace: bool = False
     nvtx: bool = False
     stage_timeout_s: float = 30.0
@@ -112,6 +116,8 @@ class PipelineConfig:
             parts.append(f"ring{self.ring_size}")
         if self.cuda_graphs:
             parts.append("graphs")
+        if self.launch_thread:
+            parts.append("launcher")
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> PipelineConfig:

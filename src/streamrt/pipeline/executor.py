@@ -10,7 +10,11 @@ How one item moves (stage ``j`` on stream ``S[j]`` of its lane):
    ``k`` only, never for the device. ``end`` events are pre-allocated per slot and re-recorded.
 3. A CUDA stream cannot wait on the GPU for a host event that is still pending, so when a CUDA
    stage follows a host stage that has not finished, the rest of the item's launches is queued
-   on that host stream and runs on its worker thread, right after the host stage.
+   on that host stream and runs on its worker thread, right after the host stage. With
+   ``launch_thread`` every such continuation goes instead to the lane's ``launch`` host stream,
+   behind a barrier on the host stage's event: the host stage's thread goes on with its next
+   item while this one's CUDA stages are launched, and each stage is still launched by one
+   thread, items in order.
 4. Results are collected in input order: wait (on the host, with ``stage_timeout_s``) for the
    item's last event, run the collector, release the slot.
 
@@ -21,11 +25,12 @@ A result that does not arrive within ``stage_timeout_s`` raises
 further work (the stuck slot cannot be reused safely); ``close()`` then cancels.
 
 Threading: one thread drives ``submit``/``get``/``map``/``close``. Host stages run on their
-streams' worker threads.
+streams' worker threads; with ``launch_thread`` each lane has one more, its launcher.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -100,10 +105,7 @@ class Pipeline:
             except Exception as exc:
                 raise ConfigError(f"nvtx=True but NVTX ranges are unavailable: {exc}") from exc
             self._nvtx = torch.cuda.nvtx
-        self._lanes = [
-            Lane(w, self._device, lane_streams(self._device, self._stages, self._config.topology, w))
-            for w in range(self._config.workers)
-        ]
+        self._lanes = [self._make_lane(w) for w in range(self._config.workers)]
         self._slots: list[list[SlotState]] = []
         try:
             for lane in self._lanes:
@@ -146,6 +148,14 @@ class Pipeline:
         )
 
     # -- construction -------------------------------------------------------------------------
+
+    def _make_lane(self, index: int) -> Lane:
+        streams = lane_streams(self._device, self._stages, self._config.topology, index)
+        after_host = any(b.is_cuda and not a.is_cuda for a, b in itertools.pairwise(streams))
+        launcher = None
+        if self._config.launch_thread and after_host:
+            launcher = self._device.host_stream(f"lane{index}/launch")
+        return Lane(index, self._device, streams, launcher=launcher)
 
     def _make_slot(self, lane: Lane, index: int, setup: Callable[[Slot], None] | None) -> SlotState:
         slot = Slot(index, lane, self._device, self._config.use_pinned)
@@ -235,15 +245,23 @@ class Pipeline:
             self._collect_oldest()  # the naive loop: a host sync per item
         return item
 
-    def _launch(self, state: SlotState, start: int) -> None:
-        """Launch stages ``start..`` of the slot's item (see the module docstring, steps 2-3)."""
-        streams = state.slot.lane.streams
+    def _launch(self, state: SlotState, start: int, *, waited: bool = False) -> None:
+        """Launch stages ``start..`` of the slot's item (see the module docstring, steps 2-3);
+        ``waited``: the lane's launcher has waited for stage ``start - 1``."""
+        lane = state.slot.lane
+        streams = lane.streams
         try:
             for j in range(start, len(self._stages)):
                 stream = streams[j]
                 if j > 0 and streams[j - 1] is not stream:
                     previous = state.ends[j - 1]
-                    if stream.is_cuda and not streams[j - 1].is_cuda and not previous.query():
+                    after_host = stream.is_cuda and not streams[j - 1].is_cuda
+                    if after_host and lane.launcher is not None and not (waited and j == start):
+                        state.next_stage = j
+                        lane.launcher.wait(previous)
+                        lane.launcher.launch(partial(self._launch, state, j, waited=True))
+                        return
+                    if after_host and lane.launcher is None and not previous.query():
                         state.next_stage = j
                         streams[j - 1].launch(partial(self._launch, state, j))
                         return
@@ -400,8 +418,8 @@ class Pipeline:
 
     def _close_streams(self, *, cancel: bool) -> bool:
         ok = True
-        for lane in self._lanes:
-            for stream in lane.unique_streams:
+        for lane in self._lanes:  # a launcher first: it launches onto the others
+            for stream in ([lane.launcher] if lane.launcher is not None else []) + lane.unique_streams:
                 ok = stream.close(cancel=cancel, timeout=self._config.close_timeout_s) and ok
         return ok
 

@@ -94,13 +94,15 @@ class Lane:
     """One replicated worker: a stream per stage (shared where grouped) and per-lane state.
 
     ``state`` holds what ``setup_lane`` creates, typically ``state["context"]``, the engine's
-    execution context used by this lane's engine stage only.
+    execution context used by this lane's engine stage only. ``launcher`` is the host stream that
+    launches the CUDA stages following a host stage (``PipelineConfig.launch_thread``), or None.
     """
 
     index: int
     device: Device
     streams: tuple[Stream, ...]
     state: dict[str, Any] = field(default_factory=dict)
+    launcher: Stream | None = None
 
     @property
     def unique_streams(self) -> list[Stream]:
