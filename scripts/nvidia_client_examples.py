@@ -89,6 +89,7 @@ def free_port() -> int:
 
 def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no owner
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -111,10 +112,7 @@ def plan(path: Path, source: str) -> list[Run]:
     counted = REPOSITORY_COUNT.search(source)
     own = int(counted.group(1)) if counted else 0
     hard_coded = not URL_FLAG.search(source)
-    if PROTOCOL_FLAG.search(source):
-        protocols = ["http", "grpc"]
-    else:
-        protocols = ["grpc" if "grpc" in name else "http"]
+    protocols = ["http", "grpc"] if PROTOCOL_FLAG.search(source) else ["grpc" if "grpc" in name else "http"]
     runs = []
     for protocol in protocols:
         base = ("-i", protocol) if PROTOCOL_FLAG.search(source) else ()

@@ -133,7 +133,7 @@ def _simple_dyna_sequence() -> tuple[onnx.ModelProto, dict[str, Any]]:
 def _simple_string_dyna_sequence() -> tuple[onnx.ModelProto, dict[str, Any]]:
     """A running sum in implicit state; the END request adds the (decimal string) correlation id."""
     one = helper.make_tensor("one", TensorProto.INT32, [], [1])
-    zero_text = helper.make_tensor("zero_text", TensorProto.STRING, [], [b"0"])
+    zero_text = helper.make_tensor("zero_text", TensorProto.STRING, [], [b"0"])  # type: ignore[list-item]
     nodes = [helper.make_node("Constant", [], ["one"], value=one),
              # "0" + id: the empty id of the load probe and of filler rows reads as 0, "1002" as 1002
              helper.make_node("Constant", [], ["zero_text"], value=zero_text),
