@@ -41,7 +41,8 @@ MOVES = {
 }
 # Module (or package) at the top of serve/ -> its concern folder (docs/architecture.md, "serve/").
 SERVE_ROOMS = {
-    "wire": ["protocol", "status", "shared_memory", "grpc_wire", "proto", "http_headers", "grpc_layouts"],  # last 2 new
+    "wire": ["protocol", "status", "shared_memory", "grpc_wire", "proto", "http_headers", "grpc_layouts",
+             "bytes_tensor"],  # the last 3: new in the room, no old path
     "configs": ["config", "config_message", "triton_config", "ensemble_config", "model_files", "derived_profiles"],
     "observability": ["stats", "tracing", "otel"],
     "execution": ["instances", "placement", "memory_budget", "integrity", "rate_limiter"],

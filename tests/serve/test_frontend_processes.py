@@ -213,7 +213,7 @@ def test_control_endpoints_through_workers(server: Any) -> None:
     try:
         for client in (http, grpc):
             assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("cnn")
-        assert http.get_server_metadata()["name"] == "streamrt"
+        assert http.get_server_metadata()["name"] == "triton"
         assert "system_shared_memory" in grpc.get_server_metadata().extensions
         assert http.get_model_metadata("cnn")["inputs"][0]["name"] == "x"
         assert grpc.get_model_metadata("cnn").outputs[0].name == "logits"

@@ -44,7 +44,7 @@ def test_health_and_metadata_http(http: Any) -> None:
     assert http.is_model_ready("cnn") and http.is_model_ready("cnn", "1")
     assert not http.is_model_ready("cnn", "7") and not http.is_model_ready("nope")
     meta = http.get_server_metadata()
-    assert meta["name"] == "streamrt" and "binary_tensor_data" in meta["extensions"]
+    assert meta["name"] == "triton" and "binary_tensor_data" in meta["extensions"]
     model = http.get_model_metadata("cnn")
     assert model["versions"] == ["1"] and model["platform"] == "streamrt_onnxruntime"
     assert model["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]

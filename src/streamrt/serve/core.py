@@ -38,6 +38,7 @@ from streamrt.errors import (
     ModelLoadError,
     RequestError,
     ServerShuttingDownError,
+    SharedMemoryError,
     StreamRTError,
     UnknownModelError,
     UnsupportedRequestError,
@@ -185,7 +186,9 @@ class ServerCore:
         return self._accepting
 
     def metadata(self) -> dict[str, Any]:
-        return {"name": "streamrt", "version": __version__, "extensions": EXTENSIONS}
+        # "triton", as Triton answers: clients check the name (NVIDIA's health-metadata examples do);
+        # the version is StreamRT's own
+        return {"name": "triton", "version": __version__, "extensions": EXTENSIONS}
 
     # --- model control ------------------------------------------------------------------------
 
@@ -271,14 +274,19 @@ class ServerCore:
         self._inflight += 1
         self._idle.clear()
         try:
+            classified = [o.name for o in request.outputs if o.region is not None and o.class_count]
+            if classified:  # top-k strings for a tensor's region: refused before any work, as before
+                raise SharedMemoryError(f"output '{classified[0]}': classification results cannot be written to "
+                                        "shared memory; nothing was written", hint="ask for this output inline")
             response = await model.infer(request, trace)
-            targets = [(o.region, response.outputs[o.name], f"output '{o.name}'")
-                       for o in request.outputs if o.region is not None and o.name in response.outputs]
-            if targets:
-                self.shared_memory.write_outputs(targets)
+            placed = [(o.name, o.region) for o in request.outputs
+                      if o.region is not None and o.name in response.outputs]
+            if placed:
+                written = self.shared_memory.write_outputs(
+                    [(region, response.outputs[name], f"output '{name}'") for name, region in placed])
                 response.in_shared_memory.update(
-                    (o.name, RegionRef(o.region.name, o.region.offset, response.outputs[o.name].nbytes))
-                    for o in request.outputs if o.region is not None and o.name in response.outputs)
+                    (name, RegionRef(region.name, region.offset, size))
+                    for (name, region), size in zip(placed, written, strict=True))
         except BaseException as exc:
             reason = status_for(exc).reason
             model.stats.record_failure(reason, time.perf_counter_ns() - request.received_ns)

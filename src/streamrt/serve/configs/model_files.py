@@ -21,13 +21,16 @@ from streamrt.errors import RequestError
 __all__ = ["FILE_PREFIX", "remove_model_files", "write_model_files"]
 
 FILE_PREFIX = "file:"
+_NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX)
 
 
 def write_model_files(files: Mapping[str, bytes]) -> Path:
     """Write ``{"file:<relative path>": content}`` into a new private directory and return it.
 
     Raises:
-        RequestError: a path that is absolute, empty or leaves the directory (``..``).
+        RequestError: a path that is absolute, empty, leaves the directory (``..``), has a component
+            longer than 255 bytes, or cannot be written (Triton's ``Invalid file path``, 400 /
+            INVALID_ARGUMENT: the request is wrong, and the server goes on serving).
     """
     folder = Path(tempfile.mkdtemp(prefix="streamrt-model-"))
     try:
@@ -35,9 +38,15 @@ def write_model_files(files: Mapping[str, bytes]) -> Path:
             relative = PurePosixPath(key.removeprefix(FILE_PREFIX))
             if not relative.parts or relative.is_absolute() or ".." in relative.parts:
                 raise RequestError(f"load parameter '{key}': the path must be relative inside the model directory")
+            if any(len(part.encode()) > _NAME_MAX for part in relative.parts):
+                raise RequestError(f"Invalid file path: load parameter '{key[:64]}...' has a path component "
+                                   f"longer than {_NAME_MAX} bytes")
             target = folder.joinpath(*relative.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            except OSError as exc:
+                raise RequestError(f"Invalid file path: load parameter '{key}': {exc.strerror}") from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

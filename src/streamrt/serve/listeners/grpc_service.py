@@ -156,8 +156,6 @@ def _decode(message: Any, max_elements: int, raw: Sequence[bytes | memoryview] |
             if memory is None:
                 raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
                                               "(parameter shared_memory_region)")
-            if tensor.datatype == "BYTES":
-                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
             inputs[tensor.name] = memory.read_input(target, dtype, shape, where, leases)
             continue
         index += 1

@@ -12,6 +12,7 @@ in ``pyproject.toml``), so a client-side decoder can use it without the server.
 Public surface (each module's ``__all__``):
 
 * :mod:`.http_headers`: ``RequestLayout``, ``BinaryInput``, ``BoundedTable`` (what the codec remembers);
+* :mod:`.bytes_tensor`: ``serialize_bytes``, ``deserialize_bytes`` (BYTES in binary form, also in regions);
 * :mod:`.protocol`: ``InferRequest``, ``InferResponse``, ``RequestedOutput``, ``SequenceFlags``,
   ``decode_http_request``, ``encode_http_response``, the dtype and byte-tensor helpers;
 * :mod:`.grpc_wire`: ``split_infer_request``, ``encode_infer_response``, ``encode_length_delimited``;

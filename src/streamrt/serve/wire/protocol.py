@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
+from streamrt.serve.wire.bytes_tensor import deserialize_bytes, serialize_bytes
 from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BinaryInput, BoundedTable, RequestLayout
 from streamrt.serve.wire.shared_memory import RegionRef, RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
@@ -188,39 +189,6 @@ def kserve_dtype(array: Any) -> str:
 # Per-request lookups of the dtype tables (DType.from_any walks them) cost ~5% of a small request.
 _NUMPY_OF: dict[str, np.dtype[Any]] = {}
 _KSERVE_OF: dict[np.dtype[Any], str] = {}
-
-
-def serialize_bytes(array: np.ndarray) -> bytes:
-    """A BYTES tensor in the protocol's binary form: each element as a 4-byte little-endian
-    length and its bytes, in row-major order (``str`` elements are written as UTF-8)."""
-    parts = []
-    for item in array.reshape(-1):
-        data = item.encode() if isinstance(item, str) else bytes(item)
-        parts += [len(data).to_bytes(4, "little"), data]
-    return b"".join(parts)
-
-
-def deserialize_bytes(data: bytes | memoryview, count: int, where: str) -> np.ndarray:
-    """``count`` length-prefixed elements of ``data`` as a 1-D object array of ``bytes``.
-
-    Raises:
-        RequestError: the lengths do not add up to the data (names the element).
-    """
-    view = memoryview(data)
-    out = np.empty(count, dtype=object)
-    offset = 0
-    for index in range(count):
-        if offset + 4 > len(view):
-            raise RequestError(f"{where}: BYTES data ends inside the length of element {index} (of {count})")
-        size = int.from_bytes(view[offset : offset + 4], "little")
-        offset += 4
-        if offset + size > len(view):
-            raise RequestError(f"{where}: BYTES element {index} needs {size} bytes, {len(view) - offset} are left")
-        out[index] = bytes(view[offset : offset + size])
-        offset += size
-    if offset != len(view):
-        raise RequestError(f"{where}: {len(view) - offset} bytes left after the {count} BYTES elements of the shape")
-    return out
 
 
 def json_values(array: np.ndarray) -> list[Any]:
@@ -398,8 +366,6 @@ def _decode_http(
             if memory is None:
                 raise UnsupportedRequestError(f"{where}: shared memory is not enabled on this server "
                                               "(parameter shared_memory_region)")
-            if datatype == "BYTES":
-                raise UnsupportedRequestError(f"{where}: BYTES tensors cannot come from shared memory")
             ref = region_ref(iparams, where)
             _elements(shape, where, max_elements)
             inputs[name] = memory.read_input(ref, numpy_dtype(datatype), shape, where, leases)

@@ -52,6 +52,7 @@ import numpy as np
 
 from streamrt._optional import available, require
 from streamrt.errors import RegionExistsError, RegionNotFoundError, SharedMemoryError
+from streamrt.serve.wire.bytes_tensor import deserialize_bytes, serialize_bytes
 
 __all__ = ["DeviceTensor", "RegionRef", "RegionSource", "SharedMemoryRegistry", "region_ref"]
 
@@ -388,7 +389,14 @@ class SharedMemoryRegistry:
             SharedMemoryError: unknown region, range out of bounds, byte size not the tensor's size.
         """
         region = self._get(ref, where)
-        needed = (int(np.prod(shape, dtype=np.int64)) if shape else 1) * dtype.itemsize
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if dtype.kind == "O":  # BYTES: the region holds the serialized elements (Triton's layout); copied out
+            raw = np.asarray(region.read(ref, np.dtype(np.uint8), (ref.byte_size,)))
+            array = deserialize_bytes(raw.data, count, where).reshape(shape)
+            region.users += 1
+            leases.append(region)
+            return array
+        needed = count * dtype.itemsize
         if ref.byte_size != needed:
             raise SharedMemoryError(f"{where}: shared_memory_byte_size is {ref.byte_size} but shape {list(shape)} "
                                     f"of this datatype needs {needed} bytes")
@@ -403,25 +411,32 @@ class SharedMemoryRegistry:
         region.users += 1
         leases.append(region)
 
-    def write_outputs(self, targets: list[tuple[RegionRef, np.ndarray, str]]) -> None:
+    def write_outputs(self, targets: list[tuple[RegionRef, np.ndarray, str]]) -> list[int]:
         """Copy each ``(region, array, where)`` output into its region; nothing is written unless all fit.
+
+        BYTES outputs (and classification results) are written serialized, each element as a 4-byte
+        length and its bytes, as Triton writes them and tritonclient's ``get_contents_as_numpy`` reads them.
+
+        Returns:
+            The bytes written for each target, in order (what the response reports as its byte size).
 
         Raises:
             SharedMemoryError: a region is gone or an array is larger than its ``byte_size``.
         """
-        regions = []
+        regions, payloads = [], []
         for ref, array, where in targets:
             regions.append(self._get(ref, where))
             if array.dtype == object or array.dtype.kind in "SU":
-                raise SharedMemoryError(f"{where}: BYTES outputs (and classification results) cannot be written to "
-                                        "shared memory; nothing was written", hint="ask for this output inline")
+                array = np.frombuffer(serialize_bytes(array), np.uint8)
+            payloads.append(array)
             if array.nbytes > ref.byte_size:
                 raise SharedMemoryError(
                     f"{where}: the output has {array.nbytes} bytes (shape {list(array.shape)}) but its shared memory "
                     f"region '{ref.name}' gives {ref.byte_size}; nothing was written",
                     hint="register a larger region or give a larger shared_memory_byte_size")
-        for region, (ref, array, _) in zip(regions, targets, strict=True):
-            region.write(ref, array)
+        for region, (ref, _, _), payload in zip(regions, targets, payloads, strict=True):
+            region.write(ref, payload)
+        return [payload.nbytes for payload in payloads]
 
     @staticmethod
     def release(leases: list[Any]) -> None:
