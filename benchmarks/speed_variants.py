@@ -32,6 +32,7 @@ import torch
 
 from speed_lanes import DONE as GATE_DONE
 from speed_lanes import wait_for_gate
+from streamrt.testing.zoo import measure_batch_norm
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
@@ -115,7 +116,7 @@ def make_model(key: str) -> Model:
     for source, make, shape in CANDIDATES[key]:
         try:
             torch.manual_seed(0)
-            return Model(key, make().eval(), shape, source)
+            return Model(key, measure_batch_norm(make(), shape), shape, source)
         except ImportError as exc:
             errors.append(f"{source}: {exc}")
     raise RuntimeError(f"no source for model {key}: {'; '.join(errors)}")

@@ -103,23 +103,14 @@ def _available(arch: Arch) -> bool:
 
 
 def realistic(arch: Arch) -> Any:
-    """The network with random weights and batch-norm statistics measured on random images.
-
-    Random-init MobileNetV3 / EfficientNet in eval mode (running mean 0, variance 1) shrink their
-    activations layer by layer to logits of about 1e-10, below fp16's range: the fp16 plans were
-    (rightly) refused on the H200. Trained networks have normalised activations; a few train-mode
-    passes give random-weight ones the same, so the precision columns measure something real.
-    """
+    """The network with random weights and batch-norm statistics measured on random images
+    (:func:`streamrt.testing.zoo.measure_batch_norm` says why)."""
     import torch
 
+    from streamrt.testing.zoo import measure_batch_norm
+
     torch.manual_seed(0)
-    net = arch.make()
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
-        net.train()
-        with torch.no_grad():
-            for _ in range(4):
-                net(torch.randn(16, *arch.shape))
-    return net.eval()
+    return measure_batch_norm(arch.make(), arch.shape)
 
 
 def export(arch: Arch, path: Path) -> Path:

@@ -33,7 +33,7 @@ from streamrt.testing import zoo_nets
 from streamrt.testing.yolo import yolo_like
 from streamrt.types import Shape, ShapeProfile, ShapeRange
 
-__all__ = ["INPUT", "MODELS", "ZooModel", "export", "export_bytes"]
+__all__ = ["INPUT", "MODELS", "ZooModel", "export", "export_bytes", "measure_batch_norm"]
 
 INPUT = "input"
 """Every zoo model has one input of this name."""
@@ -168,3 +168,21 @@ def export(name: str, path: str | Path, opset: int = 17) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(export_bytes(name, opset))
     return out
+
+
+def measure_batch_norm(net: nn.Module, shape: Shape, *, passes: int = 4, batch: int = 16) -> nn.Module:
+    """``net`` in eval mode, its batch-norm statistics first measured on random images (in place).
+
+    Random-init MobileNetV3 / EfficientNet in eval mode (running mean 0, variance 1) shrink their
+    activations layer by layer to logits of about 1e-10, below fp16's range: an fp16 plan is then
+    (rightly) refused, and torch.compile's fp16 answer is noise (relative error 1.0, measured on the
+    H200 on 2026-12-03). Trained networks have normalised activations; a few train-mode passes give
+    random-weight ones the same, so fp16 speed is measured on a model fp16 can run.
+    """
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules()):
+        net.train()
+        with torch.no_grad():
+            for _ in range(passes):
+                net(torch.randn(batch, *shape))
+    return net.eval()
+
