@@ -306,7 +306,8 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
         cells = [f"{results[config][k]['p50']:.1f} / {results[config][k]['p99']:.1f}" for k in keys]
         lines.append(f"| {config} (p50 / p99 ms) | " + " | ".join(cells) + " |")
     for config in configs:
-        lines += ["", f"**{config}**: each stage's mean / p99 in ms (means add up to the mean total)", "",
+        lines += ["", f"**{config}**: each stage's mean / p99 in ms (from the call on, the means add up to the "
+                  "mean total, timed from the call as `streamrt perf` times it)", "",
                   "| stage | " + " | ".join(keys) + " |", "|---" + "|---:" * len(keys) + "|"]
         one = "1 process" in config
         labels = [label for label, _, _, path in STAGES if path != ("N" if one else "1")]

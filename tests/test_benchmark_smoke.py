@@ -114,3 +114,21 @@ def test_gpu_backend_without_a_gpu_records_each_failing_part_and_writes_the_tabl
     assert [r[0] for r in rows[1:]] == ["onnx", "yolo", "bogus"] and all(r[2].startswith("FAILED (") for r in rows[1:])
     assert "unknown part 'bogus'" in rows[3][2]
     assert len(json.loads((tmp_path / "out" / "gpu-backend-onnx-yolo-bogus.json").read_text())) == 3
+
+
+def test_grpc_binary_latency_splits_a_request_into_stages_that_add_up(tmp_path: Path) -> None:
+    """The stages from the call on add up to the total (timed from the call, as streamrt perf times it)."""
+    out = tmp_path / "gbl.md"
+    _run(tmp_path, "grpc_binary_latency.py", "--requests", "3", "--concurrency", "1", "--frontends", "1",
+         "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0] == ["configuration", "binary c1", "system shm c1"]
+    stages = {r[0]: r[1:] for r in rows}
+    assert "parse" in stages and "queue + batching delay" in stages
+    total = stages["**total (mean / p99)**"]
+    means = [sum(float(v[i].split("/")[0]) for k, v in stages.items()
+                 if " / " in v[i] and k not in ("configuration", "stage", "client: request id + body")
+                 and not k.startswith(("**", "default")))
+             for i in range(2)]
+    for i in range(2):
+        assert abs(means[i] - float(total[i].strip("*").split("/")[0])) < 0.05 + 0.02 * means[i], (means, total)
