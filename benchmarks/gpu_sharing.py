@@ -75,6 +75,7 @@ import yaml
 
 from streamrt.config import Precision
 from streamrt.profiling.provenance import git_commit
+from streamrt.testing.server_process import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
@@ -268,11 +269,7 @@ def run_scenario(label: str, rate_limit: str, plans: dict[str, Path], models: tu
         per_model, utilisation = drive(ports.grpc if args.protocol == "grpc" else ports.http, models, args)
         return Scenario(per_model, utilisation, ready_s, loads)
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
 
 
 def device_name(device: str) -> str:

@@ -27,7 +27,6 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -38,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from streamrt.testing.server_process import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -288,11 +289,7 @@ def measure(frontends: int, variant: str, levels: list[int], requests: int, work
                 print(f"  {variant}, {frontends} front end(s), {key}: p50 {results[key]['p50']:.2f} "
                       f"p99 {results[key]['p99']:.2f} ms", flush=True)
     finally:
-        server.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(30)
-        if server.poll() is None:
-            server.kill()
+        stop(server)
         log.close()
     return results
 

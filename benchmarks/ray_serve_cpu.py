@@ -20,27 +20,21 @@ import datetime
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from streamrt.profiling.provenance import git_commit
+from streamrt.testing import server_process
 from streamrt.testing.models import CATALOGUE, resnet_like
+from streamrt.testing.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_repo(root: Path, instances: int) -> Path:
@@ -54,16 +48,7 @@ def make_repo(root: Path, instances: int) -> Path:
 
 
 def wait_ready(port: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/heavy/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server on {port} not ready after {timeout} s")
+    server_process.wait_ready(port, timeout, path="/v2/models/heavy/ready", poll_s=0.5)
 
 
 def measure(port: int, model: str, concurrency: int, seconds: float) -> Any:

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrt.testing.server_process import stop
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_ENV = "STREAMRT_COPY_PROBE_DIR"
 SIZES = {"64 B": (1, 16), "4.8 MB": (8, 3, 224, 224)}
@@ -359,11 +361,7 @@ def measure(frontends: int, requests: int, work: Path, device: str = "cpu",
             result[size] = {stage: total / requests for stage, total in totals.items()}
         client.close()
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
         log.close()
     return result
 

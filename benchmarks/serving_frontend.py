@@ -24,17 +24,18 @@ import contextlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
+
+from streamrt.testing import server_process
+from streamrt.testing.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEM = {"small": (16,), "image": (3, 224, 224)}
@@ -68,23 +69,12 @@ def write_repository(repo: Path, max_batch: int = 64, instances: int = 2, delay_
     return repo
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"server not ready after {timeout} s (exit status {process.poll()})")
+    """:func:`streamrt.testing.server_process.wait_ready`, failing as SystemExit (the callers' convention)."""
+    try:
+        server_process.wait_ready(port, timeout, process, poll_s=0.5)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def run_perf(protocol: str, port: int, model: str, batch: int, concurrency: int, processes: int,

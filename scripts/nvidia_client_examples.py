@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -42,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from streamrt.testing.server_process import free_port, stop, wait_ready  # noqa: E402
 from streamrt.testing.triton_examples import MODEL_NAMES, write_repository  # noqa: E402
 
 #: Examples that cannot pass here, by name (a regular expression on the file name) and why.
@@ -87,12 +87,6 @@ class Result:
     status: str  # passed | failed | xfail | skipped
     seconds: float
     detail: str
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:
@@ -151,27 +145,10 @@ def serving(repo: Path, log_dir: Path, default_ports: bool) -> Iterator[Server]:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(process, ports[0], ports[1], log)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"streamrt serve exited ({process.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"streamrt serve not ready after 180 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
+        wait_ready(ports[0], 180, process, log=log)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
 
 
 def run_example(examples: Path, run: Run, server: Server, timeout: float) -> Result:
