@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrt.profiling.provenance import git_commit
 from streamrt.testing.server_process import stop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,13 +320,6 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    if os.environ.get("STREAMRT_COMMIT"):
-        return os.environ["STREAMRT_COMMIT"]
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return out.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--client":
@@ -347,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         for frontends in (int(f) for f in args.frontends.split(",")):
             label = f"{variant}, {'1 process' if frontends == 1 else f'{frontends} front ends'}"
             results[label] = measure(frontends, variant, levels, args.requests, work)
-    text = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, "
+    text = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit(ROOT)}, "
             f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), "
             f"`python benchmarks/grpc_binary_latency.py {' '.join(argv)}`\n\n{tables(results)}\n")
     print(text)

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrt.profiling.provenance import git_commit
 from streamrt.testing.server_process import stop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,13 +393,6 @@ def _gpu(device: str) -> str:
     return f", {torch.cuda.get_device_name(0)}"
 
 
-def _commit() -> str:
-    if os.environ.get("STREAMRT_COMMIT"):  # the GPU machine has no git history
-        return os.environ["STREAMRT_COMMIT"]
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return out.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=5, help="measured requests per size (after 2 warm-ups)")
@@ -413,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="streamrt-copies-"))
     results = {int(f): measure(int(f), args.requests, work, args.device, args.server_src)
                for f in args.frontends.split(",")}
-    text = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, "
+    text = (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit(ROOT)}, "
             f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}{_gpu(args.device)}), "
             f"`python benchmarks/request_copies.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
             f"{table(results)}\n")
