@@ -45,6 +45,14 @@ def test_a_lane_without_cuda_after_host_gets_no_launcher(fake_cuda_device) -> No
         assert [r.value for r in pipe.map(range(5))] == [v * v + 1 for v in range(5)]
 
 
+def test_the_synchronous_loop_gets_no_launcher(fake_cuda_device) -> None:
+    config = PipelineConfig(topology=Topology.SYNC, device="cpu", launch_thread=True)
+    with Pipeline(chain_stages(), config, device=fake_cuda_device) as pipe:
+        assert pipe.lanes[0].launcher is None
+        assert [r.value for r in pipe.map(range(5))] == [v * v + 1 for v in range(5)]
+    assert "launcher" not in config.describe()
+
+
 def test_the_host_stage_starts_its_next_item_while_the_launcher_waits(fake_cuda_device) -> None:
     """The launcher is busy launching item 0 (its first CUDA stage blocks the launcher until item 1's
     host stage ran): without the launcher the host thread would launch item 0 and never reach item 1."""

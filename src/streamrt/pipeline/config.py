@@ -53,7 +53,8 @@ class PipelineConfig:
         cuda_graphs: capture stages marked ``graphable`` per slot and replay them (CUDA only).
         launch_thread: launch the CUDA stages that follow a host stage from a thread of the lane's
             own (its ``launch`` host stream) instead of from the host stage's thread, which then
-            starts its next item at once (see the executor's step 3).
+            starts its next item at once (see the executor's step 3). ``SYNC`` has none: its host
+            stages run inline, so the synchronous loop stays the naive loop.
         trace: record a span per stage execution (device events on CUDA, host clock elsewhere).
         nvtx: push an NVTX range around every stage launch (CUDA only; for Nsight Systems).
         stage_timeout_s: longest wait for one item's result before ``StageTimeoutError``.
@@ -116,7 +117,7 @@ class PipelineConfig:
             parts.append(f"ring{self.ring_size}")
         if self.cuda_graphs:
             parts.append("graphs")
-        if self.launch_thread:
+        if self.launch_thread and self.topology is not Topology.SYNC:
             parts.append("launcher")
         return " ".join(parts)
 

@@ -153,7 +153,8 @@ class Pipeline:
         streams = lane_streams(self._device, self._stages, self._config.topology, index)
         after_host = any(b.is_cuda and not a.is_cuda for a, b in itertools.pairwise(streams))
         launcher = None
-        if self._config.launch_thread and after_host:
+        # sync: its host stages run inline, done before the next launch, so there is nothing to overlap
+        if self._config.launch_thread and after_host and self._config.topology is not Topology.SYNC:
             launcher = self._device.host_stream(f"lane{index}/launch")
         return Lane(index, self._device, streams, launcher=launcher)
 
