@@ -60,6 +60,7 @@ class Case:
     name: str
     pipeline: PipelineConfig
     plan: str = "default"
+    switch_ms: float | None = None  # the interpreter's GIL switch interval while it runs (None: as it is)
 
 
 def cases(cuda: bool, workers: list[int]) -> list[Case]:
@@ -78,6 +79,9 @@ def cases(cuda: bool, workers: list[int]) -> list[Case]:
     if cuda:  # the CUDA stages after `load` launched by a thread of their own (no CUDA stage on the CPU)
         out.append(Case("(b) streams launcher", PipelineConfig(topology=Topology.STREAMS, ring_size=4,
                                                               launch_thread=True)))
+        # the same with a 0.5 ms GIL switch interval: a thread that wants the GIL back (the launcher after
+        # the engine call, which runs without it) waits up to Python's 5 ms for a thread running Python
+        out.append(replace(out[-1], name="(b) streams launcher gil0.5", switch_ms=0.5))
     for w in workers:
         out.append(Case(f"(c) single x{w}", PipelineConfig(topology=Topology.SINGLE, workers=w, ring_size=4), lane))
         out.append(Case(f"(b+c) streams x{w}", PipelineConfig(topology=Topology.STREAMS, workers=w, ring_size=4),
@@ -97,7 +101,13 @@ def _measure(detector: DetectorModel, frames: list[np.ndarray], case: Case, item
 
     source = ArraySource(frames, loop=True, length=warmup + items, name="frames")
     config = DetectConfig(pipeline=case.pipeline.replace(trace=trace), warmup_frames=warmup)
-    return run_detection(detector, [source], config, on_result=keep), found
+    before = sys.getswitchinterval()
+    if case.switch_ms is not None:
+        sys.setswitchinterval(case.switch_ms / 1000)
+    try:
+        return run_detection(detector, [source], config, on_result=keep), found
+    finally:
+        sys.setswitchinterval(before)
 
 
 def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], args: argparse.Namespace,
@@ -131,7 +141,8 @@ def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], ar
                      f"{median[i] / fair:.2f}x | "
                      f"{mid.latency_ms.get('p50', float('nan')):.1f} | {mid.latency_ms.get('p99', float('nan')):.1f} | "
                      f"{f'{neck[0]} ({100 * neck[1]:.0f}%)' if neck else '-'} | {stages} |")
-        rows.append({"case": case.name, "plan": case.plan, "config": case.pipeline.to_dict(), "frames_per_s": median[i],
+        rows.append({"case": case.name, "plan": case.plan, "config": case.pipeline.to_dict(), "switch_ms": case.switch_ms,
+                     "frames_per_s": median[i],
                      "rounds": [rep.fps for rep in runs[i]], "traced": traced[i].to_dict()})
         if out is not None and traced[i].trace is not None:
             slug = re.sub(r"[^a-z0-9]+", "-", f"{case.name} {case.plan}".lower()).strip("-")

@@ -130,6 +130,58 @@ def test_bad_arguments_name_the_value() -> None:
         ProcessDecodePool([], processes=0)
     with pytest.raises(ConfigError, match="nvdec, cpu"):
         ProcessDecodePool([], kind="gpu")
+    with pytest.raises(ConfigError, match="upload=True is for kind='cpu'"):
+        ProcessDecodePool([], kind="nvdec", upload=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+            ProcessDecodePool([], kind="cpu", upload=True)
+
+
+@pytest.mark.gpu
+def test_cpu_decoders_uploading_from_page_locked_rings_give_the_host_pictures() -> None:
+    """CPU decoders in processes, ``upload=True``: every picture on the GPU, byte for byte the host pool's,
+    in order, read per stream and all streams at once (the hybrid's CPU side in decoder processes)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    clips = sorted(Path(os.environ.get("STREAMRT_VIDEO_CLIPS", "build/video-clips")).glob("*.mp4"))[:2]
+    if not clips:
+        pytest.skip("no clips in STREAMRT_VIDEO_CLIPS (scripts/make_video_clips.py)")
+    paths, frames = [clips[0], clips[-1], clips[0]], 12
+
+    def read(pool: Any, ready: bool) -> list[list[tuple[Any, Any]]]:
+        out: list[list[tuple[Any, Any]]] = [[] for _ in paths]
+        if not ready:
+            for i, source in enumerate(pool.sources()):
+                for _ in range(frames):
+                    picture = source.read()
+                    assert picture is not None and picture.is_cuda == pool.upload
+                    out[i].append((picture.cpu().clone(), source.last_pts))
+            return out
+        deadline = time.monotonic() + 120
+        while min(len(got) for got in out) < frames and time.monotonic() < deadline:
+            taken = pool.take_ready([i for i, got in enumerate(out) if len(got) < frames])
+            assert not taken.failed and not taken.ended
+            for index, picture, pts in taken.taken:
+                assert picture.is_cuda == pool.upload and picture.dtype == torch.uint8
+                out[index].append((picture.cpu().clone(), pts))
+        return out
+
+    results, pids = {}, []
+    for upload in (False, True):
+        for ready in (False, True):
+            with ProcessDecodePool(paths, processes=2, kind="cpu", slots=2, upload=upload) as pool:
+                assert pool.page_locked == (len(paths) if upload else 0)
+                results[upload, ready] = read(pool, ready)
+                pids += pool.pids
+    assert _gone(pids)
+    reference = results[False, False]
+    for key, other in results.items():
+        for i, (a, b) in enumerate(zip(reference, other, strict=True)):
+            assert [p for _, p in a] == [p for _, p in b], f"{key}, stream {i}: time stamps differ"
+            for k, ((x, _), (y, _)) in enumerate(zip(a, b, strict=True)):
+                assert torch.equal(x, y), f"{key}, stream {i} frame {k}: {int((x.int() - y.int()).abs().max())} apart"
 
 
 @pytest.mark.gpu

@@ -58,8 +58,8 @@ from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
 from streamrt.errors import PipelineError
 
-__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "gather_into", "rows_to_device",
-           "split_rows", "to_device", "to_host"]
+__all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "cuda_host_register",
+           "cuda_host_unregister", "gather_into", "rows_to_device", "split_rows", "to_device", "to_host"]
 
 log = logging.getLogger(__name__)
 
@@ -261,14 +261,21 @@ def _succeeded(result: Any) -> bool:
     return getattr(err, "value", err) == 0  # cudaError_t is an enum in cuda-bindings 12 and 13
 
 
-def _cuda_register(address: int, nbytes: int) -> bool:
+def cuda_host_register(address: int, nbytes: int) -> bool:
+    """Page-lock ``nbytes`` of host memory at ``address`` for the GPU (``cudaHostRegister``, portable): True
+    when done. Unregister it (:func:`cuda_host_unregister`) before the memory is unmapped.
+
+    Raises:
+        PipelineError: cuda-python is not installed.
+    """
     runtime = _runtime()
     if runtime is None:
         raise PipelineError("cuda-python is not installed", hint="install streamrt[cuda-shm]")
     return _succeeded(runtime.cudaHostRegister(address, nbytes, getattr(runtime, "cudaHostRegisterPortable", 1)))
 
 
-def _cuda_unregister(address: int, nbytes: int) -> bool:
+def cuda_host_unregister(address: int, nbytes: int) -> bool:
+    """Release memory :func:`cuda_host_register` locked: True when done (False without cuda-python)."""
     runtime = _runtime()
     return runtime is not None and _succeeded(runtime.cudaHostUnregister(address))
 
@@ -299,8 +306,8 @@ class PinnableMemory:
         register / unregister: page-lock and release ``(address, nbytes)``; CUDA's by default.
     """
 
-    def __init__(self, chunk_bytes: int = 64 << 20, register: Register = _cuda_register,
-                 unregister: Register = _cuda_unregister) -> None:
+    def __init__(self, chunk_bytes: int = 64 << 20, register: Register = cuda_host_register,
+                 unregister: Register = cuda_host_unregister) -> None:
         self.chunk_bytes = chunk_bytes
         self._register, self._unregister = register, unregister
         self._offered: list[_Offered] = []

@@ -29,7 +29,11 @@ that gets no picture for ``timeout_s`` fails with a timeout; :meth:`ProcessDecod
 the workers (terminating those that do not stop within 10 s) and frees the rings after they exit.
 
 ``kind="cpu"`` runs the same code with a CPU decoder (:func:`~streamrt.video.decoding.open_nv12`)
-in the workers and host shared-memory slots: the CI stand-in.
+in the workers and host shared-memory slots: the CI stand-in, and the CPU side of hybrid decode.
+With ``upload=True`` the detector process page-locks those rings (``cudaHostRegister``) and delivers
+every picture on the GPU, one DMA from the slot to the device and no host copy: without it a CPU
+picture cost a host copy out of the ring and then a pageable upload in the detector's gather (on the
+H200, 185 hybrid streams: 19.5 ms per engine call of 93 pictures, against 0.87 ms with NVDEC alone).
 
 Example:
     >>> pool = ProcessDecodePool(["a.mp4", "b.mp4"], processes=2, loop=True)   # doctest: +SKIP
@@ -49,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrt.errors import ConfigError
+from streamrt.errors import ConfigError, PipelineError
 from streamrt.video.decode_nvdec import NvdecOptions, NvdecSource
 from streamrt.video.decode_worker import KINDS, _Link, _worker
 from streamrt.video.live_group import ReadyPictures
@@ -94,6 +98,9 @@ class ProcessDecodePool:
         options: how NVDEC sessions are created (:class:`~streamrt.video.decode_nvdec.NvdecOptions`).
         timeout_s: a stream that gets no picture for this long fails (a hung worker is not a hang).
         start_timeout_s: how long opening a stream may take (the first one starts a worker's CUDA).
+        upload: ``kind="cpu"`` only: page-lock the shared rings in this process and deliver pictures on GPU
+            ``gpu``, copied by DMA straight from their slots (where a ring cannot be locked, its copies are
+            pageable and a warning says so).
 
     Raises:
         ConfigError: a bad count or kind.
@@ -102,18 +109,26 @@ class ProcessDecodePool:
 
     def __init__(self, paths: Sequence[str | Path], *, processes: int = 4, kind: str = "nvdec", slots: int = 4,
                  loop: bool = False, gpu: int = 0, options: NvdecOptions | None = None, timeout_s: float = 30.0,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, upload: bool = False) -> None:
         if processes < 1 or slots < 1:
             raise ConfigError(f"a decoder-process pool needs processes >= 1 and slots >= 1, got {processes}, {slots}")
         if kind not in KINDS:
             raise ConfigError(f"decoder-process kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if upload and kind != "cpu":
+            raise ConfigError("upload=True is for kind='cpu' decoder processes: NVDEC pictures are on the GPU already")
         import torch
         import torch.multiprocessing as tmp
 
+        if upload and not torch.cuda.is_available():
+            raise ConfigError("upload=True delivers pictures on the GPU, and torch sees no CUDA GPU here",
+                              hint="leave upload off on a CPU-only machine")
         self.kind, self.processes, self._slots, self._loop, self._gpu = kind, processes, slots, loop, gpu
         self.options = options or NvdecOptions()
         self._timeout, self._start_timeout = timeout_s, start_timeout_s
-        self._device = torch.device("cpu") if kind == "cpu" else torch.device("cuda", gpu)
+        self._device = torch.device("cpu") if kind == "cpu" else torch.device("cuda", gpu)  # where the rings are
+        self.upload = upload
+        self._deliver = torch.device("cuda", gpu) if kind != "cpu" or upload else self._device  # the pictures
+        self._locked: list[int] = []  # ring addresses page-locked in this process (upload)
         context = tmp.get_context("spawn")  # CUDA in a child needs spawn; the tensors travel by torch's reducers
         pipes = [context.Pipe(duplex=True) for _ in range(processes)]
         self._links = [_Link(mine) for mine, _ in pipes]
@@ -178,7 +193,9 @@ class ProcessDecodePool:
             ring = torch.empty((self._slots, rows, width), dtype=torch.uint8, device=self._device)
             if self.kind == "cpu":
                 ring.share_memory_()
-            else:
+                if self.upload:
+                    self._page_lock(ring)
+            if self._deliver.type == "cuda":
                 lane.stream = torch.cuda.Stream(device=self._gpu)
             info = SourceInfo(lane.path.name, int(width), int(rows) * 2 // 3, float(reply[3]), None)
             with self._cond:
@@ -187,6 +204,26 @@ class ProcessDecodePool:
             self._send(lane.worker, ("ring", index, ring))
             sources.append(NvdecSource(self, index, info))
         return sources
+
+    def _page_lock(self, ring: Any) -> None:
+        """Page-lock a host ring for direct uploads; a ring that cannot be locked is copied pageable."""
+        from streamrt.device.staging import cuda_host_register
+
+        try:
+            locked = cuda_host_register(ring.data_ptr(), ring.numel())
+        except PipelineError as exc:
+            locked, why = False, exc.message
+        else:
+            why = "cudaHostRegister failed"
+        if locked:
+            self._locked.append(ring.data_ptr())
+        else:
+            log.warning("CPU decoder ring not page-locked (%s): its uploads are pageable copies", why)
+
+    @property
+    def page_locked(self) -> int:
+        """Rings page-locked for direct uploads (``upload=True``)."""
+        return len(self._locked)
 
     def remove(self, index: int) -> None:
         """Stop decoding stream ``index`` (its source then ends; its ring is freed at close)."""
@@ -286,13 +323,19 @@ class ProcessDecodePool:
             return ready
         # One stacked copy for the set (one launch, one allocation, the GIL given up once), handed out
         # as views: a picture's memory is freed when the last view of its set is gone.
-        if self.kind == "cpu":
-            pictures = list(torch.stack([ring[slot] for _, _, ring, slot, _ in picked]).unbind(0))
+        slots = [ring[slot] for _, _, ring, slot, _ in picked]
+        if self._deliver.type == "cpu":
+            pictures = list(torch.stack(slots).unbind(0))
         else:
             if self._copy_stream is None:  # high priority: a copy-out is never queued behind the engine
                 self._copy_stream = torch.cuda.Stream(device=self._gpu, priority=-1)
             with torch.cuda.stream(self._copy_stream):
-                pictures = list(torch.stack([ring[slot] for _, _, ring, slot, _ in picked]).unbind(0))
+                if self.kind == "cpu":  # page-locked host slots: one DMA each into the set, under one GIL release
+                    pictures = list(torch.empty((len(slots), *slots[0].shape), dtype=torch.uint8,
+                                                device=self._deliver).unbind(0))
+                    torch._foreach_copy_(pictures, slots, non_blocking=True)
+                else:
+                    pictures = list(torch.stack(slots).unbind(0))
             self._copy_stream.synchronize()  # every copy done before the workers may overwrite the slots
         frees: dict[int, list[tuple[int, int]]] = {}
         for index, worker, _, slot, _ in picked:
@@ -309,9 +352,10 @@ class ProcessDecodePool:
         lane = self._lanes[index]
         if lane.stream is None:
             picture = lane.ring[slot].clone()
-        else:
+        else:  # a device ring's slot, or a page-locked host one (upload)
             with torch.cuda.stream(lane.stream):
-                picture = lane.ring[slot].clone()
+                picture = torch.empty_like(lane.ring[slot], device=self._deliver).copy_(lane.ring[slot],
+                                                                                       non_blocking=True)
             lane.stream.synchronize()  # the copy is done before the worker may overwrite the slot
         self._send(lane.worker, ("free", index, slot), quiet=True)
         return picture
@@ -403,6 +447,12 @@ class ProcessDecodePool:
         self._dispatcher.join(timeout=2)
         for link in self._links:
             link.close()
+        if self._locked:  # unlocked before the rings' memory can be unmapped
+            from streamrt.device.staging import cuda_host_unregister
+
+            for address in self._locked:
+                cuda_host_unregister(address, 0)
+            self._locked.clear()
         with self._cond:
             for lane in self._lanes:
                 lane.ring, lane.finished = None, True

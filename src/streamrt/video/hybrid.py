@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from streamrt._features import cuda_available
 from streamrt.errors import ConfigError
 from streamrt.video.decoding import open_nv12
 from streamrt.video.hybrid_policy import HybridPolicy
@@ -236,6 +237,9 @@ class HybridDecode:
             thread per stream inside each); None: :func:`cpu_decoder_processes` (the cores less those of the
             consumer and of the NVDEC processes).
         process_kind: what the NVDEC side's processes decode with: ``nvdec``, or ``cpu`` (the CI stand-in).
+        upload: decoder processes: CPU decoders' pictures are delivered on the GPU, one DMA each from their
+            page-locked shared rings (``ProcessDecodePool(upload=True)``), so the detector's gather copies
+            device to device only; None: when CUDA is available.
         depth: pictures decoded ahead per stream.
         interval_s: how often measurements feed the policy (0: never re-balance).
         clock: monotonic seconds (tests).
@@ -245,12 +249,13 @@ class HybridDecode:
                  policy: HybridPolicy | None = None, fps: float | None = None, loop: bool = False,
                  cpu_threads: int = 1, nvdec_workers: int = 4, depth: int = 4, interval_s: float = 1.0,
                  decode_processes: int = 0, cpu_processes: int | None = None, process_kind: str = "nvdec",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 upload: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if decode_processes < 0 or (cpu_processes is not None and cpu_processes < 1):
             raise ConfigError(f"decode_processes must be >= 0 and cpu_processes >= 1 (or None), got "
                               f"{decode_processes}, {cpu_processes}")
         self.paths = [Path(p) for p in paths]
         self._processes, self._process_kind = decode_processes, process_kind
+        self.upload = cuda_available() if upload is None else upload
         self.cpu_processes = cpu_processes or cpu_decoder_processes(decode_processes)
         self.policy = policy or HybridPolicy(capacity or measure_capacity(self.paths[0], cores=self.cpu_processes),
                                              clock=clock)
@@ -310,10 +315,11 @@ class HybridDecode:
         with self._starting:
             if decoder == "nvdec" and self._nvdec is None:
                 self._nvdec = ProcessDecodePool([], processes=self._processes, kind=self._process_kind,
-                                                slots=self._depth, loop=self._loop)
+                                                slots=self._depth, loop=self._loop,
+                                                upload=self.upload and self._process_kind == "cpu")
             elif decoder == "cpu" and self._cpu is None:
                 self._cpu = ProcessDecodePool([], processes=self.cpu_processes, kind="cpu", slots=self._depth,
-                                              loop=self._loop)
+                                              loop=self._loop, upload=self.upload)
             return self._nvdec if decoder == "nvdec" else self._cpu
 
     def _open_lanes(self, decoder: str, items: Sequence[tuple[Path, int]]) -> list[Any]:
@@ -423,6 +429,10 @@ class HybridDecode:
         out["assignment"] = {name: sum(1 for s in self._sources if s.decoder == name) for name in ("nvdec", "cpu")}
         if self.grouped:
             out["processes"] = {"nvdec": self._processes, "cpu": self.cpu_processes}
+            cpu = self._cpu
+            out["cpu_pictures"] = ("host" if not self.upload else
+                                   f"uploaded from page-locked rings ({cpu.page_locked} locked)" if cpu is not None
+                                   else "uploaded")
         return out
 
     def close(self) -> None:
