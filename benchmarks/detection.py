@@ -141,8 +141,8 @@ def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], ar
                      f"{median[i] / fair:.2f}x | "
                      f"{mid.latency_ms.get('p50', float('nan')):.1f} | {mid.latency_ms.get('p99', float('nan')):.1f} | "
                      f"{f'{neck[0]} ({100 * neck[1]:.0f}%)' if neck else '-'} | {stages} |")
-        rows.append({"case": case.name, "plan": case.plan, "config": case.pipeline.to_dict(), "switch_ms": case.switch_ms,
-                     "frames_per_s": median[i],
+        rows.append({"case": case.name, "plan": case.plan, "config": case.pipeline.to_dict(),
+                     "switch_ms": case.switch_ms, "frames_per_s": median[i],
                      "rounds": [rep.fps for rep in runs[i]], "traced": traced[i].to_dict()})
         if out is not None and traced[i].trace is not None:
             slug = re.sub(r"[^a-z0-9]+", "-", f"{case.name} {case.plan}".lower()).strip("-")
