@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call for issue 27 (video detection with NVDEC at scale), each step under its own timeout
-# (60 + 90 + 250 + 130 = 530 s), each step's log under $OUT/<step>/log as it goes, everything packed
+# (60 + 90 + 250 + 130 = 530 s by default), each step's log under $OUT/<step>/log as it goes, everything packed
 # into $OUT/h200.tar.gz at the end (no clips, videos or files over 4 MB).
 #
 #   bash scripts/h200_video_call.sh COMMIT              # on the device machine (wheels in .whl-video/,
@@ -66,6 +66,11 @@ run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -
 # shellcheck disable=SC2086  # SPEED_ARGS is a list of arguments
 run speed "${SPEED_TIMEOUT:-300}" python3 benchmarks/engine_speed.py --out "$out/speed" \
     ${SPEED_ARGS:---groups resnet50@32=L5,L5r --lanes 1 --budget 280 --build-budget-s 200 --deadlines L5=230,L5r=60}
+# 7. (not by default) the kernel table of a plan the speed step kept (SPEED_ARGS with --keep-scratch): time per
+#    kernel kind, for issue 28's "what separates the plans from the roofline"
+# shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments
+run profile "${PROFILE_TIMEOUT:-90}" python3 -m streamrt profile \
+    ${PROFILE_ARGS:-$out/speed/scratch/resnet50-fp16-b32-L5.plan --iterations 20 --top 40}
 [ -n "$dry" ] && exit 0
 bash "$(dirname "$0")/h200_pack.sh" "$out"
 if [ -n "${SAVE_CACHE:-}" ] && [ -d "$cache" ]; then  # files back are at most 16 MiB each

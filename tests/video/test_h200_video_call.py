@@ -15,15 +15,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("steps", [None, "tests,reruns,video,videotests,runners,speed"])
+@pytest.mark.parametrize("steps", [None, "tests,reruns,video,videotests,runners,speed,profile"])
 def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, steps: str | None) -> None:
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path), **({"STEPS": steps} if steps else {})}
     out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
                          text=True, check=True, env=env)
     commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert len(commands) == (6 if steps else 4), out.stdout  # runners and speed only when asked for
+    assert len(commands) == (7 if steps else 4), out.stdout  # runners, speed and profile only when asked for
     for command in commands:
         words = shlex.split(command)
+        if words[1:3] == ["-m", "streamrt"]:  # the CLI from the checkout: its subcommand knows every flag
+            help_text = subprocess.run([sys.executable, "-m", "streamrt", words[3], "--help"], capture_output=True,
+                                       text=True, cwd=ROOT, check=True,
+                                       env={**os.environ, "PYTHONPATH": f"{ROOT}/src"}).stdout
+            flags = [w for w in words if w.startswith("--")]
+            assert flags and all(flag in help_text for flag in flags), (words[3], flags)
+            continue
         script = next(w for w in words if w.endswith(".py") or w.startswith("tests/"))
         assert (ROOT / script).exists(), script
         if script.startswith(("scripts/", "benchmarks/")):  # every flag is one the script's parser knows
