@@ -31,6 +31,12 @@ def test_version_from_console_script() -> None:
     assert out.returncode == 0 and out.stdout.startswith("streamrt 0.")
 
 
+def test_python_dash_m_streamrt_is_the_cli() -> None:
+    """``python -m streamrt``: the command from a checkout on PYTHONPATH (the device machine's scripts)."""
+    out = subprocess.run([sys.executable, "-m", "streamrt", "profile", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: streamrt profile")
+
+
 def test_build_then_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = catalogue_file("small_cnn", tmp_path)
     plan = tmp_path / "cnn.plan"
