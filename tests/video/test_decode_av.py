@@ -117,6 +117,9 @@ def test_opencv_nv12_fallback_matches_the_decoders_planes(tmp_path: Path) -> Non
         assert a.shape == b.shape == (270, 320)
         # Decoded planes -> BGR (FFmpeg) -> I420 (OpenCV): the round trip costs about one level.
         assert np.abs(a.astype(int) - b.astype(int)).mean() < 1.5
+    # FFmpeg held to one thread (a CPU decoder process's cap) decodes the same pictures
+    capped = list(iter_frames(OpenCvNv12Source(path, threads=1)))
+    assert len(capped) == 5 and all(np.array_equal(a, b) for a, b in zip(ours, capped, strict=True))
 
 
 def test_damaged_stretches_are_skipped_counted_and_quiet(tmp_path: Path, capfd: pytest.CaptureFixture[str],

@@ -148,8 +148,8 @@ def test_hybrid_moves_a_stream_between_nvdec_and_cpu_at_the_frame_it_reached(cli
 
 
 def test_hybrid_in_decoder_processes_moves_through_one_group_at_the_frame_it_reached(clips: list[Path]) -> None:
-    """Both sides in decoder processes (NVDEC by CUDA IPC, the CPU's through shared memory), read as the live
-    group reads them (``take_ready``); a move, opened beside the reader, keeps the stream's place."""
+    """Both sides in decoder processes (NVDEC by CUDA IPC, the CPU's through page-locked shared memory), read as
+    the live group reads them (``take_ready``); a move, opened beside the reader, keeps the stream's place."""
     from streamrt.video.hybrid import HybridDecode
     from streamrt.video.hybrid_policy import HybridPolicy
     from streamrt.video.live_group import shared_lanes
@@ -172,7 +172,8 @@ def test_hybrid_in_decoder_processes_moves_through_one_group_at_the_frame_it_rea
         source.switch("nvdec")
         take(4)
         assert source.moves == 2 and source.decoder == "nvdec"
-    assert [p.is_cuda for p in got] == [True] * 4 + [False] * 4 + [True] * 4
+    # on CUDA the CPU side's pictures arrive uploaded too (ProcessDecodePool(upload=True): page-locked rings)
+    assert hybrid.upload and [p.is_cuda for p in got] == [True] * 12
     for k, (picture, want) in enumerate(zip(got, ref, strict=True)):
         picture = picture.cpu().numpy()
         assert _close(picture, want) or np.abs(picture.astype(int) - want.astype(int)).mean() <= 1.5, k

@@ -186,6 +186,13 @@ def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, comman
     import torch  # now, not inside the first ring's unpickling: that would look like a stall
 
     torch.set_num_threads(1)  # a picture's copy needs no thread pool; N processes' pools would fight for cores
+    if kind == "cpu":  # one core per CPU decoder process: OpenCV's colour conversion without its thread pool
+        from streamrt._optional import available
+
+        if available("cv2"):
+            import cv2
+
+            cv2.setNumThreads(1)
     if kind == "nvdec":
         torch.cuda.set_device(gpu)  # the rings arrive on this device
 

@@ -77,11 +77,11 @@ class OpenCvNv12Source:
 
     frame_format = "nv12"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
         from streamrt.video._cv2 import import_cv2
 
         self._cv2 = import_cv2()
-        self._src = VideoFileSource(path)
+        self._src = VideoFileSource(path, threads=threads)
         if self._src.info.width % 2 or self._src.info.height % 2:
             self._src.close()
             from streamrt.video.sources import SourceError
@@ -115,12 +115,13 @@ class OpenCvNv12Source:
 
 
 def open_nv12(path: str | Path, threads: int = 1) -> Any:
-    """A CPU decoder delivering NV12 host frames: PyAV where installed, else OpenCV."""
+    """A CPU decoder delivering NV12 host frames, decoding on ``threads`` threads: PyAV where installed, else
+    OpenCV (its FFmpeg capped at ``threads`` too: uncapped, every decoder takes a thread per core)."""
     if available("av"):
         from streamrt.video.decode_av import AvSource
 
         return AvSource(path, threads=threads, output="nv12")
-    return OpenCvNv12Source(path)
+    return OpenCvNv12Source(path, threads=threads)
 
 
 register_video_opener(open_decoded)

@@ -120,14 +120,20 @@ class VideoFileSource(_SkipByReading):
 
     Frames that fail to decode inside the container's frame count (a damaged stretch of the file)
     are skipped and counted in ``bad_frames``; a file where no frame decodes raises at open.
+    ``threads`` caps FFmpeg's decoding threads (``CAP_PROP_N_THREADS``; None: OpenCV's default, one per core):
+    one per decoder where many decoders share the cores.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
         cv2 = import_cv2()
         self.path = Path(path)
         if not self.path.is_file():
             raise SourceError(f"video file not found: {self.path}")
-        self._cap = cv2.VideoCapture(str(self.path))
+        self._cap = cv2.VideoCapture()
+        if threads is not None and hasattr(cv2, "CAP_PROP_N_THREADS"):  # OpenCV >= 4.6
+            self._cap.open(str(self.path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, int(threads)])
+        if not self._cap.isOpened():  # no thread cap asked for, or no FFmpeg backend to take it
+            self._cap.open(str(self.path))
         if not self._cap.isOpened():
             raise SourceError(f"cannot open video {self.path}: not a readable video (not a file OpenCV can decode: "
                               "corrupt, truncated, or an unsupported codec)",
