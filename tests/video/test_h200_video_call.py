@@ -50,3 +50,20 @@ def test_pack_keeps_reports_and_drops_videos_and_large_files(tmp_path: Path) -> 
     with tarfile.open(tmp_path / "h200.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert "report.md" in names and "clip.mp4" not in names and "big.log" not in names
+
+
+def test_pack_drops_build_scratch_and_falls_back_to_the_reports_when_too_big(tmp_path: Path) -> None:
+    """A call whose tarball would exceed what comes back (2026-12-03: 53 MB of --keep-scratch caches, nothing
+    returned) still returns its reports."""
+    speed = tmp_path / "speed"
+    (speed / "scratch" / "cache").mkdir(parents=True)
+    (speed / "scratch" / "cache" / "kernel.so").write_bytes(os.urandom(100_000))
+    (speed / "engine-speed.md").write_text("| table |\n")
+    (speed / "noise.bin").write_bytes(os.urandom(300_000))  # incompressible, under 4 MB: kept unless too big
+    env = {**os.environ, "PACK_LIMIT_BYTES": "200000"}
+    run = subprocess.run(["bash", "scripts/h200_pack.sh", str(tmp_path)], cwd=ROOT, check=True, capture_output=True,
+                         text=True, env=env)
+    assert "packing only the reports" in run.stdout
+    with tarfile.open(tmp_path / "h200.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert "engine-speed.md" in names and "noise.bin" not in names and "kernel.so" not in names
