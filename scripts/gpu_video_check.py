@@ -464,7 +464,13 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     planned for one stream, and each stream's first frames are read through the one live group the
     detector would read them with (detecting NV12 needs a CUDA engine).
     """
-    from streamrt.video.hybrid import CONSUMER_CORES, HybridDecode, cpu_decoder_processes, measure_cpu_decode
+    from streamrt.video.hybrid import (
+        CONSUMER_CORES,
+        HybridDecode,
+        cpu_decoder_processes,
+        measure_cpu_decode,
+        measure_cpu_decode_together,
+    )
 
     detector = _detector(state)
     sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
@@ -472,11 +478,14 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     n = streams or (min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50))
     if dec.quick:
         n = min(n, 3)
-    cpu_rate = measure_cpu_decode(clips[0], seconds=0.5 if dec.quick else 2.0)
+    seconds_cpu = 0.5 if dec.quick else 2.0
+    cpu_rate = measure_cpu_decode(clips[0], seconds=seconds_cpu)
     cores = len(os.sched_getaffinity(0))
     nvdec_processes = dec.processes if dec.cuda else max(1, dec.processes)
     cpu_cores = 1 if dec.quick and not dec.cuda else cpu_decoder_processes(nvdec_processes, cores)
-    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": cpu_rate * cpu_cores}
+    # the plan's CPU capacity: the CPU decoder processes' cores all decoding at once, not one decoder x cores
+    together = measure_cpu_decode_together(clips[0], cpu_cores, seconds=seconds_cpu)
+    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": together}
     paths = [clips[i % len(clips)] for i in range(n)]
     if not dec.cuda:
         return _hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores, state)
@@ -485,13 +494,15 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         planned = dict(hybrid.summary()["assignment"])
         report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
         report.decode = hybrid.summary()
-    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned}
+    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
+                       "cpu_capacity": {"one_decoder_fps": cpu_rate, "together_fps": together, "decoders": cpu_cores}}
     pools = report.decode["pools"]
     where = (f"in {cpu_cores} CPU decoder processes" if dec.processes else
              f"on threads of the consumer ({cpu_cores} cores planned; they share its GIL)")
     return [f"{n} camera-paced streams at 30 FPS (the first NVDEC-only point not sustained, or beyond the sweep), "
             f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s, CPU "
-            f"{cpu_rate:.0f} frames/s per decoder x {cpu_cores} cores = {capacity['cpu']:.0f} frames/s ({cores} cores "
+            f"{cpu_rate:.0f} frames/s for one decoder alone, {capacity['cpu']:.0f} frames/s for {cpu_cores} decoding "
+            f"at once ({capacity['cpu'] / cpu_cores:.0f} each; {cores} cores "
             f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
             f"{where}.", "",
             "| streams | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | dropped | p99 ms | "

@@ -68,6 +68,17 @@ def test_cpu_capacity_over_demand_is_reported(detector: Any, paths: list[Path]) 
     assert summary["pools"]["cpu"]["utilisation"] == pytest.approx(90 / 40, rel=1e-3)
 
 
+def test_cpu_capacity_is_measured_with_every_decoder_running_at_once(paths: list[Path]) -> None:
+    """Two decoder processes decoding at the same time on this machine's cores: a positive total, and not more
+    than two decoders alone could give (on 2 cores shared with this process it is usually less)."""
+    from streamrt.video.hybrid import measure_cpu_decode_together
+
+    alone = measure_cpu_decode(paths[0], seconds=0.5)
+    together = measure_cpu_decode_together(paths[0], 2, seconds=0.5)
+    assert 30 < together < 2 * alone * 1.5, (alone, together)  # 1.5: a busy moment of the lone measurement
+    assert measure_cpu_decode_together(paths[0], 1, seconds=0.3) > 30  # one: in this process, no spawn
+
+
 def test_streams_in_decoder_processes_give_the_plain_decoder_detections(detector: Any, paths: list[Path]) -> None:
     """``decode_processes``: the NVDEC side in worker processes (here their CPU stand-in, host shared-memory
     slots), pictures through the same NV12 stages, detections those of plain PyAV NV12 sources."""
