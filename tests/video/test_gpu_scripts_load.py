@@ -73,3 +73,27 @@ def test_video_check_loads_and_refuses_to_run_without_a_gpu(tmp_path: Path, monk
     if not check.torch.cuda.is_available():
         assert check.main() == 2
     assert check._binding.__name__ == "_binding"
+
+
+def test_a_case_with_a_switch_interval_runs_under_it_and_puts_it_back(detector: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Case.switch_ms``: the run sees that GIL switch interval, and the interpreter's own is restored after."""
+    import numpy as np
+
+    from streamrt.pipeline.config import PipelineConfig, Topology
+
+    bench = _script("gpu_detection_check")._load_benchmark()
+    seen: list[float] = []
+    real = bench.run_detection
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(sys.getswitchinterval())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_detection", spy)
+    before = sys.getswitchinterval()
+    case = bench.Case("(b) streams gil0.5", PipelineConfig(topology=Topology.STREAMS, ring_size=2), switch_ms=0.5)
+    frames = [np.random.default_rng(k).integers(0, 255, (96, 128, 3), dtype=np.uint8) for k in range(2)]
+    report, found = bench._measure(detector, frames, case, items=4, warmup=1, trace=False)
+    assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
+    assert report.frames >= 4 and len(found) == 2
