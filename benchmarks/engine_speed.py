@@ -70,7 +70,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_lanes import DONE, REQUEST, GpuGate, next_task
-from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS, level_of
+from speed_variants import BASELINES, CANDIDATES, DTYPES, PAIRS, base_variant, level_of
 from streamrt.backends.torch_inductor.deadline import child_env, live_children, run_with_deadline
 from streamrt.profiling.peaks import peaks_for
 from streamrt.profiling.provenance import report_header
@@ -274,7 +274,7 @@ class Run:
                 continue
             budget_left = args.budget - (time.monotonic() - self.started) - RESERVE_S
             deadline = min(args.deadline_map[task.variant], budget_left)
-            expected = min(self.observed.get(task.variant, PRIORS_S.get(task.variant, 60.0)), deadline)
+            expected = min(self.observed.get(task.variant, PRIORS_S.get(base_variant(task.variant), 60.0)), deadline)
             if budget_left < max(expected, 1.0):
                 self._done(task, {**task.row(), "status": "skipped",
                                   "notes": f"skipped: budget ({budget_left:.0f} s left, ~{expected:.0f} s expected)"})
@@ -414,7 +414,7 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if not row.get("ms"):
             continue
-        eager, pair = find(row, "eager"), find(row, PAIRS.get(row["variant"], ""))
+        eager, pair = find(row, "eager"), find(row, PAIRS.get(base_variant(row["variant"]), ""))
         if eager:
             row["x_eager"] = eager["ms"] / row["ms"]
         if pair:
@@ -580,7 +580,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rebuild = args.rebuild or any(is_rebuild(v) for v in grouped)
         unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
         if unknown:
-            p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, {', '.join(BASELINES)}")
+            p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, L3c/L5c/L5s (cuDNN epilogues), "
+                    f"{', '.join(BASELINES)}")
     if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
         p.error(f"--lanes must be >= 1 and --lane-of lanes within 1..{args.lanes}, got {args.lane_of}")
     for name, values, known in (("--models", args.models, CANDIDATES), ("--precisions", args.precisions, DTYPES),
@@ -594,10 +595,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
     if args.groups:
         variants = set(grouped)
-    unknown = sorted(set(args.deadlines) - set(DEADLINES_S))
+    unknown = sorted(v for v in args.deadlines if base_variant(v) not in DEADLINES_S)
     if unknown:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")
-    args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or DEADLINES_S[v])) for v in sorted(variants)}
+    args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or DEADLINES_S[base_variant(v)]))
+                         for v in sorted(variants)}
     if args.device == "cpu" and any(p_ in ("fp16", "bf16", "tf32") for p_ in args.precisions):
         p.error("--device cpu runs fp32 only (half precision is emulated on CPUs)")
     return args

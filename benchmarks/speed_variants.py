@@ -104,10 +104,29 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
 }
 
 
+_PLAN = re.compile(r"L(\d)([cs]?)(r?)")
+EPILOGUES = {"": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
+"""Plan variant suffixes: ``L5c`` is level 5 with ``conv_epilogues=cudnn``, ``L5s`` with ``cudnn_spatial``
+(below level 5 the suffix also turns freezing on, which folds batch norm so the pattern appears)."""
+
+
 def level_of(variant: str) -> int | None:
-    """The optimization level of a plan variant (``L5``, or ``L5r`` for its warm rebuild); ``None`` for torch's."""
-    match = re.fullmatch(r"L(\d)r?", variant)
+    """The optimization level of a plan variant (``L5``, ``L5c``/``L5s`` with cuDNN epilogues, ``L5r`` for a
+    warm rebuild); ``None`` for torch's."""
+    match = _PLAN.fullmatch(variant)
     return int(match.group(1)) if match else None
+
+
+def epilogues_of(variant: str) -> str:
+    """The ``conv_epilogues`` option of a plan variant (``inductor`` without a suffix)."""
+    match = _PLAN.fullmatch(variant)
+    return EPILOGUES[match.group(2)] if match else "inductor"
+
+
+def base_variant(variant: str) -> str:
+    """The variant without its epilogue suffix (``L5cr`` -> ``L5r``): the key of pairs, priors and deadlines."""
+    match = _PLAN.fullmatch(variant)
+    return f"L{match.group(1)}{match.group(3)}" if match else variant
 
 
 def make_model(key: str) -> Model:
@@ -173,17 +192,24 @@ def output_count(out: Any) -> int:
     return 1 if isinstance(out, torch.Tensor) else len(out)
 
 
-def plan_config(precision: str, level: int, device: str, build_budget_s: float | None) -> Any:
-    """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given."""
+def plan_config(precision: str, level: int, device: str, build_budget_s: float | None,
+                conv_epilogues: str = "inductor") -> Any:
+    """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given, cuDNN
+    convolution epilogues (with freezing below level 5) where asked."""
     from streamrt.config import BuildConfig
 
+    options: dict[str, Any] = {"device": device}
+    if conv_epilogues != "inductor":
+        options["conv_epilogues"] = conv_epilogues
+        if level < 5:
+            options["freezing"] = True
     extra: dict[str, Any] = {}
     if precision == "tf32":
         extra["tf32"] = True
     if build_budget_s is not None:
         extra["build_budget_s"] = build_budget_s if build_budget_s > 0 else None
     return BuildConfig(backend="torch_inductor", precision="fp32" if precision == "tf32" else precision,
-                       optimization_level=level, keep_io_types=False, backend_options={"device": device}, **extra)
+                       optimization_level=level, keep_io_types=False, backend_options=options, **extra)
 
 
 # --- one variant -----------------------------------------------------------------------------
@@ -217,7 +243,7 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
 
     level = level_of(spec.variant)
     assert level is not None
-    config = plan_config(spec.precision, level, spec.device, spec.build_budget_s)
+    config = plan_config(spec.precision, level, spec.device, spec.build_budget_s, epilogues_of(spec.variant))
     if spec.timing_cache:
         config = config.replace(timing_cache=Path(spec.timing_cache))
     elif spec.variant.endswith("r") or (spec.rebuild and level >= 4):  # L5 and its rebuild L5r share one

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -200,3 +201,22 @@ def test_the_gpu_gate_stops_the_other_lanes_whole_process_tree_while_one_times(t
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL) if proc is other else proc.kill()
             proc.wait()
+
+
+def test_cudnn_epilogue_variants_parse_pair_and_report_their_cpu_refusal(tmp_path: Path) -> None:
+    module = _module()
+    import speed_variants as variants
+
+    assert [variants.level_of(v) for v in ("L5c", "L5s", "L3c", "L5cr", "L5x")] == [5, 5, 3, 5, None]
+    assert [variants.epilogues_of(v) for v in ("L5", "L5c", "L5s")] == ["inductor", "cudnn", "cudnn_spatial"]
+    assert variants.base_variant("L5cr") == "L5r" and variants.base_variant("eager") == "eager"
+    options = variants.plan_config("fp16", 3, "cuda", None, "cudnn").backend_options
+    assert options == {"device": "cuda", "conv_epilogues": "cudnn", "freezing": True}  # BN folded below level 5
+    rows = [{"model": "m", "precision": "fp16", "batch": 32, "variant": v, "ms": ms}
+            for v, ms in (("eager", 4.0), ("max-autotune", 2.0), ("L5c", 1.6))]
+    module.add_ratios(rows)
+    assert rows[-1]["x_pair"] == pytest.approx(1.25)
+    # On the CPU the option is refused; the row says why and the table is still written.
+    _, got = _run(tmp_path, "--groups", "tiny@1=L3c", "--deadlines", "L3c=120")
+    assert len(got) == 1 and got[0]["variant"] == "L3c" and got[0]["status"] != "ok"
+    assert "needs a CUDA build" in json.dumps(got[0])

@@ -32,7 +32,7 @@ from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.backends.torch_inductor.budget import BuildBudget, tunes
 from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
-from streamrt.backends.torch_inductor.levels import Recipe, layout_knobs, resolve_recipe
+from streamrt.backends.torch_inductor.levels import EPILOGUE_KNOB, Recipe, layout_knobs, resolve_recipe
 from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
 from streamrt.backends.torch_inductor.output_specs import (
     CompiledOutput,
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 _OPTIONS = {
     "device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads", "memory_format",
-    "conv_backends",
+    "conv_backends", "conv_epilogues",
 }
 
 
@@ -180,13 +180,21 @@ def torch_warnings_logged() -> Iterator[None]:
 
 
 def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[str, Any]) -> bytes:
-    """AOTInductor-compile one exported program and return the ``.pt2`` bytes."""
+    """AOTInductor-compile one exported program and return the ``.pt2`` bytes.
+
+    ``inductor_configs`` may carry :data:`.levels.EPILOGUE_KNOB` (the ``conv_epilogues`` mode): it is
+    taken out and becomes the post-grad pass of :mod:`.conv_epilogues` during the compile."""
     from torch._inductor import aoti_compile_and_package
 
+    from streamrt.backends.torch_inductor.conv_epilogues import installed
+
+    configs = dict(inductor_configs)
+    epilogues = str(configs.pop(EPILOGUE_KNOB, "inductor"))
     with tempfile.TemporaryDirectory(prefix="streamrt-aoti-") as tmp:
         path = Path(tmp) / "model.pt2"
         try:
-            aoti_compile_and_package(ep, package_path=str(path), inductor_configs=dict(inductor_configs))
+            with installed(epilogues):
+                aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
         except Exception as exc:
             raise BuildError(
                 f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
@@ -211,6 +219,8 @@ def _describe(recipe: Recipe) -> str:
         on[0] += f" ({knobs.get('max_autotune_gemm_backends')})"
     if recipe.cudnn_benchmark:
         on.append("cudnn benchmark")
+    if recipe.conv_epilogues != "inductor":
+        on.append(f"convolution epilogues {recipe.conv_epilogues}")
     return f"{', '.join(on) or 'no autotuning'}; memory format {recipe.memory_format}"
 
 
@@ -270,6 +280,7 @@ def build_from_module(
         stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
         stats.packages = list(budget.outcomes) if budget.packages is not None else []
     progress(stats.line())
+    epilogues = _epilogues_report(recipe, packages[0], progress) if recipe.conv_epilogues != "inductor" else None
     decided = layout_knobs(layout["memory_format"]) if layout else {}
     settings = {
         "device": kind,
@@ -282,11 +293,26 @@ def build_from_module(
         "threads": threads,
         "fp32_precision": "tf32" if config.tf32 else "ieee",
         "cudnn_benchmark": recipe.cudnn_benchmark,
+        **({"conv_epilogues": epilogues} if epilogues else {}),
     }
     outputs = tuple(
         TensorSpec(f"output_{i}", dtype, shape) for i, (shape, dtype) in enumerate(merge_profiles(exported))
     )
     return BuildOutput(pack_payload(packages, {"inputs": list(names)}), settings=settings, outputs=outputs)
+
+def _epilogues_report(recipe: Recipe, package: bytes, progress: Progress) -> dict[str, Any]:
+    """What ``conv_epilogues`` fused in the first profile's package, said and recorded in the manifest."""
+    from streamrt.backends.torch_inductor.conv_epilogues import fused_in_package
+
+    fused = fused_in_package(package)
+    if any(fused.values()):
+        progress(f"convolution epilogues in cuDNN ({recipe.conv_epilogues}): {fused['conv_relu']} conv+ReLU, "
+                 f"{fused['conv_add_relu']} conv+add+ReLU")
+    else:
+        progress(f"convolution epilogues {recipe.conv_epilogues}: no convolution matched (batch norm is folded "
+                 "only with freezing: level 5 or --option freezing=true; channels must be multiples of 8)")
+    return {"mode": recipe.conv_epilogues, "fused": fused}
+
 
 def _identity(kind: str) -> dict[str, Any]:
     """What a timing cache and its packages were made on: the GPU's name or the CPU's ISA, and the versions."""
@@ -317,6 +343,8 @@ def _compile(
     the rest of the budget as its deadline (both report their own progress); other compiles run
     here behind a heartbeat."""
     configs = {**recipe.inductor, "aot_inductor.metadata": dict(meta)}
+    if recipe.conv_epilogues != "inductor":
+        configs[EPILOGUE_KNOB] = recipe.conv_epilogues
     packages, layout = [], None
     exported: list[list[CompiledOutput]] = []
     with torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():

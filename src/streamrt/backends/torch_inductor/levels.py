@@ -31,7 +31,8 @@ from typing import Any
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["BOUNDED_AUTOTUNE", "CONV_BACKENDS", "LEVEL5_CUDA", "MEMORY_FORMATS", "Recipe", "gemm_backends",
+__all__ = ["BOUNDED_AUTOTUNE", "CONV_BACKENDS", "CONV_EPILOGUES", "EPILOGUE_KNOB", "LEVEL5_CUDA", "MEMORY_FORMATS",
+           "Recipe", "gemm_backends",
            "inductor_knows", "layout_knobs", "resolve_recipe"]
 
 #: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges
@@ -42,6 +43,14 @@ MEMORY_FORMATS = ("inductor", "measure", "channels_last", "contiguous")
 #: ``max_autotune_conv_backends`` a build may ask for (``--option conv_backends=...``): ``ATEN``
 #: (ATen's convolution: cuDNN on CUDA) alone, or with Inductor's Triton convolution templates.
 CONV_BACKENDS = ("ATEN", "ATEN,TRITON")
+
+#: ``conv_epilogues`` a build may ask for (:mod:`.conv_epilogues`): Inductor's own pointwise kernels,
+#: or cuDNN's fused convolution + (add +) ReLU for every eligible convolution or only those larger than 1x1.
+CONV_EPILOGUES = ("inductor", "cudnn", "cudnn_spatial")
+
+#: The key that carries a build's ``conv_epilogues`` in its Inductor configs to
+#: :func:`.builder.compile_package`, which pops it before Inductor sees them (it keeps cache keys apart).
+EPILOGUE_KNOB = "streamrt.conv_epilogues"
 
 #: What level 5 on CUDA sets apart from level 4 + coordinate descent + freezing (see the module
 #: docstring): convolutions from cuDNN (its benchmark mode times its algorithms), Inductor's layout
@@ -96,12 +105,14 @@ class Recipe:
         memory_format: one of :data:`MEMORY_FORMATS`; ``measure`` is decided during the build.
         cudnn_benchmark: engines run with ``torch.backends.cudnn.benchmark`` on (CUDA only):
             cuDNN times its algorithms for each new input shape on the first call.
+        conv_epilogues: one of :data:`CONV_EPILOGUES` (:mod:`.conv_epilogues`).
     """
 
     level: int
     inductor: Mapping[str, Any] = field(default_factory=dict)
     memory_format: str = "inductor"
     cudnn_benchmark: bool = False
+    conv_epilogues: str = "inductor"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +120,7 @@ class Recipe:
             "inductor": dict(sorted(self.inductor.items())),
             "memory_format": self.memory_format,
             "cudnn_benchmark": self.cudnn_benchmark,
+            "conv_epilogues": self.conv_epilogues,
         }
 
 
@@ -135,6 +147,17 @@ def _conv_backends(opts: Mapping[str, Any], default: str) -> str:
     if value not in CONV_BACKENDS:
         raise ConfigError(f"torch_inductor option conv_backends must be one of {', '.join(CONV_BACKENDS)}, "
                           f"got {opts.get('conv_backends')!r}")
+    return value
+
+
+def _conv_epilogues(opts: Mapping[str, Any], kind: str) -> str:
+    value = str(opts.get("conv_epilogues", "inductor")).lower()
+    if value not in CONV_EPILOGUES:
+        raise ConfigError(f"torch_inductor option conv_epilogues must be one of {', '.join(CONV_EPILOGUES)}, "
+                          f"got {opts.get('conv_epilogues')!r}")
+    if value != "inductor" and kind != "cuda":
+        raise ConfigError(f"torch_inductor option conv_epilogues={value} needs a CUDA build (the fused kernels "
+                          "are cuDNN's); leave it out on the CPU")
     return value
 
 
@@ -168,4 +191,5 @@ def resolve_recipe(config: BuildConfig, kind: str) -> Recipe:
             f"torch_inductor option memory_format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}"
         )
     inductor.update(layout_knobs(memory_format))
-    return Recipe(level, inductor, memory_format, cudnn_benchmark=level >= 5 and kind == "cuda")
+    return Recipe(level, inductor, memory_format, cudnn_benchmark=level >= 5 and kind == "cuda",
+                  conv_epilogues=_conv_epilogues(opts, kind))
