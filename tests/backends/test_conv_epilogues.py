@@ -20,6 +20,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 from streamrt.backends.torch_inductor.conv_epilogues import (  # noqa: E402
+    CudnnConvEpilogues,
     fused_in_package,
     installed,
     register_fake_impls,
@@ -67,10 +68,25 @@ class Bottleneck(nn.Module):
         return self.relu(self.bn2(self.conv2(y)) + x)
 
 
-def _model() -> nn.Module:
+class ProjectionBlock(Bottleneck):
+    """A block whose shortcut is a 1x1 convolution + BN to twice the channels (ResNet's downsample): the
+    shortcut's folded bias is moved into the fused op, so the shortcut convolution runs without one."""
+
+    def __init__(self, channels: int = 16) -> None:
+        super().__init__(channels)
+        self.conv2, self.bn2 = nn.Conv2d(channels, 2 * channels, 3, padding=1, bias=False), nn.BatchNorm2d(2 * channels)
+        self.down, self.bn_down = nn.Conv2d(channels, 2 * channels, 1, bias=False), nn.BatchNorm2d(2 * channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.stem(x))
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + self.bn_down(self.down(x)))
+
+
+def _model(kind: type[Bottleneck] = Bottleneck) -> nn.Module:
     torch.manual_seed(0)
-    net = Bottleneck().eval()
-    for bn in (net.bn1, net.bn2):  # batch-norm statistics that are not the identity
+    net = kind().eval()
+    for bn in [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]:  # statistics not the identity
         bn.running_mean.uniform_(-1, 1)
         bn.running_var.uniform_(0.5, 2.0)
         bn.weight.data.uniform_(0.5, 1.5)
@@ -79,6 +95,10 @@ def _model() -> nn.Module:
 
 
 def _compile(net: nn.Module, mode: str, path: Path) -> dict[str, int]:
+    return dict(_compile_pass(net, mode, path).fused)
+
+
+def _compile_pass(net: nn.Module, mode: str, path: Path) -> CudnnConvEpilogues:
     from torch._inductor import aoti_compile_and_package
     from torch.export import Dim
 
@@ -89,7 +109,7 @@ def _compile(net: nn.Module, mode: str, path: Path) -> dict[str, int]:
         aoti_compile_and_package(ep, package_path=str(path),
                                  inductor_configs={"freezing": True, "cpp.weight_prepack": False})
     assert rewrite is not None
-    return dict(rewrite.fused)
+    return rewrite
 
 
 def test_the_residual_pattern_is_fused_and_matches_eager(reference_kernels: None, tmp_path: Path) -> None:
@@ -111,6 +131,51 @@ def test_the_residual_pattern_is_fused_and_matches_eager(reference_kernels: None
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     # cuDNN's ops follow the weight's memory format: the pass stores it channels-last (NHWC kernels)
     assert WEIGHTS_CHANNELS_LAST and all(WEIGHTS_CHANNELS_LAST), WEIGHTS_CHANNELS_LAST
+
+
+def test_a_projection_shortcuts_bias_moves_into_the_fused_op_and_the_result_matches_eager(
+        reference_kernels: None, tmp_path: Path) -> None:
+    from torch._inductor import aoti_load_package
+
+    net = _model(ProjectionBlock)
+    rewrite = _compile_pass(net, "cudnn", tmp_path / "p.pt2")
+    assert rewrite.fused == {"conv_relu": 1, "conv_add_relu": 1} and rewrite.shortcut_biases == 1
+    runner = aoti_load_package(str(tmp_path / "p.pt2"))
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            expected, got = net(x), runner(x)
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+class BiasedShortcut(nn.Module):
+    """Convolutions with their own biases, no batch norm: ``relu(conv(x) + b + conv_ds(x) + b_ds)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.down = nn.Conv2d(16, 32, 3, padding=1), nn.Conv2d(16, 32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.conv(x) + self.down(x))
+
+
+@pytest.mark.parametrize("freezing", [False, True])
+def test_shortcut_biases_are_summed_as_constants_when_frozen_and_in_the_graph_when_not(
+        reference_kernels: None, tmp_path: Path, freezing: bool) -> None:
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    torch.manual_seed(1)
+    net = BiasedShortcut().eval()
+    ep = torch.export.export(net, (torch.randn(2, 16, 8, 8),))
+    with torch.no_grad(), installed("cudnn", devices=("cpu",)) as rewrite:
+        aoti_compile_and_package(ep, package_path=str(tmp_path / "b.pt2"),
+                                 inductor_configs={"freezing": freezing, "cpp.weight_prepack": False})
+    assert rewrite is not None and rewrite.fused["conv_add_relu"] == 1 and rewrite.shortcut_biases == 1
+    x = torch.randn(2, 16, 8, 8)
+    got = aoti_load_package(str(tmp_path / "b.pt2"))(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got[0] if isinstance(got, (list, tuple)) else got, net(x), rtol=1e-4, atol=1e-4)
 
 
 def test_spatial_mode_leaves_1x1_convolutions_to_inductor(reference_kernels: None, tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ class CudnnConvEpilogues(CustomGraphPass):
     mode: str = "cudnn"
     devices: tuple[str, ...] = ("cuda",)
     fused: dict[str, int] = field(default_factory=dict)
+    shortcut_biases: int = 0
 
     def uuid(self) -> Any:
         return (self.mode, self.devices, get_hash_for_files((__file__,)))
@@ -122,6 +123,7 @@ class CudnnConvEpilogues(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         aten = torch.ops.aten
         self.fused = {"conv_relu": 0, "conv_add_relu": 0}
+        self.shortcut_biases = 0
         for relu in list(graph.nodes):
             if relu.op != "call_function" or relu.target is not aten.relu.default:
                 continue
@@ -133,12 +135,14 @@ class CudnnConvEpilogues(CustomGraphPass):
                   and not src.kwargs and len(src.args) == 2):
                 for conv, z in (src.args, src.args[::-1]):
                     if self._eligible(conv) and self._same_tensor_shape(conv, z):
-                        self._replace(graph, relu, aten.cudnn_convolution_add_relu.default, conv, z)
+                        z, bias = _shortcut_bias_moved(graph, relu, conv, z)
+                        self._replace(graph, relu, aten.cudnn_convolution_add_relu.default, conv, z, bias)
                         self.fused["conv_add_relu"] += 1
+                        self.shortcut_biases += bias is not conv.args[2]
                         break
         graph.eliminate_dead_code()
-        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU", self.mode,
-                 self.fused["conv_relu"], self.fused["conv_add_relu"])
+        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU (%d shortcut biases moved)",
+                 self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"], self.shortcut_biases)
 
     def _eligible(self, conv: Any) -> TypeGuard[torch.fx.Node]:
         if not isinstance(conv, torch.fx.Node) or conv.target is not torch.ops.aten.convolution.default:
@@ -164,8 +168,10 @@ class CudnnConvEpilogues(CustomGraphPass):
         return zv is not None and out is not None and zv.dtype == out.dtype and tuple(zv.shape) == tuple(out.shape)
 
     @staticmethod
-    def _replace(graph: torch.fx.Graph, relu: torch.fx.Node, op: Any, conv: torch.fx.Node, z: Any) -> None:
-        x, w, bias, stride, padding, dilation, _t, _op, groups = cast(tuple[Any, ...], conv.args)
+    def _replace(graph: torch.fx.Graph, relu: torch.fx.Node, op: Any, conv: torch.fx.Node, z: Any,
+                 bias: Any = None) -> None:
+        x, w, conv_bias, stride, padding, dilation, _t, _op, groups = cast(tuple[Any, ...], conv.args)
+        bias = conv_bias if z is None else bias
         args = (x, w, bias, stride, padding, dilation, groups) if z is None else \
             (x, w, z, None, bias, stride, padding, dilation, groups)
         with graph.inserting_before(relu):
@@ -181,6 +187,54 @@ class CudnnConvEpilogues(CustomGraphPass):
             fused.meta["val"] = _conv_like(xv, wv, list(stride), list(padding), list(dilation))
         relu.replace_all_uses_with(fused)
         graph.erase_node(relu)  # the convolution (and add) it read go with eliminate_dead_code
+
+
+def _shortcut_bias_moved(graph: torch.fx.Graph, relu: torch.fx.Node, conv: torch.fx.Node, z: Any) -> tuple[Any, Any]:
+    """``z`` and the fused op's bias, with a shortcut convolution's bias moved into the fused op.
+
+    ResNet's projection shortcut ``z = conv(x, w_ds) + b_ds`` (batch norm folded) costs a pointwise
+    kernel of its own: Inductor peels a CUDA convolution's bias off into a Triton add (its lowering
+    says cuDNN is slower with it). ``relu(conv(y) + b + z)`` equals ``relu(conv(y) + (b + b_ds) +
+    conv(x, w_ds))``, so the shortcut runs without a bias and the fused op adds both. Constant biases
+    (freezing) are summed at build time (in fp32); others by one small add in the graph.
+    """
+    bias = conv.args[2]
+    if not isinstance(z, torch.fx.Node) or z.target is not torch.ops.aten.convolution.default or \
+            len(z.users) != 1 or len(z.args) != 9 or not isinstance(z.args[2], torch.fx.Node):
+        return z, bias
+    z_bias = z.args[2]
+    with graph.inserting_before(relu):
+        bare = graph.call_function(torch.ops.aten.convolution.default, (*z.args[:2], None, *z.args[3:]))
+        bare.meta.update(z.meta)
+        summed = z_bias if bias is None else _summed_constant(graph, bias, z_bias)
+        if summed is None:
+            summed = graph.call_function(torch.ops.aten.add.Tensor, (bias, z_bias))
+            val, other = _val(bias), _val(z_bias)
+            mode = getattr(val, "fake_mode", None)
+            if val is not None and other is not None and mode is not None:
+                with mode:
+                    summed.meta["val"] = val + other
+    return bare, summed
+
+
+def _summed_constant(graph: torch.fx.Graph, a: Any, b: Any) -> torch.fx.Node | None:
+    """A new constant ``a + b`` (summed in fp32) when both are constants of the graph module; else None."""
+    gm = graph.owning_module
+    if gm is None or not all(isinstance(n, torch.fx.Node) and n.op == "get_attr" and "." not in str(n.target)
+                             for n in (a, b)):
+        return None
+    ta, tb = getattr(gm, str(a.target), None), getattr(gm, str(b.target), None)
+    if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor) or ta.shape != tb.shape:
+        return None
+    name = f"_streamrt_shortcut_bias_{a.target}_{b.target}"
+    gm.register_buffer(name, (ta.float() + tb.float()).to(ta.dtype))
+    node = graph.get_attr(name)
+    val = _val(a)
+    mode = getattr(val, "fake_mode", None)
+    if val is not None and mode is not None:
+        with mode:
+            node.meta["val"] = torch.empty_like(val)
+    return node
 
 
 def _channels_last_weight(graph: torch.fx.Graph, weight: Any) -> None:
