@@ -77,6 +77,8 @@ for tag in ${PROFILE_PLANS:-resnet50-fp16-b32-L5}; do
     # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments
     run profile "${PROFILE_TIMEOUT:-90}" python3 -m streamrt profile "$out/speed/scratch/$tag.plan" \
         ${PROFILE_ARGS:---iterations 20 --top 40}
+    # the generated wrapper C++ (which FX nodes and ATen ops each kernel launch came from), a few seconds
+    run profile 30 python3 scripts/plan_sources.py "$out/speed/scratch/$tag.plan" --out "$out/profile/sources"
 done
 [ -n "$dry" ] && exit 0
 bash "$(dirname "$0")/h200_pack.sh" "$out"

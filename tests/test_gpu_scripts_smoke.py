@@ -71,3 +71,24 @@ def test_aoti_diagnose_cpu_smoke_run_loads_the_package_in_every_mode(tmp_path: P
     assert done.stdout.count("ran ok (4, 16)") == 3
     assert "summary: plain rc=0, onnxruntime_first rc=0, ensure_cxx_runtime rc=0" in done.stdout
     assert "package needs:" in done.stdout and "FAILED" not in done.stdout
+
+
+@pytest.mark.torch
+def test_plan_sources_writes_each_profiles_wrapper_with_its_commented_launches(tmp_path: Path) -> None:
+    """``scripts/plan_sources.py`` (the H200 profile step) over a tiny CPU plan: the wrapper C++ names the
+    ATen ops of each launch; a missing plan is a line and exit status 1, the other plans still written."""
+    torch = pytest.importorskip("torch")
+    import streamrt
+    from streamrt.config import BuildConfig
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 1)).eval()
+    config = BuildConfig(backend="torch_inductor", optimization_level=0, backend_options={"device": "cpu"})
+    streamrt.build_module(net, [torch.randn(1, 3, 8, 8)], tmp_path / "tiny.plan", config)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan_sources.py"), str(tmp_path / "missing.plan"),
+                           str(tmp_path / "tiny.plan"), "--out", str(tmp_path / "src")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and "missing.plan: plan file not found" in done.stderr, done.stderr
+    wrapper = (tmp_path / "src" / "tiny-p0.wrapper.cpp").read_text()
+    assert "Original ATen: [aten.convolution]" in wrapper
+    assert "commented launches" in done.stdout

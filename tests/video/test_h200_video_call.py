@@ -21,7 +21,7 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, s
     out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
                          text=True, check=True, env=env)
     commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert len(commands) == (7 if steps else 4), out.stdout  # runners, speed and profile only when asked for
+    assert len(commands) == (8 if steps else 4), out.stdout  # runners, speed, profile (+ sources) only when asked
     for command in commands:
         words = shlex.split(command)
         if words[1:3] == ["-m", "streamrt"]:  # the CLI from the checkout: its subcommand knows every flag
