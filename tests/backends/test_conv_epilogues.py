@@ -30,6 +30,20 @@ from streamrt.config import BuildConfig  # noqa: E402
 from streamrt.errors import ConfigError  # noqa: E402
 
 WEIGHTS_CHANNELS_LAST: list[bool] = []  # per call of a reference kernel: was its weight stored channels-last?
+OPERANDS_CHANNELS_LAST: list[bool] = []  # per call: were its input (and residual) laid out channels-last?
+INPUT_CHANNELS: list[int] = []  # per call: the input's channels (8 for a padded stem)
+
+
+def _record(x: torch.Tensor, w: torch.Tensor, z: torch.Tensor | None = None) -> None:
+    WEIGHTS_CHANNELS_LAST.append(w.is_contiguous(memory_format=torch.channels_last))
+    OPERANDS_CHANNELS_LAST.append(all(t.is_contiguous(memory_format=torch.channels_last) for t in (x, z)
+                                      if t is not None))
+    INPUT_CHANNELS.append(x.shape[1])
+
+
+def _clear_records() -> None:
+    for record in (WEIGHTS_CHANNELS_LAST, OPERANDS_CHANNELS_LAST, INPUT_CHANNELS):
+        record.clear()
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +52,11 @@ def reference_kernels() -> Iterator[None]:
     lib = torch.library.Library("aten", "IMPL")
 
     def conv_relu(x, w, b, stride, padding, dilation, groups):  # type: ignore[no-untyped-def]
-        WEIGHTS_CHANNELS_LAST.append(w.is_contiguous(memory_format=torch.channels_last))
+        _record(x, w)
         return F.relu(F.conv2d(x, w, b, stride, padding, dilation, groups))
 
     def conv_add_relu(x, w, z, alpha, b, stride, padding, dilation, groups):  # type: ignore[no-untyped-def]
-        WEIGHTS_CHANNELS_LAST.append(w.is_contiguous(memory_format=torch.channels_last))
+        _record(x, w, z)
         return F.relu(F.conv2d(x, w, b, stride, padding, dilation, groups) + (1.0 if alpha is None else alpha) * z)
 
     lib.impl("cudnn_convolution_relu", conv_relu, "CPU")
@@ -121,7 +135,7 @@ def test_the_residual_pattern_is_fused_and_matches_eager(reference_kernels: None
     assert fused_in_package((tmp_path / "m.pt2").read_bytes()) == fused  # what the builder reports
     runner = aoti_load_package(str(tmp_path / "m.pt2"))
     generator = torch.Generator().manual_seed(7)
-    WEIGHTS_CHANNELS_LAST.clear()
+    _clear_records()
     for batch in (1, 5):  # the dynamic batch, fresh data each time
         x = torch.randn(batch, 3, 8, 8, generator=generator)
         with torch.no_grad():
@@ -131,6 +145,49 @@ def test_the_residual_pattern_is_fused_and_matches_eager(reference_kernels: None
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     # cuDNN's ops follow the weight's memory format: the pass stores it channels-last (NHWC kernels)
     assert WEIGHTS_CHANNELS_LAST and all(WEIGHTS_CHANNELS_LAST), WEIGHTS_CHANNELS_LAST
+    # and Inductor hands them their input and residual channels-last too (cuDNN would convert both otherwise),
+    # also the stem's output, which an Inductor kernel (bias + ReLU) writes
+    assert OPERANDS_CHANNELS_LAST and all(OPERANDS_CHANNELS_LAST), OPERANDS_CHANNELS_LAST
+
+
+def test_the_layout_constraint_is_removed_after_the_compile(reference_kernels: None, tmp_path: Path) -> None:
+    from torch._inductor import lowering
+
+    op = torch.ops.aten.cudnn_convolution_relu.default
+    table = getattr(lowering, "_maybe_layout_constraints", {})
+    before = table.get(op)
+    _compile(_model(), "cudnn", tmp_path / "m.pt2")
+    assert table.get(op) is before
+
+
+def test_pad_mode_fuses_a_3_channel_stem_through_8_zero_padded_channels(reference_kernels: None,
+                                                                         tmp_path: Path) -> None:
+    from torch._inductor import aoti_load_package
+
+    net = _model()
+    rewrite = _compile_pass(net, "cudnn_pad", tmp_path / "pad.pt2")
+    assert rewrite.padded == 1
+    assert rewrite.fused == {"conv_relu": 2, "conv_add_relu": 1}  # the stem joins the fused convolutions
+    runner = aoti_load_package(str(tmp_path / "pad.pt2"))
+    _clear_records()
+    for batch in (1, 4):
+        x = torch.randn(batch, 3, 8, 8, generator=torch.Generator().manual_seed(11 + batch))
+        with torch.no_grad():
+            expected, got = net(x), runner(x)
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert sorted(set(INPUT_CHANNELS)) == [8, 16]  # the padded stem, the two 16-channel convolutions
+    assert all(OPERANDS_CHANNELS_LAST) and all(WEIGHTS_CHANNELS_LAST)
+
+
+def test_pad_mode_leaves_a_stem_whose_weight_is_not_a_constant(reference_kernels: None, tmp_path: Path) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    ep = torch.export.export(_model(), (torch.randn(2, 3, 8, 8),))
+    with torch.no_grad(), installed("cudnn_pad", devices=("cpu",)) as rewrite:  # no freezing: weights are inputs
+        aoti_compile_and_package(ep, package_path=str(tmp_path / "nf.pt2"),
+                                 inductor_configs={"cpp.weight_prepack": False})
+    assert rewrite is not None and rewrite.padded == 0
 
 
 def test_a_projection_shortcuts_bias_moves_into_the_fused_op_and_the_result_matches_eager(
@@ -214,7 +271,7 @@ def _config(**options: object) -> BuildConfig:
 def test_the_option_is_validated_and_recorded() -> None:
     assert resolve_recipe(_config(), "cuda").to_dict()["conv_epilogues"] == "inductor"
     assert resolve_recipe(_config(conv_epilogues="cudnn_spatial"), "cuda").conv_epilogues == "cudnn_spatial"
-    with pytest.raises(ConfigError, match="must be one of inductor, cudnn, cudnn_spatial, got 'fast'"):
+    with pytest.raises(ConfigError, match="must be one of inductor, cudnn, cudnn_spatial, cudnn_pad, got 'fast'"):
         resolve_recipe(_config(conv_epilogues="fast"), "cuda")
     with pytest.raises(ConfigError, match="needs a CUDA build"):
         resolve_recipe(_config(conv_epilogues="cudnn"), "cpu")

@@ -18,12 +18,23 @@ Modes (``--option conv_epilogues=...``):
 * ``cudnn``: every eligible convolution.
 * ``cudnn_spatial``: only convolutions with a kernel larger than 1x1, the ones Inductor cannot
   turn into GEMMs (whose epilogues its Triton GEMM templates can fuse at levels 4-5).
+* ``cudnn_pad``: as ``cudnn``, and a convolution with fewer than 8 input channels (an image stem:
+  3) and a constant weight is made eligible by zero channels: the input padded to 8 channels (one
+  Inductor kernel that also writes it channels-last), the weight padded once at build time. The
+  result is unchanged (the added channels are zeros on both sides); it costs 8/3 of the stem's
+  multiply-adds and saves the stem's separate bias+ReLU kernel and cuDNN's own padding kernels.
+
+The fused ops' 4-D operands (input, weight, residual) are required channels-last while they are
+lowered (:func:`installed` adds an Inductor layout constraint for the two ops): without it, an
+operand made by an Inductor kernel (the stem's max-pool, a padded input) is laid out contiguous,
+as Inductor lays out every input of an op it knows nothing about, and cuDNN converts it to NHWC
+and back in kernels of its own on every call.
 
 Eligible: a 2-D, not transposed, ``groups == 1`` convolution on CUDA in fp16, bf16 or fp32 whose
 input and output channels are multiples of 8 (cuDNN's fused engines need aligned channels; the
-3-channel stem is left alone), whose only user is the ReLU (or the add feeding it, with the other
-operand of the same shape and dtype). Batch norm must be folded first for the pattern to appear:
-that is freezing (level 5, or ``--option freezing=true``); ONNX graphs usually have it folded.
+3-channel stem is left alone, except in ``cudnn_pad`` mode with a constant weight), whose only user
+is the ReLU (or the add feeding it, with the other operand of the same shape and dtype). Batch norm
+must be folded first for the pattern to appear: that is freezing (level 5, or ``--option freezing=true``); ONNX graphs usually have it folded.
 
 Only the build imports this module (:func:`installed` around the compile); the ops' fake
 (shape-only) implementations are registered here, once, because ATen has none.
@@ -45,11 +56,14 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-__all__ = ["CudnnConvEpilogues", "fused_in_package", "installed", "register_fake_impls"]
+__all__ = ["PAD_CHANNELS", "CudnnConvEpilogues", "fused_in_package", "installed", "register_fake_impls"]
 
 log = logging.getLogger(__name__)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+#: Input channels a narrow convolution is padded to in ``cudnn_pad`` mode (cuDNN's fused engines need multiples of 8).
+PAD_CHANNELS = 8
 
 
 def _suggested_format(t: torch.Tensor) -> torch.memory_format:
@@ -116,6 +130,7 @@ class CudnnConvEpilogues(CustomGraphPass):
     devices: tuple[str, ...] = ("cuda",)
     fused: dict[str, int] = field(default_factory=dict)
     shortcut_biases: int = 0
+    padded: int = 0
 
     def uuid(self) -> Any:
         return (self.mode, self.devices, get_hash_for_files((__file__,)))
@@ -124,6 +139,11 @@ class CudnnConvEpilogues(CustomGraphPass):
         aten = torch.ops.aten
         self.fused = {"conv_relu": 0, "conv_add_relu": 0}
         self.shortcut_biases = 0
+        self.padded = 0
+        if self.mode == "cudnn_pad":
+            for conv in list(graph.nodes):
+                if self._narrow(conv):
+                    self.padded += _pad_input_channels(graph, conv)
         for relu in list(graph.nodes):
             if relu.op != "call_function" or relu.target is not aten.relu.default:
                 continue
@@ -141,26 +161,41 @@ class CudnnConvEpilogues(CustomGraphPass):
                         self.shortcut_biases += bias is not conv.args[2]
                         break
         graph.eliminate_dead_code()
-        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU (%d shortcut biases moved)",
-                 self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"], self.shortcut_biases)
+        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU (%d shortcut biases moved, "
+                 "%d inputs padded to %d channels)", self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"],
+                 self.shortcut_biases, self.padded, PAD_CHANNELS)
 
     def _eligible(self, conv: Any) -> TypeGuard[torch.fx.Node]:
+        channels = self._channels(conv)
+        if channels is None or channels[0] % 8 or channels[1] % 8:
+            return False
+        wv = _val(conv.args[1])
+        return not (self.mode == "cudnn_spatial" and wv is not None and tuple(wv.shape[2:]) == (1, 1))
+
+    def _narrow(self, conv: Any) -> TypeGuard[torch.fx.Node]:
+        """A convolution eligible but for its few input channels, with a constant weight (``cudnn_pad``)."""
+        channels = self._channels(conv)
+        return channels is not None and channels[0] < PAD_CHANNELS and not channels[1] % 8 and \
+            _constant(conv.args[1]) is not None and len(next(iter(conv.users)).args) == 1 and \
+            next(iter(conv.users)).target is torch.ops.aten.relu.default
+
+    def _channels(self, conv: Any) -> tuple[int, int] | None:
+        """(input, output) channels of a 2-D, not transposed, ``groups == 1`` convolution on one of ``devices``
+        in a fused dtype whose only user may become the fused op; None for any other node."""
         if not isinstance(conv, torch.fx.Node) or conv.target is not torch.ops.aten.convolution.default:
-            return False
+            return None
         if len(conv.users) != 1 or len(conv.args) != 9:
-            return False
+            return None
         x, w, _bias, _stride, _padding, _dilation, transposed, _output_padding, groups = conv.args
         xv, wv, out = _val(x), _val(w), _val(conv)
         if xv is None or wv is None or out is None or transposed or groups != 1 or wv.dim() != 4:
-            return False
+            return None
         if xv.device.type not in self.devices or xv.dtype not in _DTYPES or wv.dtype != xv.dtype:
-            return False
+            return None
         channels_in, channels_out = wv.shape[1], wv.shape[0]
         if not (isinstance(channels_in, int) and isinstance(channels_out, int)):
-            return False
-        if channels_in % 8 or channels_out % 8:
-            return False
-        return not (self.mode == "cudnn_spatial" and tuple(wv.shape[2:]) == (1, 1))
+            return None
+        return channels_in, channels_out
 
     @staticmethod
     def _same_tensor_shape(conv: torch.fx.Node, z: Any) -> bool:
@@ -217,6 +252,42 @@ def _shortcut_bias_moved(graph: torch.fx.Graph, relu: torch.fx.Node, conv: torch
     return bare, summed
 
 
+def _constant(node: Any) -> torch.Tensor | None:
+    """The tensor behind a top-level constant of the graph module (freezing's ``get_attr``), else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr" or "." in str(node.target):
+        return None
+    gm = node.graph.owning_module
+    tensor = getattr(gm, str(node.target), None) if gm is not None else None
+    return tensor if isinstance(tensor, torch.Tensor) else None
+
+
+def _pad_input_channels(graph: torch.fx.Graph, conv: torch.fx.Node) -> int:
+    """Give ``conv`` :data:`PAD_CHANNELS` input channels: its input zero-padded in the graph, its constant
+    weight zero-padded once (stored channels-last). ``conv(x, w) == conv(pad(x), pad(w))``. Returns 1."""
+    x, w = conv.args[0], conv.args[1]
+    weight = _constant(w)
+    xv = _val(x)
+    assert weight is not None and xv is not None and isinstance(x, torch.fx.Node) and isinstance(w, torch.fx.Node)
+    extra = PAD_CHANNELS - weight.shape[1]
+    padded = torch.zeros((weight.shape[0], PAD_CHANNELS, *weight.shape[2:]), dtype=weight.dtype, device=weight.device)
+    padded[:, : weight.shape[1]] = weight
+    gm = graph.owning_module
+    assert gm is not None
+    name = f"_streamrt_padded_{w.target}"
+    gm.register_buffer(name, padded.contiguous(memory_format=torch.channels_last))
+    pad = [0, 0, 0, 0, 0, extra]  # last dimension first: W, H, then channels after the real ones
+    with graph.inserting_before(conv):
+        w_node = graph.get_attr(name)
+        x_node = graph.call_function(torch.ops.aten.constant_pad_nd.default, (x, pad, 0.0))
+    mode = getattr(xv, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        x_node.meta["val"] = torch.constant_pad_nd(xv, pad, 0.0)
+        w_node.meta["val"] = torch.empty(tuple(padded.shape), dtype=padded.dtype, device=xv.device,
+                                         memory_format=torch.channels_last)
+    conv.args = (x_node, w_node, *conv.args[2:])
+    return 1
+
+
 def _summed_constant(graph: torch.fx.Graph, a: Any, b: Any) -> torch.fx.Node | None:
     """A new constant ``a + b`` (summed in fp32) when both are constants of the graph module; else None."""
     gm = graph.owning_module
@@ -269,8 +340,53 @@ def installed(mode: str, devices: tuple[str, ...] = ("cuda",)) -> Iterator[Cudnn
 
     register_fake_impls()
     rewrite = CudnnConvEpilogues(mode, devices)
-    with inductor_config.patch(post_grad_custom_post_pass=rewrite):
+    with inductor_config.patch(post_grad_custom_post_pass=rewrite), _channels_last_operands():
         yield rewrite
+
+
+def _require_channels_last(fx_node: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Inductor layout constraint: every 4-D tensor operand channels-last (a copy where it is not)."""
+    from torch._inductor import ir
+
+    not_tensors = tuple(getattr(ir, name) for name in ("NonTensorObj", "OpaqueMultiOutput", "ShapeAsConstantBuffer")
+                        if hasattr(ir, name))
+
+    def fix(arg: Any) -> Any:
+        if not isinstance(arg, ir.IRNode) or isinstance(arg, not_tensors):
+            return arg
+        try:
+            four_d = len(arg.get_size()) == 4
+        except NotImplementedError:  # an IR node without a size is no tensor operand
+            return arg
+        return ir.ExternKernel.require_channels_last(arg) if four_d else arg
+
+    return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
+
+
+@contextlib.contextmanager
+def _channels_last_operands() -> Iterator[None]:
+    """The fused ops' 4-D operands laid out channels-last by Inductor while compiling (restored after).
+
+    Inductor gives an op without a lowering of its own whatever layout its operands have, and an
+    operand it makes itself (a max-pool, a padded input) contiguous; cuDNN would convert those to
+    NHWC in kernels of its own on every call."""
+    from torch._inductor import lowering
+
+    ops = (torch.ops.aten.cudnn_convolution_relu.default, torch.ops.aten.cudnn_convolution_add_relu.default)
+    table = getattr(lowering, "_maybe_layout_constraints", None)
+    if table is None:  # a torch without the table: leave layouts to Inductor
+        log.debug("Inductor has no layout-constraint table; fused operands keep Inductor's layout")
+        yield
+        return
+    saved = {op: table[op] for op in ops if op in table}
+    for op in ops:
+        table[op] = _require_channels_last
+    try:
+        yield
+    finally:
+        for op in ops:
+            table.pop(op, None)
+        table.update(saved)
 
 
 _FUSED_TARGETS = {"aten::cudnn_convolution_relu": "conv_relu", "aten::cudnn_convolution_add_relu": "conv_add_relu"}
