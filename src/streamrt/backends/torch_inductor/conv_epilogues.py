@@ -34,7 +34,8 @@ Eligible: a 2-D, not transposed, ``groups == 1`` convolution on CUDA in fp16, bf
 input and output channels are multiples of 8 (cuDNN's fused engines need aligned channels; the
 3-channel stem is left alone, except in ``cudnn_pad`` mode with a constant weight), whose only user
 is the ReLU (or the add feeding it, with the other operand of the same shape and dtype). Batch norm
-must be folded first for the pattern to appear: that is freezing (level 5, or ``--option freezing=true``); ONNX graphs usually have it folded.
+must be folded first for the pattern to appear: that is freezing (level 5, or ``--option
+freezing=true``); ONNX graphs usually have it folded.
 
 Only the build imports this module (:func:`installed` around the compile); the ops' fake
 (shape-only) implementations are registered here, once, because ATen has none.
