@@ -36,6 +36,12 @@ if [ -z "$dry" ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=$cache \
     STREAMRT_COMMIT=$commit STREAMRT_VIDEO_CLIPS=$clips
+# every step imports streamrt: stop at once, in one line, when a core dependency did not travel (on 2026-12-04 a
+# call without .whl-video/ ran every step into the same ModuleNotFoundError: cattrs is not on the image)
+if [ -z "$dry" ] && ! python3 -c "import streamrt" 2> "$out/import.log"; then
+    echo "streamrt does not import here: $(tail -n 1 "$out/import.log"); carry .whl-video/ (cattrs and attrs at least)"
+    exit 2
+fi
 
 run() {  # run STEP TIMEOUT CMD...: log to $out/STEP/log (appended), print the tail; a step not in STEPS is skipped
     local name=$1 limit=$2; shift 2
