@@ -104,10 +104,9 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
 }
 
 
-_PLAN = re.compile(r"L(\d)([csp]?)(r?)")
-EPILOGUES = {"": "inductor", "c": "cudnn", "s": "cudnn_spatial", "p": "cudnn_pad"}
-"""Plan variant suffixes: ``L5c`` is level 5 with ``conv_epilogues=cudnn``, ``L5s`` with ``cudnn_spatial``, ``L5p``
-with ``cudnn_pad``
+_PLAN = re.compile(r"L(\d)([cs]?)(r?)")
+EPILOGUES = {"": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
+"""Plan variant suffixes: ``L5c`` is level 5 with ``conv_epilogues=cudnn``, ``L5s`` with ``cudnn_spatial``
 (below level 5 the suffix also turns freezing on, which folds batch norm so the pattern appears)."""
 
 

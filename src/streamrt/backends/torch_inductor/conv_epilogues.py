@@ -18,22 +18,21 @@ Modes (``--option conv_epilogues=...``):
 * ``cudnn``: every eligible convolution.
 * ``cudnn_spatial``: only convolutions with a kernel larger than 1x1, the ones Inductor cannot
   turn into GEMMs (whose epilogues its Triton GEMM templates can fuse at levels 4-5).
-* ``cudnn_pad``: as ``cudnn``, and a convolution with fewer than 8 input channels (an image stem:
-  3) and a constant weight is made eligible by zero channels: the input padded to 8 channels (one
-  Inductor kernel that also writes it channels-last), the weight padded once at build time. The
-  result is unchanged (the added channels are zeros on both sides); it costs 8/3 of the stem's
-  multiply-adds and saves the stem's separate bias+ReLU kernel and cuDNN's own padding kernels.
 
 The fused ops' 4-D operands (input, weight, residual) are required channels-last while they are
 lowered (:func:`installed` adds an Inductor layout constraint for the two ops): without it, an
-operand made by an Inductor kernel (the stem's max-pool, a padded input) is laid out contiguous,
+operand made by an Inductor kernel (the stem's max-pool) is laid out contiguous,
 as Inductor lays out every input of an op it knows nothing about, and cuDNN converts it to NHWC
-and back in kernels of its own on every call.
+and back in kernels of its own on every call. On the H200 (2026-12-04, ResNet-50 fp16 batch 32,
+level 3) the constraint and the moved shortcut biases took the plan from 25,792 to 28,187 images/s.
+
+Tried and dropped: padding the 3-channel stem to 8 zero channels so cuDNN fuses it too (all but 3
+of the plan's kernels then cuDNN's) ran at 24,547 images/s, 0.87x, in the same run: cuDNN's 8-channel
+7x7 convolution is slower than its dedicated first-layer kernel plus Inductor's bias/ReLU/max-pool.
 
 Eligible: a 2-D, not transposed, ``groups == 1`` convolution on CUDA in fp16, bf16 or fp32 whose
 input and output channels are multiples of 8 (cuDNN's fused engines need aligned channels; the
-3-channel stem is left alone, except in ``cudnn_pad`` mode with a constant weight), whose only user
-is the ReLU (or the add feeding it, with the other operand of the same shape and dtype). Batch norm
+3-channel stem is left alone), whose only user is the ReLU (or the add feeding it, with the other operand of the same shape and dtype). Batch norm
 must be folded first for the pattern to appear: that is freezing (level 5, or ``--option
 freezing=true``); ONNX graphs usually have it folded.
 
@@ -57,14 +56,11 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-__all__ = ["PAD_CHANNELS", "CudnnConvEpilogues", "fused_in_package", "installed", "register_fake_impls"]
+__all__ = ["CudnnConvEpilogues", "fused_in_package", "installed", "register_fake_impls"]
 
 log = logging.getLogger(__name__)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-#: Input channels a narrow convolution is padded to in ``cudnn_pad`` mode (cuDNN's fused engines need multiples of 8).
-PAD_CHANNELS = 8
 
 
 def _suggested_format(t: torch.Tensor) -> torch.memory_format:
@@ -131,7 +127,6 @@ class CudnnConvEpilogues(CustomGraphPass):
     devices: tuple[str, ...] = ("cuda",)
     fused: dict[str, int] = field(default_factory=dict)
     shortcut_biases: int = 0
-    padded: int = 0
 
     def uuid(self) -> Any:
         return (self.mode, self.devices, get_hash_for_files((__file__,)))
@@ -140,11 +135,6 @@ class CudnnConvEpilogues(CustomGraphPass):
         aten = torch.ops.aten
         self.fused = {"conv_relu": 0, "conv_add_relu": 0}
         self.shortcut_biases = 0
-        self.padded = 0
-        if self.mode == "cudnn_pad":
-            for conv in list(graph.nodes):
-                if self._narrow(conv):
-                    self.padded += _pad_input_channels(graph, conv)
         for relu in list(graph.nodes):
             if relu.op != "call_function" or relu.target is not aten.relu.default:
                 continue
@@ -162,9 +152,8 @@ class CudnnConvEpilogues(CustomGraphPass):
                         self.shortcut_biases += bias is not conv.args[2]
                         break
         graph.eliminate_dead_code()
-        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU (%d shortcut biases moved, "
-                 "%d inputs padded to %d channels)", self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"],
-                 self.shortcut_biases, self.padded, PAD_CHANNELS)
+        log.info("cuDNN convolution epilogues (%s): %d conv+ReLU, %d conv+add+ReLU (%d shortcut biases moved)",
+                 self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"], self.shortcut_biases)
 
     def _eligible(self, conv: Any) -> TypeGuard[torch.fx.Node]:
         channels = self._channels(conv)
@@ -172,13 +161,6 @@ class CudnnConvEpilogues(CustomGraphPass):
             return False
         wv = _val(conv.args[1])
         return not (self.mode == "cudnn_spatial" and wv is not None and tuple(wv.shape[2:]) == (1, 1))
-
-    def _narrow(self, conv: Any) -> TypeGuard[torch.fx.Node]:
-        """A convolution eligible but for its few input channels, with a constant weight (``cudnn_pad``)."""
-        channels = self._channels(conv)
-        return channels is not None and channels[0] < PAD_CHANNELS and not channels[1] % 8 and \
-            _constant(conv.args[1]) is not None and len(next(iter(conv.users)).args) == 1 and \
-            next(iter(conv.users)).target is torch.ops.aten.relu.default
 
     def _channels(self, conv: Any) -> tuple[int, int] | None:
         """(input, output) channels of a 2-D, not transposed, ``groups == 1`` convolution on one of ``devices``
@@ -251,42 +233,6 @@ def _shortcut_bias_moved(graph: torch.fx.Graph, relu: torch.fx.Node, conv: torch
                 with mode:
                     summed.meta["val"] = val + other
     return bare, summed
-
-
-def _constant(node: Any) -> torch.Tensor | None:
-    """The tensor behind a top-level constant of the graph module (freezing's ``get_attr``), else None."""
-    if not isinstance(node, torch.fx.Node) or node.op != "get_attr" or "." in str(node.target):
-        return None
-    gm = node.graph.owning_module
-    tensor = getattr(gm, str(node.target), None) if gm is not None else None
-    return tensor if isinstance(tensor, torch.Tensor) else None
-
-
-def _pad_input_channels(graph: torch.fx.Graph, conv: torch.fx.Node) -> int:
-    """Give ``conv`` :data:`PAD_CHANNELS` input channels: its input zero-padded in the graph, its constant
-    weight zero-padded once (stored channels-last). ``conv(x, w) == conv(pad(x), pad(w))``. Returns 1."""
-    x, w = conv.args[0], conv.args[1]
-    weight = _constant(w)
-    xv = _val(x)
-    assert weight is not None and xv is not None and isinstance(x, torch.fx.Node) and isinstance(w, torch.fx.Node)
-    extra = PAD_CHANNELS - weight.shape[1]
-    padded = torch.zeros((weight.shape[0], PAD_CHANNELS, *weight.shape[2:]), dtype=weight.dtype, device=weight.device)
-    padded[:, : weight.shape[1]] = weight
-    gm = graph.owning_module
-    assert gm is not None
-    name = f"_streamrt_padded_{w.target}"
-    gm.register_buffer(name, padded.contiguous(memory_format=torch.channels_last))
-    pad = [0, 0, 0, 0, 0, extra]  # last dimension first: W, H, then channels after the real ones
-    with graph.inserting_before(conv):
-        w_node = graph.get_attr(name)
-        x_node = graph.call_function(torch.ops.aten.constant_pad_nd.default, (x, pad, 0.0))
-    mode = getattr(xv, "fake_mode", None)
-    with mode if mode is not None else contextlib.nullcontext():
-        x_node.meta["val"] = torch.constant_pad_nd(xv, pad, 0.0)
-        w_node.meta["val"] = torch.empty(tuple(padded.shape), dtype=padded.dtype, device=xv.device,
-                                         memory_format=torch.channels_last)
-    conv.args = (x_node, w_node, *conv.args[2:])
-    return 1
 
 
 def _summed_constant(graph: torch.fx.Graph, a: Any, b: Any) -> torch.fx.Node | None:

@@ -45,9 +45,8 @@ MEMORY_FORMATS = ("inductor", "measure", "channels_last", "contiguous")
 CONV_BACKENDS = ("ATEN", "ATEN,TRITON")
 
 #: ``conv_epilogues`` a build may ask for (:mod:`.conv_epilogues`): Inductor's own pointwise kernels,
-#: or cuDNN's fused convolution + (add +) ReLU for every eligible convolution, only those larger than 1x1,
-#: or every eligible one and narrow stems padded to 8 input channels (``cudnn_pad``).
-CONV_EPILOGUES = ("inductor", "cudnn", "cudnn_spatial", "cudnn_pad")
+#: or cuDNN's fused convolution + (add +) ReLU for every eligible convolution or only those larger than 1x1.
+CONV_EPILOGUES = ("inductor", "cudnn", "cudnn_spatial")
 
 #: The key that carries a build's ``conv_epilogues`` in its Inductor configs to
 #: :func:`.builder.compile_package`, which pops it before Inductor sees them (it keeps cache keys apart).
