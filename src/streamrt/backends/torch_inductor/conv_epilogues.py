@@ -32,9 +32,9 @@ of the plan's kernels then cuDNN's) ran at 24,547 images/s, 0.87x, in the same r
 
 Eligible: a 2-D, not transposed, ``groups == 1`` convolution on CUDA in fp16, bf16 or fp32 whose
 input and output channels are multiples of 8 (cuDNN's fused engines need aligned channels; the
-3-channel stem is left alone), whose only user is the ReLU (or the add feeding it, with the other operand of the same shape and dtype). Batch norm
-must be folded first for the pattern to appear: that is freezing (level 5, or ``--option
-freezing=true``); ONNX graphs usually have it folded.
+3-channel stem is left alone), whose only user is the ReLU (or the add feeding it, with the other
+operand of the same shape and dtype). Batch norm must be folded first for the pattern to appear:
+that is freezing (level 5, or ``--option freezing=true``); ONNX graphs usually have it folded.
 
 Only the build imports this module (:func:`installed` around the compile); the ops' fake
 (shape-only) implementations are registered here, once, because ATen has none.
