@@ -194,15 +194,16 @@ def output_count(out: Any) -> int:
 
 def plan_config(precision: str, level: int, device: str, build_budget_s: float | None,
                 conv_epilogues: str = "inductor") -> Any:
-    """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given, cuDNN
-    convolution epilogues (with freezing below level 5) where asked."""
+    """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given, the
+    convolution epilogues always said on CUDA (a plain ``L5`` keeps Inductor's, as in every table before
+    level 5 took cuDNN's by default on 2026-12-04), cuDNN's with freezing below level 5."""
     from streamrt.config import BuildConfig
 
     options: dict[str, Any] = {"device": device}
-    if conv_epilogues != "inductor":
+    if conv_epilogues != "inductor" or device == "cuda":
         options["conv_epilogues"] = conv_epilogues
-        if level < 5:
-            options["freezing"] = True
+    if conv_epilogues != "inductor" and level < 5:
+        options["freezing"] = True
     extra: dict[str, Any] = {}
     if precision == "tf32":
         extra["tf32"] = True

@@ -240,7 +240,8 @@ def _config(**options: object) -> BuildConfig:
 
 
 def test_the_option_is_validated_and_recorded() -> None:
-    assert resolve_recipe(_config(), "cuda").to_dict()["conv_epilogues"] == "inductor"
+    assert resolve_recipe(_config(), "cuda").to_dict()["conv_epilogues"] == "cudnn"  # level 5's default on CUDA
+    assert resolve_recipe(_config(), "cpu").to_dict()["conv_epilogues"] == "inductor"
     assert resolve_recipe(_config(conv_epilogues="cudnn_spatial"), "cuda").conv_epilogues == "cudnn_spatial"
     with pytest.raises(ConfigError, match="must be one of inductor, cudnn, cudnn_spatial, got 'fast'"):
         resolve_recipe(_config(conv_epilogues="fast"), "cuda")

@@ -59,6 +59,10 @@ def test_levels_4_and_5_add_autotuning_freezing_layout_and_cudnn_benchmark() -> 
     assert five.cudnn_benchmark and four.inductor["max_autotune_conv_backends"] == "ATEN,TRITON"
     # Level 5 on CUDA is bounded: convolutions from cuDNN (benchmark mode), GEMMs autotuned, one layout.
     assert five.inductor["max_autotune_conv_backends"] == "ATEN" and five.memory_format == "inductor"
+    # and its convolution + (add +) ReLU run as cuDNN's fused kernels; elsewhere Inductor's epilogues stay
+    assert five.conv_epilogues == "cudnn" and four.conv_epilogues == "inductor"
+    assert resolve_recipe(_config(3), "cuda").conv_epilogues == "inductor"
+    assert resolve_recipe(_config(5), "cpu").conv_epilogues == "inductor"  # cuDNN's ops need CUDA
     assert resolve_recipe(_config(5), "cpu").memory_format == "measure"
     assert not resolve_recipe(_config(5), "cpu").cudnn_benchmark  # no cuDNN on the CPU
     assert resolve_recipe(_config(4), "cpu").inductor["max_autotune_gemm_backends"] == "ATEN,CPP"
@@ -68,6 +72,8 @@ def test_backend_options_override_the_level() -> None:
     recipe = resolve_recipe(_config(5, backend_options={"freezing": False, "memory_format": "channels_last"}), "cuda")
     assert recipe.inductor["freezing"] is False and recipe.memory_format == "channels_last"
     assert recipe.inductor["force_layout_optimization"] is True
+    assert resolve_recipe(_config(5, backend_options={"conv_epilogues": "inductor"}), "cuda").conv_epilogues == \
+        "inductor"
     assert resolve_recipe(_config(3, backend_options={"memory_format": "contiguous"}), "cpu").inductor[
         "layout_optimization"] is False
     unbounded = resolve_recipe(_config(5, backend_options={"conv_backends": "aten,triton",
