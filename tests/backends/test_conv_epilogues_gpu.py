@@ -70,15 +70,14 @@ def test_cudnn_epilogues_match_eager_in_cuda_graphs(tmp_path: Path) -> None:
     net = _net()
     reference = net.double()
     errors: dict[str, list[float]] = {}
-    # 3 blocks x (1x1, 3x3 with ReLU; 1x1 + residual + ReLU), the stride-2 conv; the 3-channel stem only when padded
-    expected = {"cudnn": {"conv_relu": 7, "conv_add_relu": 3}}
     for epilogues in ("cudnn", "inductor"):
         path = _build(_net(), tmp_path, epilogues)
         engine = load(path)
         settings = engine.manifest.build_settings["backend"]
-        if epilogues in expected:
+        if epilogues == "cudnn":
             fused = settings["conv_epilogues"]["fused"]
-            assert fused == expected[epilogues], (epilogues, fused)
+            # 3 blocks x (1x1, 3x3 with ReLU; 1x1 + residual + ReLU), the stride-2 conv; not the 3-channel stem
+            assert fused == {"conv_relu": 7, "conv_add_relu": 3}, fused
         ctx = engine.create_context()
         generator = torch.Generator().manual_seed(11)
         errors[epilogues] = []
@@ -93,6 +92,5 @@ def test_cudnn_epilogues_match_eager_in_cuda_graphs(tmp_path: Path) -> None:
             ctx.close()
             engine.close()
     print("relative L2 per run:", errors)
-    for fused in expected:
-        assert max(errors[fused]) <= 1e-2, errors
-        assert max(errors[fused]) <= 2 * max(errors["inductor"]) + 1e-3, errors
+    assert max(errors["cudnn"]) <= 1e-2, errors
+    assert max(errors["cudnn"]) <= 2 * max(errors["inductor"]) + 1e-3, errors

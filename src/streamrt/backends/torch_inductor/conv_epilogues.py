@@ -21,9 +21,9 @@ Modes (``--option conv_epilogues=...``):
 
 The fused ops' 4-D operands (input, weight, residual) are required channels-last while they are
 lowered (:func:`installed` adds an Inductor layout constraint for the two ops): without it, an
-operand made by an Inductor kernel (the stem's max-pool) is laid out contiguous,
-as Inductor lays out every input of an op it knows nothing about, and cuDNN converts it to NHWC
-and back in kernels of its own on every call. On the H200 (2026-12-04, ResNet-50 fp16 batch 32,
+operand made by an Inductor kernel (the stem's max-pool) is laid out contiguous, as Inductor lays
+out every input of an op it knows nothing about, and cuDNN converts it to NHWC and back in kernels
+of its own on every call. On the H200 (2026-12-04, ResNet-50 fp16 batch 32,
 level 3) the constraint and the moved shortcut biases took the plan from 25,792 to 28,187 images/s.
 
 Tried and dropped: padding the 3-channel stem to 8 zero channels so cuDNN fuses it too (all but 3
@@ -156,29 +156,22 @@ class CudnnConvEpilogues(CustomGraphPass):
                  self.mode, self.fused["conv_relu"], self.fused["conv_add_relu"], self.shortcut_biases)
 
     def _eligible(self, conv: Any) -> TypeGuard[torch.fx.Node]:
-        channels = self._channels(conv)
-        if channels is None or channels[0] % 8 or channels[1] % 8:
-            return False
-        wv = _val(conv.args[1])
-        return not (self.mode == "cudnn_spatial" and wv is not None and tuple(wv.shape[2:]) == (1, 1))
-
-    def _channels(self, conv: Any) -> tuple[int, int] | None:
-        """(input, output) channels of a 2-D, not transposed, ``groups == 1`` convolution on one of ``devices``
-        in a fused dtype whose only user may become the fused op; None for any other node."""
         if not isinstance(conv, torch.fx.Node) or conv.target is not torch.ops.aten.convolution.default:
-            return None
+            return False
         if len(conv.users) != 1 or len(conv.args) != 9:
-            return None
+            return False
         x, w, _bias, _stride, _padding, _dilation, transposed, _output_padding, groups = conv.args
         xv, wv, out = _val(x), _val(w), _val(conv)
         if xv is None or wv is None or out is None or transposed or groups != 1 or wv.dim() != 4:
-            return None
+            return False
         if xv.device.type not in self.devices or xv.dtype not in _DTYPES or wv.dtype != xv.dtype:
-            return None
+            return False
         channels_in, channels_out = wv.shape[1], wv.shape[0]
         if not (isinstance(channels_in, int) and isinstance(channels_out, int)):
-            return None
-        return channels_in, channels_out
+            return False
+        if channels_in % 8 or channels_out % 8:
+            return False
+        return not (self.mode == "cudnn_spatial" and tuple(wv.shape[2:]) == (1, 1))
 
     @staticmethod
     def _same_tensor_shape(conv: torch.fx.Node, z: Any) -> bool:
@@ -315,8 +308,8 @@ def _channels_last_operands() -> Iterator[None]:
     """The fused ops' 4-D operands laid out channels-last by Inductor while compiling (restored after).
 
     Inductor gives an op without a lowering of its own whatever layout its operands have, and an
-    operand it makes itself (a max-pool, a padded input) contiguous; cuDNN would convert those to
-    NHWC in kernels of its own on every call."""
+    operand it makes itself (a max-pool) contiguous; cuDNN would convert those to NHWC in kernels of
+    its own on every call."""
     from torch._inductor import lowering
 
     ops = (torch.ops.aten.cudnn_convolution_relu.default, torch.ops.aten.cudnn_convolution_add_relu.default)
