@@ -40,6 +40,26 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, s
             assert flags and all(flag in help_text for flag in flags), (script, flags)
 
 
+def test_a_machine_where_streamrt_does_not_import_stops_the_call_in_one_line(tmp_path: Path) -> None:
+    """2026-12-04: a call without .whl-video/ (cattrs is not on the H200 image) ran every step into the same
+    ModuleNotFoundError; the script now stops before its first step and says what to carry."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"  # a python3 that cannot import streamrt, as the image's without cattrs
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'cattrs'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    out_dir = tmp_path / "out"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out_dir), "STEPS": "speed,profile"}
+    work = tmp_path / "checkout"  # no .whl-video/ there, as in a call that forgot it
+    work.mkdir()
+    run = subprocess.run(["bash", str(ROOT / "scripts/h200_video_call.sh"), "abc1234"], cwd=work, capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    assert "streamrt does not import here: ModuleNotFoundError: No module named 'cattrs'; carry .whl-video/" \
+        in run.stdout
+    assert "== " not in run.stdout and not (out_dir / "speed").exists()  # no step ran
+
+
 def test_pack_keeps_reports_and_drops_videos_and_large_files(tmp_path: Path) -> None:
     (tmp_path / "video").mkdir()
     (tmp_path / "video" / "report.md").write_text("# report\n")
