@@ -5,6 +5,7 @@
 #   bash scripts/h200_session.sh COMMIT tests,examples      # first call (~6 min)
 #   bash scripts/h200_session.sh COMMIT zoo                 # second call (~8 min)
 #   bash scripts/h200_session.sh COMMIT tests+examples      # both at once (untimed work only)
+#   DRY_RUN=1 bash scripts/h200_session.sh COMMIT zoo,speed  # print the commands only (the CPU check in CI)
 #
 # Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
@@ -16,15 +17,22 @@ set -uo pipefail
 commit=${1:?commit}
 parts=${2:-tests}
 out=${OUT:-/tmp/out}
+dry=${DRY_RUN:-}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 STREAMRT_CACHE=/tmp/srtcache STREAMRT_COMMIT=$commit
-python3 -c "import onnxruntime, torch; print('onnxruntime', onnxruntime.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
-nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv,noheader
+if [ -z "$dry" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; exit 1; }
+    # every part imports streamrt: stop in one line when a core dependency did not travel
+    python3 -c "import streamrt" 2> "$out/import.log" \
+        || { echo "streamrt does not import here: $(tail -n 1 "$out/import.log"); carry .whl/ (cattrs, attrs)"; exit 2; }
+    python3 -c "import onnxruntime, torch; print('onnxruntime', onnxruntime.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
+    nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv,noheader
+fi
 
 run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail
     local name=$1 limit=$2; shift 2
+    if [ -n "$dry" ]; then echo "[$name, timeout $limit s] $*"; return 0; fi
     mkdir -p "$out/$name"
     local t0=$SECONDS
     timeout "$limit" "$@" > "$out/$name/log" 2>&1
@@ -60,5 +68,6 @@ for group in "${wanted[@]}"; do
     for name in "${together[@]}"; do part "$name" & done
     wait
 done
+[ -n "$dry" ] && exit 0
 rm -rf "$out"/zoo/plans
 bash "$(dirname "$0")/h200_pack.sh" "$out"

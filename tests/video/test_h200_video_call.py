@@ -4,40 +4,24 @@ flags that exist, and its packing step (scripts/h200_pack.sh) keeps the reports 
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from dry_run import assert_runnable, dry_run_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("steps", [None, "tests,reruns,video,videotests,runners,speed,profile"])
 def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, steps: str | None) -> None:
-    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path), **({"STEPS": steps} if steps else {})}
-    out = subprocess.run(["bash", "scripts/h200_video_call.sh", "abc1234"], cwd=ROOT, capture_output=True,
-                         text=True, check=True, env=env)
-    commands = [line.split("] ", 1)[1] for line in out.stdout.splitlines() if line.startswith("[")]
-    assert len(commands) == (8 if steps else 4), out.stdout  # runners, speed, profile (+ sources) only when asked
+    chosen = {"STEPS": steps} if steps else {}
+    commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), **chosen)
+    assert len(commands) == (8 if steps else 4), commands  # runners, speed, profile (+ sources) only when asked
     for command in commands:
-        words = shlex.split(command)
-        if words[1:3] == ["-m", "streamrt"]:  # the CLI from the checkout: its subcommand knows every flag
-            help_text = subprocess.run([sys.executable, "-m", "streamrt", words[3], "--help"], capture_output=True,
-                                       text=True, cwd=ROOT, check=True,
-                                       env={**os.environ, "PYTHONPATH": f"{ROOT}/src"}).stdout
-            flags = [w for w in words if w.startswith("--")]
-            assert flags and all(flag in help_text for flag in flags), (words[3], flags)
-            continue
-        script = next(w for w in words if w.endswith(".py") or w.startswith("tests/"))
-        assert (ROOT / script).exists(), script
-        if script.startswith(("scripts/", "benchmarks/")):  # every flag is one the script's parser knows
-            help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
-                                       cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": f"{ROOT}/src"}).stdout
-            flags = [w for w in words if w.startswith("--")]
-            assert flags and all(flag in help_text for flag in flags), (script, flags)
+        assert_runnable(command)
 
 
 def test_a_machine_where_streamrt_does_not_import_stops_the_call_in_one_line(tmp_path: Path) -> None:
