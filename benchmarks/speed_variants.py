@@ -270,6 +270,12 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
     for event in budget.get("fell_back") or []:
         notes.append(f"build budget {budget.get('seconds'):g} s: {event.get('what')} -> {event.get('to')} "
                      f"after {event.get('after_s')} s")
+    # the build's shape verification (first calls of the plan, cuDNN's benchmark mode included): on the H200
+    # (2026-12-04) a level-5 rebuild that compiled nothing spent 64.8 of its 67.8 s there
+    verify_s = (built.manifest.extra.get("shape_verification") or {}).get("seconds")
+    row["verify_s"] = verify_s
+    if verify_s is not None:
+        notes.append(f"verification {verify_s:.1f} s")
     row["notes"] = "; ".join(notes)
     engine = load(built.path)
     ctx = engine.create_context()

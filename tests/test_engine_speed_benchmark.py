@@ -108,6 +108,10 @@ def test_quick_cpu_run_builds_times_and_writes_the_table(tmp_path: Path) -> None
         assert row["rel_l2"] < 1e-4, variant  # fp32 on the CPU against eager fp32
     for variant in ("compile", "L0", "L3"):
         assert by_variant[variant]["build_s"] > 0
+    for variant in ("L0", "L3"):  # the plans' shape verification, a part of their build time, reported apart
+        verify_s = by_variant[variant]["verify_s"]
+        assert 0 < verify_s < by_variant[variant]["build_s"], by_variant[variant]
+        assert f"verification {verify_s:.1f} s" in by_variant[variant]["notes"]
     assert "| fp32 | 1 | L3 | ok |" in (tmp_path / "engine-speed.md").read_text()
 
 
