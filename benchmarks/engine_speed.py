@@ -46,6 +46,8 @@ Usage:
         --groups 'resnet50@32=L5,L5r,eager/2,compile/2,L3/2,max-autotune/2;mobilenet@32=compile,L3;vit@32=compile,L3' \
         --deadlines L5=450,L5r=150,max-autotune=360,L3=200,compile=150,eager=90    # the H200 call of issue 28
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
+    python benchmarks/engine_speed.py --out DIR --groups 'resnet50@32=L5c,L3c' --fresh-first-call
+        # each plan also loaded and called once in a new process (load, first and second call in the notes)
     python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
 
@@ -199,7 +201,8 @@ def _child_row(task: Task, spec_dir: Path, args: argparse.Namespace, deadline: f
     spec = {**task.row(), "device": args.device, "runs": args.runs, "warmup": args.warmup,
             "scratch": str(spec_dir), "cudnn_benchmark": args.cudnn_benchmark,
             "build_budget_s": args.build_budget_s, "rebuild": args.rebuild,
-            "timing_cache": str(args.timing_cache) if args.timing_cache else None, "gate": str(go)}
+            "timing_cache": str(args.timing_cache) if args.timing_cache else None, "gate": str(go),
+            "fresh_first_call": args.fresh_first_call}
     spec_path, result_path = spec_dir / f"{name}.spec.json", spec_dir / f"{name}.row.json"
     spec_path.write_text(json.dumps(spec))
     last = [""]
@@ -555,6 +558,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                    help="leave torch.backends.cudnn.benchmark off (default: on for every variant)")
     p.add_argument("--keep-scratch", action="store_true", help="keep plans and caches under OUT/scratch")
+    p.add_argument("--fresh-first-call", action="store_true", help="after each plan's build, time its load and "
+                   "first call in a new process (first_call.py: what a starting server waits for; in the notes)")
     p.add_argument("--verbose", action="store_true", help="relay every line the children print")
     p.add_argument("--merge", type=Path, nargs="+", metavar="JSONL", help="one table from earlier calls (runs nothing)")
     args = p.parse_args(argv)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from first_call import measure_in_fresh_process
 from speed_lanes import DONE as GATE_DONE
 from speed_lanes import wait_for_gate
 from streamrt.testing.zoo import measure_batch_norm
@@ -232,9 +233,14 @@ class Spec:
     timing_cache: str | None = None
     rebuild: bool = False
     gate: str | None = None  # the GPU gate's go file (speed_lanes): wait for it before the timed runs
+    fresh_first_call: bool = False  # also time the plan's load and first call in a new process (first_call.py)
 
     def row(self) -> dict[str, Any]:
         return {"model": self.model, "precision": self.precision, "batch": self.batch, "variant": self.variant}
+
+
+FRESH_TIMEOUT_S = 240.0
+"""How long a fresh process may take to load a plan and answer twice (``--fresh-first-call``)."""
 
 
 def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any],
@@ -276,6 +282,12 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
     row["verify_s"] = verify_s
     if verify_s is not None:
         notes.append(f"verification {verify_s:.1f} s")
+    if spec.fresh_first_call:
+        fresh = measure_in_fresh_process(built.path, {"input": [spec.batch, *model.shape]}, FRESH_TIMEOUT_S)
+        row["fresh"] = fresh
+        notes.append(f"fresh process: {fresh['error']}" if "error" in fresh else
+                     f"fresh process: load {fresh['load_s']:.1f} s, first call {fresh['first_call_s']:.1f} s, "
+                     f"second {fresh['second_call_ms']:.2f} ms")
     row["notes"] = "; ".join(notes)
     engine = load(built.path)
     ctx = engine.create_context()

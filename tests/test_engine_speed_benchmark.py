@@ -115,6 +115,27 @@ def test_quick_cpu_run_builds_times_and_writes_the_table(tmp_path: Path) -> None
     assert "| fp32 | 1 | L3 | ok |" in (tmp_path / "engine-speed.md").read_text()
 
 
+@pytest.mark.slow
+def test_fresh_first_call_times_a_new_process_loading_each_plan(tmp_path: Path) -> None:
+    _, rows = _run(tmp_path, "--groups", "tiny@1=L3", "--fresh-first-call", "--runs", "3", "--warmup", "1")
+    (row,) = rows
+    fresh = row["fresh"]
+    assert row["status"] == "ok" and "error" not in fresh, row
+    assert fresh["load_s"] > 0 and fresh["first_call_s"] > 0 and fresh["second_call_ms"] > 0
+    assert f"fresh process: load {fresh['load_s']:.1f} s, first call {fresh['first_call_s']:.1f} s" in row["notes"]
+
+
+def test_first_call_says_what_failed_when_the_plan_cannot_load(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from first_call import measure_in_fresh_process
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    (tmp_path / "broken.plan").write_bytes(b"not a plan")
+    got = measure_in_fresh_process(tmp_path / "broken.plan", {"input": [1, 3, 8, 8]}, timeout_s=120)
+    assert set(got) == {"error"} and got["error"].startswith("exit "), got
+
+
 def test_one_batch_runs_whole_before_the_next_cheap_variants_first() -> None:
     module = _module()
     tasks = module.tasks_in_order(["resnet50"], ["fp16"], [32, 1], ["eager", "compile", "max-autotune", "L0", "L3",
