@@ -65,6 +65,16 @@ def test_http_library_floor_writes_a_row_per_round(tmp_path: Path) -> None:
     assert float(rows[1][2].replace(",", "")) > 0 and float(rows[1][3]) > 0 and rows[1][-1] == "0", rows
 
 
+def test_grpc_library_floor_writes_a_row_per_variant_and_round(tmp_path: Path) -> None:
+    out = tmp_path / "grpc-floor.md"
+    _run(tmp_path, "grpc_library_floor.py", "--concurrency", "2", "--processes", "1", "--seconds", "1",
+         "--rounds", "1", "--threads", "2", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0][:3] == ["library", "round", "requests/s"]
+    assert [r[:2] for r in rows[1:]] == [["grpc-aio", "1"], ["grpc-sync", "1"]]
+    assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 and r[-1] == "0" for r in rows[1:]), rows
+
+
 @pytest.mark.slow
 def test_serving_benchmark_without_ray_writes_both_streamrt_rows(tmp_path: Path) -> None:
     out = tmp_path / "serving.md"

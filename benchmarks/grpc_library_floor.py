@@ -1,0 +1,206 @@
+"""What a Python gRPC server costs per request before any StreamRT code runs: a fixed KServe ModelInfer reply.
+
+The gRPC twin of ``http_library_floor.py`` (issue 26: "if the Python gRPC stacks cannot get there,
+choose ... a different gRPC serving mode, measured side by side"). Each variant serves the KServe v2
+``ModelInfer`` by answering one fixed reply for the 64 B null model (bytes in, bytes out: no
+protobuf parsing on the server), plus ``ModelMetadata`` and ``ModelStatistics``, which
+``streamrt perf`` calls; the client is ``streamrt perf -i grpc`` (the same as ``vs_triton.py``), one
+server at a time, rounds alternating. Server CPU per request is the server process's user + system
+time over the run divided by the requests it counted.
+
+Variants:
+
+* ``grpc-aio``: grpcio's asyncio server on uvloop, the mode ``streamrt serve`` uses;
+* ``grpc-sync``: grpcio's thread-pool server (``grpc.server(ThreadPoolExecutor(N))``, ``--threads``):
+  handlers run on pool threads, completions come from grpc core's own threads, no event loop.
+
+Usage (repository root)::
+
+    python benchmarks/grpc_library_floor.py --rounds 3 --seconds 4 [--out docs/benchmarks/x.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "null_small"
+_served = [0]
+
+
+def _replies() -> tuple[bytes, bytes]:
+    """The fixed ModelInfer and ModelMetadata replies (KServe v2 protobuf, StreamRT's own descriptors)."""
+    from streamrt.serve.wire.proto import messages
+
+    infer = messages.ModelInferResponse(model_name=MODEL, model_version="1")
+    infer.outputs.add(name="y", datatype="FP32", shape=[1, 1])
+    infer.raw_output_contents.append(b"\0\0\0\0")
+    meta = messages.ModelMetadataResponse(name=MODEL, versions=["1"], platform="python")
+    meta.inputs.add(name="x", datatype="FP32", shape=[-1, 16])
+    meta.outputs.add(name="y", datatype="FP32", shape=[-1, 1])
+    return infer.SerializeToString(), meta.SerializeToString()
+
+
+def _stats() -> bytes:
+    from streamrt.serve.wire.proto import messages
+
+    reply = messages.ModelStatisticsResponse()
+    model = reply.model_stats.add(name=MODEL, version="1", inference_count=_served[0], execution_count=_served[0])
+    model.inference_stats.success.count = _served[0]
+    return reply.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _handlers(asynchronous: bool) -> Any:
+    """The generic handler of the three methods; raw bytes in and out (no (de)serializers)."""
+    import grpc
+
+    from streamrt.serve.wire.proto import SERVICE
+
+    infer_reply, meta_reply = _replies()
+
+    def infer(request: bytes, context: Any) -> bytes:
+        _served[0] += 1
+        return infer_reply
+
+    def metadata(request: bytes, context: Any) -> bytes:
+        return meta_reply
+
+    def stats(request: bytes, context: Any) -> bytes:
+        return _stats()
+
+    def as_async(fn: Any) -> Any:
+        async def call(request: bytes, context: Any) -> bytes:
+            return fn(request, context)  # type: ignore[no-any-return]
+
+        return call
+
+    wrap = as_async if asynchronous else (lambda fn: fn)
+    return grpc.method_handlers_generic_handler(SERVICE, {
+        name: grpc.unary_unary_rpc_method_handler(wrap(fn))
+        for name, fn in (("ModelInfer", infer), ("ModelMetadata", metadata), ("ModelStatistics", stats))})
+
+
+async def serve_aio(port: int) -> None:
+    import grpc
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((_handlers(asynchronous=True),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def serve_sync(port: int, threads: int) -> None:
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    server.add_generic_rpc_handlers((_handlers(asynchronous=False),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+def served(port: int) -> int:
+    """Requests the server has answered so far (its ModelStatistics)."""
+    import grpc
+
+    from streamrt.serve.wire.proto import SERVICE, messages
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelStatistics", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=messages.ModelStatisticsResponse.FromString)
+        reply = call(messages.ModelStatisticsRequest(name=MODEL), timeout=10)
+    return int(reply.model_stats[0].inference_stats.success.count)
+
+
+def wait_listening(port: int, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    """Until the server answers ModelStatistics (or exits, or ``timeout`` passes: SystemExit)."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+            served(port)
+            return
+        except Exception:  # not up yet
+            time.sleep(0.2)
+    raise SystemExit(f"the server did not answer on port {port} in {timeout:.0f} s")
+
+
+def start(variant: str, port: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", variant, "--port", str(port),
+           "--threads", str(threads)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--variants", default="grpc-aio,grpc-sync")
+    parser.add_argument("--threads", type=int, default=8, help="grpc-sync's handler threads (default 8)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the child: one server
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        if args.serve == "grpc-aio":
+            import uvloop
+
+            uvloop.run(serve_aio(args.port))
+        else:
+            serve_sync(args.port, args.threads)
+        return 0
+    unknown = set(args.variants.split(",")) - {"grpc-aio", "grpc-sync"}
+    if unknown:
+        parser.error(f"--variants: unknown {sorted(unknown)}; known: grpc-aio, grpc-sync")
+    from serving_frontend import cpu_seconds, free_port, run_perf
+    from vs_triton import stop
+
+    work = Path(tempfile.mkdtemp(prefix="streamrt-grpc-floor-"))
+    rows = []
+    for round_ in range(1, args.rounds + 1):
+        for variant in args.variants.split(","):
+            port = free_port()
+            server = start(variant, port, args.threads, work / f"{variant}-{round_}.log")
+            try:
+                wait_listening(port, 60, server)
+                time.sleep(0.5)
+                cpu0, count0 = cpu_seconds(server.pid), served(port)
+                result = run_perf("grpc", port, MODEL, 1, args.concurrency, args.processes, args.seconds, [])
+                cpu, count = cpu_seconds(server.pid) - cpu0, served(port) - count0
+            finally:
+                stop(server)
+            rows.append((variant, round_, result["throughput"], cpu / max(count, 1) * 1e6, result["errors"]))
+            print(f"{variant:10} round {round_}: {rows[-1][2]:8.0f} req/s  server CPU {rows[-1][3]:5.0f} us/req  "
+                  f"errors {rows[-1][4]}", flush=True)
+    rows.sort()
+    table = ["| library | round | requests/s | server CPU us/req | errors |", "|---|---:|---:|---:|---:|"]
+    table += [f"| {v} | {r} | {t:,.0f} | {c:.0f} | {e} |" for v, r, t, c, e in rows]
+    print("\n".join(table))
+    if args.out is not None:
+        from streamrt.profiling.provenance import report_header
+
+        header = report_header(["python", "benchmarks/grpc_library_floor.py", *sys.argv[1:]], ROOT)
+        args.out.write_text("\n".join([*header, "", *table, ""]))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
