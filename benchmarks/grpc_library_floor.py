@@ -12,7 +12,11 @@ Variants:
 
 * ``grpc-aio``: grpcio's asyncio server on uvloop, the mode ``streamrt serve`` uses;
 * ``grpc-sync``: grpcio's thread-pool server (``grpc.server(ThreadPoolExecutor(N))``, ``--threads``):
-  handlers run on pool threads, completions come from grpc core's own threads, no event loop.
+  handlers run on pool threads, completions come from grpc core's own threads, no event loop;
+* ``grpc-aio-await``: ``grpc-aio`` whose handler suspends on a future the loop itself completes on its
+  next pass (what awaiting any scheduler costs, without threads);
+* ``grpc-aio-thread``: ``grpc-aio`` whose handler hands the request to a worker thread and awaits the
+  answer (``call_soon_threadsafe``), the shape of ``streamrt serve``'s hand-over to a model instance.
 
 Usage (repository root)::
 
@@ -61,8 +65,17 @@ def _stats() -> bytes:
     return reply.SerializeToString()  # type: ignore[no-any-return]
 
 
-def _handlers(asynchronous: bool) -> Any:
-    """The generic handler of the three methods; raw bytes in and out (no (de)serializers)."""
+VARIANTS = ("grpc-aio", "grpc-sync", "grpc-aio-await", "grpc-aio-thread")
+
+
+def _handlers(asynchronous: bool, wait: str = "") -> Any:
+    """The generic handler of the three methods; raw bytes in and out (no (de)serializers). ``wait``
+    (asynchronous only): ``loop``, the infer handler awaits a future the loop completes; ``thread``, a
+    future a worker thread completes."""
+    import asyncio
+    import queue
+    import threading
+
     import grpc
 
     from streamrt.serve.wire.proto import SERVICE
@@ -85,17 +98,38 @@ def _handlers(asynchronous: bool) -> Any:
 
         return call
 
+    jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[bytes], bytes]] = queue.SimpleQueue()
+
+    def worker() -> None:  # a model instance's thread: answers and wakes the loop, one request at a time
+        while True:
+            loop, future, request = jobs.get()
+            loop.call_soon_threadsafe(future.set_result, infer(request, None))
+
+    if wait == "thread":
+        threading.Thread(target=worker, name="floor-instance", daemon=True).start()
+
+    async def infer_awaiting(request: bytes, context: Any) -> bytes:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        if wait == "thread":
+            jobs.put((loop, future, request))
+        else:
+            loop.call_soon(future.set_result, infer(request, context))
+        return await future
+
     wrap = as_async if asynchronous else (lambda fn: fn)
+    infer_handler = infer_awaiting if wait else wrap(infer)
     return grpc.method_handlers_generic_handler(SERVICE, {
-        name: grpc.unary_unary_rpc_method_handler(wrap(fn))
-        for name, fn in (("ModelInfer", infer), ("ModelMetadata", metadata), ("ModelStatistics", stats))})
+        name: grpc.unary_unary_rpc_method_handler(fn)
+        for name, fn in (("ModelInfer", infer_handler), ("ModelMetadata", wrap(metadata)),
+                         ("ModelStatistics", wrap(stats)))})
 
 
-async def serve_aio(port: int) -> None:
+async def serve_aio(port: int, wait: str = "") -> None:
     import grpc
 
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((_handlers(asynchronous=True),))
+    server.add_generic_rpc_handlers((_handlers(asynchronous=True, wait=wait),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -148,7 +182,7 @@ def start(variant: str, port: int, threads: int, log: Path) -> subprocess.Popen[
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--variants", default="grpc-aio,grpc-sync")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--threads", type=int, default=8, help="grpc-sync's handler threads (default 8)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--processes", type=int, default=2)
@@ -159,16 +193,16 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        if args.serve == "grpc-aio":
+        if args.serve == "grpc-sync":
+            serve_sync(args.port, args.threads)
+        else:
             import uvloop
 
-            uvloop.run(serve_aio(args.port))
-        else:
-            serve_sync(args.port, args.threads)
+            uvloop.run(serve_aio(args.port, wait=args.serve.removeprefix("grpc-aio").removeprefix("-")))
         return 0
-    unknown = set(args.variants.split(",")) - {"grpc-aio", "grpc-sync"}
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
-        parser.error(f"--variants: unknown {sorted(unknown)}; known: grpc-aio, grpc-sync")
+        parser.error(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     from serving_frontend import cpu_seconds, free_port, run_perf
     from vs_triton import stop
 

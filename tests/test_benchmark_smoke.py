@@ -71,7 +71,8 @@ def test_grpc_library_floor_writes_a_row_per_variant_and_round(tmp_path: Path) -
          "--rounds", "1", "--threads", "2", "--out", str(out))
     rows = _rows(out.read_text())
     assert rows[0][:3] == ["library", "round", "requests/s"]
-    assert [r[:2] for r in rows[1:]] == [["grpc-aio", "1"], ["grpc-sync", "1"]]
+    assert [r[:2] for r in rows[1:]] == [["grpc-aio", "1"], ["grpc-aio-await", "1"], ["grpc-aio-thread", "1"],
+                                         ["grpc-sync", "1"]]
     assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
