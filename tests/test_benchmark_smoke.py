@@ -76,6 +76,18 @@ def test_grpc_library_floor_writes_a_row_per_variant_and_round(tmp_path: Path) -
     assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+def test_server_threads_accounts_each_protocols_cpu_per_request(tmp_path: Path) -> None:
+    out = tmp_path / "threads.txt"
+    _run(tmp_path, "server_threads.py", "--protocols", "grpc,http", "--seconds", "1", "--concurrency", "2",
+         "--processes", "1", "--out", str(out))
+    text = out.read_text()
+    for protocol in ("grpc", "http"):
+        block = text.split(f"{protocol}: ", 1)[1].split("whole process", 1)[0]
+        assert "requests/s" in block and "event loop (main thread)" in block, text
+    totals = [float(line.split()[2]) for line in text.splitlines() if line.strip().startswith("whole process")]
+    assert len(totals) == 2 and all(t > 0 for t in totals), text
+
+
 @pytest.mark.slow
 def test_serving_benchmark_without_ray_writes_both_streamrt_rows(tmp_path: Path) -> None:
     out = tmp_path / "serving.md"
