@@ -30,7 +30,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent import futures
 from pathlib import Path
@@ -203,35 +202,12 @@ def main() -> int:
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         parser.error(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    from serving_frontend import cpu_seconds, free_port, run_perf
-    from vs_triton import stop
+    from library_floor import measure_rounds, report
 
-    work = Path(tempfile.mkdtemp(prefix="streamrt-grpc-floor-"))
-    rows = []
-    for round_ in range(1, args.rounds + 1):
-        for variant in args.variants.split(","):
-            port = free_port()
-            server = start(variant, port, args.threads, work / f"{variant}-{round_}.log")
-            try:
-                wait_listening(port, 60, server)
-                time.sleep(0.5)
-                cpu0, count0 = cpu_seconds(server.pid), served(port)
-                result = run_perf("grpc", port, MODEL, 1, args.concurrency, args.processes, args.seconds, [])
-                cpu, count = cpu_seconds(server.pid) - cpu0, served(port) - count0
-            finally:
-                stop(server)
-            rows.append((variant, round_, result["throughput"], cpu / max(count, 1) * 1e6, result["errors"]))
-            print(f"{variant:10} round {round_}: {rows[-1][2]:8.0f} req/s  server CPU {rows[-1][3]:5.0f} us/req  "
-                  f"errors {rows[-1][4]}", flush=True)
-    rows.sort()
-    table = ["| library | round | requests/s | server CPU us/req | errors |", "|---|---:|---:|---:|---:|"]
-    table += [f"| {v} | {r} | {t:,.0f} | {c:.0f} | {e} |" for v, r, t, c, e in rows]
-    print("\n".join(table))
-    if args.out is not None:
-        from streamrt.profiling.provenance import report_header
-
-        header = report_header(["python", "benchmarks/grpc_library_floor.py", *sys.argv[1:]], ROOT)
-        args.out.write_text("\n".join([*header, "", *table, ""]))
+    rows = measure_rounds(args.variants.split(","), args, "grpc", MODEL,
+                          lambda variant, port, log: start(variant, port, args.threads, log),
+                          lambda port, server: wait_listening(port, 60, server), served)
+    report(rows, "grpc_library_floor.py", args.out)
     return 0
 
 

@@ -28,14 +28,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
 META = json.dumps({"name": "null_small", "versions": ["1"], "platform": "python",
                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}],
                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}]}).encode()
@@ -128,35 +125,12 @@ def main() -> int:
 
         uvloop.run(serve_aiohttp(args.port) if args.serve == "aiohttp" else serve_granian_embedded(args.port))
         return 0
-    from serving_frontend import cpu_seconds, free_port, run_perf, served, wait_ready
-    from vs_triton import stop
+    from library_floor import measure_rounds, report
+    from serving_frontend import served, wait_ready
 
-    work = Path(tempfile.mkdtemp(prefix="streamrt-http-floor-"))
-    rows = []
-    for round_ in range(1, args.rounds + 1):
-        for variant in args.variants.split(","):
-            port = free_port()
-            server = start(variant, port, work / f"{variant}-{round_}.log")
-            try:
-                wait_ready(port, 60, server)
-                time.sleep(0.5)
-                cpu0, count0 = cpu_seconds(server.pid), served(port, "null_small")
-                result = run_perf("http", port, "null_small", 1, args.concurrency, args.processes, args.seconds, [])
-                cpu, count = cpu_seconds(server.pid) - cpu0, served(port, "null_small") - count0
-            finally:
-                stop(server)
-            rows.append((variant, round_, result["throughput"], cpu / max(count, 1) * 1e6, result["errors"]))
-            print(f"{variant:17} round {round_}: {rows[-1][2]:8.0f} req/s  server CPU {rows[-1][3]:5.0f} us/req  "
-                  f"errors {rows[-1][4]}", flush=True)
-    rows.sort()
-    table = ["| library | round | requests/s | server CPU us/req | errors |", "|---|---:|---:|---:|---:|"]
-    table += [f"| {v} | {r} | {t:,.0f} | {c:.0f} | {e} |" for v, r, t, c, e in rows]
-    print("\n".join(table))
-    if args.out is not None:
-        from streamrt.profiling.provenance import report_header
-
-        header = report_header(["python", "benchmarks/http_library_floor.py", *sys.argv[1:]], ROOT)
-        args.out.write_text("\n".join([*header, "", *table, ""]))
+    rows = measure_rounds(args.variants.split(","), args, "http", "null_small", start,
+                          lambda port, server: wait_ready(port, 60, server), lambda port: served(port, "null_small"))
+    report(rows, "http_library_floor.py", args.out)
     return 0
 
 
