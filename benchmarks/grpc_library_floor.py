@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from library_floor import add_arguments
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "null_small"
 _served = [0]
@@ -183,13 +185,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--threads", type=int, default=8, help="grpc-sync's handler threads (default 8)")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the child: one server
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args()
     if args.serve is not None:
         if args.serve == "grpc-sync":

@@ -33,6 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from library_floor import add_arguments
+
 META = json.dumps({"name": "null_small", "versions": ["1"], "platform": "python",
                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}],
                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}]}).encode()
@@ -112,13 +114,7 @@ def start(variant: str, port: int, log: Path) -> subprocess.Popen[bytes]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="aiohttp,granian-embedded,granian-process")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the child: one server
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_arguments(parser)
     args = parser.parse_args()
     if args.serve is not None:
         import uvloop

@@ -3,6 +3,7 @@ server started afresh per round, driven by ``streamrt perf``, its CPU per counte
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 Row = tuple[str, int, float, float, int]
 """(variant, round, requests/s, server CPU us per request, errors)"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The client and round flags, and the hidden ones a server child is started with."""
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # the child: one server
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def measure_rounds(variants: list[str], args: Any, protocol: str, model: str,
