@@ -40,18 +40,13 @@ def measure_in_fresh_process(plan: Path, shapes: dict[str, list[int]], timeout_s
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
-def _shapes(text: str) -> dict[str, list[int]]:
-    out = {}
-    for item in text.split(","):
-        name, _, dims = item.rpartition(":")
-        out[name] = [int(d) for d in dims.split("x")]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
+    from streamrt.onnx.profiles import parse_shape_list
+
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("plan", type=Path)
-    p.add_argument("--shape", type=_shapes, required=True, metavar="NAME:DxDx...", help="input shapes, comma list")
+    p.add_argument("--shape", type=parse_shape_list, required=True, metavar="NAME:DxDx...",
+                   help="input shapes, comma list (trtexec syntax)")
     args = p.parse_args(argv)
     import numpy as np
 
