@@ -586,7 +586,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
         if unknown:
             p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, "
-                    "L3c/L5c/L5s (cuDNN epilogues), "
+                    "L3c/L5c/L5s (cuDNN epilogues), then b/n (cuDNN benchmark on/off: L5cn), "
                     f"{', '.join(BASELINES)}")
     if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
         p.error(f"--lanes must be >= 1 and --lane-of lanes within 1..{args.lanes}, got {args.lane_of}")

@@ -105,10 +105,12 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
 }
 
 
-_PLAN = re.compile(r"L(\d)([cs]?)(r?)")
+_PLAN = re.compile(r"L(\d)([cs]?)([bn]?)(r?)")
 EPILOGUES = {"": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
 """Plan variant suffixes: ``L5c`` is level 5 with ``conv_epilogues=cudnn``, ``L5s`` with ``cudnn_spatial``
 (below level 5 the suffix also turns freezing on, which folds batch norm so the pattern appears)."""
+BENCHMARK = {"": None, "b": True, "n": False}
+"""Then ``b`` / ``n``: cuDNN benchmark mode forced on / off (``cudnn_benchmark``; none: the level's default)."""
 
 
 def level_of(variant: str) -> int | None:
@@ -124,10 +126,17 @@ def epilogues_of(variant: str) -> str:
     return EPILOGUES[match.group(2)] if match else "inductor"
 
 
-def base_variant(variant: str) -> str:
-    """The variant without its epilogue suffix (``L5cr`` -> ``L5r``): the key of pairs, priors and deadlines."""
+def benchmark_of(variant: str) -> bool | None:
+    """The ``cudnn_benchmark`` option of a plan variant (``L5cn``: off, ``L5cb``: on; None: the level's default)."""
     match = _PLAN.fullmatch(variant)
-    return f"L{match.group(1)}{match.group(3)}" if match else variant
+    return BENCHMARK[match.group(3)] if match else None
+
+
+def base_variant(variant: str) -> str:
+    """The variant without its epilogue and benchmark suffixes (``L5cnr`` -> ``L5r``): the key of pairs, priors
+    and deadlines."""
+    match = _PLAN.fullmatch(variant)
+    return f"L{match.group(1)}{match.group(4)}" if match else variant
 
 
 def make_model(key: str) -> Model:
@@ -194,7 +203,7 @@ def output_count(out: Any) -> int:
 
 
 def plan_config(precision: str, level: int, device: str, build_budget_s: float | None,
-                conv_epilogues: str = "inductor") -> Any:
+                conv_epilogues: str = "inductor", cudnn_benchmark: bool | None = None) -> Any:
     """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given, the
     convolution epilogues always said on CUDA (a plain ``L5`` keeps Inductor's, as in every table before
     level 5 took cuDNN's by default on 2026-12-04), cuDNN's with freezing below level 5."""
@@ -205,6 +214,8 @@ def plan_config(precision: str, level: int, device: str, build_budget_s: float |
         options["conv_epilogues"] = conv_epilogues
     if conv_epilogues != "inductor" and level < 5:
         options["freezing"] = True
+    if cudnn_benchmark is not None:
+        options["cudnn_benchmark"] = cudnn_benchmark
     extra: dict[str, Any] = {}
     if precision == "tf32":
         extra["tf32"] = True
@@ -250,12 +261,13 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
 
     level = level_of(spec.variant)
     assert level is not None
-    config = plan_config(spec.precision, level, spec.device, spec.build_budget_s, epilogues_of(spec.variant))
+    config = plan_config(spec.precision, level, spec.device, spec.build_budget_s, epilogues_of(spec.variant),
+                         benchmark_of(spec.variant))
     if spec.timing_cache:
         config = config.replace(timing_cache=Path(spec.timing_cache))
-    elif spec.variant.endswith("r") or (spec.rebuild and level >= 4):  # L5 and its rebuild L5r share one
+    elif spec.variant.endswith("r") or (spec.rebuild and level >= 4):  # L5c and its rebuild L5cr share one
         config = config.replace(timing_cache=Path(spec.scratch) / f"timing-{spec.model}-{spec.precision}-b{spec.batch}"
-                                f"-L{level}")
+                                f"-{spec.variant.removesuffix('r')}")
     with torch.no_grad():
         names = [f"out{i}" for i in range(output_count(model.net(x[0][:1].float())))]
     tag = f"{spec.model}-{spec.precision}-b{spec.batch}-{spec.variant}"

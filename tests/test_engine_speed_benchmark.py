@@ -235,6 +235,9 @@ def test_cudnn_epilogue_variants_parse_pair_and_report_their_cpu_refusal(tmp_pat
     assert [variants.level_of(v) for v in ("L5c", "L5s", "L3c", "L5cr", "L5x")] == [5, 5, 3, 5, None]
     assert [variants.epilogues_of(v) for v in ("L5", "L5c", "L5s")] == ["inductor", "cudnn", "cudnn_spatial"]
     assert variants.base_variant("L5cr") == "L5r" and variants.base_variant("eager") == "eager"
+    assert [variants.level_of(v) for v in ("L5cn", "L5cb", "L5cnr", "L5nc")] == [5, 5, 5, None]
+    assert [variants.benchmark_of(v) for v in ("L5c", "L5cn", "L5cb", "eager")] == [None, False, True, None]
+    assert variants.base_variant("L5cnr") == "L5r"
     options = variants.plan_config("fp16", 3, "cuda", None, "cudnn").backend_options
     assert options == {"device": "cuda", "conv_epilogues": "cudnn", "freezing": True}  # BN folded below level 5
     rows = [{"model": "m", "precision": "fp16", "batch": 32, "variant": v, "ms": ms}

@@ -85,6 +85,19 @@ def test_backend_options_override_the_level() -> None:
         resolve_recipe(_config(5, backend_options={"memory_format": "nhwc"}), "cuda")
 
 
+def test_cudnn_benchmark_option_overrides_the_level_on_cuda_only() -> None:
+    assert not resolve_recipe(_config(5, backend_options={"cudnn_benchmark": False}), "cuda").cudnn_benchmark
+    assert not resolve_recipe(_config(5, backend_options={"cudnn_benchmark": "off"}), "cuda").cudnn_benchmark
+    assert resolve_recipe(_config(3, backend_options={"cudnn_benchmark": "true"}), "cuda").cudnn_benchmark
+    inductor_epilogues = resolve_recipe(_config(5, backend_options={"conv_epilogues": "inductor"}), "cuda")
+    assert inductor_epilogues.cudnn_benchmark  # level 5's default with Inductor's epilogues
+    assert not resolve_recipe(_config(5, backend_options={"cudnn_benchmark": False}), "cpu").cudnn_benchmark
+    with pytest.raises(ConfigError, match="cudnn_benchmark=true needs a CUDA build"):
+        resolve_recipe(_config(5, backend_options={"cudnn_benchmark": True}), "cpu")
+    with pytest.raises(ConfigError, match="cudnn_benchmark must be true or false"):
+        resolve_recipe(_config(5, backend_options={"cudnn_benchmark": "sometimes"}), "cuda")
+
+
 def test_cache_key_changes_with_the_level_and_the_resolved_recipe(tmp_path: Path) -> None:
     model = load_model(catalogue_file("conv_bn_relu", tmp_path))
     backend = TorchInductorBackend()

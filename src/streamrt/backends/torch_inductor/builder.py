@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 _OPTIONS = {
     "device", "max_autotune", "freezing", "cuda_graphs", "coordinate_descent_tuning", "threads", "memory_format",
-    "conv_backends", "conv_epilogues",
+    "conv_backends", "conv_epilogues", "cudnn_benchmark",
 }
 
 
