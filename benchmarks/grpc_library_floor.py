@@ -18,9 +18,23 @@ Variants:
 * ``grpc-aio-thread``: ``grpc-aio`` whose handler hands the request to a worker thread and awaits the
   answer (``call_soon_threadsafe``), the shape of ``streamrt serve``'s hand-over to a model instance.
 
+Variants whose HTTP/2 and gRPC framing are not done in Python (``grpc_asgi_floor.py`` says what each runs,
+its thread settings, and why granian is not one), each its own server process with one worker, serving a
+hand-written ASGI gRPC handler:
+
+* ``h2corn``, ``h2corn-1t``: h2corn (Rust) with its default 2 runtime threads and with 1;
+* ``pyvoy``, ``pyvoy-1t``: pyvoy (Envoy, C++) with Envoy's default worker threads (one per core) and 1;
+* ``h2corn-connect``: h2corn serving connectrpc's ASGI application (its gRPC protocol, a raw bytes codec)
+  instead of the hand-written handler.
+
+They need packages StreamRT does not depend on (``pip install h2corn pyvoy connectrpc``); a variant
+whose package is missing is reported as skipped, with the pip command. The default ``--variants`` are
+the grpcio ones.
+
 Usage (repository root)::
 
     python benchmarks/grpc_library_floor.py --rounds 3 --seconds 4 [--out docs/benchmarks/x.md]
+    python benchmarks/grpc_library_floor.py --variants grpc-aio,h2corn,h2corn-1t,pyvoy,pyvoy-1t,h2corn-connect
 """
 
 from __future__ import annotations
@@ -36,33 +50,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from grpc_asgi_floor import MODEL, SERVERS, environment, replies, stats_reply
 from library_floor import add_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "null_small"
 _served = [0]
-
-
-def _replies() -> tuple[bytes, bytes]:
-    """The fixed ModelInfer and ModelMetadata replies (KServe v2 protobuf, StreamRT's own descriptors)."""
-    from streamrt.serve.wire.proto import messages
-
-    infer = messages.ModelInferResponse(model_name=MODEL, model_version="1")
-    infer.outputs.add(name="y", datatype="FP32", shape=[1, 1])
-    infer.raw_output_contents.append(b"\0\0\0\0")
-    meta = messages.ModelMetadataResponse(name=MODEL, versions=["1"], platform="python")
-    meta.inputs.add(name="x", datatype="FP32", shape=[-1, 16])
-    meta.outputs.add(name="y", datatype="FP32", shape=[-1, 1])
-    return infer.SerializeToString(), meta.SerializeToString()
-
-
-def _stats() -> bytes:
-    from streamrt.serve.wire.proto import messages
-
-    reply = messages.ModelStatisticsResponse()
-    model = reply.model_stats.add(name=MODEL, version="1", inference_count=_served[0], execution_count=_served[0])
-    model.inference_stats.success.count = _served[0]
-    return reply.SerializeToString()  # type: ignore[no-any-return]
 
 
 VARIANTS = ("grpc-aio", "grpc-sync", "grpc-aio-await", "grpc-aio-thread")
@@ -80,7 +72,7 @@ def _handlers(asynchronous: bool, wait: str = "") -> Any:
 
     from streamrt.serve.wire.proto import SERVICE
 
-    infer_reply, meta_reply = _replies()
+    infer_reply, meta_reply = replies()
 
     def infer(request: bytes, context: Any) -> bytes:
         _served[0] += 1
@@ -90,7 +82,7 @@ def _handlers(asynchronous: bool, wait: str = "") -> Any:
         return meta_reply
 
     def stats(request: bytes, context: Any) -> bytes:
-        return _stats()
+        return stats_reply(_served[0])
 
     def as_async(fn: Any) -> Any:
         async def call(request: bytes, context: Any) -> bytes:
@@ -173,14 +165,21 @@ def wait_listening(port: int, timeout: float, process: subprocess.Popen[bytes]) 
 
 
 def start(variant: str, port: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", variant, "--port", str(port),
-           "--threads", str(threads)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    """The server of ``variant`` on ``port``: this script as a grpcio server, or an ASGI server's own command."""
+    if variant in SERVERS:
+        cmd, env = SERVERS[variant].command(port), environment()
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", variant, "--port", str(port),
+               "--threads", str(threads)]
+        env = None
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join([*VARIANTS, *SERVERS])} (default: the grpcio ones)")
     parser.add_argument("--threads", type=int, default=8, help="grpc-sync's handler threads (default 8)")
     add_arguments(parser)
     args = parser.parse_args()
@@ -192,15 +191,19 @@ def main() -> int:
 
             uvloop.run(serve_aio(args.port, wait=args.serve.removeprefix("grpc-aio").removeprefix("-")))
         return 0
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS) - set(SERVERS)
     if unknown:
-        parser.error(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+        parser.error(f"--variants: unknown {sorted(unknown)}; known: {', '.join([*VARIANTS, *SERVERS])}")
+    skipped = {name: why for name in variants if name in SERVERS and (why := SERVERS[name].missing())}
+    for name, why in skipped.items():
+        print(f"{name:17} skipped: {why}", flush=True)
     from library_floor import measure_rounds, report
 
-    rows = measure_rounds(args.variants.split(","), args, "grpc", MODEL,
+    rows = measure_rounds([name for name in variants if name not in skipped], args, "grpc", MODEL,
                           lambda variant, port, log: start(variant, port, args.threads, log),
                           lambda port, server: wait_listening(port, 60, server), served)
-    report(rows, "grpc_library_floor.py", args.out)
+    report(rows, "grpc_library_floor.py", args.out, [f"skipped {name}: {why}" for name, why in skipped.items()])
     return 0
 
 

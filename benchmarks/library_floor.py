@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,13 @@ def measure_rounds(variants: list[str], args: Any, protocol: str, model: str,
     return sorted(rows)
 
 
-def report(rows: list[Row], script: str, out: Path | None) -> None:
-    """Print the table; with ``out``, write it under the provenance header (date, commit, machine, command)."""
+def report(rows: list[Row], script: str, out: Path | None, notes: Sequence[str] = ()) -> None:
+    """Print the table and ``notes`` (one line each: variants skipped and why); with ``out``, write them under the
+    provenance header (date, commit, machine, command)."""
     table = ["| library | round | requests/s | server CPU us/req | errors |", "|---|---:|---:|---:|---:|"]
     table += [f"| {v} | {r} | {t:,.0f} | {c:.0f} | {e} |" for v, r, t, c, e in rows]
+    if notes:
+        table += ["", *(f"- {note}" for note in notes)]
     print("\n".join(table))
     if out is not None:
         from streamrt.profiling.provenance import report_header

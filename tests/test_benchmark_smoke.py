@@ -76,6 +76,48 @@ def test_grpc_library_floor_writes_a_row_per_variant_and_round(tmp_path: Path) -
     assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+_ASGI_PACKAGES = ("h2corn", "pyvoy", "connectrpc")
+
+
+def test_grpc_library_floor_skips_an_asgi_variant_whose_package_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not installed (as in CI: none is a dependency): the variant is a line naming the pip command, not a crash."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import grpc_library_floor
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in _ASGI_PACKAGES else find_spec(name, *a))
+    out = tmp_path / "grpc-floor.md"
+    monkeypatch.setattr(sys, "argv", ["grpc_library_floor.py", "--variants", "h2corn,pyvoy-1t,h2corn-connect",
+                                      "--out", str(out)])
+    assert grpc_library_floor.main() == 0
+    assert "h2corn            skipped: h2corn not installed: .venv/bin/pip install h2corn" in capsys.readouterr().out
+    text = out.read_text()
+    assert _rows(text)[1:] == [], text
+    assert "- skipped pyvoy-1t: pyvoy not installed: .venv/bin/pip install pyvoy" in text
+    assert "- skipped h2corn-connect: h2corn, connectrpc not installed: .venv/bin/pip install h2corn connectrpc" in text
+
+
+def test_grpc_library_floor_asgi_variants_answer_the_grpcio_client(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ASGI variant whose packages are installed serves the client without errors."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from grpc_asgi_floor import SERVERS
+
+    variants = [name for name, server in SERVERS.items() if server.missing() is None]
+    if not variants:
+        pytest.skip(f"none of {', '.join(_ASGI_PACKAGES)} is installed (not StreamRT dependencies)")
+    out = tmp_path / "grpc-floor.md"
+    _run(tmp_path, "grpc_library_floor.py", "--variants", ",".join(variants), "--concurrency", "2",
+         "--processes", "1", "--seconds", "1", "--rounds", "1", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert [r[0] for r in rows[1:]] == sorted(variants)
+    assert all(float(r[2].replace(",", "")) > 0 and float(r[3]) > 0 and r[-1] == "0" for r in rows[1:]), rows
+
+
 def test_server_threads_accounts_each_protocols_cpu_per_request(tmp_path: Path) -> None:
     out = tmp_path / "threads.txt"
     _run(tmp_path, "server_threads.py", "--protocols", "grpc,http", "--seconds", "1", "--concurrency", "2",
