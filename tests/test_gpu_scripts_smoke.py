@@ -92,3 +92,18 @@ def test_plan_sources_writes_each_profiles_wrapper_with_its_commented_launches(t
     wrapper = (tmp_path / "src" / "tiny-p0.wrapper.cpp").read_text()
     assert "Original ATen: [aten.convolution]" in wrapper
     assert "commented launches" in done.stdout
+
+
+@pytest.mark.torch
+def test_cudnn_first_call_cpu_smoke_run_writes_a_line_per_mode(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import json
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_cudnn_first_call.py"), str(tmp_path),
+                           "--device", "cpu", "--modes", "default,heur_b"], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "cudnn-first-call.jsonl").read_text().splitlines()]
+    assert [line["mode"] for line in lines] == ["default", "heur_b"]
+    assert all("error" not in line and len(line["rows"]) == 19 for line in lines)
+    assert "| **total** |" in done.stdout
