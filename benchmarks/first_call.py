@@ -9,6 +9,9 @@ graph capture) shows as ``first_call_s`` against ``second_call_ms``.
 
 Usage:
     python benchmarks/first_call.py PLAN --shape input:32x3x224x224   # prints one JSON line
+    python benchmarks/first_call.py PLAN --shape ... --phases [--profile-top 25]
+        # where the first call's time goes: the runner's load, the first call without CUDA graphs (its
+        # torch.profiler table: top operators by CPU time), the second, then the CUDA-graph captures
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("plan", type=Path)
     p.add_argument("--shape", type=parse_shape_list, required=True, metavar="NAME:DxDx...",
                    help="input shapes, comma list (trtexec syntax)")
+    p.add_argument("--phases", action="store_true", help="time the first call's phases (see the usage)")
+    p.add_argument("--profile-top", type=int, default=25, help="--phases: operators in the profiler table")
     args = p.parse_args(argv)
+    if args.phases:
+        return phases(args.plan, args.shape, args.profile_top)
     import numpy as np
 
     from streamrt import load
@@ -72,6 +79,53 @@ def main(argv: list[str] | None = None) -> int:
     engine.close()
     print(json.dumps({"load_s": round(loaded - t0, 3), "first_call_s": round(calls[0], 3),
                       "second_call_ms": round(calls[1] * 1e3, 3)}), flush=True)
+    return 0
+
+
+def phases(plan: Path, shapes: dict[str, list[int]], top: int) -> int:
+    """The first call taken apart in this fresh process; one JSON line, the profiler table on stderr."""
+    import numpy as np
+    import torch
+
+    from streamrt import load
+    from streamrt.running.inputs import cast_inputs, random_inputs, to_device
+
+    def sync() -> None:
+        if engine.device_kind == "cuda":
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    engine = load(plan)
+    out["load_s"] = round(time.perf_counter() - t0, 3)
+    feeds = to_device(cast_inputs(random_inputs(engine.inputs, shapes, np.random.default_rng(0)), engine.inputs),
+                      engine.device_kind)
+    plain = engine.create_context(cuda_graph=False)
+    t0 = time.perf_counter()
+    runner = plain._runner(0)  # the AOTInductor runner (nogil where the package allows it)
+    out["runner_load_s"] = round(time.perf_counter() - t0, 3)
+    out["runner"] = type(runner).__name__
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        plain.infer(feeds)
+        sync()
+        out["first_plain_s"] = round(time.perf_counter() - t0, 3)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    plain.infer(feeds)
+    sync()
+    out["second_plain_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+    plain.close()
+    graphs = engine.create_context()
+    t0 = time.perf_counter()
+    graphs.infer(feeds)
+    sync()
+    out["first_graph_call_s"] = round(time.perf_counter() - t0, 3)
+    graphs.close()
+    engine.close()
+    print(json.dumps(out), flush=True)
     return 0
 
 

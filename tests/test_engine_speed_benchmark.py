@@ -117,12 +117,23 @@ def test_quick_cpu_run_builds_times_and_writes_the_table(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_fresh_first_call_times_a_new_process_loading_each_plan(tmp_path: Path) -> None:
-    _, rows = _run(tmp_path, "--groups", "tiny@1=L3", "--fresh-first-call", "--runs", "3", "--warmup", "1")
+    _, rows = _run(tmp_path, "--groups", "tiny@1=L3", "--fresh-first-call", "--runs", "3", "--warmup", "1",
+                   "--keep-scratch")
     (row,) = rows
     fresh = row["fresh"]
     assert row["status"] == "ok" and "error" not in fresh, row
     assert fresh["load_s"] > 0 and fresh["first_call_s"] > 0 and fresh["second_call_ms"] > 0
     assert f"fresh process: load {fresh['load_s']:.1f} s, first call {fresh['first_call_s']:.1f} s" in row["notes"]
+    # --phases takes the first call apart: runner load, first plain call (profiler table), graph call
+    plans = sorted(tmp_path.rglob("*.plan"))
+    assert plans, "--keep-scratch kept no plan"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_call.py"), str(plans[0]), "--shape",
+                           "input:1x3x48x48", "--phases", "--profile-top", "5"], capture_output=True, text=True,
+                          timeout=300, env=ENV, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parts["runner_load_s"] >= 0 and parts["first_plain_s"] > 0 and parts["second_plain_ms"] > 0
+    assert "Self CPU" in done.stderr  # the profiler's table
 
 
 def test_first_call_says_what_failed_when_the_plan_cannot_load(tmp_path: Path) -> None:
