@@ -115,3 +115,22 @@ def test_an_engine_runs_on_it_with_the_reference_answers(tmp_path: Path, monkeyp
         assert isinstance(ctx._runner(0), NoGilRunner) == (kind == "nogil")
         np.testing.assert_allclose(answers[kind], want["y"], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(answers["nogil"], answers["torch"])
+
+
+def test_torch_runner_opens_without_load_packages_device_check(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_package`` compares device information first, which calls ``pick_vec_isa`` (test programs
+    compiled in a fresh process: 48 s of a ResNet-50 plan's 52.6 s load on the H200); the engine's torch
+    runner skips it and answers the same."""
+    from streamrt.backends.torch_inductor.nogil_runner import open_torch_runner
+
+    x = torch.randn(2048, 1024)
+    want = _torch_runner(package)(x)
+
+    def refuse() -> None:
+        raise AssertionError("pick_vec_isa called while opening a runner")
+
+    monkeypatch.setattr(torch._inductor.cpu_vec_isa, "pick_vec_isa", refuse)
+    got = open_torch_runner(package, -1)(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(AssertionError, match="pick_vec_isa called"):
+        _torch_runner(package)  # what the engine used before: the check runs

@@ -126,9 +126,7 @@ class TorchInductorEngine(Engine):
         graph captured by the caller (the pipeline captures whole stages): on the H200 such
         replays returned wrong outputs. Single-threaded runners capture cleanly.
         """
-        from torch._inductor.package import load_package
-
-        from streamrt.backends.torch_inductor.nogil_runner import open_nogil_runner
+        from streamrt.backends.torch_inductor.nogil_runner import open_nogil_runner, open_torch_runner
 
         index = torch.cuda.current_device() if self.device_kind == "cuda" else -1
         # The runner without the GIL where the package allows it (nogil_runner.py: torch's holds
@@ -136,9 +134,7 @@ class TorchInductorEngine(Engine):
         runner = open_nogil_runner(self._packages[profile], self._dir / f"nogil-{profile}-{index}", index)
         if runner is not None:
             return runner
-        return load_package(
-            str(self._packages[profile]), run_single_threaded=True, device_index=index
-        )
+        return open_torch_runner(self._packages[profile], index)
 
     def create_context(
         self,

@@ -34,8 +34,8 @@ from typing import Any
 from streamrt.config import BuildConfig
 from streamrt.errors import ConfigError
 
-__all__ = ["BENCHMARK_WITH_EPILOGUES", "BOUNDED_AUTOTUNE", "CONV_BACKENDS", "CONV_EPILOGUES", "EPILOGUE_KNOB", "LEVEL5_CUDA", "MEMORY_FORMATS",
-           "Recipe", "gemm_backends",
+__all__ = ["BENCHMARK_WITH_EPILOGUES", "BOUNDED_AUTOTUNE", "CONV_BACKENDS", "CONV_EPILOGUES", "EPILOGUE_KNOB",
+           "LEVEL5_CUDA", "MEMORY_FORMATS", "Recipe", "gemm_backends",
            "inductor_knows", "layout_knobs", "resolve_recipe"]
 
 #: ``inductor``: Inductor's own layout heuristic (channels-last for convolution graphs it judges

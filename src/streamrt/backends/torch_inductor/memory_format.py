@@ -69,16 +69,15 @@ def median_ms(run: Callable[[], Any], device: str, runs: int = _RUNS) -> float:
 
 
 def _time_package(package: bytes, inputs: tuple[Any, ...], device: str) -> float:
-    from torch._inductor.package import load_package
-
     from streamrt.backends.torch_inductor.engine import ensure_cxx_runtime
+    from streamrt.backends.torch_inductor.nogil_runner import open_torch_runner
 
     ensure_cxx_runtime()
     with tempfile.TemporaryDirectory(prefix="streamrt-layout-") as tmp:
         path = Path(tmp) / "candidate.pt2"
         path.write_bytes(package)
         index = torch.cuda.current_device() if device == "cuda" else -1
-        runner = load_package(str(path), run_single_threaded=True, device_index=index)
+        runner = open_torch_runner(path, index)
         with torch.no_grad():
             return median_ms(lambda: runner(*inputs), device)
 

@@ -19,6 +19,13 @@ It opens only the packages it understands: one model library, kernels either in 
 proxy executor (custom operators). Anything else, or any failure to open, returns ``None`` and
 the caller uses torch's runner. ``STREAMRT_AOTI_RUNNER=torch`` forces torch's runner (the A/B
 of the benchmarks); ``nogil`` (the default) uses this one where it can.
+
+torch's runner is opened by :func:`open_torch_runner`, not ``torch._inductor.package.load_package``:
+``load_package`` first compares the package's device information with this machine's, and that calls
+Inductor's ``pick_vec_isa``, which compiles test programs against ATen's vector headers in a process that
+has not compiled anything yet. On the H200 (2026-12-04) that was 48 of the 52.6 s a fresh process took
+to open torch's runner for a ResNet-50 plan (our runner: 6.3 s); the comparison only logs a warning,
+and a plan's manifest already refuses a device it was not built for.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUNNER_ENV", "NoGilRunner", "open_nogil_runner", "runner_kind"]
+__all__ = ["RUNNER_ENV", "NoGilRunner", "open_nogil_runner", "open_torch_runner", "runner_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +124,16 @@ class NoGilRunner:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the library may be gone already
             self.close()
+
+
+def open_torch_runner(package: Path, device_index: int, model_name: str = "model") -> Any:
+    """torch's single-threaded runner for ``package``, what ``load_package(..., run_single_threaded=True)``
+    returns, without its device-information check (see the module docstring)."""
+    import torch
+    from torch._inductor.package.package import AOTICompiledModel
+
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), model_name, True, 1, device_index)
+    return AOTICompiledModel(loader)
 
 
 def open_nogil_runner(package: Path, folder: Path, device_index: int, model_name: str = "model") -> NoGilRunner | None:
