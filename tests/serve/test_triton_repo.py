@@ -63,10 +63,12 @@ def _classifier(weights: np.ndarray) -> onnx.ModelProto:
 WEIGHTS = np.random.default_rng(7).standard_normal((3, 1000)).astype(np.float32)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "2-frontend-processes"])
+@pytest.fixture(scope="module", params=[1, 2, "h2corn"], ids=["one-process", "2-frontend-processes", "grpc-h2corn"])
 def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
-    """The Triton examples served in one process and through two front-end worker processes (the
-    same tests: compression, BYTES, classification, errors are the listeners' in both)."""
+    """The Triton examples served in one process, through two front-end worker processes and with gRPC
+    on h2corn (the same tests: compression, BYTES, classification, errors are the listeners' in all)."""
+    if request.param == "h2corn":
+        pytest.importorskip("h2corn")
     repo = tmp_path_factory.mktemp("triton") / "repo"
     shutil.copytree(REPO, repo)
     identity = _model([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
@@ -82,7 +84,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0, startup_models=SERVED,
-                          frontend_processes=request.param)
+                          frontend_processes=request.param if request.param != "h2corn" else 1,
+                          grpc_server="h2corn" if request.param == "h2corn" else "grpcio")
     with ServerThread(repo, config, start_timeout=120) as running:
         yield running
 

@@ -318,6 +318,10 @@ SERVER_OPTIONS = (
            "HTTP/gRPC front-end processes sharing the ports (default 1: in the engine process); N > 1 for "
            "request rates one Python process cannot parse, see docs/serving-frontends.md",
            {"type": int, "metavar": "N"}),
+    Option("grpc_server", ("--grpc-server",),
+           "who serves gRPC in the engine process: grpcio (default) or h2corn, a Rust HTTP/2 server with a "
+           "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]'; not with --frontend-processes)",
+           {"choices": ("grpcio", "h2corn")}),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
            "shared memory per front-end process for tensors in flight (default 1024; pages are used "
            "only as tensors arrive)",

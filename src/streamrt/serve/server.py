@@ -81,8 +81,8 @@ class InferenceServer(ServerCore):
         if cfg.grpc_port is not None and self.frontends is None:
             from streamrt.serve.listeners.grpc_service import start_grpc
 
-            grpc_server, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)  # busy: one ConfigError
-            self._closers.append(lambda: grpc_server.stop(grace=1.0))
+            stop_grpc, self.grpc_port = await start_grpc(self, cfg.host, cfg.grpc_port)  # busy: one ConfigError
+            self._closers.append(stop_grpc)
         if cfg.metrics_port is not None:
             from streamrt.serve.listeners.metrics import start_metrics
 

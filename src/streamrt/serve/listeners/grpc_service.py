@@ -315,15 +315,19 @@ class InferenceRpcs:
             except StreamRTError as exc:
                 yield self.messages.ModelStreamInferResponse(error_message=str(exc)).SerializeToString()
 
-    def handler(self, unary: Mapping[str, Any]) -> Any:
-        """The generic handler of the service: ``unary`` (RPC name -> gRPC method handler, for each
-        of :data:`UNARY_RPCS`) and inference here, on serialized bytes (no (de)serializer: see
-        :mod:`streamrt.serve.wire.grpc_wire`)."""
+    def method_handlers(self, unary: Mapping[str, Any]) -> dict[str, Any]:
+        """Every RPC's gRPC method handler: ``unary`` (RPC name -> handler, for each of :data:`UNARY_RPCS`)
+        and inference here, on serialized bytes (no (de)serializer: see :mod:`streamrt.serve.wire.grpc_wire`).
+        grpcio serves them through :meth:`handler`, h2corn directly (:mod:`.grpc_h2corn`)."""
         grpc = self.grpc
         handlers = dict(unary)
         handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.ModelInfer)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer)
-        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+        return handlers
+
+    def handler(self, unary: Mapping[str, Any]) -> Any:
+        """The generic handler of the service for grpcio: :meth:`method_handlers` under the service name."""
+        return self.grpc.method_handlers_generic_handler(SERVICE, self.method_handlers(unary))
 
 
 class GrpcService(InferenceRpcs):
@@ -487,17 +491,24 @@ def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
     ])
 
 
-async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Any, int]:
-    """Start the gRPC server; returns it (``await s.stop(grace)`` stops it) and the bound port."""
+async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Callable[[], Awaitable[Any]], int]:
+    """Start the gRPC listener (``config.grpc_server``: grpcio or h2corn); returns how to stop it and the bound port."""
     if port:
         _check_free(host, port)
+    if server.config.grpc_server == "h2corn":
+        from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
+        from streamrt.serve.wire.proto import SERVICE
+
+        service = GrpcService(server)
+        return await start_grpc_h2corn(service.method_handlers(service.unary_handlers()), SERVICE, host,
+                                       port, server.config.grpc_max_message_bytes)
     grpc_aio = grpc_server(server.config.grpc_max_message_bytes)
     grpc_aio.add_generic_rpc_handlers((service_handler(server),))
     bound = bind_grpc(grpc_aio, f"{host}:{port}")
     if bound == 0:
         raise port_in_use("gRPC", host, port, "--grpc-port")
     await grpc_aio.start()
-    return grpc_aio, bound
+    return lambda: grpc_aio.stop(grace=1.0), bound
 
 
 def bind_grpc(server: Any, address: str) -> int:

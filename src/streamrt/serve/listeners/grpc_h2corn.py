@@ -1,0 +1,279 @@
+"""The gRPC listener on h2corn: the same RPC handlers as the grpcio listener, served by a Rust HTTP/2 server.
+
+``streamrt serve --grpc-server h2corn`` (issue 26). grpcio's asyncio server spends 163-191 us of server CPU
+per request before any handler runs, as much as a real tritonserver's whole request (154-174 us) on the
+2-core CPU machine; gRPC over h2corn (HTTP/2 in Rust, the application through ASGI) costs 38-47 us
+(docs/benchmarks/2026-12-04-grpc-floor-cpu.md). This module runs grpcio's method handlers (what
+:meth:`~streamrt.serve.listeners.grpc_service.InferenceRpcs.handler` builds: every RPC of the KServe v2 /
+Triton service, ``ModelStreamInfer`` included) as an ASGI application embedded in the server's own event
+loop (``h2corn.Server``), so the listeners, the scheduler and the handlers stay one loop as with grpcio.
+
+The gRPC wire over ASGI, as the handlers expect it from grpcio:
+
+* requests: 5-byte frames (flag, big-endian length); a compressed frame (flag 1) is decompressed by its
+  ``grpc-encoding`` (gzip or deflate, as grpcio's server accepts; another is UNIMPLEMENTED); a message over
+  the server's limit (compressed or not) is refused RESOURCE_EXHAUSTED with grpcio's wording; answers go
+  back uncompressed (gRPC lets a server answer so whatever the client accepts);
+* the handler's ``context``: ``invocation_metadata()`` (the request headers, pseudo-headers left out),
+  ``abort(code, details)``, ``time_remaining()`` (from ``grpc-timeout``);
+* answers: ``grpc-status`` / ``grpc-message`` (percent-encoded) in the HTTP/2 trailers, or in the headers
+  alone (Trailers-Only) when the call fails before its first message; a handler's unexpected exception is
+  UNKNOWN "Unexpected <class>: <message>", logged with its traceback, as grpcio does.
+
+h2corn is optional (the ``fast-grpc`` extra); asking for it without it installed is a one-line error with
+the pip command. Front-end processes (``--frontend-processes N``) keep grpcio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, NoReturn
+
+from streamrt.errors import ConfigError
+
+__all__ = ["GRPC_SERVERS", "GrpcAsgi", "check_grpc_server", "start_grpc_h2corn"]
+
+log = logging.getLogger(__name__)
+
+#: What ``--grpc-server`` takes: grpcio's asyncio server (the default) or h2corn.
+GRPC_SERVERS = ("grpcio", "h2corn")
+
+_START = {"type": "http.response.start", "status": 200, "trailers": True,
+          "headers": [(b"content-type", b"application/grpc")]}
+_END_OF_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+# gRPC's percent-encoding of grpc-message: printable ASCII except '%' stays as it is.
+_PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+def check_grpc_server(name: str) -> None:
+    """Refuse an unknown ``--grpc-server`` or h2corn when it is not installed (one line with the pip command)."""
+    if name not in GRPC_SERVERS:
+        raise ConfigError(f"unknown gRPC server {name!r}", hint=f"--grpc-server {' or '.join(GRPC_SERVERS)}")
+    if name == "h2corn":
+        try:
+            import h2corn  # noqa: F401
+        except ImportError:
+            raise ConfigError("--grpc-server h2corn needs the h2corn package, which is not installed",
+                              hint="pip install 'streamrt[fast-grpc]' (or: pip install h2corn)") from None
+
+
+def frame(message: bytes) -> bytes:
+    """One uncompressed gRPC message: flag 0, big-endian length, the bytes."""
+    return b"\0" + len(message).to_bytes(4, "big") + message
+
+
+def percent_encode(text: str) -> bytes:
+    """``grpc-message``'s encoding: UTF-8, every byte outside printable ASCII (and '%') as %XX."""
+    return b"".join(bytes([b]) if b in _PLAIN else b"%%%02X" % b for b in text.encode())
+
+
+class _Abort(Exception):
+    """What :meth:`_Context.abort` raises to end the handler (grpcio's ``AbortError``)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _Status(Exception):
+    """A call refused by the listener itself (bad framing, size), before or between the handler's messages."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+def _code_number(code: Any) -> int:
+    """grpc's ``StatusCode`` member (``value`` is ``(number, name)``) or a plain number."""
+    value = getattr(code, "value", code)
+    return int(value[0] if isinstance(value, tuple) else value)
+
+
+class _Context:
+    """The part of grpc.aio's ``ServicerContext`` that StreamRT's handlers use."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self._metadata = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if not k.startswith(b":"))
+        timeout = next((v for k, v in self._metadata if k == "grpc-timeout"), None)
+        self._deadline = time.monotonic() + _timeout_s(timeout) if timeout else None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    async def abort(self, code: Any, details: str = "") -> NoReturn:
+        raise _Abort(_code_number(code), details)
+
+
+def _timeout_s(value: str) -> float:
+    """``grpc-timeout`` ("100m", "5S") in seconds; a malformed one is no deadline."""
+    try:
+        return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+    except (ValueError, KeyError, IndexError):
+        return float("inf")
+
+
+class _Frames:
+    """The request's gRPC messages as they arrive over ASGI ``receive``."""
+
+    def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]], limit: int, encoding: str) -> None:
+        self._receive, self._limit, self._encoding = receive, limit, encoding
+        self._buffer = bytearray()
+        self._more = True
+
+    def _decompress(self, data: bytes) -> bytes:
+        wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(self._encoding)
+        if wbits is None:
+            raise _Status(12, f"Compression algorithm '{self._encoding}' is not supported (gzip, deflate or identity)")
+        inflater = zlib.decompressobj(wbits)
+        try:
+            message = inflater.decompress(data, self._limit + 1)
+        except zlib.error as exc:
+            raise _Status(13, f"Failed to decompress the {self._encoding} message: {exc}") from None
+        if len(message) > self._limit:
+            raise _Status(8, f"Received message larger than max (more than {self._limit} bytes after "
+                             f"{self._encoding} decompression vs. {self._limit})")
+        return message
+
+    async def next(self) -> bytes | None:
+        """The next message, or None at the end of the request."""
+        while True:
+            if len(self._buffer) >= 5:
+                flag, size = self._buffer[0], int.from_bytes(self._buffer[1:5], "big")
+                if size > self._limit:
+                    raise _Status(8, f"Received message larger than max ({size} vs. {self._limit})")
+                if len(self._buffer) >= 5 + size:
+                    message = bytes(self._buffer[5:5 + size])
+                    del self._buffer[:5 + size]
+                    return self._decompress(message) if flag else message
+            if not self._more:
+                if self._buffer:
+                    raise _Status(13, "the request ended inside a gRPC message")
+                return None
+            event = await self._receive()
+            if event["type"] == "http.disconnect":
+                raise asyncio.CancelledError("client disconnected")
+            self._buffer += event.get("body", b"")
+            self._more = bool(event.get("more_body", False))
+
+    async def messages(self) -> AsyncIterator[bytes]:
+        while (message := await self.next()) is not None:
+            yield message
+
+
+class GrpcAsgi:
+    """An ASGI application serving grpcio method handlers (``name -> RpcMethodHandler``) of one service."""
+
+    def __init__(self, handlers: Mapping[str, Any], service: str, max_receive_bytes: int) -> None:
+        self.handlers, self.service, self.limit = dict(handlers), service, max_receive_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        service, _, method = str(scope.get("path", "")).lstrip("/").partition("/")
+        handler = self.handlers.get(method) if service == self.service else None
+        if handler is None:
+            await _trailers_only(send, 12, f"Method not found: {service}/{method}")
+            return
+        headers = scope.get("headers", [])
+        encoding = next((v.decode("latin-1").strip().lower() for k, v in headers if k == b"grpc-encoding"), "identity")
+        context, frames = _Context(headers), _Frames(receive, self.limit, encoding)
+        started = False
+        try:
+            if handler.unary_unary is not None:
+                request = await frames.next()
+                if request is None or await frames.next() is not None:
+                    raise _Status(13, "a unary call needs exactly one request message")
+                reply = await handler.unary_unary(_decode(handler, request), context)
+                await send(_START)
+                started = True
+                await send({"type": "http.response.body", "body": frame(_encode(handler, reply)), "more_body": True})
+            elif handler.stream_stream is not None:
+                requests = (_decode(handler, m) async for m in frames.messages())
+                async for reply in handler.stream_stream(requests, context):
+                    if not started:
+                        await send(_START)
+                        started = True
+                    await send({"type": "http.response.body", "body": frame(_encode(handler, reply)),
+                                "more_body": True})
+            else:
+                raise _Status(12, f"{method}: only unary and bidirectional-streaming RPCs are served here")
+            code, details = 0, ""
+        except (_Abort, _Status) as exc:
+            code, details = exc.code, exc.details
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # grpcio's answer to a handler's bug: UNKNOWN, traceback in the log
+            log.exception("gRPC %s failed", method)
+            code, details = 2, f"Unexpected {type(exc)}: {exc}"
+        if not started:
+            await _trailers_only(send, code, details)
+            return
+        await send(_END_OF_BODY)  # ASGI: the body ends before the trailers begin
+        await send({"type": "http.response.trailers", "headers": _status(code, details), "more_trailers": False})
+
+
+def _decode(handler: Any, message: bytes) -> Any:
+    return handler.request_deserializer(message) if handler.request_deserializer else message
+
+
+def _encode(handler: Any, reply: Any) -> bytes:
+    return handler.response_serializer(reply) if handler.response_serializer else reply
+
+
+def _status(code: int, details: str) -> list[tuple[bytes, bytes]]:
+    headers = [(b"grpc-status", str(code).encode())]
+    if details:
+        headers.append((b"grpc-message", percent_encode(details)))
+    return headers
+
+
+async def _trailers_only(send: Any, code: int, details: str) -> None:
+    """A call answered by its status alone (gRPC's Trailers-Only response: headers, no body)."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/grpc"), *_status(code, details)]})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        event = await receive()
+        if event["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif event["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str, port: int,
+                            max_receive_bytes: int) -> tuple[Callable[[], Awaitable[None]], int]:
+    """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port)."""
+    h2corn: Any = importlib.import_module("h2corn")  # optional, untyped here (its Config is built dynamically)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
+                           timeout_graceful_shutdown=1.0)
+    server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
+    serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
+    started = asyncio.ensure_future(server.wait_started())
+    await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done() or started.exception() is not None:
+        started.cancel()
+        error = serving.exception() if serving.done() else started.exception()
+        raise ConfigError(f"cannot listen for gRPC (h2corn) on {address}: {error}",
+                          hint="--grpc-port N with a free port, or --grpc-port 0 to pick any") from error
+    bound = int(server.addresses[0].rsplit(":", 1)[1])
+
+    async def stop() -> None:
+        server.shutdown()
+        await asyncio.wait({serving}, timeout=5.0)
+
+    return stop, bound

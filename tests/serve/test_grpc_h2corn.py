@@ -1,0 +1,123 @@
+"""gRPC served by h2corn (``--grpc-server h2corn``): the tritonclient gRPC tests of test_tritonclient.py against it
+(test_triton_repo.py runs its Triton examples on it too), grpcio's statuses for the listener's own refusals,
+and the configuration errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("h2corn")
+pytest.importorskip("tritonclient.grpc")
+
+import grpc as grpclib
+import tritonclient.grpc as tgrpc
+from tests.serve.conftest import BEHAVIOURS, fake_loader, make_repo, server_config
+from tests.serve.test_tritonclient import (  # noqa: F401  (re-run here, against h2corn)
+    grpc,
+    http,
+    test_errors_reach_the_client,
+    test_failed_load_is_unavailable_with_reason,
+    test_grpc_infer_sync_async_and_stream,
+    test_grpc_typed_contents_request,
+    test_health_and_metadata_grpc,
+    test_repository_index_load_unload,
+    test_statistics_http_and_grpc,
+)
+from tritonclient.utils import InferenceServerException
+
+from streamrt.errors import ConfigError
+from streamrt.serve.configs.config import ServerConfig
+from streamrt.serve.listeners.grpc_h2corn import _timeout_s, percent_encode
+from streamrt.serve.server import ServerThread
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
+    repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
+    with ServerThread(repo, server_config(grpc_server="h2corn"), engine_loader=fake_loader,
+                      start_timeout=120) as running:
+        yield running
+    for b in BEHAVIOURS.values():
+        b.reset()
+
+
+def _raw(server: ServerThread, method: str, payload: bytes) -> grpclib.RpcError:
+    with grpclib.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpclib.RpcError) as err:
+            call(payload, timeout=10)
+    return err.value
+
+
+def test_unknown_method_is_unimplemented_and_bytes_are_internal(server: ServerThread) -> None:
+    error = _raw(server, "NoSuchRpc", b"")
+    assert error.code() == grpclib.StatusCode.UNIMPLEMENTED and "NoSuchRpc" in (error.details() or "")
+    error = _raw(server, "ModelInfer", b"\xff" * 64)
+    assert error.code() == grpclib.StatusCode.INTERNAL and error.details() == "Unable to parse request"
+
+
+def test_a_message_over_the_limit_is_resource_exhausted(tmp_path: Path, plans: dict[str, Path]) -> None:
+    repo = make_repo(tmp_path / "repo", plans)
+    config = server_config(grpc_server="h2corn", http_port=None, metrics_port=None, grpc_max_message_bytes=4096)
+    with ServerThread(repo, config, engine_loader=fake_loader, start_timeout=120) as running:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{running.grpc_port}")
+        x = tgrpc.InferInput("x", [1, 3, 32, 32], "FP32")  # 12 KiB of tensor
+        x.set_data_from_numpy(np.zeros((1, 3, 32, 32), np.float32))
+        with pytest.raises(InferenceServerException, match="larger than max") as err:
+            client.infer("cnn", [x])
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert client.is_server_live()  # the connection and the server survive it
+        client.close()
+
+
+def test_grpc_message_and_timeout_encodings() -> None:
+    assert percent_encode("plain text: ok") == b"plain text: ok"
+    assert percent_encode("100% sure\n") == b"100%25 sure%0A"
+    assert percent_encode("é") == b"%C3%A9"
+    assert _timeout_s("100m") == pytest.approx(0.1) and _timeout_s("5S") == 5.0 and _timeout_s("2H") == 7200.0
+    assert _timeout_s("oops") == float("inf")
+
+
+def test_configuration_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="unknown gRPC server 'tonic'"):
+        ServerConfig(grpc_server="tonic")
+    with pytest.raises(ConfigError, match="front-end processes \\(2\\) use grpcio"):
+        ServerConfig(grpc_server="h2corn", frontend_processes=2)
+    monkeypatch.setitem(sys.modules, "h2corn", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match="needs the h2corn package") as err:
+        ServerConfig(grpc_server="h2corn")
+    assert "pip install 'streamrt[fast-grpc]'" in str(err.value)
+
+
+def test_a_busy_port_is_one_config_error(tmp_path: Path) -> None:
+    from streamrt.serve.core import ServerCore
+    from streamrt.serve.listeners.grpc_service import start_grpc
+
+    core = ServerCore(str(tmp_path), ServerConfig(grpc_server="h2corn"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen for gRPC on 127.0.0.1:{port}: the port is already"):
+            asyncio.run(start_grpc(core, "127.0.0.1", port))
+
+
+def test_the_server_answers_after_a_client_goes_away_mid_stream(server: ServerThread) -> None:
+    """A stream the client abandons (cancelled) leaves the listener serving."""
+    with grpclib.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        call = stream(iter([]), timeout=10)
+        call.cancel()
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    assert client.is_server_ready() and client.is_model_ready("cnn")
+    client.close()
+
