@@ -141,18 +141,26 @@ def main() -> int:
     parser.add_argument("--server-args", default="", help="extra `streamrt serve` arguments")
     parser.add_argument("--before-src", type=Path, default=None,
                         help="also serve from this source tree as 'streamrt-before' (e.g. `git archive BASE src`)")
+    parser.add_argument("--grpc-servers", default="grpcio",
+                        help="serve StreamRT once per gRPC server (`streamrt serve --grpc-server`), comma list: "
+                             "grpcio (row 'streamrt') and/or h2corn (row 'streamrt-h2corn')")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    grpc_servers = [g for g in args.grpc_servers.split(",") if g]
+    if not grpc_servers or any(g not in ("grpcio", "h2corn") for g in grpc_servers):
+        parser.error(f"--grpc-servers: grpcio and/or h2corn, got {args.grpc_servers!r}")
+    streamrts = {("streamrt" if g == "grpcio" else f"streamrt-{g}"): ["--grpc-server", g] for g in grpc_servers}
     cases = [parse_case(c) for c in args.cases.split(",")]
     work = Path(tempfile.mkdtemp(prefix="streamrt-vs-triton-"))
     repo = write_repository(work / "repo")
     rows = []
     for round_ in range(1, args.rounds + 1):
-        for server_name in ("triton", "streamrt", *(("streamrt-before",) if args.before_src else ())):
+        for server_name in ("triton", *streamrts, *(("streamrt-before",) if args.before_src else ())):
             http, grpc = free_port(), free_port()
             log = work / f"{server_name}-{round_}.log"
             server = (start_triton(repo, work, http, grpc, log) if server_name == "triton"
-                      else start_streamrt(repo, http, grpc, log, shlex.split(args.server_args),
+                      else start_streamrt(repo, http, grpc, log,
+                                          [*shlex.split(args.server_args), *streamrts.get(server_name, [])],
                                           args.before_src if server_name == "streamrt-before" else None))
             try:
                 wait_ready(http, 300, server)
@@ -171,7 +179,7 @@ def main() -> int:
                            lat.get("median", float("nan")), lat.get("p99", float("nan")),
                            cpu / max(count, 1) * 1e6, result["errors"])
                     rows.append(row)
-                    print(f"{protocol:5} {kind:6} x{batch:<2} {server_name:9} round {round_}: {reqs:8.1f} req/s "
+                    print(f"{protocol:5} {kind:6} x{batch:<2} {server_name:15} round {round_}: {reqs:8.1f} req/s "
                           f"{row[6]:6.3f} GB/s  p50 {row[7]:7.2f} ms  p99 {row[8]:7.2f} ms  "
                           f"server CPU {row[9]:7.0f} us/req  errors {row[10]}", flush=True)
             finally:

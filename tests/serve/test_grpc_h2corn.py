@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -121,3 +122,42 @@ def test_the_server_answers_after_a_client_goes_away_mid_stream(server: ServerTh
     assert client.is_server_ready() and client.is_model_ready("cnn")
     client.close()
 
+
+
+@pytest.mark.parametrize("cut", [1, 3, 5, 7, 64, 10_000])
+def test_frames_split_anywhere_give_the_same_messages(cut: int) -> None:
+    """Messages whole in a chunk (views), spread over chunks (gathered), several in one chunk, a header cut in
+    two: the same requests parse from them, and compressed ones decompress."""
+    import gzip
+
+    from streamrt.serve.listeners.grpc_h2corn import _Frames, frame
+    from streamrt.serve.listeners.grpc_service import parse_infer_request
+    from streamrt.serve.wire.proto import messages
+
+    def request(i: int) -> bytes:
+        m = messages.ModelInferRequest(model_name="m", id=str(i))
+        m.inputs.add(name="x", datatype="FP32", shape=[3, 700])
+        m.raw_input_contents.append(np.full((3, 700), i, np.float32).tobytes())
+        return m.SerializeToString()
+
+    def compressed(data: bytes) -> bytes:
+        packed = gzip.compress(data)
+        return b"\1" + len(packed).to_bytes(4, "big") + packed
+
+    body = frame(request(0)) + frame(request(1)) + compressed(request(2))
+    chunks = [body[i:i + cut] for i in range(0, len(body), cut)]
+
+    async def read() -> list[Any]:
+        events = iter([{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                       for i, c in enumerate(chunks)])
+
+        async def receive() -> dict[str, Any]:
+            return next(events)
+
+        return [m async for m in _Frames(receive, 2**20, "gzip").messages()]
+
+    got = asyncio.run(read())
+    assert len(got) == 3
+    for i, data in enumerate(got):
+        parsed = parse_infer_request(data, 10**9)
+        assert parsed.id == str(i) and np.array_equal(parsed.inputs["x"], np.full((3, 700), i, np.float32))

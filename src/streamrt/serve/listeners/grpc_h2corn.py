@@ -45,6 +45,8 @@ GRPC_SERVERS = ("grpcio", "h2corn")
 
 _START = {"type": "http.response.start", "status": 200, "trailers": True,
           "headers": [(b"content-type", b"application/grpc")]}
+_MAX_FRAME = 2**24 - 1  # HTTP/2's largest DATA frame
+_WINDOW = 2**31 - 1  # HTTP/2's largest flow-control window
 _END_OF_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # gRPC's percent-encoding of grpc-message: printable ASCII except '%' stays as it is.
@@ -122,14 +124,17 @@ def _timeout_s(value: str) -> float:
 
 
 class _Frames:
-    """The request's gRPC messages as they arrive over ASGI ``receive``."""
+    """The request's gRPC messages as they arrive over ASGI ``receive``.
+
+    A message that lies inside one body chunk (h2corn hands over large DATA frames whole) is a view of that
+    chunk: no copy; one spread over chunks is gathered into memory of its own size (one copy)."""
 
     def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]], limit: int, encoding: str) -> None:
         self._receive, self._limit, self._encoding = receive, limit, encoding
-        self._buffer = bytearray()
+        self._pending = memoryview(b"")  # what the last chunk holds beyond the bytes taken so far
         self._more = True
 
-    def _decompress(self, data: bytes) -> bytes:
+    def _decompress(self, data: memoryview | bytearray) -> bytes:
         wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(self._encoding)
         if wbits is None:
             raise _Status(12, f"Compression algorithm '{self._encoding}' is not supported (gzip, deflate or identity)")
@@ -143,28 +148,48 @@ class _Frames:
                              f"{self._encoding} decompression vs. {self._limit})")
         return message
 
-    async def next(self) -> bytes | None:
+    async def next(self) -> memoryview | bytearray | bytes | None:
         """The next message, or None at the end of the request."""
-        while True:
-            if len(self._buffer) >= 5:
-                flag, size = self._buffer[0], int.from_bytes(self._buffer[1:5], "big")
-                if size > self._limit:
-                    raise _Status(8, f"Received message larger than max ({size} vs. {self._limit})")
-                if len(self._buffer) >= 5 + size:
-                    message = bytes(self._buffer[5:5 + size])
-                    del self._buffer[:5 + size]
-                    return self._decompress(message) if flag else message
-            if not self._more:
-                if self._buffer:
-                    raise _Status(13, "the request ended inside a gRPC message")
-                return None
-            event = await self._receive()
-            if event["type"] == "http.disconnect":
-                raise asyncio.CancelledError("client disconnected")
-            self._buffer += event.get("body", b"")
-            self._more = bool(event.get("more_body", False))
+        header = await self._take(5)
+        if header is None:
+            return None
+        flag, size = header[0], int.from_bytes(header[1:5], "big")
+        if size > self._limit:
+            raise _Status(8, f"Received message larger than max ({size} vs. {self._limit})")
+        message = await self._take(size)
+        if message is None:
+            raise _Status(13, "the request ended inside a gRPC message")
+        return self._decompress(message) if flag else message
 
-    async def messages(self) -> AsyncIterator[bytes]:
+    async def _take(self, n: int) -> memoryview | bytearray | None:
+        """The next ``n`` bytes of the body (None at its clean end, before any of them)."""
+        while not self._pending and self._more:
+            self._pending = memoryview(await self._chunk())
+        if len(self._pending) >= n:
+            taken, self._pending = self._pending[:n], self._pending[n:]
+            return taken
+        if not self._pending and not self._more:
+            return None
+        gathered, have = bytearray(n), 0
+        while have < n:
+            if not self._pending:
+                if not self._more:
+                    raise _Status(13, "the request ended inside a gRPC message")
+                self._pending = memoryview(await self._chunk())
+                continue
+            take = min(n - have, len(self._pending))
+            gathered[have:have + take] = self._pending[:take]
+            self._pending, have = self._pending[take:], have + take
+        return gathered
+
+    async def _chunk(self) -> bytes:
+        event = await self._receive()
+        if event["type"] == "http.disconnect":
+            raise asyncio.CancelledError("client disconnected")
+        self._more = bool(event.get("more_body", False))
+        return event.get("body", b"")
+
+    async def messages(self) -> AsyncIterator[memoryview | bytearray | bytes]:
         while (message := await self.next()) is not None:
             yield message
 
@@ -222,7 +247,7 @@ class GrpcAsgi:
         await send({"type": "http.response.trailers", "headers": _status(code, details), "more_trailers": False})
 
 
-def _decode(handler: Any, message: bytes) -> Any:
+def _decode(handler: Any, message: memoryview | bytearray | bytes) -> Any:
     return handler.request_deserializer(message) if handler.request_deserializer else message
 
 
@@ -259,8 +284,11 @@ async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str
     """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port)."""
     h2corn: Any = importlib.import_module("h2corn")  # optional, untyped here (its Config is built dynamically)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
+    # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
     config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
-                           timeout_graceful_shutdown=1.0)
+                           timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
+                           h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW)
     server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
     serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
     started = asyncio.ensure_future(server.wait_started())
