@@ -48,6 +48,7 @@ _START = {"type": "http.response.start", "status": 200, "trailers": True,
 _MAX_FRAME = 2**24 - 1  # HTTP/2's largest DATA frame
 _WINDOW = 2**31 - 1  # HTTP/2's largest flow-control window
 _END_OF_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
+_OK = [(b"grpc-status", b"0")]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # gRPC's percent-encoding of grpc-message: printable ASCII except '%' stays as it is.
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
@@ -101,15 +102,18 @@ class _Context:
     """The part of grpc.aio's ``ServicerContext`` that StreamRT's handlers use."""
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
-        self._metadata = tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers if not k.startswith(b":"))
-        timeout = next((v for k, v in self._metadata if k == "grpc-timeout"), None)
-        self._deadline = time.monotonic() + _timeout_s(timeout) if timeout else None
+        self._headers, self._started = headers, time.monotonic()
+        self._metadata: tuple[tuple[str, str], ...] | None = None  # decoded when a handler asks
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self._metadata is None:
+            self._metadata = tuple((k.decode("latin-1"), v.decode("latin-1"))
+                                   for k, v in self._headers if not k.startswith(b":"))
         return self._metadata
 
     def time_remaining(self) -> float | None:
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        timeout = next((v for k, v in self.invocation_metadata() if k == "grpc-timeout"), None)
+        return None if timeout is None else max(0.0, self._started + _timeout_s(timeout) - time.monotonic())
 
     async def abort(self, code: Any, details: str = "") -> NoReturn:
         raise _Abort(_code_number(code), details)
@@ -220,8 +224,10 @@ class GrpcAsgi:
                     raise _Status(13, "a unary call needs exactly one request message")
                 reply = await handler.unary_unary(_decode(handler, request), context)
                 await send(_START)
-                started = True
-                await send({"type": "http.response.body", "body": frame(_encode(handler, reply)), "more_body": True})
+                # the one message ends the body; the trailers follow (one ASGI send fewer than a stream's end)
+                await send({"type": "http.response.body", "body": frame(_encode(handler, reply)), "more_body": False})
+                await send({"type": "http.response.trailers", "headers": _OK, "more_trailers": False})
+                return
             elif handler.stream_stream is not None:
                 requests = (_decode(handler, m) async for m in frames.messages())
                 async for reply in handler.stream_stream(requests, context):
