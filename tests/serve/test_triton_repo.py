@@ -63,11 +63,13 @@ def _classifier(weights: np.ndarray) -> onnx.ModelProto:
 WEIGHTS = np.random.default_rng(7).standard_normal((3, 1000)).astype(np.float32)
 
 
-@pytest.fixture(scope="module", params=[1, 2, "h2corn"], ids=["one-process", "2-frontend-processes", "grpc-h2corn"])
+@pytest.fixture(scope="module", params=[(1, "grpcio"), (2, "grpcio"), (1, "h2corn"), (2, "h2corn")],
+                ids=["one-process", "2-frontend-processes", "grpc-h2corn", "grpc-h2corn-2-frontend-processes"])
 def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
-    """The Triton examples served in one process, through two front-end worker processes and with gRPC
-    on h2corn (the same tests: compression, BYTES, classification, errors are the listeners' in all)."""
-    if request.param == "h2corn":
+    """The Triton examples served in one process and through two front-end worker processes, with gRPC on
+    grpcio and on h2corn (the same tests: compression, BYTES, classification, errors are the listeners' in all)."""
+    processes, grpc_server = request.param
+    if grpc_server == "h2corn":
         pytest.importorskip("h2corn")
     repo = tmp_path_factory.mktemp("triton") / "repo"
     shutil.copytree(REPO, repo)
@@ -84,8 +86,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0, startup_models=SERVED,
-                          frontend_processes=request.param if request.param != "h2corn" else 1,
-                          grpc_server="h2corn" if request.param == "h2corn" else "grpcio")
+                          frontend_processes=processes, grpc_server=grpc_server)
     with ServerThread(repo, config, start_timeout=120) as running:
         yield running
 

@@ -320,7 +320,7 @@ SERVER_OPTIONS = (
            {"type": int, "metavar": "N"}),
     Option("grpc_server", ("--grpc-server",),
            "who serves gRPC in the engine process: grpcio (default) or h2corn, a Rust HTTP/2 server with a "
-           "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]'; not with --frontend-processes)",
+           "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]')",
            {"choices": ("grpcio", "h2corn")}),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
            "shared memory per front-end process for tensors in flight (default 1024; pages are used "

@@ -524,9 +524,9 @@ class ServerConfig:
         frontend_arena_bytes: shared memory per front-end process for tensors in flight (address
             space: the memory used is the peak of tensors in flight; beyond it requests still work,
             their tensors travelling through the channel: slower).
-        grpc_server: who serves gRPC in the engine process: ``grpcio`` (its asyncio server) or
-            ``h2corn`` (a Rust HTTP/2 server, the ``fast-grpc`` extra: a quarter of grpcio's CPU per
-            request; :mod:`streamrt.serve.listeners.grpc_h2corn`). Front-end processes use grpcio.
+        grpc_server: who serves gRPC (the engine process, or each front-end process): ``grpcio`` (its
+            asyncio server) or ``h2corn`` (a Rust HTTP/2 server, the ``fast-grpc`` extra: a quarter of
+            grpcio's CPU per request; :mod:`streamrt.serve.listeners.grpc_h2corn`).
     """
 
     host: str = "127.0.0.1"
@@ -581,10 +581,6 @@ class ServerConfig:
             from streamrt.serve.listeners.grpc_h2corn import check_grpc_server
 
             check_grpc_server(self.grpc_server)
-            if self.frontend_processes > 1:
-                raise ConfigError(f"--grpc-server {self.grpc_server} serves gRPC in the engine process only; "
-                                  f"front-end processes ({self.frontend_processes}) use grpcio",
-                                  hint="leave out --grpc-server, or --frontend-processes 1")
         if self.frontend_arena_bytes < 2**20:
             raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():

@@ -21,7 +21,8 @@ The gRPC wire over ASGI, as the handlers expect it from grpcio:
   UNKNOWN "Unexpected <class>: <message>", logged with its traceback, as grpcio does.
 
 h2corn is optional (the ``fast-grpc`` extra); asking for it without it installed is a one-line error with
-the pip command. Front-end processes (``--frontend-processes N``) keep grpcio.
+the pip command. With ``--frontend-processes N`` every front-end worker serves gRPC on h2corn the same way
+(the port shared with SO_REUSEPORT, inference over its engine link, the other RPCs forwarded).
 """
 
 from __future__ import annotations
@@ -286,15 +287,18 @@ async def _lifespan(receive: Any, send: Any) -> None:
 
 
 async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str, port: int,
-                            max_receive_bytes: int) -> tuple[Callable[[], Awaitable[None]], int]:
-    """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port)."""
+                            max_receive_bytes: int, *, reuse_port: bool = False,
+                            ) -> tuple[Callable[[], Awaitable[None]], int]:
+    """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port).
+    ``reuse_port``: front-end worker processes share the port (SO_REUSEPORT)."""
     h2corn: Any = importlib.import_module("h2corn")  # optional, untyped here (its Config is built dynamically)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
     # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
     config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
                            timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
-                           h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW)
+                           h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW,
+                           reuse_port=reuse_port)
     server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
     serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
     started = asyncio.ensure_future(server.wait_started())

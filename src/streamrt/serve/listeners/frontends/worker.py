@@ -245,7 +245,8 @@ class GrpcForwarder:
             metadata = tuple((k, v) for k, v in (context.invocation_metadata() or ())
                              if not k.startswith((":", "grpc-")) and k != "user-agent")
             try:
-                return await call(request, metadata=metadata, timeout=context.time_remaining())
+                # bytes(): grpcio sends bytes only; h2corn's listener hands a view of the request (small here)
+                return await call(bytes(request), metadata=metadata, timeout=context.time_remaining())
             except self.grpc.aio.AioRpcError as exc:
                 await context.abort(exc.code(), exc.details() or "")
 
@@ -276,7 +277,18 @@ async def serve(spec: dict[str, Any]) -> None:
         await runner.setup()
         await web.TCPSite(runner, config.host, spec["http_port"], reuse_address=True, reuse_port=True).start()
         closers.append(runner.cleanup)
-    if spec["grpc_port"] is not None:
+    if spec["grpc_port"] is not None and config.grpc_server == "h2corn":
+        from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
+        from streamrt.serve.listeners.grpc_service import InferenceRpcs
+        from streamrt.serve.wire.proto import SERVICE
+
+        forwarder = GrpcForwarder(spec["grpc_socket"])
+        stop_grpc, _ = await start_grpc_h2corn(InferenceRpcs(link).method_handlers(forwarder.handlers()), SERVICE,
+                                               config.host, spec["grpc_port"], config.grpc_max_message_bytes,
+                                               reuse_port=True)
+        closers.append(forwarder.channel.close)  # closed after the server (newest first)
+        closers.append(stop_grpc)
+    elif spec["grpc_port"] is not None:
         from streamrt.serve.listeners.grpc_service import InferenceRpcs, bind_grpc, grpc_server
 
         forwarder = GrpcForwarder(spec["grpc_socket"])
