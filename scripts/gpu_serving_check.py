@@ -218,13 +218,13 @@ def engine_best(plan: Path, instances: int, batches: list[int], seconds: float,
 class Server:
     """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
 
-    def __init__(self, repo: Path, log: Path, frontend_processes: int = 1) -> None:
+    def __init__(self, repo: Path, log: Path, frontend_processes: int = 1, grpc_server: str = "grpcio") -> None:
         self.http, self.grpc = sf.free_port(), sf.free_port()
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
              "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING",
-             "--frontend-processes", str(frontend_processes)],
+             "--frontend-processes", str(frontend_processes), "--grpc-server", grpc_server],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         sf.wait_ready(self.http, 300, self.process)
 
@@ -254,7 +254,7 @@ def _failure(exc: BaseException, limit: int) -> str:
 def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: Report) -> None:
     """Part (a) at one front-end process count: a row per protocol and request size, written as it comes."""
     repo = sf.write_repository(work / "null-repo", instances=2)
-    server = Server(repo, args.out / f"server-null-fp{processes}.log", processes)
+    server = Server(repo, args.out / f"server-null-fp{processes}.log", processes, args.grpc_server)
     # Server CPU per request, the engine process apart from the whole server (its front-end workers
     # too): the engine process is the part that does not scale with --frontend-processes.
     report.add([f"Front-end processes: {processes}.", "",
@@ -389,7 +389,7 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
-    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes))
+    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server)
     ratios: dict[str, float] = {}
     try:
         served_rows(name, server, reference, args, report, ratios)
@@ -439,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--skip-frontend", action="store_true", help="skip the null-model ceiling (a)")
+    parser.add_argument("--grpc-server", choices=("grpcio", "h2corn"), default="grpcio",
+                        help="`streamrt serve --grpc-server` of every server started (h2corn: carry its wheel)")
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")

@@ -31,8 +31,11 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 
 
 @pytest.mark.slow
-def test_front_end_part_writes_a_row_per_protocol(tmp_path: Path) -> None:
-    done, rows = _run(tmp_path, "--models", "")
+@pytest.mark.parametrize("grpc_server", ["grpcio", "h2corn"])
+def test_front_end_part_writes_a_row_per_protocol(tmp_path: Path, grpc_server: str) -> None:
+    if grpc_server == "h2corn":
+        pytest.importorskip("h2corn")
+    done, rows = _run(tmp_path, "--models", "", "--grpc-server", grpc_server)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     body = {r[0]: r for r in rows if r[0] in ("grpc", "http")}
     assert set(body) == {"grpc", "http"}
