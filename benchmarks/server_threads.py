@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--server-args", default="", help="extra `streamrt serve` arguments (--grpc-server h2corn)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from serving_frontend import free_port, run_perf, served, wait_ready
@@ -52,7 +54,7 @@ def main() -> int:
     lines = []
     for protocol in args.protocols.split(","):
         http, grpc = free_port(), free_port()
-        server = start_streamrt(repo, http, grpc, work / f"{protocol}.log", [])
+        server = start_streamrt(repo, http, grpc, work / f"{protocol}.log", shlex.split(args.server_args))
         try:
             wait_ready(http, 60, server)
             time.sleep(0.5)

@@ -295,10 +295,12 @@ async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
     # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
+    # One Tokio thread, not h2corn's default two: beside the Python loop two cost 69-71 us per 64 B request,
+    # one 42-52 (CPU machine, 2026-12-04, benchmarks/server_threads.py); front-end processes add threads.
     config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
                            timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
                            h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW,
-                           reuse_port=reuse_port)
+                           reuse_port=reuse_port, runtime_threads=1)
     server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
     serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
     started = asyncio.ensure_future(server.wait_started())
