@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -488,6 +489,19 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+#: What ``--grpc-server`` takes: grpcio's asyncio server (the default) or h2corn (listeners/grpc_h2corn.py).
+GRPC_SERVERS = ("grpcio", "h2corn")
+
+
+def _check_grpc_server(name: str) -> None:
+    """Refuse an unknown ``--grpc-server``, or h2corn where it is not installed (one line with the pip command)."""
+    if name not in GRPC_SERVERS:
+        raise ConfigError(f"unknown gRPC server {name!r}", hint=f"--grpc-server {' or '.join(GRPC_SERVERS)}")
+    if name == "h2corn" and importlib.util.find_spec("h2corn") is None:
+        raise ConfigError("--grpc-server h2corn needs the h2corn package, which is not installed",
+                          hint="pip install 'streamrt[fast-grpc]' (or: pip install h2corn)")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How the server listens, authenticates, limits requests and shuts down.
@@ -577,10 +591,7 @@ class ServerConfig:
                               hint="--trace-otlp-url http://localhost:4318/v1/traces (OTLP over HTTP)")
         if self.frontend_processes < 1:
             raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
-        if self.grpc_server != "grpcio":
-            from streamrt.serve.listeners.grpc_h2corn import check_grpc_server
-
-            check_grpc_server(self.grpc_server)
+        _check_grpc_server(self.grpc_server)
         if self.frontend_arena_bytes < 2**20:
             raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():

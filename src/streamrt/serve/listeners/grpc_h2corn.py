@@ -37,12 +37,9 @@ from typing import Any, NoReturn
 
 from streamrt.errors import ConfigError
 
-__all__ = ["GRPC_SERVERS", "GrpcAsgi", "check_grpc_server", "start_grpc_h2corn"]
+__all__ = ["GrpcAsgi", "start_grpc_h2corn"]
 
 log = logging.getLogger(__name__)
-
-#: What ``--grpc-server`` takes: grpcio's asyncio server (the default) or h2corn.
-GRPC_SERVERS = ("grpcio", "h2corn")
 
 _START = {"type": "http.response.start", "status": 200, "trailers": True,
           "headers": [(b"content-type", b"application/grpc")]}
@@ -53,18 +50,6 @@ _OK = [(b"grpc-status", b"0")]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 # gRPC's percent-encoding of grpc-message: printable ASCII except '%' stays as it is.
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
-
-
-def check_grpc_server(name: str) -> None:
-    """Refuse an unknown ``--grpc-server`` or h2corn when it is not installed (one line with the pip command)."""
-    if name not in GRPC_SERVERS:
-        raise ConfigError(f"unknown gRPC server {name!r}", hint=f"--grpc-server {' or '.join(GRPC_SERVERS)}")
-    if name == "h2corn":
-        try:
-            import h2corn  # noqa: F401
-        except ImportError:
-            raise ConfigError("--grpc-server h2corn needs the h2corn package, which is not installed",
-                              hint="pip install 'streamrt[fast-grpc]' (or: pip install h2corn)") from None
 
 
 def frame(message: bytes) -> bytes:
