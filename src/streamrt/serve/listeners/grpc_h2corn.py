@@ -280,12 +280,13 @@ async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
     # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
-    # One Tokio thread, not h2corn's default two: beside the Python loop two cost 69-71 us per 64 B request,
-    # one 42-52 (CPU machine, 2026-12-04, benchmarks/server_threads.py); front-end processes add threads.
+    # h2corn's default two Tokio threads: one was no cheaper for 64 B requests on the quiet CPU machine
+    # (191-203 vs 193-199 us per request) and dearer for 4.8 MB ones (4,253-4,456 vs 3,823-3,994 us);
+    # it was cheaper only with other work on the 2 cores (docs/benchmarks/2026-12-04-grpc-h2corn-cpu.md).
     config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
                            timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
                            h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW,
-                           reuse_port=reuse_port, runtime_threads=1)
+                           reuse_port=reuse_port)
     server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
     serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
     started = asyncio.ensure_future(server.wait_started())
