@@ -9,7 +9,7 @@
 #
 # Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
-# serving, video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
+# serving (SERVING_ARGS, e.g. "--grpc-server h2corn --frontend-processes 1,4,8"), video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
 # speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
 # two-stage GPU tests explained).
 # The device copy has no git history: COMMIT names the tree for the reports.
@@ -50,7 +50,7 @@ part() {  # part NAME: one part of the session
         examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
         zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
-        serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ;;
+        serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ${SERVING_ARGS:-} ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
         trust) run trust "${TRUST_LIMIT:-540}" python3 scripts/gpu_trust_check.py "$out/trust" --budget "${TRUST_BUDGET:-520}" ;;
         sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
