@@ -210,6 +210,7 @@ class GrpcAsgi:
                     raise _Status(13, "a unary call needs exactly one request message")
                 reply = await handler.unary_unary(_decode(handler, request), context)
                 await send(_START)
+                started = True
                 # the one message ends the body; the trailers follow (one ASGI send fewer than a stream's end)
                 await send({"type": "http.response.body", "body": frame(_encode(handler, reply)), "more_body": False})
                 await send({"type": "http.response.trailers", "headers": _OK, "more_trailers": False})
