@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamrt.serve.listeners.grpc_h2corn import frame  # gRPC's 5-byte framing, as StreamRT's listener writes it
+
 HERE = Path(__file__).resolve().parent
 MODEL = "null_small"
 _served = [0]
@@ -52,11 +54,6 @@ _HEADERS = [(b"content-type", b"application/grpc")]
 _OK = {"type": "http.response.trailers", "headers": [(b"grpc-status", b"0")]}
 _UNIMPLEMENTED = [(b"content-type", b"application/grpc"), (b"grpc-status", b"12"),
                   (b"grpc-message", b"unknown method")]
-
-
-def frame(message: bytes) -> bytes:
-    """One gRPC message: uncompressed flag, big-endian length, bytes."""
-    return b"\0" + len(message).to_bytes(4, "big") + message
 
 
 def replies() -> tuple[bytes, bytes]:

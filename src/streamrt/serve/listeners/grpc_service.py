@@ -50,8 +50,8 @@ from streamrt.serve.wire.shared_memory import RegionSource, SharedMemoryRegistry
 from streamrt.serve.wire.status import status_for
 
 __all__ = ["UNARY_RPCS", "UNPARSABLE", "GrpcService", "InferenceRpcs", "bind_grpc", "decode_grpc_request",
-           "encode_grpc_response", "grpc_server", "parse_infer_request", "serialize_grpc_response", "service_handler",
-           "start_grpc"]
+           "encode_grpc_response", "grpc_server", "listen_grpc", "parse_infer_request", "serialize_grpc_response",
+           "service_handler", "start_grpc"]
 
 UNPARSABLE = "Unable to parse request"
 """What a message that is not the RPC's request message gets (INTERNAL), in gRPC C++'s words as Triton answers."""
@@ -492,18 +492,26 @@ def grpc_server(max_receive_bytes: int, *, reuse_port: bool = False) -> Any:
 
 
 async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Callable[[], Awaitable[Any]], int]:
-    """Start the gRPC listener (``config.grpc_server``: grpcio or h2corn); returns how to stop it and the bound port."""
+    """Start the gRPC listener of the one-process server; returns how to stop it and the bound port."""
     if port:
         _check_free(host, port)
-    if server.config.grpc_server == "h2corn":
-        from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
-        from streamrt.serve.wire.proto import SERVICE
+    service = GrpcService(server)
+    return await listen_grpc(service.method_handlers(service.unary_handlers()), server.config.grpc_server, host, port,
+                             server.config.grpc_max_message_bytes)
 
-        service = GrpcService(server)
-        return await start_grpc_h2corn(service.method_handlers(service.unary_handlers()), SERVICE, host,
-                                       port, server.config.grpc_max_message_bytes)
-    grpc_aio = grpc_server(server.config.grpc_max_message_bytes)
-    grpc_aio.add_generic_rpc_handlers((service_handler(server),))
+
+async def listen_grpc(handlers: Mapping[str, Any], kind: str, host: str, port: int, max_receive_bytes: int, *,
+                      reuse_port: bool = False) -> tuple[Callable[[], Awaitable[Any]], int]:
+    """Serve ``handlers`` (:meth:`InferenceRpcs.method_handlers`) on ``host:port`` with ``kind`` (``grpcio`` or
+    ``h2corn``, ``ServerConfig.grpc_server``) in this event loop; (how to stop it, the bound port). A port that
+    cannot be bound is :func:`~streamrt.serve.port.port_in_use`'s one-line error. The one-process server and
+    each front-end worker listen through it."""
+    if kind == "h2corn":
+        from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
+
+        return await start_grpc_h2corn(handlers, SERVICE, host, port, max_receive_bytes, reuse_port=reuse_port)
+    grpc_aio = grpc_server(max_receive_bytes, reuse_port=reuse_port)
+    grpc_aio.add_generic_rpc_handlers((import_grpc().method_handlers_generic_handler(SERVICE, dict(handlers)),))
     bound = bind_grpc(grpc_aio, f"{host}:{port}")
     if bound == 0:
         raise port_in_use("gRPC", host, port, "--grpc-port")

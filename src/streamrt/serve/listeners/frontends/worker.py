@@ -277,28 +277,14 @@ async def serve(spec: dict[str, Any]) -> None:
         await runner.setup()
         await web.TCPSite(runner, config.host, spec["http_port"], reuse_address=True, reuse_port=True).start()
         closers.append(runner.cleanup)
-    if spec["grpc_port"] is not None and config.grpc_server == "h2corn":
-        from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
-        from streamrt.serve.listeners.grpc_service import InferenceRpcs
-        from streamrt.serve.wire.proto import SERVICE
+    if spec["grpc_port"] is not None:
+        from streamrt.serve.listeners.grpc_service import InferenceRpcs, listen_grpc
 
         forwarder = GrpcForwarder(spec["grpc_socket"])
-        stop_grpc, _ = await start_grpc_h2corn(InferenceRpcs(link).method_handlers(forwarder.handlers()), SERVICE,
-                                               config.host, spec["grpc_port"], config.grpc_max_message_bytes,
-                                               reuse_port=True)
+        stop_grpc, _ = await listen_grpc(InferenceRpcs(link).method_handlers(forwarder.handlers()), config.grpc_server,
+                                         config.host, spec["grpc_port"], config.grpc_max_message_bytes, reuse_port=True)
         closers.append(forwarder.channel.close)  # closed after the server (newest first)
         closers.append(stop_grpc)
-    elif spec["grpc_port"] is not None:
-        from streamrt.serve.listeners.grpc_service import InferenceRpcs, bind_grpc, grpc_server
-
-        forwarder = GrpcForwarder(spec["grpc_socket"])
-        server = grpc_server(config.grpc_max_message_bytes, reuse_port=True)
-        server.add_generic_rpc_handlers((InferenceRpcs(link).handler(forwarder.handlers()),))
-        if bind_grpc(server, f"{config.host}:{spec['grpc_port']}") == 0:
-            raise OSError(f"front-end worker {spec['index']}: cannot bind gRPC port {spec['grpc_port']}")
-        await server.start()
-        closers.append(forwarder.channel.close)  # closed after the server (newest first)
-        closers.append(lambda: server.stop(grace=1.0))
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, link.closed.set)
     settle_heap()  # what serving the listeners needs is loaded
