@@ -116,3 +116,27 @@ def test_dead_requests_are_dropped_silently() -> None:
     assert q.expire(0.0) == []
     assert tags(q.next_batch(0.0)[0]) == ["live"]
     assert tags(q.drain()) == []
+
+
+def test_waiting_until_skips_only_passes_that_would_decide_nothing() -> None:
+    """``waiting_until``: the delay's end for the oldest request while nothing can run or expire; None
+    (a full pass) once the delay passed, the rows reach the maximum, or a preferred size or a
+    request deadline could change the decision."""
+    q = BatchQueue(4, BatchingConfig(max_queue_delay_microseconds=1000))
+    assert q.waiting_until(0.0) is None  # empty
+    q.push(item(at=1.0))
+    q.push(item(at=1.0004))
+    assert q.waiting_until(1.0005) == pytest.approx(1.001)
+    assert q.next_batch(1.0005) == (None, pytest.approx(1.001))  # what a full pass decides
+    assert q.waiting_until(1.001) is None
+    q.push(item(2, at=1.0006))  # 4 rows: a full batch runs now
+    assert q.waiting_until(1.0007) is None and len(q.next_batch(1.0007)[0] or []) == 3
+
+    preferred = BatchQueue(8, BatchingConfig(max_queue_delay_microseconds=1000, preferred_batch_size=(2,)))
+    preferred.push(item(at=0.0))
+    assert preferred.waiting_until(0.0) is None
+    timed = BatchQueue(8, BatchingConfig(max_queue_delay_microseconds=1000,
+                                         default_queue_policy=QueuePolicy(default_timeout_microseconds=500)))
+    timed.push(item(at=0.0))
+    assert timed.waiting_until(0.0) is None
+    assert BatchQueue(8, BatchingConfig()).waiting_until(0.0) is None  # no delay: nothing waits

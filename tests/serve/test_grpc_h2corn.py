@@ -159,3 +159,39 @@ def test_frames_split_anywhere_give_the_same_messages(cut: int) -> None:
     for i, data in enumerate(got):
         parsed = parse_infer_request(data, 10**9)
         assert parsed.id == str(i) and np.array_equal(parsed.inputs["x"], np.full((3, 700), i, np.float32))
+
+
+@pytest.mark.parametrize("case", ["one chunk", "split", "gzip", "two messages", "empty", "cut short", "over limit"])
+def test_a_unary_request_is_exactly_one_message(case: str) -> None:
+    """``_Frames.only``: the usual request (one uncompressed message, whole in one body event) is a view of
+    the body; split or compressed ones take the general path with the same message; anything but exactly
+    one message is INTERNAL, a message over the limit RESOURCE_EXHAUSTED."""
+    import gzip
+
+    from streamrt.serve.listeners.grpc_h2corn import _Frames, _Status, frame
+
+    message = bytes(range(200))
+    body = {"one chunk": frame(message), "split": frame(message), "two messages": frame(message) * 2,
+            "gzip": b"\1" + len(gzip.compress(message)).to_bytes(4, "big") + gzip.compress(message),
+            "empty": b"", "cut short": frame(message)[:-1], "over limit": frame(message)}[case]
+    chunks = [body[:7], body[7:]] if case == "split" else [body]
+    limit = 100 if case == "over limit" else 2**20
+
+    async def read() -> Any:
+        events = iter([{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                       for i, c in enumerate(chunks)])
+
+        async def receive() -> dict[str, Any]:
+            return next(events)
+
+        return await _Frames(receive, limit, "gzip").only()
+
+    if case in ("one chunk", "split", "gzip"):
+        got = asyncio.run(read())
+        assert bytes(got) == message
+        if case == "one chunk":
+            assert isinstance(got, memoryview) and got.obj is body  # a view of the body: no copy
+        return
+    with pytest.raises(_Status) as refused:
+        asyncio.run(read())
+    assert refused.value.code == (8 if case == "over limit" else 13)

@@ -176,3 +176,24 @@ def test_64_image_requests_pass_and_the_limit_is_resource_exhausted(tmp_path: Pa
         with pytest.raises(InferenceServerException, match="larger than max"):
             client.infer("null", [small])
         client.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "bool", "int64", "uint8", "complex64"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_raw_bytes_are_the_tensors_memory_in_c_order(dtype: str, layout: str) -> None:
+    """``raw_bytes``: the bytes ``tobytes`` gives (C order), a view where the array is C-contiguous; formats
+    the buffer protocol lacks (bfloat16) go through a uint8 view."""
+    from streamrt.serve.wire.protocol import raw_bytes
+
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        np_dtype: Any = ml_dtypes.bfloat16
+    else:
+        np_dtype = np.dtype(dtype)
+    array = (np.random.default_rng(0).standard_normal((3, 5)) * 10).astype(np_dtype)
+    if layout == "transposed":
+        array = array.T
+    blob = raw_bytes(array)
+    assert bytes(blob) == array.tobytes() and len(blob) == array.nbytes
+    if layout == "contiguous":
+        assert isinstance(blob, memoryview) and np.shares_memory(np.frombuffer(blob, np.uint8), array)

@@ -1,9 +1,11 @@
-"""Scheduler wake-ups: on time below a millisecond on asyncio's loop and on uvloop, cancellable,
-and a batching delay under 1 ms waited without spinning the scheduler."""
+"""Scheduler wake-ups: on time below a millisecond on asyncio's loop and on uvloop, through the loop's
+timerfd (Linux) and through the timer thread (elsewhere), cancellable, and a batching delay under 1 ms
+waited without spinning the scheduler or waking it for every request that joins the batch."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -13,9 +15,28 @@ import numpy as np
 import pytest
 
 from streamrt.serve.scheduling import batcher as batcher_module
+from streamrt.serve.scheduling import timers
 from streamrt.serve.scheduling.timers import wake_at
 
 LOOPS = ["asyncio", "uvloop"]
+SOURCES = ["timerfd", "thread"]
+
+
+@pytest.fixture(params=SOURCES)
+def source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where short wake-ups come from: the loop's timerfd (the timer thread refuses work), or the timer
+    thread (as on a system without timerfd)."""
+    if request.param == "timerfd":
+        if not sys.platform.startswith("linux"):
+            pytest.skip("timerfd is Linux's")
+
+        def no_thread(*_: Any) -> None:
+            raise AssertionError("a short wake-up went to the timer thread although the loop has a timerfd")
+
+        monkeypatch.setattr(timers._TIMERS, "add", no_thread)
+    else:
+        monkeypatch.setattr(timers, "_loop_timer", lambda loop: None)
+    return str(request.param)
 
 
 def _run(kind: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -26,7 +47,7 @@ def _run(kind: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 
 
 @pytest.mark.parametrize("kind", LOOPS)
-def test_wake_ups_come_at_their_time_and_not_before(kind: str) -> None:
+def test_wake_ups_come_at_their_time_and_not_before(kind: str, source: str) -> None:
     async def main() -> list[tuple[float, float]]:
         loop = asyncio.get_running_loop()
         seen: list[tuple[float, float]] = []
@@ -43,7 +64,7 @@ def test_wake_ups_come_at_their_time_and_not_before(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", LOOPS)
-def test_a_cancelled_wake_up_never_runs(kind: str) -> None:
+def test_a_cancelled_wake_up_never_runs(kind: str, source: str) -> None:
     async def main() -> list[str]:
         loop = asyncio.get_running_loop()
         ran: list[str] = []
@@ -100,6 +121,53 @@ def test_a_sub_millisecond_batching_delay_does_not_spin_the_scheduler(
 
     looks, batches = _run(kind, main)
     assert looks <= 5 * batches, (looks, batches)
+
+
+@pytest.mark.parametrize("kind", LOOPS)
+def test_requests_joining_a_waiting_batch_do_not_wake_the_scheduler(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 clients, one instance, max batch 64, 500 us delay: the scheduler passes once for the batch's first
+    request, once when the delay ends and once per completion, not once per arriving request (which
+    was ~10 passes per batch of ~8, each walking the queue)."""
+    from streamrt.serve.scheduling import scheduler as scheduler_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from serving_frontend import write_repository
+    from streamrt.serve.configs.config import ServerConfig
+    from streamrt.serve.core import ServerCore
+    from streamrt.serve.wire.protocol import InferRequest
+
+    passes = [0]
+    original = scheduler_module.ModelScheduler._step
+
+    def counted(self: Any, now: float) -> Any:
+        passes[0] += 1
+        return original(self, now)
+
+    monkeypatch.setattr(scheduler_module.ModelScheduler, "_step", counted)
+    repo = write_repository(tmp_path / "repo", instances=1, delay_us=500)
+
+    async def main() -> tuple[int, int]:
+        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
+        await core.start(wait_ready=True)
+        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
+
+        async def client(index: int) -> None:
+            for _ in range(40):
+                for _ in range(index):  # arrive in different loop iterations, as requests off a socket do
+                    await asyncio.sleep(0)
+                await core.infer(InferRequest("null_small", inputs={"x": x}))
+
+        passes[0] = 0
+        await asyncio.gather(*(client(i) for i in range(8)))
+        batches = core.statistics("null_small")["model_stats"][0]["execution_count"]
+        await core.stop()
+        return passes[0], batches
+
+    looks, batches = _run(kind, main)
+    assert batches <= 320 / 3, f"{batches} batches for 320 requests: the requests did not batch"
+    assert looks <= 4 * batches, (looks, batches)
 
 
 def test_a_forked_child_gets_its_own_timer_thread() -> None:

@@ -179,6 +179,22 @@ class _Frames:
         self._more = bool(event.get("more_body", False))
         return event.get("body", b"")
 
+    async def only(self) -> memoryview | bytearray | bytes:
+        """The request's one message (a unary call's), or _Status INTERNAL when there is not exactly one.
+
+        The usual case, the whole request in one body event holding exactly one uncompressed
+        message, is a view of that body without the general path's steps."""
+        if not self._pending and self._more:
+            body = await self._chunk()
+            if (not self._more and len(body) >= 5 and body[0] == 0
+                    and int.from_bytes(body[1:5], "big") == len(body) - 5 and len(body) - 5 <= self._limit):
+                return memoryview(body)[5:]
+            self._pending = memoryview(body)
+        request = await self.next()
+        if request is None or await self.next() is not None:
+            raise _Status(13, "a unary call needs exactly one request message")
+        return request
+
     async def messages(self) -> AsyncIterator[memoryview | bytearray | bytes]:
         while (message := await self.next()) is not None:
             yield message
@@ -189,26 +205,29 @@ class GrpcAsgi:
 
     def __init__(self, handlers: Mapping[str, Any], service: str, max_receive_bytes: int) -> None:
         self.handlers, self.service, self.limit = dict(handlers), service, max_receive_bytes
+        self._routes = {f"/{service}/{name}": (name, handler) for name, handler in self.handlers.items()}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(receive, send)
             return
-        service, _, method = str(scope.get("path", "")).lstrip("/").partition("/")
-        handler = self.handlers.get(method) if service == self.service else None
-        if handler is None:
+        route = self._routes.get(scope.get("path", ""))
+        if route is None:
+            service, _, method = str(scope.get("path", "")).lstrip("/").partition("/")
             await _trailers_only(send, 12, f"Method not found: {service}/{method}")
             return
+        method, handler = route
         headers = scope.get("headers", [])
-        encoding = next((v.decode("latin-1").strip().lower() for k, v in headers if k == b"grpc-encoding"), "identity")
+        encoding = "identity"
+        for key, value in headers:
+            if key == b"grpc-encoding":
+                encoding = value.decode("latin-1").strip().lower()
+                break
         context, frames = _Context(headers), _Frames(receive, self.limit, encoding)
         started = False
         try:
             if handler.unary_unary is not None:
-                request = await frames.next()
-                if request is None or await frames.next() is not None:
-                    raise _Status(13, "a unary call needs exactly one request message")
-                reply = await handler.unary_unary(_decode(handler, request), context)
+                reply = await handler.unary_unary(_decode(handler, await frames.only()), context)
                 await send(_START)
                 started = True
                 # the one message ends the body; the trailers follow (one ASGI send fewer than a stream's end)

@@ -72,6 +72,19 @@ def import_grpc() -> Any:
     return require("grpc", extra="serve", purpose="the gRPC front end")
 
 
+_PROTO: Any = None
+
+
+def _messages() -> Any:
+    """:data:`streamrt.serve.wire.proto.messages`, imported once (an import statement per request cost ~1.5 us)."""
+    global _PROTO
+    if _PROTO is None:
+        from streamrt.serve.wire.proto import messages
+
+        _PROTO = messages
+    return _PROTO
+
+
 def _metadata(context: Any) -> dict[str, Any]:
     """The call's metadata by key (``authorization``, OpenTelemetry's ``traceparent``)."""
     return dict(context.invocation_metadata() or ())
@@ -88,14 +101,12 @@ def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | N
     The message is split from its raw contents first (:func:`split_infer_request`); a rest decoded
     before is looked up instead of parsed again (:mod:`streamrt.serve.wire.grpc_layouts`).
     """
-    from streamrt.serve.wire.proto import messages
-
     try:
         rest, raw = split_infer_request(data)
         known = known_request(rest, raw, max_elements) if raw else None
         if known is not None:
             return known
-        message = messages.ModelInferRequest.FromString(rest)
+        message = _messages().ModelInferRequest.FromString(rest)
     except Exception as exc:  # google.protobuf.message.DecodeError, or split_infer_request's RequestError
         log.debug("a ModelInferRequest of %d bytes does not parse: %s", len(data), exc)
         raise UnparsableRequestError(UNPARSABLE) from None
@@ -226,13 +237,11 @@ def serialize_grpc_response(response: InferResponse) -> bytes:
     Outputs written to shared memory carry their region parameters and an empty raw entry (so the
     entries of the other outputs keep their index, as tritonclient's ``as_numpy`` expects).
     """
-    from streamrt.serve.wire.proto import messages
-
-    parts = reply_header(response, messages)
+    parts = reply_header(response, _messages)
     if parts is not None:  # the same bytes as below: fields 1-2, the id (field 3), the outputs (field 5)
         head = [parts[0], encode_length_delimited(3, response.id.encode()), parts[1]] if response.id else parts
         return encode_infer_response(b"".join(head), [raw_bytes(a) for a in response.outputs.values()])
-    message = messages.ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
+    message = _messages().ModelInferResponse(model_name=response.model, model_version=response.version, id=response.id)
     blobs: list[memoryview | bytes] = []
     for name, array in response.outputs.items():
         out = message.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,7 +213,8 @@ class EnsembleModel(ScheduledModel):
 
     # --- serving ------------------------------------------------------------------------------
 
-    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None) -> dict[str, Any]:
+    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
+                       key: Hashable = None) -> dict[str, Any]:
         """Run the steps as their inputs become available; count the request as one execution whose
         queue and compute times are its steps' sums (Triton's ensemble statistics)."""
         self._inflight += 1

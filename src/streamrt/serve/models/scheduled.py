@@ -55,7 +55,7 @@ __all__ = ["ScheduledModel"]
 _ACCEPTED_SIGNATURES = 1024
 """Input signatures a model remembers as valid (forgotten all at once past this many)."""
 
-Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
+Signature = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
 
 
 class ScheduledModel:
@@ -83,9 +83,10 @@ class ScheduledModel:
         self._all_outputs = tuple(RequestedOutput(n) for n in self._outputs)
         self._scheduler: ModelScheduler | SequenceScheduler | None = None
         self._started = False
-        self._accepted: dict[Signature, int] = {}
+        self._accepted: dict[Signature, tuple[int, Hashable]] = {}
         """Input signatures (name, dtype, shape of each input, in order) validate accepted, with
-        their rows: the checks depend on nothing else, so a signature seen before skips them."""
+        their rows and batching key: the checks and the key depend on nothing else, so a signature
+        seen before skips them."""
 
     @property
     def name(self) -> str:
@@ -143,15 +144,19 @@ class ScheduledModel:
         Raises:
             UnknownInputError / MissingInputError / DTypeMismatchError / ShapeError: with the model's view.
         """
-        signature = tuple((name, array.dtype.str, tuple(array.shape)) for name, array in inputs.items())
-        rows = self._accepted.get(signature)
-        if rows is not None:
-            return rows
-        rows = self._validate(inputs)
+        return self._admit(inputs)[0]
+
+    def _admit(self, inputs: Mapping[str, Any]) -> tuple[int, Hashable]:
+        """:meth:`validate` and :meth:`batching_key` of ``inputs``, remembered by signature."""
+        signature = tuple([(name, array.dtype, array.shape) for name, array in inputs.items()])
+        admitted = self._accepted.get(signature)
+        if admitted is not None:
+            return admitted
+        admitted = (self._validate(inputs), self.batching_key(inputs))
         if len(self._accepted) >= _ACCEPTED_SIGNATURES:
             self._accepted.clear()
-        self._accepted[signature] = rows
-        return rows
+        self._accepted[signature] = admitted
+        return admitted
 
     def _validate(self, inputs: Mapping[str, Any]) -> int:
         shapes: dict[str, tuple[int, ...]] = {}
@@ -182,12 +187,16 @@ class ScheduledModel:
             if out.name not in self._outputs:
                 raise RequestError(f"unknown output '{out.name}' for {self.kind} '{self.name}'; "
                                    f"its outputs are: {', '.join(self._outputs)}")
-        rows = self.validate(request.inputs)
-        outputs = await self._execute(request, rows, trace)
+        rows, key = self._admit(request.inputs)
+        outputs = await self._execute(request, rows, trace, key)
         return InferResponse(self.name, str(self.version), request.id, await self._answer(request, outputs))
 
-    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None) -> Mapping[str, Any]:
-        """The request's outputs from the scheduler (an ensemble runs its steps instead)."""
+    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
+                       key: Hashable = None) -> Mapping[str, Any]:
+        """The request's outputs from the scheduler (an ensemble runs its steps instead); ``key``: its
+        :meth:`batching_key`, when known."""
+        if key is None:
+            key = self.batching_key(request.inputs)
         scheduler = self._scheduler
         assert scheduler is not None, "a kind without a scheduler replaces _execute"
         if isinstance(scheduler, SequenceScheduler):
@@ -200,15 +209,14 @@ class ScheduledModel:
                 raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
                                    f"requirements of sequence batcher, got {rows}",
                                    hint="send one row per request; the batcher batches the sequences")
-            return await scheduler.submit(self._payload(request), flags=request.sequence,
-                                          key=self.batching_key(request.inputs), trace=trace)
+            return await scheduler.submit(self._payload(request), flags=request.sequence, key=key, trace=trace)
         if request.sequence is not None:
             raise RequestError(
                 f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
                 f"the request names sequence {request.sequence.id}",
                 hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
         return await scheduler.submit(
-            self._payload(request), rows=rows, key=self.batching_key(request.inputs),
+            self._payload(request), rows=rows, key=key,
             priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )
 

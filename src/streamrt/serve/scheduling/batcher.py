@@ -83,6 +83,8 @@ class BatchQueue:
         levels = max(1, batching.priority_levels) if batching else 1
         self._levels: dict[int, collections.deque[Pending]] = {i: collections.deque() for i in range(1, levels + 1)}
         self._count = 0
+        self._rows = 0  # rows of the queued requests
+        self._timed = 0  # queued requests with a deadline
         if batching is not None:
             self._delay = batching.max_queue_delay_microseconds / 1e6
             self._preferred = frozenset(batching.preferred_batch_size)
@@ -124,6 +126,8 @@ class BatchQueue:
         item.deadline = item.enqueued + timeout if timeout > 0 else None
         self._levels[item.priority].append(item)
         self._count += 1
+        self._rows += item.rows
+        self._timed += item.deadline is not None
 
     def _ordered(self) -> Iterator[Pending]:
         for queue in self._levels.values():
@@ -135,6 +139,20 @@ class BatchQueue:
             if any(id(i) in gone for i in queue):
                 self._levels[level] = collections.deque(i for i in queue if id(i) not in gone)
         self._count -= len(gone)
+        self._rows -= sum(i.rows for i in items)
+        self._timed -= sum(i.deadline is not None for i in items)
+
+    def waiting_until(self, now: float) -> float | None:
+        """When nothing queued can run or expire before some time: that time (the batching delay's
+        end for the oldest request), without looking at each request; None when a full pass is needed.
+
+        A request joining a batch that waits for its delay changes nothing (no preferred sizes, fewer
+        rows than the maximum, no request deadlines), so the scheduler skips the pass it would cost:
+        with ~8 requests per batch, passes that each walked the whole queue three times."""
+        if not self._count or self._timed or self._preferred or self._delay <= 0 or self._rows >= self.max_batch_size:
+            return None
+        wake = min(q[0].enqueued for q in self._levels.values() if q) + self._delay
+        return wake if now < wake else None
 
     def expire(self, now: float) -> list[Pending]:
         """Take out and return requests past their deadline, and requests nobody waits for."""
@@ -192,5 +210,5 @@ class BatchQueue:
         items = list(self._ordered())
         for queue in self._levels.values():
             queue.clear()
-        self._count = 0
+        self._count = self._rows = self._timed = 0
         return items

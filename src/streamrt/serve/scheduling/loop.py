@@ -47,7 +47,7 @@ from streamrt.serve.execution.instances import BatchResult
 from streamrt.serve.execution.rate_limiter import Ticket
 from streamrt.serve.observability.stats import ModelStats
 from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.scheduling.timers import wake_at
+from streamrt.serve.scheduling.timers import Cancellable, wake_at
 
 __all__ = ["Executor", "Executors", "Job", "SchedulerLoop"]
 
@@ -55,6 +55,36 @@ BatchT = TypeVar("BatchT")
 
 Completion = Callable[[BatchResult | BaseException], None]
 """What a batch's outcome is handed to, on the loop (a scheduler's ``_complete`` bound to the batch)."""
+
+
+class _Signal:
+    """``asyncio.Event`` for the one task that waits on it, without the Event's per-wait loop check
+    and waiter deque (the scheduler waits once per pass)."""
+
+    __slots__ = ("_flag", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._flag = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self) -> None:
+        if self._flag:
+            return
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 class Executor(Protocol):
@@ -114,10 +144,13 @@ class SchedulerLoop(ABC, Generic[BatchT]):
         self._active: dict[int, BatchT] = {}
         self._closing = False
         self._stopped = False
-        self._wakeup = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = _Signal(self._loop)
+        self._armed: Cancellable | None = None
+        """The wake-up set for the earliest deadline :meth:`_step` returned (:attr:`_armed_for`)."""
+        self._armed_for = 0.0
         self._drained = asyncio.Event()
         self._log = logging.getLogger(type(self).__module__)  # the scheduler's own logger, not this module's
-        self._loop = asyncio.get_running_loop()
         # The task's first pass runs once the caller yields, after the subclass's __init__ is done.
         self._task = self._loop.create_task(self._run(), name=task)
 
@@ -146,15 +179,21 @@ class SchedulerLoop(ABC, Generic[BatchT]):
     async def _run(self) -> None:
         # _step is a call of its own so that no local of it (a batch's inputs: request views)
         # stays alive while the loop sleeps.
+        # The wake-up set for the earliest deadline stays set while that deadline stays the earliest:
+        # requests joining a forming batch do not move it, and re-arming it per arrival cost the
+        # timer thread a wake-up each time.
         while True:
             deadlines = self._step(time.monotonic())
             if self._closing and not self.pending and not self._active:
                 self._drained.set()
-            handle = wake_at(self._loop, min(deadlines), self._wakeup.set) if deadlines else None
+            due = min(deadlines) if deadlines else None
+            if self._armed is not None and (due != self._armed_for or not self._armed.pending):
+                self._armed.cancel()
+                self._armed = None
+            if self._armed is None and due is not None:
+                self._armed_for, self._armed = due, wake_at(self._loop, due, self._wakeup.set)
             await self._wakeup.wait()
             self._wakeup.clear()
-            if handle is not None:
-                handle.cancel()
 
     # --- a batch ---------------------------------------------------------------------------------
 

@@ -104,16 +104,27 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         job = _Job(inputs, future, time.perf_counter_ns(), trace)
         if trace is not None:
             trace.mark("QUEUE_START", job.enqueued_ns)
-        item = Pending(job, rows=rows, key=key, enqueued=time.monotonic())
+        now = time.monotonic()
+        item = Pending(job, rows=rows, key=key, enqueued=now)
         self._queue.push(item, priority=priority, timeout_us=timeout_us)
-        self._wakeup.set()
+        if not self._armed_for_delay(now):
+            self._wakeup.set()
         return await future
+
+    def _armed_for_delay(self, now: float) -> bool:
+        """The queue waits for its batching delay and the loop's wake-up is set for that moment: a
+        pass now would decide nothing new."""
+        until = self._queue.waiting_until(now)
+        return until is not None and self._armed is not None and self._armed.pending and until == self._armed_for
 
     # --- the loop's decisions ---------------------------------------------------------------------
 
     def _step(self, now: float) -> list[float]:
         """Fail the timed-out requests, cut batches for the idle instances; wake at the batching
         delay's end or the earliest queued request's timeout."""
+        waiting = self._queue.waiting_until(now)
+        if waiting is not None:  # the batch waits for its delay: nothing to expire or cut yet
+            return [waiting]
         for item in self._queue.expire(now):
             waited_ms = (now - item.enqueued) * 1e3
             self._fail(item.payload, RequestTimeoutError(

@@ -27,7 +27,7 @@ Both tables are :class:`~.http_headers.BoundedTable` s (cleared when full; rests
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,8 +79,7 @@ def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> 
             return None
     return InferRequest(
         model=layout.model, version=layout.version, id=layout.request_id,
-        inputs={t.name: np.frombuffer(data, dtype=t.dtype, count=t.count).reshape(t.shape)
-                for data, t in zip(raw, layout.inputs, strict=True)},
+        inputs={t.name: np.ndarray(t.shape, t.dtype, data) for data, t in zip(raw, layout.inputs, strict=True)},
         outputs=layout.outputs,
     )
 
@@ -102,20 +101,22 @@ def remember_request(rest: bytes, message: Any, request: InferRequest, max_eleme
         request.model, request.version, request.id, tuple(inputs), request.outputs))
 
 
-def reply_header(response: InferResponse, messages: Any) -> tuple[bytes, bytes] | None:
+def reply_header(response: InferResponse, messages: Callable[[], Any]) -> tuple[bytes, bytes] | None:
     """(``model_name`` + ``model_version``, ``outputs``) of the serialized reply, written once per
-    output signature; None for a reply with BYTES outputs or outputs in shared memory."""
+    output signature; None for a reply with BYTES outputs or outputs in shared memory. ``messages``
+    gives the protobuf classes (called only for a signature not seen before)."""
     if response.in_shared_memory:
         return None
     outputs = response.outputs
-    key = (response.model, response.version, tuple((n, a.dtype, a.shape) for n, a in outputs.items()))
+    key = (response.model, response.version, tuple([(n, a.dtype, a.shape) for n, a in outputs.items()]))
     parts = _REPLIES.get(key)
     if parts is not None:
         return parts
-    if any(a.dtype == object or a.dtype.kind in "SU" for a in outputs.values()):
+    if any(a.dtype.kind in "OSU" for a in outputs.values()):
         return None
-    head = messages.ModelInferResponse(model_name=response.model, model_version=response.version)
-    body = messages.ModelInferResponse()
+    proto = messages()
+    head = proto.ModelInferResponse(model_name=response.model, model_version=response.version)
+    body = proto.ModelInferResponse()
     for name, array in outputs.items():
         body.outputs.add(name=name, datatype=kserve_dtype(array), shape=list(array.shape))
     parts = (head.SerializeToString(), body.SerializeToString())

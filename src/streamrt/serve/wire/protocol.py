@@ -203,9 +203,13 @@ def json_values(array: np.ndarray) -> list[Any]:
 
 def raw_bytes(array: np.ndarray) -> bytes | memoryview:
     """A tensor's binary wire form: BYTES length-prefixed, everything else its little-endian memory."""
-    if array.dtype == object or array.dtype.kind in "SU":
+    if array.dtype.kind in "OSU":  # (``dtype == object`` builds a dtype per call)
         return serialize_bytes(array)
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.dtype.kind in "biufc":  # the buffer protocol knows these formats: the cheapest byte view
+        return array.data.cast("B")
+    return array.reshape(-1).view(np.uint8).data  # (bfloat16 and other ml_dtypes have no buffer format)
 
 
 def _shape(value: Any, where: str) -> tuple[int, ...]:
