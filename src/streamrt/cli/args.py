@@ -322,6 +322,10 @@ SERVER_OPTIONS = (
            "who serves gRPC in the engine process: grpcio (default) or h2corn, a Rust HTTP/2 server with a "
            "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]')",
            {"choices": ("grpcio", "h2corn")}),
+    Option("grpc_threads", ("--grpc-threads",),
+           "h2corn's Tokio threads (default: h2corn's, 2); 1 costs less CPU per small request, 2 moves large "
+           "ones faster (docs/benchmarks/2026-12-04-grpc-path-cpu.md); needs --grpc-server h2corn",
+           {"type": int, "metavar": "N"}),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
            "shared memory per front-end process for tensors in flight (default 1024; pages are used "
            "only as tensors arrive)",

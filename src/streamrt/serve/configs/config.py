@@ -541,6 +541,8 @@ class ServerConfig:
         grpc_server: who serves gRPC (the engine process, or each front-end process): ``grpcio`` (its
             asyncio server) or ``h2corn`` (a Rust HTTP/2 server, the ``fast-grpc`` extra: a quarter of
             grpcio's CPU per request; :mod:`streamrt.serve.listeners.grpc_h2corn`).
+        grpc_threads: h2corn's Tokio threads (0: h2corn's default, 2); only with ``grpc_server``
+            ``h2corn`` (grpcio's core sizes its own pollers).
     """
 
     host: str = "127.0.0.1"
@@ -565,6 +567,7 @@ class ServerConfig:
     frontend_processes: int = 1
     frontend_arena_bytes: int = 2**30
     grpc_server: str = "grpcio"
+    grpc_threads: int = 0
 
     def __post_init__(self) -> None:
         self._check_sharing()
@@ -592,6 +595,12 @@ class ServerConfig:
         if self.frontend_processes < 1:
             raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
         _check_grpc_server(self.grpc_server)
+        if self.grpc_threads < 0:
+            raise ConfigError(f"grpc_threads must be an integer >= 0 (0: the server's default), "
+                              f"got {self.grpc_threads}")
+        if self.grpc_threads and self.grpc_server != "h2corn":
+            raise ConfigError(f"grpc_threads sets h2corn's Tokio threads; the gRPC server is {self.grpc_server}",
+                              hint="add --grpc-server h2corn, or drop --grpc-threads")
         if self.frontend_arena_bytes < 2**20:
             raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():

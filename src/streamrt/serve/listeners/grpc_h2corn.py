@@ -93,8 +93,8 @@ class _Context:
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         if self._metadata is None:
-            self._metadata = tuple((k.decode("latin-1"), v.decode("latin-1"))
-                                   for k, v in self._headers if not k.startswith(b":"))
+            self._metadata = tuple([(k.decode("latin-1"), v.decode("latin-1"))
+                                    for k, v in self._headers if k[:1] != b":"])
         return self._metadata
 
     def time_remaining(self) -> float | None:
@@ -292,10 +292,11 @@ async def _lifespan(receive: Any, send: Any) -> None:
 
 
 async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str, port: int,
-                            max_receive_bytes: int, *, reuse_port: bool = False,
+                            max_receive_bytes: int, *, reuse_port: bool = False, threads: int = 0,
                             ) -> tuple[Callable[[], Awaitable[None]], int]:
     """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port).
-    ``reuse_port``: front-end worker processes share the port (SO_REUSEPORT)."""
+    ``reuse_port``: front-end worker processes share the port (SO_REUSEPORT); ``threads``: Tokio threads
+    (0: h2corn's default)."""
     h2corn: Any = importlib.import_module("h2corn")  # optional, untyped here (its Config is built dynamically)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
@@ -306,7 +307,7 @@ async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str
     config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
                            timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
                            h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW,
-                           reuse_port=reuse_port)
+                           reuse_port=reuse_port, **({"runtime_threads": threads} if threads else {}))
     server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
     serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
     started = asyncio.ensure_future(server.wait_started())

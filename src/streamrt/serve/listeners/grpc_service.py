@@ -33,7 +33,7 @@ from streamrt._optional import require
 from streamrt.errors import RequestError, StreamRTError, UnparsableRequestError, UnsupportedRequestError
 from streamrt.serve.core import ServerCore
 from streamrt.serve.port import InferencePort, port_in_use
-from streamrt.serve.wire.grpc_layouts import known_request, remember_request, reply_header
+from streamrt.serve.wire.grpc_layouts import known_request, known_whole_request, remember_request, reply_header
 from streamrt.serve.wire.grpc_wire import encode_infer_response, encode_length_delimited, split_infer_request
 from streamrt.serve.wire.proto import SERVICE
 from streamrt.serve.wire.protocol import (
@@ -101,6 +101,9 @@ def parse_infer_request(data: bytes, max_elements: int, memory: RegionSource | N
     The message is split from its raw contents first (:func:`split_infer_request`); a rest decoded
     before is looked up instead of parsed again (:mod:`streamrt.serve.wire.grpc_layouts`).
     """
+    known = known_whole_request(data, max_elements)
+    if known is not None:
+        return known
     try:
         rest, raw = split_infer_request(data)
         known = known_request(rest, raw, max_elements) if raw else None
@@ -506,19 +509,20 @@ async def start_grpc(server: ServerCore, host: str, port: int) -> tuple[Callable
         _check_free(host, port)
     service = GrpcService(server)
     return await listen_grpc(service.method_handlers(service.unary_handlers()), server.config.grpc_server, host, port,
-                             server.config.grpc_max_message_bytes)
+                             server.config.grpc_max_message_bytes, threads=server.config.grpc_threads)
 
 
 async def listen_grpc(handlers: Mapping[str, Any], kind: str, host: str, port: int, max_receive_bytes: int, *,
-                      reuse_port: bool = False) -> tuple[Callable[[], Awaitable[Any]], int]:
+                      reuse_port: bool = False, threads: int = 0) -> tuple[Callable[[], Awaitable[Any]], int]:
     """Serve ``handlers`` (:meth:`InferenceRpcs.method_handlers`) on ``host:port`` with ``kind`` (``grpcio`` or
     ``h2corn``, ``ServerConfig.grpc_server``) in this event loop; (how to stop it, the bound port). A port that
     cannot be bound is :func:`~streamrt.serve.port.port_in_use`'s one-line error. The one-process server and
-    each front-end worker listen through it."""
+    each front-end worker listen through it. ``threads``: h2corn's Tokio threads (0: its default)."""
     if kind == "h2corn":
         from streamrt.serve.listeners.grpc_h2corn import start_grpc_h2corn
 
-        return await start_grpc_h2corn(handlers, SERVICE, host, port, max_receive_bytes, reuse_port=reuse_port)
+        return await start_grpc_h2corn(handlers, SERVICE, host, port, max_receive_bytes, reuse_port=reuse_port,
+                                       threads=threads)
     grpc_aio = grpc_server(max_receive_bytes, reuse_port=reuse_port)
     grpc_aio.add_generic_rpc_handlers((import_grpc().method_handlers_generic_handler(SERVICE, dict(handlers)),))
     bound = bind_grpc(grpc_aio, f"{host}:{port}")

@@ -21,7 +21,13 @@ and raw contents) are kept for replies whose outputs are all non-BYTES and not i
 the id goes between the two parts as protobuf's field order puts it, so the bytes are those
 ``SerializeToString`` writes.
 
-Both tables are :class:`~.http_headers.BoundedTable` s (cleared when full; rests over
+A known request is found without splitting it too: the rest followed by the raw entries, each
+framed as protobuf writes field 7 (``raw_input_contents`` is the message's last field, so
+tritonclient's and protobuf's serializers put the entries last), has one total size per layout;
+:func:`known_whole_request` looks the size up and compares the rest and the frames' tags and
+lengths in place. A message laid out otherwise (or another layout of the same size) takes the split.
+
+The tables are :class:`~.http_headers.BoundedTable` s (cleared when full; rests over
 :data:`~.http_headers.MAX_HEADER_BYTES` are never kept).
 """
 
@@ -33,10 +39,13 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.serve.wire.grpc_wire import RAW_INPUT_TAG as _RAW_INPUT_TAG
+from streamrt.serve.wire.grpc_wire import encode_varint
 from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BoundedTable
 from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype
 
-__all__ = ["GrpcRequestLayout", "RawInput", "known_request", "remember_request", "reply_header"]
+__all__ = ["GrpcRequestLayout", "RawInput", "known_request", "known_whole_request", "remember_request",
+           "reply_header"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,28 @@ class GrpcRequestLayout:
 _REQUESTS: BoundedTable[GrpcRequestLayout] = BoundedTable()
 """Decoded request rests by (rest bytes, max_elements)."""
 
+_WHOLE: BoundedTable[tuple[bytes, tuple[tuple[int, bytes, int], ...], GrpcRequestLayout]] = BoundedTable()
+"""(rest, each raw entry's (offset of its frame, the frame's tag and length bytes, data offset), layout) by
+(total message size, max_elements)."""
+
 _REPLIES: BoundedTable[tuple[bytes, bytes]] = BoundedTable()
 """(fields 1-2, field 5) of reply messages by (model, version, each output's name, dtype and shape)."""
+
+
+def known_whole_request(data: bytes | memoryview, max_elements: int) -> InferRequest | None:
+    """The request of a whole message laid out as one decoded before (its rest, then its raw entries
+    framed as protobuf writes them), inputs zero-copy views of ``data``; None otherwise."""
+    entry = _WHOLE.get((len(data), max_elements))
+    if entry is None:
+        return None
+    rest, frames, layout = entry
+    view = memoryview(data)
+    if view[:len(rest)] != rest:
+        return None
+    for start, head, _ in frames:
+        if view[start:start + len(head)] != head:
+            return None
+    return _request(layout, [view[at:at + t.nbytes] for (_, _, at), t in zip(frames, layout.inputs, strict=True)])
 
 
 def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> InferRequest | None:
@@ -77,6 +106,10 @@ def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> 
     for data, tensor in zip(raw, layout.inputs, strict=True):
         if data.nbytes != tensor.nbytes:
             return None
+    return _request(layout, raw)
+
+
+def _request(layout: GrpcRequestLayout, raw: Sequence[memoryview]) -> InferRequest:
     return InferRequest(
         model=layout.model, version=layout.version, id=layout.request_id,
         inputs={t.name: np.ndarray(t.shape, t.dtype, data) for data, t in zip(raw, layout.inputs, strict=True)},
@@ -97,8 +130,14 @@ def remember_request(rest: bytes, message: Any, request: InferRequest, max_eleme
         inputs.append(RawInput(tensor.name, array.dtype, array.shape, array.size, array.nbytes))
     if not inputs or len(inputs) != len(request.inputs) or any(o.parameters for o in message.outputs):
         return
-    _REQUESTS.put((rest, max_elements), GrpcRequestLayout(
-        request.model, request.version, request.id, tuple(inputs), request.outputs))
+    layout = GrpcRequestLayout(request.model, request.version, request.id, tuple(inputs), request.outputs)
+    _REQUESTS.put((rest, max_elements), layout)
+    frames, at = [], len(rest)
+    for tensor in inputs:
+        head = _RAW_INPUT_TAG + encode_varint(tensor.nbytes)
+        frames.append((at, head, at + len(head)))
+        at += len(head) + tensor.nbytes
+    _WHOLE.put((at, max_elements), (rest, tuple(frames), layout))
 
 
 def reply_header(response: InferResponse, messages: Callable[[], Any]) -> tuple[bytes, bytes] | None:

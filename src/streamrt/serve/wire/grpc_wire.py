@@ -29,9 +29,11 @@ from collections.abc import Sequence
 
 from streamrt.errors import RequestError
 
-__all__ = ["encode_infer_response", "encode_length_delimited", "split_infer_request"]
+__all__ = ["RAW_INPUT_TAG", "encode_infer_response", "encode_length_delimited", "encode_varint", "split_infer_request"]
 
 _RAW_INPUT_FIELD = 7
+RAW_INPUT_TAG = bytes([(_RAW_INPUT_FIELD << 3) | 2])
+"""The tag of one ``raw_input_contents`` entry (field 7, length-delimited)."""
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # field 6, wire type 2 (length-delimited)
 
 
@@ -48,7 +50,8 @@ def _varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """A protobuf base-128 varint."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -103,11 +106,11 @@ def encode_infer_response(header: bytes, tensors: Sequence[memoryview | bytes]) 
     one ``raw_output_contents`` entry, in one copy."""
     parts: list[bytes | memoryview] = [header]
     for tensor in tensors:
-        parts += (_RAW_OUTPUT_TAG, _encode_varint(tensor.nbytes if isinstance(tensor, memoryview) else len(tensor)),
+        parts += (_RAW_OUTPUT_TAG, encode_varint(tensor.nbytes if isinstance(tensor, memoryview) else len(tensor)),
                   tensor)
     return b"".join(parts)
 
 
 def encode_length_delimited(field: int, data: bytes) -> bytes:
     """One length-delimited field (an embedded message or bytes): tag, length, ``data``."""
-    return b"".join((_encode_varint((field << 3) | 2), _encode_varint(len(data)), data))
+    return b"".join((encode_varint((field << 3) | 2), encode_varint(len(data)), data))

@@ -282,7 +282,8 @@ async def serve(spec: dict[str, Any]) -> None:
 
         forwarder = GrpcForwarder(spec["grpc_socket"])
         stop_grpc, _ = await listen_grpc(InferenceRpcs(link).method_handlers(forwarder.handlers()), config.grpc_server,
-                                         config.host, spec["grpc_port"], config.grpc_max_message_bytes, reuse_port=True)
+                                         config.host, spec["grpc_port"], config.grpc_max_message_bytes, reuse_port=True,
+                                         threads=config.grpc_threads)
         closers.append(forwarder.channel.close)  # closed after the server (newest first)
         closers.append(stop_grpc)
     loop = asyncio.get_running_loop()
