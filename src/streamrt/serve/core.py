@@ -251,20 +251,16 @@ class ServerCore:
         shared-memory leases end) before this returns.
         """
         try:
-            return await self._infer(request)
+            if not self._accepting or self.repository is None:
+                raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
+            model = self.repository.get(request.model, request.version)
+            context = REQUEST_CONTEXT.set(RequestContext(request.id, model.name, str(model.version)))
+            try:
+                return await self._infer_model(model, request)
+            finally:
+                REQUEST_CONTEXT.reset(context)
         finally:
             self.shared_memory.release(request.leases)
-
-    async def _infer(self, request: InferRequest) -> InferResponse:
-        if not self._accepting or self.repository is None:
-            raise ServerShuttingDownError("the server is shutting down and accepts no new requests")
-        assert self._idle is not None
-        model = self.repository.get(request.model, request.version)
-        context = REQUEST_CONTEXT.set(RequestContext(request.id, model.name, str(model.version)))
-        try:
-            return await self._infer_model(model, request)
-        finally:
-            REQUEST_CONTEXT.reset(context)
 
     async def _infer_model(self, model: Servable, request: InferRequest) -> InferResponse:
         assert self._idle is not None

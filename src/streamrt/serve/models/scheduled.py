@@ -189,7 +189,10 @@ class ScheduledModel:
                                    f"its outputs are: {', '.join(self._outputs)}")
         rows, key = self._admit(request.inputs)
         outputs = await self._execute(request, rows, trace, key)
-        return InferResponse(self.name, str(self.version), request.id, await self._answer(request, outputs))
+        answer = self._answer_now(request, outputs)
+        if answer is None:  # device tensors to copy to the host first
+            answer = await self._answer_copying(request, outputs)
+        return InferResponse(self.name, str(self.version), request.id, answer)
 
     async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
                        key: Hashable = None) -> Mapping[str, Any]:
@@ -220,19 +223,38 @@ class ScheduledModel:
             priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )
 
-    async def _answer(self, request: InferRequest, outputs: Mapping[str, Any]) -> dict[str, Any]:
-        """The requested outputs as the client gets them: the kind's view, device tensors copied
-        to the host unless the request keeps them on the device, classification strings for
-        ``class_count`` (Triton applies the extension to any model's output)."""
+    def _answer_now(self, request: InferRequest, outputs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The requested outputs as the client gets them: the kind's view, classification strings for
+        ``class_count`` (Triton applies the extension to any model's output); None when a device
+        tensor must first be copied to the host (:meth:`_answer_copying`). Not a coroutine: the usual
+        answer costs no await."""
         answer = {}
         for out in request.outputs or self._all_outputs:
             value = self._from_engine(out.name, outputs[out.name])
-            if isinstance(value, DeviceTensor) and (out.class_count or not request.outputs_on_device):
-                value = await asyncio.get_running_loop().run_in_executor(None, np.asarray, value)
-            if out.class_count:
-                value = top_k_classes(value, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
-            answer[out.name] = value
+            if self._to_host(request, out, value):
+                return None
+            answer[out.name] = self._classified(out, value)
         return answer
+
+    async def _answer_copying(self, request: InferRequest, outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`_answer_now` with the device tensors copied to the host (off the event loop), unless the
+        request keeps them on the device."""
+        answer = {}
+        for out in request.outputs or self._all_outputs:
+            value = self._from_engine(out.name, outputs[out.name])
+            if self._to_host(request, out, value):
+                value = await asyncio.get_running_loop().run_in_executor(None, np.asarray, value)
+            answer[out.name] = self._classified(out, value)
+        return answer
+
+    @staticmethod
+    def _to_host(request: InferRequest, out: RequestedOutput, value: Any) -> bool:
+        return isinstance(value, DeviceTensor) and bool(out.class_count or not request.outputs_on_device)
+
+    def _classified(self, out: RequestedOutput, value: Any) -> Any:
+        if not out.class_count:
+            return value
+        return top_k_classes(value, out.class_count, self.labels.get(out.name, ()), batched=self.batched)
 
     async def stop(self, timeout: float) -> None:
         """Drain the scheduler (bounded by ``timeout``; it closes the executors), then release the rest.
