@@ -33,7 +33,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Mapping
+from collections.abc import Awaitable, Hashable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -194,10 +194,10 @@ class ScheduledModel:
             answer = await self._answer_copying(request, outputs)
         return InferResponse(self.name, str(self.version), request.id, answer)
 
-    async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
-                       key: Hashable = None) -> Mapping[str, Any]:
-        """The request's outputs from the scheduler (an ensemble runs its steps instead); ``key``: its
-        :meth:`batching_key`, when known."""
+    def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
+                 key: Hashable = None) -> Awaitable[Mapping[str, Any]]:
+        """The request's outputs from the scheduler, to await (an ensemble runs its steps instead); ``key``:
+        its :meth:`batching_key`, when known."""
         if key is None:
             key = self.batching_key(request.inputs)
         scheduler = self._scheduler
@@ -212,13 +212,13 @@ class ScheduledModel:
                 raise RequestError(f"inference request to model '{self.name}' must specify batch-size 1 due to "
                                    f"requirements of sequence batcher, got {rows}",
                                    hint="send one row per request; the batcher batches the sequences")
-            return await scheduler.submit(self._payload(request), flags=request.sequence, key=key, trace=trace)
+            return scheduler.submit(self._payload(request), flags=request.sequence, key=key, trace=trace)
         if request.sequence is not None:
             raise RequestError(
                 f"model '{self.name}' has no sequence_batching, so it keeps no state between requests; "
                 f"the request names sequence {request.sequence.id}",
                 hint="drop sequence_id/sequence_start/sequence_end, or add sequence_batching to the config")
-        return await scheduler.submit(
+        return scheduler.submit(
             self._payload(request), rows=rows, key=key,
             priority=request.priority, timeout_us=request.timeout_us, trace=trace,
         )

@@ -86,11 +86,12 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         """Validate a request's priority against the model's levels (raises RequestError)."""
         return self._queue.level_for(priority)
 
-    async def submit(
+    def submit(
         self, inputs: Mapping[str, np.ndarray], *, rows: int, key: Hashable, priority: int = 0, timeout_us: int = 0,
         trace: RequestTrace | None = None,
-    ) -> Outputs:
-        """Queue one request and wait for its outputs.
+    ) -> asyncio.Future[Outputs]:
+        """Queue one request; the future of its outputs (a plain function: one coroutine frame fewer
+        for every request to suspend and resume through). Cancelling the future drops the request.
 
         Raises:
             QueueFullError: the queue is at ``max_queue_size``.
@@ -109,7 +110,7 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         self._queue.push(item, priority=priority, timeout_us=timeout_us)
         if not self._armed_for_delay(now):
             self._wakeup.set()
-        return await future
+        return future
 
     def _armed_for_delay(self, now: float) -> bool:
         """The queue waits for its batching delay and the loop's wake-up is set for that moment: a
