@@ -62,9 +62,25 @@ def _which(model: str, request_id: str) -> str:
     return f"model '{model}', request '{request_id}'" if request_id else f"model '{model}'"
 
 
+_DTYPES: dict[Any, DType | None] = {}
+"""The DType of each array dtype seen (``DType.from_any`` per output of every response cost ~1 us)."""
+
+
 def _dtype_of(value: Any) -> DType | None:
+    dtype = value.dtype
     try:
-        return DType.from_any(value.dtype)
+        return _DTYPES[dtype]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable dtype-like: look it up every time
+        return _lookup_dtype(dtype)
+    found = _DTYPES[dtype] = _lookup_dtype(dtype)
+    return found
+
+
+def _lookup_dtype(dtype: Any) -> DType | None:
+    try:
+        return DType.from_any(dtype)
     except (ConfigError, TypeError):
         return None
 
