@@ -97,6 +97,39 @@ def test_configuration_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     assert "pip install 'streamrt[fast-grpc]'" in str(err.value)
 
 
+def test_tokio_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``grpc_threads``: only for h2corn, not negative; 0 picks one thread on a 2-CPU process, h2corn's
+    default on a larger one; the setting reaches h2corn's Config."""
+    from streamrt.serve.listeners import grpc_h2corn
+
+    with pytest.raises(ConfigError, match="grpc_threads sets h2corn's Tokio threads; the gRPC server is grpcio"):
+        ServerConfig(grpc_threads=1)
+    with pytest.raises(ConfigError, match="grpc_threads must be an integer >= 0"):
+        ServerConfig(grpc_server="h2corn", grpc_threads=-1)
+    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert grpc_h2corn.default_threads() == 1
+    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert grpc_h2corn.default_threads() == 0
+
+    # h2corn's Tokio runtime is process-global (set by the first server of the process): the Config is looked at,
+    # not served, so that this test leaves the process's runtime to the other tests
+    seen: list[int | None] = []
+    h2corn = pytest.importorskip("h2corn")
+
+    class Seen(Exception):
+        pass
+
+    def config(**kwargs: Any) -> Any:
+        seen.append(kwargs.get("runtime_threads"))
+        raise Seen
+
+    monkeypatch.setattr(h2corn, "Config", config)
+    for threads in (3, 0):  # 0 with 16 CPUs (patched above): h2corn's own default
+        with pytest.raises(Seen):
+            asyncio.run(grpc_h2corn.start_grpc_h2corn({}, "s.S", "127.0.0.1", 0, 1024, threads=threads))
+    assert seen == [3, None]
+
+
 def test_a_busy_port_is_one_config_error(tmp_path: Path) -> None:
     from streamrt.serve.core import ServerCore
     from streamrt.serve.listeners.grpc_service import start_grpc

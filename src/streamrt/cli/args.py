@@ -323,8 +323,8 @@ SERVER_OPTIONS = (
            "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]')",
            {"choices": ("grpcio", "h2corn")}),
     Option("grpc_threads", ("--grpc-threads",),
-           "h2corn's Tokio threads (default: h2corn's, 2); 1 costs less CPU per small request, 2 moves large "
-           "ones faster (docs/benchmarks/2026-12-04-grpc-path-cpu.md); needs --grpc-server h2corn",
+           "h2corn's Tokio threads (default: 1 on a machine of 2 CPUs or fewer, else h2corn's 2); fewer cost "
+           "less CPU per small request, more move large ones faster; needs --grpc-server h2corn",
            {"type": int, "metavar": "N"}),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
            "shared memory per front-end process for tensors in flight (default 1024; pages are used "

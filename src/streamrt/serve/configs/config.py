@@ -541,8 +541,8 @@ class ServerConfig:
         grpc_server: who serves gRPC (the engine process, or each front-end process): ``grpcio`` (its
             asyncio server) or ``h2corn`` (a Rust HTTP/2 server, the ``fast-grpc`` extra: a quarter of
             grpcio's CPU per request; :mod:`streamrt.serve.listeners.grpc_h2corn`).
-        grpc_threads: h2corn's Tokio threads (0: h2corn's default, 2); only with ``grpc_server``
-            ``h2corn`` (grpcio's core sizes its own pollers).
+        grpc_threads: h2corn's Tokio threads (0: one on a machine of 2 CPUs or fewer, else h2corn's
+            default, 2); only with ``grpc_server`` ``h2corn`` (grpcio's core sizes its own pollers).
     """
 
     host: str = "127.0.0.1"
