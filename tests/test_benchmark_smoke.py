@@ -65,6 +65,17 @@ def test_http_library_floor_writes_a_row_per_round(tmp_path: Path) -> None:
     assert float(rows[1][2].replace(",", "")) > 0 and float(rows[1][3]) > 0 and rows[1][-1] == "0", rows
 
 
+def test_grpc_request_path_measures_both_variants(tmp_path: Path) -> None:
+    """The in-process gRPC path: every request answered (the script checks each grpc-status), a CPU figure per
+    variant. Which variant is cheaper is not asserted: 200 requests are too few to compare."""
+    out = tmp_path / "path.md"
+    _run(tmp_path, "grpc_request_path.py", "--requests", "200", "--concurrency", "4", "--rounds", "1",
+         "--out", str(out))
+    rows = _rows(out.read_text())
+    assert [r[0] for r in rows[1:]] == ["scheduled", "inline"], rows
+    assert all(float(r[1]) > 0 and float(r[2]) >= float(r[1]) * 0.5 for r in rows[1:]), rows
+
+
 def test_grpc_library_floor_writes_a_row_per_variant_and_round(tmp_path: Path) -> None:
     out = tmp_path / "grpc-floor.md"
     _run(tmp_path, "grpc_library_floor.py", "--concurrency", "2", "--processes", "1", "--seconds", "1",
