@@ -170,6 +170,37 @@ def test_requests_joining_a_waiting_batch_do_not_wake_the_scheduler(
     assert looks <= 4 * batches, (looks, batches)
 
 
+def test_the_loop_yields_its_core_once_per_batch_handed_to_an_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a batch goes to an instance thread the loop yields (sched_yield) so the batch starts at once:
+    once per batch, not per request."""
+    from streamrt.serve.scheduling import loop as loop_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from serving_frontend import write_repository
+    from streamrt.serve.configs.config import ServerConfig
+    from streamrt.serve.core import ServerCore
+    from streamrt.serve.wire.protocol import InferRequest
+
+    yields = [0]
+    monkeypatch.setattr(loop_module, "_SCHED_YIELD", lambda: yields.__setitem__(0, yields[0] + 1))
+    repo = write_repository(tmp_path / "repo", instances=1, delay_us=500)
+
+    async def main() -> int:
+        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
+        await core.start(wait_ready=True)
+        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
+        yields[0] = 0
+        await asyncio.gather(*(core.infer(InferRequest("null_small", inputs={"x": x})) for _ in range(12)))
+        batches = int(core.statistics("null_small")["model_stats"][0]["execution_count"])
+        await core.stop()
+        return batches
+
+    batches = asyncio.run(main())
+    assert yields[0] == batches and batches < 12, (yields[0], batches)
+
+
 def test_a_forked_child_gets_its_own_timer_thread() -> None:
     """The timer thread does not survive a fork: the child starts its own on first use."""
     import multiprocessing
