@@ -79,6 +79,57 @@ def test_a_cancelled_wake_up_never_runs(kind: str, source: str) -> None:
     assert _run(kind, main) == []
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, owner: type, method: str) -> list[int]:
+    """Count the calls of ``owner.method`` (in the one-element list returned)."""
+    calls = [0]
+    original = getattr(owner, method)
+
+    def counted(self: Any, *args: Any) -> Any:
+        calls[0] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(owner, method, counted)
+    return calls
+
+
+def _batches(kind: str, repo_dir: Path, clients: int, requests: int, reset: Callable[[], None],
+             stagger: bool = False) -> int:
+    """Serve the null model (one instance, max batch 64, 500 us delay) on ``kind``'s loop; call ``reset`` once
+    it is warm, run ``clients`` clients of ``requests`` requests each (``stagger``: client i waits i loop
+    iterations before each request, so arrivals spread over iterations as requests off sockets do); the
+    batches run after ``reset``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from serving_frontend import write_repository
+    from streamrt.serve.configs.config import ServerConfig
+    from streamrt.serve.core import ServerCore
+    from streamrt.serve.wire.protocol import InferRequest
+
+    repo = write_repository(repo_dir / "repo", instances=1, delay_us=500)
+
+    async def main() -> int:
+        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
+        await core.start(wait_ready=True)
+        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
+
+        def executions() -> int:
+            return int(core.statistics("null_small")["model_stats"][0]["execution_count"])
+
+        async def client(index: int) -> None:
+            for _ in range(requests):
+                for _ in range(index if stagger else 0):
+                    await asyncio.sleep(0)
+                await core.infer(InferRequest("null_small", inputs={"x": x}))
+
+        reset()
+        before = executions()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        batches = executions() - before
+        await core.stop()
+        return batches
+
+    return int(_run(kind, main))
+
+
 @pytest.mark.parametrize("kind", LOOPS)
 def test_a_sub_millisecond_batching_delay_does_not_spin_the_scheduler(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -86,41 +137,9 @@ def test_a_sub_millisecond_batching_delay_does_not_spin_the_scheduler(
     """4 clients, max batch 64, 500 us delay: every batch waits out the delay. The scheduler looks
     at the queue a few times per batch (an arrival, the wake-up, a completion), not once per loop
     iteration until the delay has passed (16 times per batch on uvloop before wake_at)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from serving_frontend import write_repository
-    from streamrt.serve.configs.config import ServerConfig
-    from streamrt.serve.core import ServerCore
-    from streamrt.serve.wire.protocol import InferRequest
-
-    calls = [0]
-    original = batcher_module.BatchQueue.next_batch
-
-    def counted(self: Any, now: float) -> Any:
-        calls[0] += 1
-        return original(self, now)
-
-    monkeypatch.setattr(batcher_module.BatchQueue, "next_batch", counted)
-    repo = write_repository(tmp_path / "repo", instances=1, delay_us=500)
-
-    async def main() -> tuple[int, int]:
-        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
-        await core.start(wait_ready=True)
-        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
-
-        async def client() -> None:
-            for _ in range(50):
-                await core.infer(InferRequest("null_small", inputs={"x": x}))
-
-        calls[0] = 0
-        await asyncio.gather(*(client() for _ in range(4)))
-        batches = core.statistics("null_small")["model_stats"][0]["execution_count"]
-        await core.stop()
-        return calls[0], batches
-
-    looks, batches = _run(kind, main)
-    assert looks <= 5 * batches, (looks, batches)
+    calls = _counted(monkeypatch, batcher_module.BatchQueue, "next_batch")
+    batches = _batches(kind, tmp_path, clients=4, requests=50, reset=lambda: calls.__setitem__(0, 0))
+    assert calls[0] <= 5 * batches, (calls[0], batches)
 
 
 @pytest.mark.parametrize("kind", LOOPS)
@@ -132,42 +151,10 @@ def test_requests_joining_a_waiting_batch_do_not_wake_the_scheduler(
     was ~10 passes per batch of ~8, each walking the queue)."""
     from streamrt.serve.scheduling import scheduler as scheduler_module
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from serving_frontend import write_repository
-    from streamrt.serve.configs.config import ServerConfig
-    from streamrt.serve.core import ServerCore
-    from streamrt.serve.wire.protocol import InferRequest
-
-    passes = [0]
-    original = scheduler_module.ModelScheduler._step
-
-    def counted(self: Any, now: float) -> Any:
-        passes[0] += 1
-        return original(self, now)
-
-    monkeypatch.setattr(scheduler_module.ModelScheduler, "_step", counted)
-    repo = write_repository(tmp_path / "repo", instances=1, delay_us=500)
-
-    async def main() -> tuple[int, int]:
-        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
-        await core.start(wait_ready=True)
-        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
-
-        async def client(index: int) -> None:
-            for _ in range(40):
-                for _ in range(index):  # arrive in different loop iterations, as requests off a socket do
-                    await asyncio.sleep(0)
-                await core.infer(InferRequest("null_small", inputs={"x": x}))
-
-        passes[0] = 0
-        await asyncio.gather(*(client(i) for i in range(8)))
-        batches = core.statistics("null_small")["model_stats"][0]["execution_count"]
-        await core.stop()
-        return passes[0], batches
-
-    looks, batches = _run(kind, main)
+    passes = _counted(monkeypatch, scheduler_module.ModelScheduler, "_step")
+    batches = _batches(kind, tmp_path, clients=8, requests=40, reset=lambda: passes.__setitem__(0, 0), stagger=True)
     assert batches <= 320 / 3, f"{batches} batches for 320 requests: the requests did not batch"
-    assert looks <= 4 * batches, (looks, batches)
+    assert passes[0] <= 4 * batches, (passes[0], batches)
 
 
 def test_the_loop_yields_its_core_once_per_batch_handed_to_an_instance(
@@ -177,27 +164,9 @@ def test_the_loop_yields_its_core_once_per_batch_handed_to_an_instance(
     once per batch, not per request."""
     from streamrt.serve.scheduling import loop as loop_module
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from serving_frontend import write_repository
-    from streamrt.serve.configs.config import ServerConfig
-    from streamrt.serve.core import ServerCore
-    from streamrt.serve.wire.protocol import InferRequest
-
     yields = [0]
     monkeypatch.setattr(loop_module, "_SCHED_YIELD", lambda: yields.__setitem__(0, yields[0] + 1))
-    repo = write_repository(tmp_path / "repo", instances=1, delay_us=500)
-
-    async def main() -> int:
-        core = ServerCore(repo, ServerConfig(http_port=None, grpc_port=None, startup_models=["null_small"]))
-        await core.start(wait_ready=True)
-        x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
-        yields[0] = 0
-        await asyncio.gather(*(core.infer(InferRequest("null_small", inputs={"x": x})) for _ in range(12)))
-        batches = int(core.statistics("null_small")["model_stats"][0]["execution_count"])
-        await core.stop()
-        return batches
-
-    batches = asyncio.run(main())
+    batches = _batches("asyncio", tmp_path, clients=12, requests=1, reset=lambda: yields.__setitem__(0, 0))
     assert yields[0] == batches and batches < 12, (yields[0], batches)
 
 
