@@ -179,10 +179,11 @@ def test_64_image_requests_pass_and_the_limit_is_resource_exhausted(tmp_path: Pa
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "bool", "int64", "uint8", "complex64"])
-@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "empty", "scalar"])
 def test_raw_bytes_are_the_tensors_memory_in_c_order(dtype: str, layout: str) -> None:
     """``raw_bytes``: the bytes ``tobytes`` gives (C order), a view where the array is C-contiguous; formats
-    the buffer protocol lacks (bfloat16) go through a uint8 view."""
+    the buffer protocol lacks (bfloat16) go through a uint8 view; an empty output (a detector with no boxes)
+    and a 0-d one are answered too."""
     from streamrt.serve.wire.protocol import raw_bytes
 
     if dtype == "bfloat16":
@@ -191,8 +192,7 @@ def test_raw_bytes_are_the_tensors_memory_in_c_order(dtype: str, layout: str) ->
     else:
         np_dtype = np.dtype(dtype)
     array = (np.random.default_rng(0).standard_normal((3, 5)) * 10).astype(np_dtype)
-    if layout == "transposed":
-        array = array.T
+    array = {"transposed": array.T, "empty": array[:0], "scalar": array[0, 0].reshape(())}.get(layout, array)
     blob = raw_bytes(array)
     assert bytes(blob) == array.tobytes() and len(blob) == array.nbytes
     if layout == "contiguous":

@@ -205,8 +205,8 @@ class GrpcAsgi:
     """An ASGI application serving grpcio method handlers (``name -> RpcMethodHandler``) of one service."""
 
     def __init__(self, handlers: Mapping[str, Any], service: str, max_receive_bytes: int) -> None:
-        self.handlers, self.service, self.limit = dict(handlers), service, max_receive_bytes
-        self._routes = {f"/{service}/{name}": (name, handler) for name, handler in self.handlers.items()}
+        self.limit = max_receive_bytes
+        self._routes = {f"/{service}/{name}": (name, handler) for name, handler in handlers.items()}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

@@ -197,8 +197,8 @@ class SchedulerLoop(ABC, Generic[BatchT]):
         # _step is a call of its own so that no local of it (a batch's inputs: request views)
         # stays alive while the loop sleeps.
         # The wake-up set for the earliest deadline stays set while that deadline stays the earliest:
-        # requests joining a forming batch do not move it, and re-arming it per arrival cost the
-        # timer thread a wake-up each time.
+        # requests joining a forming batch do not move it, and re-arming it per arrival cost a timer
+        # wake-up each time.
         while True:
             deadlines = self._step(time.monotonic())
             if self._closing and not self.pending and not self._active:

@@ -207,8 +207,8 @@ def raw_bytes(array: np.ndarray) -> bytes | memoryview:
         return serialize_bytes(array)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    if array.dtype.kind in "biufc":  # the buffer protocol knows these formats: the cheapest byte view
-        return array.data.cast("B")
+    if array.dtype.kind in "biufc" and array.size:  # the buffer protocol knows these: the cheapest byte view
+        return array.data.cast("B")  # (memoryview refuses to cast a view with a 0 in its shape)
     return array.reshape(-1).view(np.uint8).data  # (bfloat16 and other ml_dtypes have no buffer format)
 
 
