@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from streamrt.errors import RequestError
+from streamrt.errors import RequestError, UnparsableRequestError
 from streamrt.serve import ServerConfig, ServerThread
 from streamrt.serve.listeners.grpc_service import parse_infer_request, serialize_grpc_response
 from streamrt.serve.wire.grpc_wire import encode_length_delimited, split_infer_request
@@ -112,6 +112,35 @@ def test_a_remembered_request_layout_gives_the_full_decode_of_each_request() -> 
         parse_infer_request(short.SerializeToString(), 10**6)
     with pytest.raises(RequestError, match="exceed the server limit"):  # the limit is part of the key
         parse_infer_request(_small(model, second, "r1"), 8)
+
+
+def test_numbered_requests_share_one_layout_and_keep_their_own_ids() -> None:
+    """Clients that number their requests send a new id each time: the id is not part of the remembered
+    layout, so the second request of a shape is looked up whatever its id (ids of other lengths, non-ASCII,
+    over 127 bytes, none), on both lookups, and answers with its own id; an id that is not UTF-8 is still
+    refused as protobuf refuses it."""
+    from streamrt.serve.wire import grpc_layouts
+
+    rng = np.random.default_rng()
+    model = f"ids_{rng.integers(1 << 30)}"
+    parse_infer_request(_small(model, np.ones((1, 16), np.float32), "first"), 10**6)
+    for request_id in ("2", "request-00017", "é" * 90, "", "x" * 300):
+        x = rng.standard_normal((1, 16)).astype(np.float32)
+        data = _small(model, x, request_id)
+        whole = grpc_layouts.known_whole_request(data, 10**6)
+        split = grpc_layouts.known_request(*split_infer_request(data), 10**6)
+        assert whole is not None and split is not None, request_id
+        for request in (whole, split, parse_infer_request(data, 10**6)):
+            assert (request.model, request.id) == (model, request_id)
+            np.testing.assert_array_equal(request.inputs["x"], x)
+    whole_message = _small(model, np.ones((1, 16), np.float32), "x" * 200)
+    for cut in range(len(whole_message)):  # cut anywhere (inside the id's two-byte length too): not known, no error
+        assert grpc_layouts.known_whole_request(whole_message[:cut], 10**6) is None
+    bad = bytearray(_small(model, np.ones((1, 16), np.float32), "ab"))
+    bad[bad.index(b"ab")] = 0xFF  # the id's first byte: not UTF-8
+    assert grpc_layouts.known_whole_request(bytes(bad), 10**6) is None
+    with pytest.raises(UnparsableRequestError):
+        parse_infer_request(bytes(bad), 10**6)
 
 
 def test_requests_with_parameters_are_decoded_every_time() -> None:

@@ -21,6 +21,14 @@ and raw contents) are kept for replies whose outputs are all non-BYTES and not i
 the id goes between the two parts as protobuf's field order puts it, so the bytes are those
 ``SerializeToString`` writes.
 
+The request's ``id`` is not part of the layout: clients that number their requests (tritonclient's
+``request_id``, ``streamrt perf --request-ids``) send a new id every time, and with it in the key every
+request was a rest not seen before (the full decode, and a table churned until it was cleared). Protobuf's
+serializers write fields in number order, so the id (field 3) follows ``model_name`` and ``model_version``
+(fields 1 and 2) at the front of the message; :func:`_id_field` finds it there, the tables are keyed by
+the message without it, and each request gets its own id back. An id written anywhere else stays in
+the key, as before.
+
 A known request is found without splitting it too: the rest followed by the raw entries, each
 framed as protobuf writes field 7 (``raw_input_contents`` is the message's last field, so
 tritonclient's and protobuf's serializers put the entries last), has one total size per layout;
@@ -39,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.errors import RequestError
 from streamrt.serve.wire.grpc_wire import RAW_INPUT_TAG as _RAW_INPUT_TAG
-from streamrt.serve.wire.grpc_wire import encode_varint
+from streamrt.serve.wire.grpc_wire import encode_varint, read_varint
 from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BoundedTable
 from streamrt.serve.wire.protocol import InferRequest, InferResponse, RequestedOutput, kserve_dtype
 
@@ -65,7 +74,6 @@ class GrpcRequestLayout:
 
     model: str
     version: str
-    request_id: str
     inputs: tuple[RawInput, ...]
     outputs: tuple[RequestedOutput, ...]
 
@@ -81,37 +89,96 @@ _REPLIES: BoundedTable[tuple[bytes, bytes]] = BoundedTable()
 """(fields 1-2, field 5) of reply messages by (model, version, each output's name, dtype and shape)."""
 
 
+_LEADING_TAGS = (0x0A, 0x12)
+"""``model_name`` and ``model_version`` (fields 1 and 2, length-delimited): what protobuf writes before the id."""
+_ID_TAG = 0x1A
+"""``id`` (field 3, length-delimited)."""
+
+
+def _id_field(data: bytes | memoryview, end: int) -> tuple[int, int, int] | None:
+    """(start, value start, end) of the ``id`` field where protobuf's serializers put it (after
+    ``model_name`` and ``model_version``, the first fields of a message), or None when it is not there.
+    Lengths under 128 (one varint byte) are read in place: this runs for every request."""
+    pos = 0
+    try:
+        for tag in _LEADING_TAGS:
+            if pos < end and data[pos] == tag:
+                length = data[pos + 1]
+                if length < 0x80:
+                    pos += 2 + length
+                else:
+                    length, pos = read_varint(data, pos + 1, end)
+                    pos += length
+        if pos >= end or data[pos] != _ID_TAG:
+            return None
+        length = data[pos + 1]
+        if length < 0x80:
+            value = pos + 2
+        else:
+            length, value = read_varint(data, pos + 1, end)
+    except (IndexError, RequestError):  # a message shorter than its first fields say
+        return None
+    return (pos, value, value + length) if value + length <= end else None
+
+
+def _without_id(rest: bytes) -> tuple[bytes, str] | None:
+    """(``rest`` without its id field, the id); None when the id is not valid UTF-8 (protobuf refuses it)."""
+    field = _id_field(rest, len(rest))
+    if field is None:
+        return rest, ""
+    start, value, end = field
+    try:
+        return rest[:start] + rest[end:], rest[value:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def known_whole_request(data: bytes | memoryview, max_elements: int) -> InferRequest | None:
     """The request of a whole message laid out as one decoded before (its rest, then its raw entries
-    framed as protobuf writes them), inputs zero-copy views of ``data``; None otherwise."""
-    entry = _WHOLE.get((len(data), max_elements))
+    framed as protobuf writes them; any id), inputs zero-copy views of ``data``; None otherwise."""
+    view = memoryview(data)
+    field = _id_field(view, min(len(view), MAX_HEADER_BYTES))
+    cut = 0 if field is None else field[2] - field[0]
+    entry = _WHOLE.get((len(view) - cut, max_elements))
     if entry is None:
         return None
     rest, frames, layout = entry
-    view = memoryview(data)
-    if view[:len(rest)] != rest:
-        return None
-    for start, head, _ in frames:
-        if view[start:start + len(head)] != head:
+    request_id = ""
+    if field is None:
+        if view[:len(rest)] != rest:
             return None
-    return _request(layout, [view[at:at + t.nbytes] for (_, _, at), t in zip(frames, layout.inputs, strict=True)])
+    else:
+        start, value, end = field
+        if view[:start] != rest[:start] or view[end:len(rest) + cut] != rest[start:]:
+            return None
+        try:
+            request_id = str(view[value:end], "utf-8")
+        except UnicodeDecodeError:
+            return None
+    for at, head, _ in frames:
+        if view[at + cut:at + cut + len(head)] != head:
+            return None
+    return _request(layout, [view[at + cut:at + cut + t.nbytes]
+                             for (_, _, at), t in zip(frames, layout.inputs, strict=True)], request_id)
 
 
 def known_request(rest: bytes, raw: Sequence[memoryview], max_elements: int) -> InferRequest | None:
-    """The request of a rest decoded before, its inputs zero-copy views of ``raw``; None when the
-    rest is not known or the raw entries are not the sizes it implies."""
-    layout = _REQUESTS.get((rest, max_elements))
+    """The request of a rest decoded before (any id), its inputs zero-copy views of ``raw``; None when
+    the rest is not known or the raw entries are not the sizes it implies."""
+    key = _without_id(rest)
+    layout = None if key is None else _REQUESTS.get((key[0], max_elements))
     if layout is None or len(raw) != len(layout.inputs):
         return None
     for data, tensor in zip(raw, layout.inputs, strict=True):
         if data.nbytes != tensor.nbytes:
             return None
-    return _request(layout, raw)
+    assert key is not None
+    return _request(layout, raw, key[1])
 
 
-def _request(layout: GrpcRequestLayout, raw: Sequence[memoryview]) -> InferRequest:
+def _request(layout: GrpcRequestLayout, raw: Sequence[memoryview], request_id: str) -> InferRequest:
     return InferRequest(
-        model=layout.model, version=layout.version, id=layout.request_id,
+        model=layout.model, version=layout.version, id=request_id,
         inputs={t.name: np.ndarray(t.shape, t.dtype, data) for data, t in zip(raw, layout.inputs, strict=True)},
         outputs=layout.outputs,
     )
@@ -130,7 +197,11 @@ def remember_request(rest: bytes, message: Any, request: InferRequest, max_eleme
         inputs.append(RawInput(tensor.name, array.dtype, array.shape, array.size, array.nbytes))
     if not inputs or len(inputs) != len(request.inputs) or any(o.parameters for o in message.outputs):
         return
-    layout = GrpcRequestLayout(request.model, request.version, request.id, tuple(inputs), request.outputs)
+    key = _without_id(rest)
+    if key is None or key[1] != request.id:  # an id elsewhere in the message stays part of the rest
+        return
+    rest = key[0]
+    layout = GrpcRequestLayout(request.model, request.version, tuple(inputs), request.outputs)
     _REQUESTS.put((rest, max_elements), layout)
     frames, at = [], len(rest)
     for tensor in inputs:

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 from streamrt.errors import RequestError
 
-__all__ = ["RAW_INPUT_TAG", "encode_infer_response", "encode_length_delimited", "encode_varint", "split_infer_request"]
+__all__ = ["RAW_INPUT_TAG", "encode_infer_response", "encode_length_delimited", "encode_varint", "read_varint",
+           "split_infer_request"]
 
 _RAW_INPUT_FIELD = 7
 RAW_INPUT_TAG = bytes([(_RAW_INPUT_FIELD << 3) | 2])
@@ -37,7 +38,8 @@ RAW_INPUT_TAG = bytes([(_RAW_INPUT_FIELD << 3) | 2])
 _RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])  # field 6, wire type 2 (length-delimited)
 
 
-def _varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+def read_varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """(the protobuf varint at ``pos``, the position after it); RequestError when it runs past ``end``."""
     value = shift = 0
     while True:
         if pos >= end or shift > 63:
@@ -73,16 +75,16 @@ def split_infer_request(data: bytes) -> tuple[bytes, list[memoryview]]:
     pos = 0
     while pos < end:
         start = pos
-        key, pos = _varint(data, pos, end)
+        key, pos = read_varint(data, pos, end)
         wire = key & 7
         if wire == 0:
-            _, pos = _varint(data, pos, end)
+            _, pos = read_varint(data, pos, end)
         elif wire == 1:
             pos += 8
         elif wire == 5:
             pos += 4
         elif wire == 2:
-            length, pos = _varint(data, pos, end)
+            length, pos = read_varint(data, pos, end)
             if key >> 3 == _RAW_INPUT_FIELD and pos + length <= end:
                 raw.append(view[pos : pos + length])
                 pos += length
