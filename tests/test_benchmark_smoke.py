@@ -208,3 +208,51 @@ def test_grpc_binary_latency_splits_a_request_into_stages_that_add_up(tmp_path: 
              for i in range(2)]
     for i in range(2):
         assert abs(means[i] - float(total[i].strip("*").split("/")[0])) < 0.05 + 0.02 * means[i], (means, total)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_latency_split_joins_perf_requests_with_the_server_trace(tmp_path: Path, protocol: str) -> None:
+    """perf --profile-export-file gives each request its own id (the gRPC message and the HTTP JSON header), the
+    server's trace records it, and latency_split.py joins the two: every measured request is found, and the three
+    parts add up to the client's latency."""
+    import json
+
+    import numpy as np
+    import onnx
+
+    import streamrt
+    from streamrt.serve import ServerConfig, ServerThread
+    from streamrt.testing.models import CATALOGUE
+
+    repo = tmp_path / "repo"
+    (repo / "cnn" / "1").mkdir(parents=True)
+    onnx.save(CATALOGUE["small_cnn"].make(), str(tmp_path / "m.onnx"))
+    streamrt.build(tmp_path / "m.onnx", streamrt.BuildConfig(profiles=CATALOGUE["small_cnn"].profiles),
+                   repo / "cnn" / "1" / "model.plan", cache_dir=tmp_path / "cache")
+    (repo / "cnn" / "config.yaml").write_text("max_batch_size: 8\ndynamic_batching: {}\n")
+    trace, requests = tmp_path / "trace.jsonl", tmp_path / "requests.json"
+    config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5, trace_file=str(trace))
+    with ServerThread(repo, config) as server:
+        port = server.grpc_port if protocol == "grpc" else server.http_port
+        done = subprocess.run([sys.executable, "-m", "streamrt.cli.main", "perf", "-m", "cnn", "-i", protocol,
+                               "-u", f"127.0.0.1:{port}", "--concurrency-range", "2", "--measurement-interval", "500",
+                               "--warmup-ms", "100", "--profile-export-file", str(requests)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    log = json.loads(requests.read_text())["experiments"][0]["requests"]
+    ids = [r["request_id"] for r in log]
+    assert log and len(set(ids)) == len(ids)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import latency_split
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spans = latency_split.server_spans(trace)
+    assert set(ids) <= set(spans)  # every measured request was traced under the id perf gave it
+    parts = latency_split.split(latency_split.client_requests(requests), spans)
+    assert len(parts["total"]) == len(ids)
+    np.testing.assert_allclose(parts["inbound"] + parts["server"] + parts["outbound"], parts["total"])
+    assert (parts["server"] > 0).all() and (parts["total"] > parts["server"]).all()
+    table = subprocess.run([sys.executable, "benchmarks/latency_split.py", "--run", f"s:{requests}:{trace}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "| s |" in table.stdout and "outbound" in table.stdout, table.stderr

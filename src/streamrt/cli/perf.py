@@ -25,7 +25,7 @@ from streamrt.errors import ConfigError, StreamRTError
 from streamrt.types import parse_shape
 
 if TYPE_CHECKING:
-    from streamrt.client.loadgen import LevelResult
+    from streamrt.client.loadgen import LevelResult, LoadConfig
 
 __all__ = ["parse_concurrency", "parse_search_range", "register", "run"]
 
@@ -113,6 +113,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                  help="write perf_analyzer-style CSV here (-f: perf_analyzer's spelling)")
     add_alias(parser, "--csv", output)
     parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--profile-export-file", type=Path, default=None, metavar="FILE.json",
+                        help="write every measured request's id, send and answer times here (perf_analyzer's "
+                             "flag); each request then carries an id of its own, so the server's request trace "
+                             "(streamrt serve --trace-file, tritonserver --trace-config) can be joined with it "
+                             "(benchmarks/latency_split.py)")
     parser.set_defaults(func=run)
 
 
@@ -123,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output:  # before minutes of load, as build checks -o
         check_output(args.output, example="perf.csv")
+    if args.profile_export_file:
+        check_output(args.profile_export_file, example="requests.json")
     bound = None
     if args.latency_bound_ms is not None:
         start, end, step = parse_search_range(args.concurrency_range)
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         processes=args.processes,
         shared_memory=args.shared_memory,
         output_shared_memory_size=args.output_shared_memory_size,
+        request_ids=args.profile_export_file is not None,
     )
     found = run_search(cfg, bound) if bound else None
     results = found.levels if found else run_load(cfg)
@@ -167,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
             hint="fix what the error names (e.g. -b/--batch-size within the model's max_batch_size, --shape)")
     if args.output:
         _write_csv(args.output, results, marks)
+    if args.profile_export_file:
+        _write_profile_export(args.profile_export_file, cfg, results)
     if args.json:
         print(json.dumps(found.to_json() if found else [r.to_json() for r in results], indent=2))
     else:
@@ -182,6 +192,21 @@ def run(args: argparse.Namespace) -> int:
                                 f"(-b/--batch-size) or the range's start ({found.bound.start})")
         return 0
     return 0 if all(r.requests for r in results) else 1
+
+
+def _write_profile_export(path: Path, cfg: LoadConfig, results: list[LevelResult]) -> None:
+    """Every measured request of every level: perf_analyzer's profile export layout (``experiments``, each with
+    its ``requests``' ``timestamp`` and ``response_timestamps``), plus each request's id; times are
+    ``time.perf_counter_ns`` (CLOCK_MONOTONIC), the clock of StreamRT's and Triton's trace timestamps."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    experiments = [{"experiment": {"mode": "concurrency", "value": r.concurrency},
+                    "requests": [{"request_id": rid, "timestamp": sent, "response_timestamps": [done]}
+                                 for rid, sent, done in r.request_log]} for r in results]
+    document = {"version": 1, "service_kind": "kserve-v2", "protocol": cfg.protocol, "endpoint": cfg.url,
+                "model": cfg.model, "clock": "CLOCK_MONOTONIC ns (time.perf_counter_ns)", "experiments": experiments}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document))
+    tmp.replace(path)
 
 
 def _write_csv(path: Path, results: list[LevelResult], marks: list[str] | None) -> None:

@@ -17,6 +17,12 @@ One Python process tops out at a few thousand small requests/s (or ~1 GB/s of pa
 one merged result). Each process measures its CPU time in the window: a process busy for more
 than 80% of it is likely the limit, and the result says so (``client_busy``, ``warning``).
 
+``request_ids`` gives every request an id of its own (``<client pid>-<n>``, in the message where
+protobuf and Triton's JSON put it) and keeps each measured request's send and answer times
+(``LevelResult.request_log``, ``time.perf_counter_ns``: CLOCK_MONOTONIC on Linux, the clock of
+StreamRT's and Triton's trace timestamps), so that a server's request trace on the same host can be
+joined with the client's view of the same requests (``streamrt perf --profile-export-file``).
+
 Example:
     >>> cfg = LoadConfig(url="127.0.0.1:8000", model="cnn", concurrency=(1, 8), duration_s=2)   # doctest: +SKIP
     >>> print(format_results(run_load(cfg)))                                                   # doctest: +SKIP
@@ -26,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,6 +50,7 @@ from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.measure.stats import Stats
 from streamrt.running.inputs import random_inputs
+from streamrt.serve.wire.grpc_wire import encode_varint
 from streamrt.serve.wire.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 
@@ -74,6 +83,7 @@ class LoadConfig:
         processes: client processes sharing each concurrency level (>= 1).
         shared_memory: ``"none"``, ``"system"`` or ``"cuda"`` (inputs and outputs in registered regions).
         output_shared_memory_size: bytes per output region when an output's size is not static.
+        request_ids: give each request its own id and keep its send and answer times (``request_log``).
     """
 
     url: str
@@ -92,6 +102,7 @@ class LoadConfig:
     processes: int = 1
     shared_memory: str = "none"
     output_shared_memory_size: int = 102400
+    request_ids: bool = False
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -127,10 +138,13 @@ class LevelResult:
     client_cpu_us: float = 0.0
     client_busy: float = 0.0
     warning: str = ""
+    request_log: list[tuple[str, int, int]] = field(default_factory=list, repr=False)
+    """(id, sent, answered) of each request in the window, ``perf_counter_ns``; with ``request_ids`` only."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["latency_ms"] = self.latency_ms.to_dict() if self.latency_ms else None
+        del d["request_log"]  # per request: perf --profile-export-file writes it
         return d
 
 
@@ -146,6 +160,7 @@ class _HttpClient:
         )
         self.body = b""
         self.headers: dict[str, str] = {}
+        self._header_bytes: int | None = None  # the JSON header's length when binary tensors follow it
 
     async def _get(self, path: str) -> Any:
         async with self.session.get(self.base + path) as r:
@@ -175,6 +190,7 @@ class _HttpClient:
         header = json.dumps(request).encode()
         self.body = header + b"".join(blobs)
         self.headers = {HEADER_LENGTH: str(len(header))} if blobs else {}
+        self._header_bytes = len(header) if blobs else None
 
     async def _post(self, path: str, body: dict[str, Any]) -> None:
         async with self.session.post(f"http://{self.cfg.url}{path}", json=body) as r:
@@ -196,8 +212,14 @@ class _HttpClient:
             kind = "systemsharedmemory" if reg.kind == "system" else "cudasharedmemory"
             await self._post(f"/v2/{kind}/region/{reg.name}/unregister", {})
 
-    async def infer(self) -> None:
-        async with self.session.post(self.base + "/infer", data=self.body, headers=self.headers) as r:
+    async def infer(self, request_id: str | None = None) -> None:
+        body, headers = self.body, self.headers
+        if request_id is not None:  # the id first in the JSON header (ids are ASCII: no escaping needed)
+            field_ = b'{"id": "' + request_id.encode() + b'", '
+            body = field_ + body[1:]
+            if self._header_bytes is not None:
+                headers = {HEADER_LENGTH: str(self._header_bytes + len(field_) - 1)}
+        async with self.session.post(self.base + "/infer", data=body, headers=headers) as r:
             body = await r.read()
             if r.status != 200:
                 raise StreamRTError(f"HTTP {r.status}: {http_error_text(body)}")
@@ -208,6 +230,10 @@ class _HttpClient:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+_ID_TAG = bytes([(3 << 3) | 2])
+"""``ModelInferRequest.id``: field 3, length-delimited."""
 
 
 class _GrpcClient:
@@ -231,6 +257,7 @@ class _GrpcClient:
         self._meta = call("ModelMetadata", messages.ModelMetadataResponse)
         self._stats = call("ModelStatistics", messages.ModelStatisticsResponse)
         self.body = b""
+        self._before_id = 0  # bytes of model_name and model_version: the id goes after them, as protobuf writes it
 
     async def metadata(self) -> dict[str, Any]:
         from google.protobuf import json_format
@@ -253,6 +280,8 @@ class _GrpcClient:
         for name, region in (regions.outputs if regions is not None else {}).items():
             _grpc_shm_params(request.outputs.add(name=name).parameters, region)
         self.body = request.SerializeToString()
+        self._before_id = len(self.messages.ModelInferRequest(model_name=self.cfg.model,
+                                                              model_version=self.cfg.version).SerializeToString())
 
     async def register(self, regions: ClientRegions) -> None:
         for reg in regions.registrations:
@@ -275,9 +304,13 @@ class _GrpcClient:
                                         response_deserializer=getattr(self.messages, f"{method}Response").FromString)
         return await call(message, metadata=self.metadata_, timeout=self.cfg.timeout_s)
 
-    async def infer(self) -> None:
+    async def infer(self, request_id: str | None = None) -> None:
+        body = self.body
+        if request_id is not None:
+            value = request_id.encode()
+            body = b"".join((body[:self._before_id], _ID_TAG, encode_varint(len(value)), value, body[self._before_id:]))
         try:
-            await self._infer(self.body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
+            await self._infer(body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
         except Exception as exc:
             code = getattr(exc, "code", lambda: None)()
             if code is not None and code.name == "RESOURCE_EXHAUSTED" and len(self.body) > 4 * 2**20:
@@ -369,6 +402,7 @@ class _Part:
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu_s: float = 0.0
     rows: int = 1
+    log: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 async def _open(cfg: LoadConfig, concurrency: int) -> tuple[Any, ClientRegions | None, int]:
@@ -412,20 +446,27 @@ async def _drive(client: Any, cfg: LoadConfig, concurrency: int, start: float, s
     """``concurrency`` back-to-back workers until the window ``[start, start + duration)`` ends."""
     part = _Part()
     end = start + cfg.duration_s
+    start_ns, end_ns = int(start * 1e9), int(end * 1e9)  # perf_counter and perf_counter_ns: one clock
     cpu: dict[str, float] = {}
 
+    ids = itertools.count() if cfg.request_ids else None
+    prefix = f"{os.getpid()}-"
+
     async def worker() -> None:
-        while (now := time.perf_counter()) < end:
+        while (sent := time.perf_counter_ns()) < end_ns:
+            request_id = None if ids is None else prefix + str(next(ids))
             try:
-                await client.infer()
+                await client.infer(request_id)
             except Exception as exc:
-                if now >= start:
+                if sent >= start_ns:
                     part.errors.append(str(exc)[:300])
                 await asyncio.sleep(0.001)
                 continue
-            done = time.perf_counter()
-            if now >= start and done <= end:
-                part.latencies.append((done - now) * 1e3)
+            done = time.perf_counter_ns()
+            if sent >= start_ns and done <= end_ns:
+                part.latencies.append((done - sent) / 1e6)
+                if request_id is not None:
+                    part.log.append((request_id, sent, done))
 
     async def window() -> None:
         await asyncio.sleep(max(0.0, start - time.perf_counter()))
@@ -532,6 +573,7 @@ def _merge(cfg: LoadConfig, concurrency: int, parts: list[_Part], processes: int
         client_cpu_us=cpu / max(len(latencies), 1) * 1e6,
         client_busy=busy,
         warning=warning,
+        request_log=[entry for p in parts for entry in p.log],
     )
 
 
