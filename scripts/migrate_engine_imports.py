@@ -46,7 +46,7 @@ SERVE_ROOMS = {
     "configs": ["config", "config_message", "triton_config", "ensemble_config", "model_files", "derived_profiles"],
     "observability": ["stats", "tracing", "otel"],
     "execution": ["instances", "placement", "memory_budget", "integrity", "rate_limiter"],
-    "scheduling": ["batcher", "eager", "loop", "scheduler", "sequence", "timers"],  # loop, eager: new in the room
+    "scheduling": ["batcher", "loop", "scheduler", "sequence", "timers"],  # loop: new in the room, no old path
     "models": ["model", "servable", "ensemble", "repository", "classification", "python_backend",
                "scheduled", "engine_files", "engine_config"],  # the last three: new in the room, no old path
     "listeners": ["http", "grpc_service", "grpc_h2corn", "metrics", "frontends"],

@@ -36,7 +36,6 @@ from streamrt.serve.execution.instances import BatchResult
 from streamrt.serve.observability.stats import ModelStats
 from streamrt.serve.observability.tracing import RequestTrace
 from streamrt.serve.scheduling.batcher import BatchQueue, Pending
-from streamrt.serve.scheduling.eager import eager_future
 from streamrt.serve.scheduling.loop import Executor, Executors, Job, SchedulerLoop
 
 __all__ = ["ModelScheduler"]
@@ -102,7 +101,7 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         """
         if self._closing:
             raise ModelNotReadyError(f"model '{self.name}' is unloading and accepts no new requests")
-        future: asyncio.Future[Outputs] = eager_future(self._loop)  # answered as soon as its batch is
+        future: asyncio.Future[Outputs] = self._loop.create_future()
         job = _Job(inputs, future, time.perf_counter_ns(), trace)
         if trace is not None:
             trace.mark("QUEUE_START", job.enqueued_ns)

@@ -57,7 +57,6 @@ from streamrt.serve.configs.config import ModelConfig, SequenceBatchingConfig, S
 from streamrt.serve.execution.instances import BatchResult, Instance, InstanceGroup
 from streamrt.serve.observability.stats import ModelStats
 from streamrt.serve.observability.tracing import RequestTrace
-from streamrt.serve.scheduling.eager import eager_future
 from streamrt.serve.scheduling.loop import Job, SchedulerLoop
 from streamrt.serve.wire.protocol import SequenceFlags
 from streamrt.serve.wire.shared_memory import DeviceTensor
@@ -274,7 +273,7 @@ class SequenceScheduler(SchedulerLoop[list[Row]]):
         elif flags.start:
             log.warning("model '%s': sequence %s started again before it ended; its state restarts",
                         self.name, flags.id)
-        future: asyncio.Future[Outputs] = eager_future(self._loop)  # answered as soon as its batch is
+        future: asyncio.Future[Outputs] = self._loop.create_future()
         step = _Step(inputs, flags, key, future, time.perf_counter_ns(), time.monotonic(), trace)
         if trace is not None:
             trace.mark("QUEUE_START", step.enqueued_ns)
