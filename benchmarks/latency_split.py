@@ -9,11 +9,12 @@ Inputs per server (``--run LABEL:REQUESTS:TRACE``):
   (JSON lines) or ``tritonserver --trace-config triton,file=TRACE --trace-config rate=1 --trace-config
   level=TIMESTAMPS`` (one JSON array of partial objects); both stamp with the same clock.
 
-Per request, joined by id: **inbound** = client send -> REQUEST_START (client call, socket, the server's
-transport and hand-over to where it reads the request), **server** = REQUEST_START -> REQUEST_END (as the server
-counts it: queue, batch, run, response), **outbound** = REQUEST_END -> the client has the answer (response
-encoding, transport, client). REQUEST_START is Triton's once its gRPC thread has read the request, StreamRT's
-once the request is parsed; REQUEST_END is when the response is ready for the front end in both.
+Per request, joined by id: **inbound** = client send -> the server has the request (client call, socket, the
+server's transport and hand-over), **server** = that -> the response is being sent (queue, batch, run, response),
+**outbound** = that -> the client has the answer (transport, client). The server's marks are the first of
+:data:`ARRIVED` and of :data:`ANSWERING` its trace has: Triton's front-end stamps (GRPC_WAITREAD_END,
+GRPC_SEND_START, or HTTP's), StreamRT's REQUEST_START (the request parsed) and REQUEST_END (the response ready
+for the front end).
 
     python benchmarks/latency_split.py --run triton:t-req.json:t-trace.json --run streamrt:s-req.json:s-trace.jsonl \
         [--skip 0.2] [--out FILE]
@@ -31,6 +32,12 @@ from typing import Any
 import numpy as np
 
 PARTS = ("inbound", "server", "outbound", "total")
+ARRIVED = ("GRPC_WAITREAD_END", "HTTP_RECV_END", "REQUEST_START")
+"""The first of these a trace has ends the inbound part: Triton's front ends stamp when they have read the request
+(its REQUEST_START follows), StreamRT's REQUEST_START is when the request is parsed."""
+ANSWERING = ("GRPC_SEND_START", "HTTP_SEND_START", "REQUEST_END")
+"""The first of these a trace has starts the outbound part: Triton's REQUEST_END is when it releases the request,
+which can be after the client has the answer; StreamRT's is when the response is ready for the front end."""
 
 
 def client_requests(path: Path) -> dict[str, tuple[int, int]]:
@@ -52,8 +59,13 @@ def server_spans(path: Path) -> dict[str, tuple[int, int]]:
             ids[entry["id"]] = str(entry["request_id"])
         for stamp in entry.get("timestamps", []):
             stamps[entry["id"]].setdefault(stamp["name"], int(stamp["ns"]))
-    return {ids[k]: (v["REQUEST_START"], v["REQUEST_END"]) for k, v in stamps.items()
-            if k in ids and "REQUEST_START" in v and "REQUEST_END" in v}
+    spans = {}
+    for key, v in stamps.items():
+        start = next((v[n] for n in ARRIVED if n in v), None)
+        end = next((v[n] for n in ANSWERING if n in v), None)
+        if key in ids and start is not None and end is not None:
+            spans[ids[key]] = (start, end)
+    return spans
 
 
 def split(requests: dict[str, tuple[int, int]], spans: dict[str, tuple[int, int]],
