@@ -52,6 +52,44 @@ def test_a_repeated_header_reads_the_new_body() -> None:
     assert again.priority == 2 and again.timeout_us == 500 and again.sequence is not None
 
 
+def _numbered(arrays: dict[str, np.ndarray], request_id: object, separators: tuple[str, str] = (", ", ": ")
+              ) -> tuple[bytes, int]:
+    """A body whose JSON header has the id first, as tritonclient and streamrt perf write it."""
+    entries = [{"name": n, "shape": list(a.shape), "datatype": "FP32", "parameters": {"binary_data_size": a.nbytes}}
+               for n, a in arrays.items()]
+    header = json.dumps({"id": request_id, "inputs": entries}, separators=separators).encode()
+    return header + b"".join(a.tobytes() for a in arrays.values()), len(header)
+
+
+def test_numbered_requests_share_one_layout_and_keep_their_own_ids() -> None:
+    """A new id each time (other lengths, non-ASCII, compact JSON) is looked up, not parsed: the tensors are read
+    where the longer or shorter header puts them, and each request keeps its id; ids the bytes do not give as they
+    are (escapes) take the full parse, with the same answer."""
+    rng = np.random.default_rng()
+    protocol._LAYOUTS = BoundedTable()
+    _decode(*_numbered({"x": np.ones((1, 16), np.float32), "w": np.ones((1, 3), np.float32)}, "first"))
+    for request_id in ("2", "request-000017", "é" * 40, "", "x" * 300):
+        arrays = {"x": rng.standard_normal((1, 16), dtype=np.float32), "w": rng.standard_normal((1, 3), np.float32)}
+        body, length = _numbered(arrays, request_id)
+        protocol._LAYOUTS.put = None  # type: ignore[method-assign,assignment]  # a full parse would fail here
+        try:
+            request = _decode(body, length)
+        finally:
+            del protocol._LAYOUTS.put
+        assert request.id == request_id
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(request.inputs[name], array)
+        with pytest.raises(RequestError, match="binary data ends at byte"):  # a short body: the full parse's error
+            _decode(body[:-4], length)
+    assert len(protocol._LAYOUTS) == 1
+    x = np.ones((1, 16), np.float32)
+    for odd in ('a\\"b', 'tab\there'):  # escapes: not read from the bytes, parsed (and right)
+        body, length = _numbered({"x": x, "w": x[:, :3]}, odd)
+        assert _decode(body, length).id == odd
+    compact = _numbered({"x": x}, "c1", separators=(",", ":"))
+    assert _decode(*compact).id == "c1" and _decode(*_numbered({"x": x}, "c22", separators=(",", ":"))).id == "c22"
+
+
 def test_a_known_header_with_a_short_body_gets_the_full_parse_error() -> None:
     x = np.random.default_rng().standard_normal((1, 16), dtype=np.float32)
     body, length = _binary_body({"x": x})

@@ -16,6 +16,13 @@ raises the same errors as before. Reply headers are kept only for replies whose 
 binary, non-BYTES and not in shared memory (their JSON depends on nothing but the outputs' names,
 datatypes and shapes), without the request id, which is appended per reply.
 
+A request's ``id`` is not part of the key: a client that numbers its requests (tritonclient's
+``request_id``, ``streamrt perf --profile-export-file``) sends a new id each time, and with it in the
+key every request took the full parse. tritonclient and ``streamrt perf`` write it as the header's
+first member (``{"id": "...", ...``); :func:`without_request_id` takes it out of the key there and
+gives it back to the request, and the tensors' offsets move by the difference in header length. An
+id written elsewhere, or with JSON escapes, stays in the key, as before.
+
 Both tables are bounded (:data:`MAX_ENTRIES`, cleared when full; request headers over
 :data:`MAX_HEADER_BYTES` are never kept), so a client that sends a new shape every time costs one
 failed lookup per request, never memory.
@@ -29,7 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["MAX_ENTRIES", "MAX_HEADER_BYTES", "BinaryInput", "BoundedTable", "RequestLayout"]
+__all__ = ["MAX_ENTRIES", "MAX_HEADER_BYTES", "BinaryInput", "BoundedTable", "RequestLayout", "without_request_id"]
 
 MAX_ENTRIES = 256
 """Headers each table keeps (a server sees a handful of shapes per model)."""
@@ -52,9 +59,10 @@ class BinaryInput:
     count: int
     offset: int
 
-    def view(self, body: memoryview) -> np.ndarray:
-        """The input as a zero-copy array over ``body``."""
-        return np.frombuffer(body, dtype=self.dtype, count=self.count, offset=self.offset).reshape(self.shape)
+    def view(self, body: memoryview, shift: int = 0) -> np.ndarray:
+        """The input as a zero-copy array over ``body`` (whose header is ``shift`` bytes longer than the
+        remembered one's)."""
+        return np.frombuffer(body, dtype=self.dtype, count=self.count, offset=self.offset + shift).reshape(self.shape)
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,8 @@ class RequestLayout:
     Attributes:
         inputs: the binary inputs in body order.
         body_length: the body length the header implies (header + every input's bytes).
-        outputs / request_id / binary_output / priority / timeout_us / sequence: as parsed
+        header_length: the length of the header it was remembered from (ids of other lengths move the tensors).
+        outputs / binary_output / priority / timeout_us / sequence: as parsed
             (``outputs``: :class:`~.protocol.RequestedOutput` s, ``sequence``: a
             :class:`~.protocol.SequenceFlags` or None; typed loosely because :mod:`.protocol`
             imports this module, not the other way round).
@@ -72,8 +81,8 @@ class RequestLayout:
 
     inputs: tuple[BinaryInput, ...]
     body_length: int
+    header_length: int
     outputs: tuple[Any, ...]
-    request_id: str
     binary_output: bool
     priority: int
     timeout_us: int
@@ -98,3 +107,32 @@ class BoundedTable(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+_ID_MEMBERS = (b'{"id": "', b'{"id":"')
+"""The request id as the header's first member, as ``json.dumps`` writes it (tritonclient, ``streamrt perf``)
+and compactly."""
+
+
+def without_request_id(header: bytes) -> tuple[bytes, str] | None:
+    """(``header`` without its leading ``"id"`` member, the id), or (``header``, "") when it does not start with
+    one; None when the id cannot be read from the bytes as they are (JSON escapes or control characters, not
+    UTF-8, no member after it): such a header takes the full parse."""
+    if not header.startswith(b'{"id"'):  # most headers: one check
+        return header, ""
+    for prefix in _ID_MEMBERS:
+        if not header.startswith(prefix):
+            continue
+        end = header.find(b'"', len(prefix))
+        value = header[len(prefix):end]
+        if end < 0 or b"\\" in value or any(byte < 0x20 for byte in value):
+            return None
+        rest = header[end + 1:]
+        rest = rest[2:] if rest.startswith(b", ") else rest[1:] if rest.startswith(b",") else b""
+        if not rest:
+            return None
+        try:
+            return b"{" + rest, value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return header, ""

@@ -26,7 +26,13 @@ import numpy as np
 
 from streamrt.errors import ConfigError, PayloadTooLargeError, RequestError, UnsupportedRequestError
 from streamrt.serve.wire.bytes_tensor import deserialize_bytes, serialize_bytes
-from streamrt.serve.wire.http_headers import MAX_HEADER_BYTES, BinaryInput, BoundedTable, RequestLayout
+from streamrt.serve.wire.http_headers import (
+    MAX_HEADER_BYTES,
+    BinaryInput,
+    BoundedTable,
+    RequestLayout,
+    without_request_id,
+)
 from streamrt.serve.wire.shared_memory import RegionRef, RegionSource, SharedMemoryRegistry, region_ref
 from streamrt.types import DType
 
@@ -301,10 +307,13 @@ def decode_http_request(
         UnsupportedRequestError: shared memory without a registry, raw binary bodies.
     """
     if header_length is not None and 0 < header_length <= min(len(body), MAX_HEADER_BYTES):
-        key = (body[:header_length] if isinstance(body, bytes) else bytes(body[:header_length]), max_elements)
-        layout = _LAYOUTS.get(key)
-        if layout is not None and layout.body_length == len(body):
-            return _from_layout(layout, body, model, version)
+        known = without_request_id(body[:header_length] if isinstance(body, bytes) else bytes(body[:header_length]))
+        layout = None if known is None else _LAYOUTS.get((known[0], max_elements))
+        if layout is not None:
+            assert known is not None
+            shift = header_length - layout.header_length  # another id's length moves the tensors
+            if layout.body_length + shift == len(body):
+                return _from_layout(layout, body, model, version, known[1], shift)
     leases: list[Any] = []
     try:
         return _decode_http(body, header_length, model, version, max_elements, memory, leases)
@@ -314,14 +323,15 @@ def decode_http_request(
 
 
 _LAYOUTS: BoundedTable[RequestLayout] = BoundedTable()
-"""Checked headers of binary requests by (header bytes, max_elements): see :mod:`.http_headers`."""
+"""Checked headers of binary requests by (header bytes without a leading id, max_elements): see :mod:`.http_headers`."""
 
 
-def _from_layout(layout: RequestLayout, body: bytes | bytearray | memoryview, model: str, version: str) -> InferRequest:
-    """The request of a body whose header was checked before (the same bytes, the same length)."""
+def _from_layout(layout: RequestLayout, body: bytes | bytearray | memoryview, model: str, version: str,
+                 request_id: str, shift: int) -> InferRequest:
+    """The request of a body whose header was checked before (the same bytes but its id, the same tensor bytes)."""
     view = memoryview(body)
     return InferRequest(
-        model=model, version=version, id=layout.request_id, inputs={i.name: i.view(view) for i in layout.inputs},
+        model=model, version=version, id=request_id, inputs={i.name: i.view(view, shift) for i in layout.inputs},
         outputs=layout.outputs, binary_output=layout.binary_output, priority=layout.priority,
         timeout_us=layout.timeout_us, sequence=layout.sequence,
     )
@@ -432,9 +442,12 @@ def _decode_http(
         leases=leases,
         sequence=sequence_flags(params),
     )
-    if kept is not None and header_length is not None and header_length <= MAX_HEADER_BYTES:
-        _LAYOUTS.put((bytes(body[:header_length]), max_elements), RequestLayout(
-            tuple(kept), len(body), request.outputs, request.id, request.binary_output, request.priority,
+    known = (without_request_id(bytes(body[:header_length]))
+             if kept is not None and header_length is not None and header_length <= MAX_HEADER_BYTES else None)
+    if known is not None and known[1] == request.id:  # an id elsewhere (or twice) stays part of the key
+        assert kept is not None and header_length is not None
+        _LAYOUTS.put((known[0], max_elements), RequestLayout(
+            tuple(kept), len(body), header_length, request.outputs, request.binary_output, request.priority,
             request.timeout_us, request.sequence))
     return request
 
