@@ -8,9 +8,14 @@ runs every example as ``python NAME.py -u localhost:PORT`` (the HTTP or gRPC por
 says; ``-d`` again for the sequence examples, ``-i grpc`` / ``-i http`` for the two that take a
 protocol), and prints one row per run: passed, failed (with the output's last lines), xfail (a
 check that no server can pass with the installed tritonclient, see ``XFAILS``) or skipped with the
-reason (decoupled models, CUDA shared memory, image models, vLLM). An example passes when it exits
+reason (decoupled models, CUDA shared memory, vLLM). An example passes when it exits
 0 and, if its source prints ``PASS``, when its output says ``PASS`` (several examples exit 0 after a
 failed check and only leave the ``PASS`` line out).
+
+The image examples run as Triton's QA runs them (``IMAGE_RUNS``: ``-m densenet_onnx -c 3 -s INCEPTION``
+on a picture the script writes, synchronous, ``-a`` and gRPC ``--streaming``; the ensemble on the
+picture file's bytes) against untrained models of Triton's names and shapes; they need Pillow (and
+``image_client.py`` over HTTP ``attrdict``), and are skipped with that reason where it is missing.
 
 Model-control examples unload ``simple`` and count the repository's models (seven in some, eight in
 others, as upstream's own repositories differ), so each runs against a server of its own whose
@@ -25,6 +30,7 @@ Exit status: 0 when every example that should pass passed, 1 otherwise, 2 for ba
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -47,9 +53,7 @@ from streamrt.testing.triton_examples import MODEL_NAMES, write_repository  # no
 #: Examples that cannot pass here, by name (a regular expression on the file name) and why.
 SKIPS: tuple[tuple[str, str], ...] = (
     (r"cudashm", "CUDA shared memory needs a GPU"),
-    (r"^(image_client|grpc_image_client|ensemble_image_client)\.py$",
-     "needs a trained image model (densenet/inception) and images"),
-    (r"^grpc_client\.py$", "image model: inception's tensors under the name densenet_onnx"),
+    (r"^grpc_client\.py$", "sends inception's tensors to densenet_onnx: fails against Triton's own example model too"),
     (r"vllm", "needs a vLLM model (decoupled, generate extension)"),
     (r"custom_repeat", "decoupled model (repeat_int32)"),
 )
@@ -59,6 +63,17 @@ XFAILS: tuple[tuple[str, str, str], ...] = (
     (r"^simple_grpc_model_control\.py$", r"expected 'Invalid file path' for oversized file path; got 'StatusCode\.",
      "looks for the message in InferenceServerException.status(), which tritonclient sets to the gRPC code "
      "name; the server answers INVALID_ARGUMENT 'Invalid file path: ...' (tests/serve/test_triton_client_parity.py)"),
+)
+PICTURE = "{picture}"
+"""Stands for the picture the script writes, in :data:`IMAGE_RUNS`."""
+#: The image examples' runs: (file name, protocols, the variants of their arguments), as Triton's QA runs them.
+_DENSENET = ("-m", "densenet_onnx", "-c", "3", "-s", "INCEPTION", PICTURE)
+IMAGE_RUNS: tuple[tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]], ...] = (
+    ("image_client.py", ("http", "grpc"), (_DENSENET, ("-a", *_DENSENET))),
+    ("image_client.py", ("grpc",), (("--streaming", *_DENSENET),)),
+    ("grpc_image_client.py", ("grpc",), (_DENSENET, ("--streaming", *_DENSENET),
+                                         ("-m", "inception_graphdef", "-c", "3", "-s", "INCEPTION", PICTURE))),
+    ("ensemble_image_client.py", ("http", "grpc"), (("-c", "3", PICTURE),)),
 )
 DECOUPLED = re.compile(r"decoupled|repeat_int32|square_int32")
 SEQUENCE = re.compile(r"sequence_(sync|stream)")
@@ -99,18 +114,33 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+def _missing(modules: Sequence[str]) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
 def skip_reason(path: Path, source: str) -> str | None:
     for pattern, reason in SKIPS:
         if re.search(pattern, path.name):
             return reason
+    if any(path.name == name for name, _, _ in IMAGE_RUNS):
+        missing = _missing(["PIL", *(["attrdict"] if "attrdict" in source else [])])
+        if missing:
+            return f"needs {' and '.join(missing)} (the example's own imports; pip install pillow attrdict)"
     if DECOUPLED.search(source):
         return "decoupled model"
     return None
 
 
-def plan(path: Path, source: str) -> list[Run]:
-    """The runs of one example: its protocol(s) and arguments, from its name and argument parser."""
+def plan(path: Path, source: str, picture: Path | None = None) -> list[Run]:
+    """The runs of one example: its protocol(s) and arguments, from its name and argument parser (the image
+    examples: :data:`IMAGE_RUNS`, on ``picture``)."""
     name = path.name
+    images = [(protocols, variants) for n, protocols, variants in IMAGE_RUNS if n == name]
+    if images:
+        flag = PROTOCOL_FLAG.search(source) is not None
+        return [Run(name, protocol, (*(("-i", protocol) if flag else ()),
+                                     *(str(picture) if a == PICTURE else a for a in variant)))
+                for protocols, variants in images for protocol in protocols for variant in variants]
     counted = REPOSITORY_COUNT.search(source)
     own = int(counted.group(1)) if counted else 0
     hard_coded = not URL_FLAG.search(source)
@@ -174,6 +204,16 @@ def run_example(examples: Path, run: Run, server: Server, timeout: float) -> Res
     return Result(run.example, run.protocol, " ".join(run.args), status, seconds, why)
 
 
+def write_picture(path: Path) -> None:
+    """A 320x240 JPEG (colour gradients) for the image examples."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:240, 0:320]
+    pixels = np.stack([x * 255 // 320, y * 255 // 240, (x + y) % 256], -1).astype(np.uint8)
+    Image.fromarray(pixels).save(path, quality=90)
+
+
 def select(examples: Path, patterns: Sequence[str]) -> list[Path]:
     paths = sorted(p for p in examples.glob("*.py") if not p.name.startswith("_"))
     return [p for p in paths if not patterns or any(k in p.name for k in patterns)]
@@ -182,13 +222,16 @@ def select(examples: Path, patterns: Sequence[str]) -> list[Path]:
 def run_all(examples: Path, patterns: Sequence[str], work: Path, timeout: float) -> list[Result]:
     results: list[Result] = []
     runs: list[Run] = []
+    picture = work / "picture.jpg"
     for path in select(examples, patterns):
         source = path.read_text()
         reason = skip_reason(path, source)
         if reason:
             results.append(Result(path.name, "grpc" if "grpc" in path.name else "http", "", "skipped", 0.0, reason))
         else:
-            runs += plan(path, source)
+            runs += plan(path, source, picture)
+    if any(r.example in {name for name, _, _ in IMAGE_RUNS} for r in runs):
+        write_picture(picture)
     if not runs:
         return results
     default_ports = all(port_is_free(p) for p in (8000, 8001, 8002))

@@ -184,3 +184,76 @@ def test_sequence_models_interleaved(server: ServerThread) -> None:
         string_id = int(ids["simple_string_dyna_sequence"][k])
         assert got[("simple_string_dyna_sequence", k)] == [*sums[:5], sums[5] + string_id]
     client.close()
+
+
+def _picture() -> tuple[bytes, np.ndarray]:
+    """A JPEG and its pixels as NVIDIA's image examples prepare them for inception (RGB, 299x299 bilinear,
+    INCEPTION scaling), from Pillow."""
+    import io
+
+    pil = pytest.importorskip("PIL.Image")
+    y, x = np.mgrid[0:240, 0:320]
+    buffer = io.BytesIO()
+    pil.fromarray(np.stack([x * 255 // 320, y * 255 // 240, (x + y) % 256], -1).astype(np.uint8)).save(buffer, "JPEG")
+    data = buffer.getvalue()
+    scaled = np.asarray(pil.open(io.BytesIO(data)).convert("RGB").resize((299, 299), pil.BILINEAR), np.float32)
+    return data, scaled / 127.5 - 1
+
+
+@pytest.mark.parametrize("mod", [thttp, tgrpc], ids=["http", "grpc"])
+def test_image_models_classify_with_triton_labels_and_the_ensemble_preprocesses_as_the_client(
+        server: ServerThread, mod: Any) -> None:
+    """densenet_onnx and inception_graphdef answer top-k classes with their label files (inception's 1001 with
+    the background first, as Triton's); the ensemble, given the JPEG's bytes, decodes and scales it on the server
+    to the same classes and scores as inception_graphdef given the client's own preprocessing."""
+    data, pixels = _picture()
+    client = mod.InferenceServerClient(f"127.0.0.1:{server.http_port if mod is thttp else server.grpc_port}")
+    kw = {"binary_data": True} if mod is thttp else {}
+    direct = client.infer("inception_graphdef", _inputs(mod, "FP32", pixels[None], names=("input",)),
+                          outputs=[mod.InferRequestedOutput("InceptionV3/Predictions/Softmax", class_count=3, **kw)])
+    top = [entry.decode().split(":") for entry in direct.as_numpy("InceptionV3/Predictions/Softmax")[0]]
+    assert [label for _, _, label in top] == [f"class_{int(index) - 1:04d}" for _, index, _ in top]
+    assert [float(score) for score, _, _ in top] == sorted((float(score) for score, _, _ in top), reverse=True)
+    ensemble = client.infer("preprocess_inception_ensemble",
+                            _inputs(mod, "BYTES", np.array([[data]], dtype=object), names=("INPUT",)),
+                            outputs=[mod.InferRequestedOutput("OUTPUT", class_count=3, **kw)])
+    assert [entry.decode().split(":") for entry in ensemble.as_numpy("OUTPUT")[0]] == top
+    densenet = client.infer("densenet_onnx", _inputs(mod, "FP32", np.zeros((1, 3, 224, 224), np.float32),
+                                                     names=("data_0",)),
+                            outputs=[mod.InferRequestedOutput("fc6_1", class_count=2, **kw)])
+    assert all(entry.decode().split(":")[2].startswith("class_") for entry in densenet.as_numpy("fc6_1")[0])
+
+
+def test_the_harness_runs_the_image_examples_on_a_picture_of_its_own(tmp_path: Path) -> None:
+    """The image examples' runs come from IMAGE_RUNS (model, classes, scaling and the picture the harness writes),
+    not from a bare -u: an example that insists on them passes only when it gets them."""
+    pytest.importorskip("PIL")
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    (examples / "ensemble_image_client.py").write_text(textwrap.dedent('''
+        import argparse, sys
+        import numpy as np
+        import tritonclient.http as httpclient
+        import tritonclient.grpc as grpcclient
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("-u", "--url", default="localhost:8000")
+        parser.add_argument("-i", "--protocol", default="HTTP")
+        parser.add_argument("-c", "--classes", type=int, default=1)
+        parser.add_argument("image_filename")
+        flags = parser.parse_args()
+        mod = grpcclient if flags.protocol.lower() == "grpc" else httpclient
+        client = mod.InferenceServerClient(flags.url)
+        data = np.array([[open(flags.image_filename, "rb").read()]], dtype=object)
+        item = mod.InferInput("INPUT", [1, 1], "BYTES")
+        item.set_data_from_numpy(data)
+        result = client.infer("preprocess_inception_ensemble", [item],
+                              outputs=[mod.InferRequestedOutput("OUTPUT", class_count=flags.classes)])
+        if len(result.as_numpy("OUTPUT")[0]) != 3:
+            sys.exit("expected 3 classes")
+        print("PASS")
+    '''))
+    code, results, output = _harness(examples, tmp_path / "r.json")
+    assert code == 0, output
+    assert [(r["protocol"], r["status"]) for r in results] == [("http", "passed"), ("grpc", "passed")], output
+    assert all(r["args"].endswith("picture.jpg") and "-c 3" in r["args"] for r in results)

@@ -12,6 +12,12 @@ with a Triton-style ``config.json``, so ``streamrt serve`` can stand where ``tri
   on the END request, plus the correlation id (the examples' "dyna" expectations).
 - ``simple_string_dyna_sequence`` (oldest, CORRID as a string): a running sum kept as implicit state,
   the correlation id (decimal text) added on the END request.
+- the image examples' models, with Triton's names, tensors, formats and label files but not trained
+  (each channel's mean over the picture, a fixed random map to the classes, softmax):
+  ``densenet_onnx`` (``data_0`` NCHW 3x224x224 -> ``fc6_1`` [1000]), ``inception_graphdef`` (``input``
+  NHWC 299x299x3 -> ``InceptionV3/Predictions/Softmax`` [1001]) and ``preprocess_inception_ensemble``
+  (the picture file's bytes -> ``image_preprocess_model``, a Python model decoding, resizing and scaling it
+  with Pillow -> ``inception_graphdef``).
 
 Example:
     >>> from pathlib import Path
@@ -29,8 +35,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["MODEL_NAMES", "write_repository"]
 
@@ -156,6 +163,102 @@ def _simple_string_dyna_sequence() -> tuple[onnx.ModelProto, dict[str, Any]]:
     return model, {**_sequence_io(), "sequence_batching": batching}
 
 
+Files = dict[str, str]
+"""Extra files of a model folder (label files, a Python model), by path relative to it."""
+
+
+def _labels(count: int, offset: int = 0) -> str:
+    return "".join(f"class_{i - offset:04d}\n" if i >= offset else "background\n" for i in range(count))
+
+
+def _classifier(name: str, input_name: str, nchw: bool, size: int, output_name: str, classes: int,
+                seed: int) -> onnx.ModelProto:
+    """An image classifier of Triton's example shapes, not a trained one: each channel's mean over the picture,
+    a fixed random linear map to ``classes`` scores, softmax (so the examples print a ranking, the same for
+    the same picture)."""
+    rng = np.random.default_rng(seed)
+    weights = numpy_helper.from_array((rng.standard_normal((3, classes)) * 4).astype(np.float32), "weights")
+    bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "bias")
+    nodes = [helper.make_node("ReduceMean", [input_name], ["channels"], axes=[2, 3] if nchw else [1, 2], keepdims=0),
+             helper.make_node("MatMul", ["channels", "weights"], ["mapped"]),
+             helper.make_node("Add", ["mapped", "bias"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], [output_name], axis=1)]
+    dims: list[int | str] = ["batch", 3, size, size] if nchw else ["batch", size, size, 3]
+    graph = helper.make_graph(nodes, name, [_info(input_name, TensorProto.FLOAT, dims)],
+                              [_info(output_name, TensorProto.FLOAT, ["batch", classes])], [weights, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="streamrt")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _densenet_onnx() -> tuple[onnx.ModelProto, dict[str, Any], Files]:
+    """Triton's ``densenet_onnx`` as ``image_client.py`` and ``grpc_image_client.py`` read it."""
+    config = {"max_batch_size": 1,
+              "input": [{"name": "data_0", "data_type": "TYPE_FP32", "format": "FORMAT_NCHW", "dims": [3, 224, 224]}],
+              "output": [{"name": "fc6_1", "data_type": "TYPE_FP32", "dims": [1000],
+                          "label_filename": "densenet_labels.txt"}]}
+    return (_classifier("densenet_onnx", "data_0", True, 224, "fc6_1", 1000, seed=1), config,
+            {"densenet_labels.txt": _labels(1000)})
+
+
+_INCEPTION_OUTPUT = "InceptionV3/Predictions/Softmax"
+
+
+def _inception_graphdef() -> tuple[onnx.ModelProto, dict[str, Any], Files]:
+    """Triton's ``inception_graphdef`` tensors (an ONNX model under its name): NHWC 299x299x3 -> 1001 classes."""
+    config = {"max_batch_size": 128,
+              "input": [{"name": "input", "data_type": "TYPE_FP32", "format": "FORMAT_NHWC", "dims": [299, 299, 3]}],
+              "output": [{"name": _INCEPTION_OUTPUT, "data_type": "TYPE_FP32", "dims": [1001],
+                          "label_filename": "inception_labels.txt"}]}
+    return (_classifier("inception_graphdef", "input", False, 299, _INCEPTION_OUTPUT, 1001, seed=2), config,
+            {"inception_labels.txt": _labels(1001, offset=1)})
+
+
+_PREPROCESS_MODEL = '''"""Triton's image_preprocess_model as a Python model: each request's picture files, decoded, RGB,
+299x299, scaled to [-1, 1] as Inception expects."""
+import io
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        from PIL import Image  # here, not at load: a server without Pillow still loads the repository
+
+        responses = []
+        for request in requests:
+            files = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().reshape(-1)
+            pictures = [np.asarray(Image.open(io.BytesIO(bytes(f))).convert("RGB").resize((299, 299), Image.BILINEAR),
+                                   np.float32) / 127.5 - 1 for f in files]
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.stack(pictures))]))
+        return responses
+'''
+
+
+def _image_preprocess_model() -> tuple[None, dict[str, Any], Files]:
+    config = {"backend": "python", "max_batch_size": 128,
+              "input": [{"name": "INPUT", "data_type": "TYPE_STRING", "dims": [1]}],
+              "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [299, 299, 3]}],
+              "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
+    return None, config, {"1/model.py": _PREPROCESS_MODEL}
+
+
+def _preprocess_inception_ensemble() -> tuple[None, dict[str, Any], Files]:
+    """Triton's example ensemble: the picture file's bytes -> image_preprocess_model -> inception_graphdef."""
+    config = {"platform": "ensemble", "max_batch_size": 128,
+              "input": [{"name": "INPUT", "data_type": "TYPE_STRING", "dims": [1]}],
+              "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [1001],
+                          "label_filename": "inception_labels.txt"}],
+              "ensemble_scheduling": {"step": [
+                  {"model_name": "image_preprocess_model", "model_version": -1,
+                   "input_map": {"INPUT": "INPUT"}, "output_map": {"OUTPUT": "preprocessed_image"}},
+                  {"model_name": "inception_graphdef", "model_version": -1,
+                   "input_map": {"input": "preprocessed_image"}, "output_map": {_INCEPTION_OUTPUT: "OUTPUT"}}]}}
+    return None, config, {"inception_labels.txt": _labels(1001, offset=1), "1/.keep": ""}
+
+
 _BUILDERS: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, Any]]]] = {
     "simple": lambda: _add_sub("simple", TensorProto.INT32, "TYPE_INT32"),
     "simple_string": lambda: _add_sub("simple_string", TensorProto.STRING, "TYPE_STRING"),
@@ -167,8 +270,15 @@ _BUILDERS: dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, Any]]]] = {
     "custom_identity_int32": lambda: _identity("custom_identity_int32", TensorProto.INT32, "TYPE_INT32"),
 }
 
-#: Every model :func:`write_repository` can write, in its order (``simple`` first).
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+_WITH_FILES: dict[str, Callable[[], tuple[onnx.ModelProto | None, dict[str, Any], Files]]] = {
+    "densenet_onnx": _densenet_onnx,
+    "inception_graphdef": _inception_graphdef,
+    "image_preprocess_model": _image_preprocess_model,
+    "preprocess_inception_ensemble": _preprocess_inception_ensemble,
+}
+
+#: Every model :func:`write_repository` can write, in its order (``simple`` first, the image models last).
+MODEL_NAMES: tuple[str, ...] = (*_BUILDERS, *_WITH_FILES)
 
 
 def write_repository(root: Path, names: Sequence[str] = MODEL_NAMES) -> list[str]:
@@ -176,15 +286,18 @@ def write_repository(root: Path, names: Sequence[str] = MODEL_NAMES) -> list[str
 
     ``root`` is emptied first. An unknown name raises ``KeyError`` naming the known ones.
     """
-    unknown = [name for name in names if name not in _BUILDERS]
+    unknown = [name for name in names if name not in MODEL_NAMES]
     if unknown:
         raise KeyError(f"no example model named {unknown}; known: {', '.join(MODEL_NAMES)}")
     if root.exists():
         shutil.rmtree(root)
     for name in names:
-        model, config = _BUILDERS[name]()
+        model, config, files = _WITH_FILES[name]() if name in _WITH_FILES else (*_BUILDERS[name](), {})
         (root / name / "1").mkdir(parents=True)
-        onnx.save(model, str(root / name / "1" / "model.onnx"))
-        config = {"name": name, "platform": "onnxruntime_onnx", **config}
-        (root / name / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if model is not None:
+            onnx.save(model, str(root / name / "1" / "model.onnx"))
+            config = {"platform": "onnxruntime_onnx", **config}
+        for relative, text in files.items():
+            (root / name / relative).write_text(text)
+        (root / name / "config.json").write_text(json.dumps({"name": name, **config}, indent=2) + "\n")
     return list(names)
