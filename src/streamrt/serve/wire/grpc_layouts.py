@@ -22,7 +22,7 @@ the id goes between the two parts as protobuf's field order puts it, so the byte
 ``SerializeToString`` writes.
 
 The request's ``id`` is not part of the layout: clients that number their requests (tritonclient's
-``request_id``, ``streamrt perf --request-ids``) send a new id every time, and with it in the key every
+``request_id``, ``streamrt perf --profile-export-file``) send a new id every time, and with it in the key every
 request was a rest not seen before (the full decode, and a table churned until it was cleared). Protobuf's
 serializers write fields in number order, so the id (field 3) follows ``model_name`` and ``model_version``
 (fields 1 and 2) at the front of the message; :func:`_id_field` finds it there, the tables are keyed by
