@@ -99,8 +99,10 @@ def start_triton(repo: Path, work: Path, http: int, grpc: int, log: Path) -> sub
     (backends / "python").mkdir(parents=True, exist_ok=True)
     for source in [*(triton / "backends" / "python").glob("*.*"),
                    triton / "python_backend_stubs" / version / "triton_python_backend_stub"]:
-        if source.is_file():
-            shutil.copy2(source, backends / "python" / source.name)
+        if source.is_file():  # through a new name: the stub of a tritonserver still exiting may be running
+            staged = backends / "python" / f".{source.name}.new"
+            shutil.copy2(source, staged)
+            os.replace(staged, backends / "python" / source.name)
     libs = Path(package).parent / "nvidia_pytriton.libs"
     env = {**os.environ, "PATH": f"{python.parent}:{os.environ.get('PATH', '')}",
            "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(libs), libdir, os.environ.get("LD_LIBRARY_PATH")]))}
