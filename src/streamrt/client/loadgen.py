@@ -50,7 +50,7 @@ from streamrt.client.shared_memory import ClientRegions
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.measure.stats import Stats
 from streamrt.running.inputs import random_inputs
-from streamrt.serve.wire.grpc_wire import encode_varint
+from streamrt.serve.wire.grpc_wire import encode_length_delimited
 from streamrt.serve.wire.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
 from streamrt.types import DType, TensorSpec
 
@@ -232,10 +232,6 @@ class _HttpClient:
         await self.session.close()
 
 
-_ID_TAG = bytes([(3 << 3) | 2])
-"""``ModelInferRequest.id``: field 3, length-delimited."""
-
-
 class _GrpcClient:
     def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
         grpc_aio = require("grpc.aio", extra="serve", purpose="the gRPC load generator")
@@ -306,9 +302,9 @@ class _GrpcClient:
 
     async def infer(self, request_id: str | None = None) -> None:
         body = self.body
-        if request_id is not None:
-            value = request_id.encode()
-            body = b"".join((body[:self._before_id], _ID_TAG, encode_varint(len(value)), value, body[self._before_id:]))
+        if request_id is not None:  # ModelInferRequest.id is field 3
+            body = b"".join((body[:self._before_id], encode_length_delimited(3, request_id.encode()),
+                             body[self._before_id:]))
         try:
             await self._infer(body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
         except Exception as exc:

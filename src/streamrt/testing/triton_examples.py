@@ -49,8 +49,9 @@ def _info(name: str, kind: int, dims: Sequence[int | str]) -> onnx.ValueInfoProt
 
 
 def _model(name: str, nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
-           outputs: list[onnx.ValueInfoProto], opset: int = _OPSET) -> onnx.ModelProto:
-    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs),
+           outputs: list[onnx.ValueInfoProto], opset: int = _OPSET,
+           initializers: Sequence[onnx.TensorProto] = ()) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs, list(initializers)),
                               opset_imports=[helper.make_opsetid("", opset)], producer_name="streamrt")
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -184,12 +185,8 @@ def _classifier(name: str, input_name: str, nchw: bool, size: int, output_name: 
              helper.make_node("Add", ["mapped", "bias"], ["scores"]),
              helper.make_node("Softmax", ["scores"], [output_name], axis=1)]
     dims: list[int | str] = ["batch", 3, size, size] if nchw else ["batch", size, size, 3]
-    graph = helper.make_graph(nodes, name, [_info(input_name, TensorProto.FLOAT, dims)],
-                              [_info(output_name, TensorProto.FLOAT, ["batch", classes])], [weights, bias])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="streamrt")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return _model(name, nodes, [_info(input_name, TensorProto.FLOAT, dims)],
+                  [_info(output_name, TensorProto.FLOAT, ["batch", classes])], initializers=[weights, bias])
 
 
 def _densenet_onnx() -> tuple[onnx.ModelProto, dict[str, Any], Files]:

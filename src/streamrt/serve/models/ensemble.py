@@ -214,7 +214,7 @@ class EnsembleModel(ScheduledModel):
     # --- serving ------------------------------------------------------------------------------
 
     async def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
-                       key: Hashable = None) -> dict[str, Any]:
+                       key: Hashable) -> dict[str, Any]:
         """Run the steps as their inputs become available; count the request as one execution whose
         queue and compute times are its steps' sums (Triton's ensemble statistics)."""
         self._inflight += 1

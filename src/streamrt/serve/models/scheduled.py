@@ -195,11 +195,9 @@ class ScheduledModel:
         return InferResponse(self.name, str(self.version), request.id, answer)
 
     def _execute(self, request: InferRequest, rows: int, trace: RequestTrace | None,
-                 key: Hashable = None) -> Awaitable[Mapping[str, Any]]:
+                 key: Hashable) -> Awaitable[Mapping[str, Any]]:
         """The request's outputs from the scheduler, to await (an ensemble runs its steps instead); ``key``:
-        its :meth:`batching_key`, when known."""
-        if key is None:
-            key = self.batching_key(request.inputs)
+        its :meth:`batching_key`."""
         scheduler = self._scheduler
         assert scheduler is not None, "a kind without a scheduler replaces _execute"
         if isinstance(scheduler, SequenceScheduler):
