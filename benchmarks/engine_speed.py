@@ -29,6 +29,11 @@ the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (through
 over the paired torch.compile variant's in the same table), the fraction of the precision's dense
 tensor-core peak (CUDA), and the relative L2 error of the first output against eager fp32.
 
+Variants: ``L0``..``L5`` are plans at each optimization level as ``streamrt build`` makes them (the level's
+own defaults); suffixes pin one option: ``c``/``s``/``i`` the convolution epilogues (cuDNN's, cuDNN's spatial,
+Inductor's: ``L5i`` is what a plain ``L5`` meant in the tables up to 2026-12-05), then ``b``/``n`` cuDNN's
+benchmark mode on/off, then ``r`` the warm rebuild (``L5cnr``).
+
 Order and lanes: ``--groups`` lists exactly what runs, most important first; ``--lanes 2`` builds two
 variants at a time and stops the other lane while one is timed (:mod:`speed_lanes`), so a call of
 ~500 s holds level 5, its warm rebuild and torch.compile max-autotune together with the cheap rows.
@@ -46,7 +51,7 @@ Usage:
         --groups 'resnet50@32=L5,L5r,eager/2,compile/2,L3/2,max-autotune/2;mobilenet@32=compile,L3;vit@32=compile,L3' \
         --deadlines L5=450,L5r=150,max-autotune=360,L3=200,compile=150,eager=90    # the H200 call of issue 28
     python benchmarks/engine_speed.py --out DIR --device cpu --quick  # tiny CPU smoke run (CI)
-    python benchmarks/engine_speed.py --out DIR --groups 'resnet50@32=L5c,L3c' --fresh-first-call
+    python benchmarks/engine_speed.py --out DIR --groups 'resnet50@32=L5,L5i,L3c' --fresh-first-call
         # each plan also loaded and called once in a new process (load, first and second call in the notes)
     python benchmarks/engine_speed.py --merge A/engine-speed.jsonl B/engine-speed.jsonl --out DIR
 """
@@ -585,8 +590,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rebuild = args.rebuild or any(is_rebuild(v) for v in grouped)
         unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
         if unknown:
-            p.error(f"--groups: unknown variants {unknown}; known: L0..L5, L4r, L5r, "
-                    "L3c/L5c/L5s (cuDNN epilogues), then b/n (cuDNN benchmark on/off: L5cn), "
+            p.error(f"--groups: unknown variants {unknown}; known: L0..L5 (each level's defaults), L4r, L5r, "
+                    "L3c/L5c/L5s (cuDNN epilogues), L5i (Inductor's), then b/n (cuDNN benchmark on/off: L5cn), "
                     f"{', '.join(BASELINES)}")
     if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
         p.error(f"--lanes must be >= 1 and --lane-of lanes within 1..{args.lanes}, got {args.lane_of}")

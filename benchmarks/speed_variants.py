@@ -105,10 +105,13 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
 }
 
 
-_PLAN = re.compile(r"L(\d)([cs]?)([bn]?)(r?)")
-EPILOGUES = {"": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
-"""Plan variant suffixes: ``L5c`` is level 5 with ``conv_epilogues=cudnn``, ``L5s`` with ``cudnn_spatial``
-(below level 5 the suffix also turns freezing on, which folds batch norm so the pattern appears)."""
+_PLAN = re.compile(r"L(\d)([csi]?)([bn]?)(r?)")
+EPILOGUES: dict[str, str | None] = {"": None, "i": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
+"""Plan variant suffixes: a plain ``L5`` is level 5 as a user gets it (the level's own ``conv_epilogues``:
+cuDNN's at level 5 on CUDA since 2026-12-04); ``L5i`` is level 5 with Inductor's epilogue kernels (what a plain
+``L5`` meant in the tables up to 2026-12-05), ``L5c`` with ``conv_epilogues=cudnn``, ``L5s`` with
+``cudnn_spatial`` (below level 5 ``c``/``s`` also turn freezing on, which folds batch norm so the pattern
+appears)."""
 BENCHMARK = {"": None, "b": True, "n": False}
 """Then ``b`` / ``n``: cuDNN benchmark mode forced on / off (``cudnn_benchmark``; none: the level's default)."""
 
@@ -120,10 +123,10 @@ def level_of(variant: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def epilogues_of(variant: str) -> str:
-    """The ``conv_epilogues`` option of a plan variant (``inductor`` without a suffix)."""
+def epilogues_of(variant: str) -> str | None:
+    """The ``conv_epilogues`` option of a plan variant (``None`` without a suffix: the level's default)."""
     match = _PLAN.fullmatch(variant)
-    return EPILOGUES[match.group(2)] if match else "inductor"
+    return EPILOGUES[match.group(2)] if match else None
 
 
 def benchmark_of(variant: str) -> bool | None:
@@ -203,16 +206,16 @@ def output_count(out: Any) -> int:
 
 
 def plan_config(precision: str, level: int, device: str, build_budget_s: float | None,
-                conv_epilogues: str = "inductor", cudnn_benchmark: bool | None = None) -> Any:
+                conv_epilogues: str | None = None, cudnn_benchmark: bool | None = None) -> Any:
     """The BuildConfig of a plan: TF32 through ``BuildConfig.tf32``, the build budget where given, the
-    convolution epilogues always said on CUDA (a plain ``L5`` keeps Inductor's, as in every table before
-    level 5 took cuDNN's by default on 2026-12-04), cuDNN's with freezing below level 5."""
+    convolution epilogues only where the variant names them (``None``: the level's default, what
+    ``streamrt build --optimization-level N`` gives), cuDNN's with freezing below level 5."""
     from streamrt.config import BuildConfig
 
     options: dict[str, Any] = {"device": device}
-    if conv_epilogues != "inductor" or device == "cuda":
+    if conv_epilogues is not None:
         options["conv_epilogues"] = conv_epilogues
-    if conv_epilogues != "inductor" and level < 5:
+    if conv_epilogues not in (None, "inductor") and level < 5:
         options["freezing"] = True
     if cudnn_benchmark is not None:
         options["cudnn_benchmark"] = cudnn_benchmark

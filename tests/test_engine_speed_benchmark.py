@@ -244,13 +244,19 @@ def test_cudnn_epilogue_variants_parse_pair_and_report_their_cpu_refusal(tmp_pat
     import speed_variants as variants
 
     assert [variants.level_of(v) for v in ("L5c", "L5s", "L3c", "L5cr", "L5x")] == [5, 5, 3, 5, None]
-    assert [variants.epilogues_of(v) for v in ("L5", "L5c", "L5s")] == ["inductor", "cudnn", "cudnn_spatial"]
+    assert [variants.epilogues_of(v) for v in ("L5", "L5i", "L5c", "L5s")] == [None, "inductor", "cudnn",
+                                                                              "cudnn_spatial"]
+    assert variants.level_of("L5ir") == 5 and variants.base_variant("L5inr") == "L5r"
     assert variants.base_variant("L5cr") == "L5r" and variants.base_variant("eager") == "eager"
     assert [variants.level_of(v) for v in ("L5cn", "L5cb", "L5cnr", "L5nc")] == [5, 5, 5, None]
     assert [variants.benchmark_of(v) for v in ("L5c", "L5cn", "L5cb", "eager")] == [None, False, True, None]
     assert variants.base_variant("L5cnr") == "L5r"
     options = variants.plan_config("fp16", 3, "cuda", None, "cudnn").backend_options
     assert options == {"device": "cuda", "conv_epilogues": "cudnn", "freezing": True}  # BN folded below level 5
+    # A plain level is the level as `streamrt build` makes it: no epilogue option at all (level 5's own default).
+    assert variants.plan_config("fp16", 5, "cuda", None, None).backend_options == {"device": "cuda"}
+    assert variants.plan_config("fp16", 5, "cuda", None, "inductor").backend_options == {
+        "device": "cuda", "conv_epilogues": "inductor"}
     rows = [{"model": "m", "precision": "fp16", "batch": 32, "variant": v, "ms": ms}
             for v, ms in (("eager", 4.0), ("max-autotune", 2.0), ("L5c", 1.6))]
     module.add_ratios(rows)

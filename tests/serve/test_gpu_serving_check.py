@@ -88,3 +88,21 @@ def test_a_model_that_fails_to_build_is_a_row_and_the_report_is_finished(tmp_pat
     assert rows[-1][:2] == ["no_such_net", "failed"] and "Error" in rows[-1][-1], rows
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
     assert "- system shm >= 70% of offline" in report and "Failed parts: (b) no_such_net." in report
+
+
+def test_targets_say_not_measured_for_rows_that_did_not_run() -> None:
+    """With ``--latency-bound-ms 0`` the H200 report of 2026-12-05 printed "p99 <= 0 ms ... 0% FAIL" for the three
+    bounded targets that were never measured; a measured 0 (every request failed) stays a FAIL."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lines = script.targets({"gRPC binary": 0.44, "gRPC + system shm": 0.0, "gRPC + CUDA shm": 0.99}, "p99 <= 0 ms")
+    by_name = {line.split(" >= ")[0].removeprefix("- "): line for line in lines}
+    assert by_name["gRPC binary, concurrency 64"].endswith("44% **FAIL**")
+    assert by_name["system shm"].endswith("0% **FAIL**")
+    assert by_name["CUDA shm"].endswith("99% **PASS**")
+    bounded = [line for name, line in by_name.items() if "p99" in name]
+    assert len(bounded) == 3 and all(line.endswith("not measured (no row above)") for line in bounded), lines
