@@ -15,6 +15,12 @@ One call, under 9 minutes, writes ``OUT/serving-h200.md``:
     loop at the max batch, its half and its quarter; the best of those is 100% and every served
     row gives its share of it. (One bench loop at batch 64, the reference before issue 26, was
     beaten by the two-instance server.)
+    Each served row ends with the server's own time per request (queue, input, infer, output: Triton's
+    statistics, a batch's times counted for each of its requests). ``--direct-copies both`` serves the
+    two host transports a second time from a server whose engine process copies each request straight
+    from its page-locked arena or shared-memory region to the device (``STREAMRT_DIRECT_HOST_COPIES=1``,
+    no pinned staging slot): on 2026-12-05 both host transports stopped at ~1,000 requests/s of 4.8 MB
+    with full batches while CUDA shm reached 99%, which points at the batch's host-side copy.
 (c) **Under a latency bound** (first model only): ``streamrt perf --latency-bound-ms 15`` (MLPerf's
     Server bound for ResNet-50) over each transport: the highest images/s whose p99 stays within
     15 ms, searched over concurrency ``--bound-range`` (doubling, then bisecting to its step), a row
@@ -34,7 +40,8 @@ Plans take 60-100 s each to build here; pass ``--plans DIR`` with ``resnet50.pla
 Usage (on the GPU machine, from the repository root)::
 
     python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5] \
-        [--frontend-processes 1,4,8] [--latency-bound-ms 15] [--bound-range 4:256:2] [--bound-seconds 3]
+        [--frontend-processes 1,4,8] [--latency-bound-ms 15] [--bound-range 4:256:2] [--bound-seconds 3] \
+        [--direct-copies off|on|both]
 
     # (b) and (c) alone, ResNet-50 (about 6 minutes with the plan build, 4.5 with --plans):
     python scripts/gpu_serving_check.py OUT --skip-frontend --models resnet50
@@ -218,14 +225,16 @@ def engine_best(plan: Path, instances: int, batches: list[int], seconds: float,
 class Server:
     """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
 
-    def __init__(self, repo: Path, log: Path, frontend_processes: int = 1, grpc_server: str = "grpcio") -> None:
+    def __init__(self, repo: Path, log: Path, frontend_processes: int = 1, grpc_server: str = "grpcio",
+                 env: dict[str, str] | None = None) -> None:
         self.http, self.grpc = sf.free_port(), sf.free_port()
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
              "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING",
              "--frontend-processes", str(frontend_processes), "--grpc-server", grpc_server],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         sf.wait_ready(self.http, 300, self.process)
 
     def stop(self) -> None:
@@ -310,10 +319,28 @@ def reference_rows(name: str, plan: Path, args: argparse.Namespace, report: Repo
     return float(best["images_per_s"])
 
 
+def _server_split(r: dict[str, Any]) -> str:
+    """The server's own time per request in the window (Triton's statistics: a batch's times count for each of
+    its requests): where a served row's time goes, beside the engine's offline time per batch."""
+    us = r.get("server_us") or {}
+    parts = ("queue", "compute_input", "compute_infer", "compute_output")
+    if not any(us.get(k) for k in parts):
+        return ""
+    return "; server us/req: " + ", ".join(f"{k.removeprefix('compute_')} {us.get(k, 0):,.0f}" for k in parts)
+
+
+DIRECT_ENV = "STREAMRT_DIRECT_HOST_COPIES"
+"""The engine process's switch for copies straight from page-locked arenas and shared-memory regions
+(:func:`streamrt.device.staging.rows_to_device`); ``--direct-copies both`` measures the host transports with it
+off and on in the same run."""
+
+
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
-                ratios: dict[str, float]) -> None:
+                ratios: dict[str, float], transports: tuple[tuple[str, list[str]], ...] = TRANSPORTS,
+                suffix: str = "") -> None:
     """Part (b): each transport at ``--concurrency``, no latency bound; a row each, written as it comes."""
-    for label, extra in TRANSPORTS:
+    for label, extra in transports:
+        label += suffix
         try:
             r = perf(server, "grpc", name, args.request_batch, args, extra)
             lat = r.get("latency_ms") or {}
@@ -323,7 +350,7 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
                    f"{lat.get('median', float('nan')):.1f} / "
                    f"{lat.get('p99', float('nan')):.1f} | {(r.get('server_us') or {}).get('avg_batch', 0):.1f} | "
                    f"{r['errors']} errors" + (f"; {_cell(r['first_error'][:120])}" if r.get("first_error") else "")
-                   + (f"; {_cell(r['warning'])}" if r.get("warning") else "") + " |")
+                   + (f"; {_cell(r['warning'])}" if r.get("warning") else "") + _server_split(r) + " |")
             ratios[label] = ratio  # measured, even at 0 (every request failed): a FAIL, not "not measured"
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
             say(f"{name} {label}: FAILED {exc}")
@@ -388,14 +415,28 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
-    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server)
     ratios: dict[str, float] = {}
-    try:
-        served_rows(name, server, reference, args, report, ratios)
-        if bounded:
-            bounded_rows(name, server, reference, args, report, ratios)
-    finally:
-        server.stop()
+    if args.direct_copies != "on":
+        server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
+                        {DIRECT_ENV: "0"})
+        try:
+            served_rows(name, server, reference, args, report, ratios)
+            if bounded:
+                bounded_rows(name, server, reference, args, report, ratios)
+        finally:
+            server.stop()
+    if args.direct_copies != "off":  # the host transports again, each request copied from its own pages
+        try:
+            server = Server(repo, args.out / f"server-{name}-direct.log", max(args.frontend_processes),
+                            args.grpc_server, {DIRECT_ENV: "1"})
+        except (SystemExit, Exception) as exc:
+            report.add([f"| {name} {args.precision} | server with {DIRECT_ENV}=1 | failed | | | | "
+                        f"{_failure(exc, 300)} |"])
+            return ratios
+        try:
+            served_rows(name, server, reference, args, report, ratios, TRANSPORTS[:2], ", direct copies")
+        finally:
+            server.stop()
     return ratios
 
 
@@ -445,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")
+    parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="off",
+                        help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
+                             "shared-memory regions); both: the host transports measured with it off, then on")
     parser.add_argument("--latency-bound-ms", type=float, default=15.0,
                         help="(c): each transport's best images/s with p99 within this, for the first model "
                         "(default 15, MLPerf's Server bound for ResNet-50; 0 skips (c))")
