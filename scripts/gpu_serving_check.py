@@ -57,11 +57,13 @@ longer loses the others' numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -238,9 +240,28 @@ class Server:
         sf.wait_ready(self.http, 300, self.process)
 
     def stop(self) -> None:
+        """Terminate the server; a server that does not exit in 60 s (a hung engine thread) is killed, so the
+        next part starts on a free GPU."""
         self.process.terminate()
-        self.process.wait(120)
-        self.log.close()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            say(f"server {self.process.pid} did not exit in 60 s after SIGTERM: killed with its front-end workers")
+            for pid in (*_children(self.process.pid), self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.process.wait(30)
+        finally:
+            self.log.close()
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the server's front-end workers; Linux /proc)."""
+    found: list[int] = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in listing.read_text().split()]
+    return found
 
 
 def perf(server: Server, protocol: str, model: str, batch: int, args: argparse.Namespace,
