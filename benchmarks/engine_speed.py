@@ -23,6 +23,9 @@ warm-up with CUDA events (host clock on the CPU), median of many runs:
   same timing cache: the warm rebuild's build time, its timing-cache hits and whether its package
   was reused from the timing cache's package cache (``timing_cache.package`` in the JSONL, "package reused" in
   the notes).
+* **L4w/L5w**: the same rebuild with new weights (each tensor scaled by its own factor, as after retraining):
+  the package cache misses, so this is the rebuild that compiles again with every autotuning result answered
+  by the timing cache (issue 28's "<= 60 s from the timing cache"; ``L5r`` on 2026-12-05 compiled nothing).
 
 Columns: build seconds (plan: ``build_module``'s wall time with a fresh Inductor cache; torch.compile:
 the first three calls), median ms, images/s, ``x eager`` and ``x pair`` (throughput over eager's and
@@ -84,12 +87,23 @@ from streamrt.profiling.provenance import report_header
 
 ROOT = Path(__file__).resolve().parents[1]
 PRIORS_S = {"eager": 20.0, "compile": 60.0, "compile-plain": 40.0, "max-autotune": 280.0, "L0": 90.0, "L1": 90.0,
-            "L2": 100.0, "L3": 110.0, "L4": 280.0, "L5": 280.0, "L4r": 90.0, "L5r": 90.0}
+            "L2": 100.0, "L3": 110.0, "L4": 280.0, "L5": 280.0, "L4r": 90.0, "L5r": 90.0, "L4w": 150.0, "L5w": 150.0}
 """Expected seconds of a child (start, model, build, timing) for a ResNet-50-sized model on an H200, until one
 is measured: shared/reference/h200-2026-12-01.md (plan fp16 build 82 s; torch.compile max-autotune 246 s)."""
 DEADLINES_S = {"eager": 120.0, "compile": 240.0, "compile-plain": 240.0, "L0": 240.0, "L1": 240.0, "L2": 240.0,
-               "L3": 240.0, "L4": 420.0, "L5": 420.0, "L4r": 240.0, "L5r": 240.0, "max-autotune": 420.0}
+               "L3": 240.0, "L4": 420.0, "L5": 420.0, "L4r": 240.0, "L5r": 240.0, "L4w": 300.0, "L5w": 300.0,
+               "max-autotune": 420.0}
 """Default deadline per variant (``--deadline``/``--deadlines`` replace them)."""
+
+
+def default_for(table: dict[str, float], variant: str, fallback: float) -> float:
+    """``table``'s entry for ``variant``: its own, else its base (``L5cnr`` -> ``L5r``), else, for a rebuild at a
+    level the table does not name (``L3r``), the level's first build's, else ``fallback``."""
+    base = base_variant(variant)
+    level = level_of(variant)
+    return table.get(variant, table.get(base, table.get(f"L{level}", fallback) if level is not None else fallback))
+
+
 RESERVE_S = 5.0
 """Seconds of ``--budget`` kept for writing the table after the last child."""
 
@@ -97,8 +111,8 @@ RESERVE_S = 5.0
 # --- tasks -----------------------------------------------------------------------------------
 
 def is_rebuild(variant: str) -> bool:
-    """``L4r``/``L5r``: a plan built again into its first build's timing cache."""
-    return level_of(variant) is not None and variant.endswith("r")
+    """``L4r``/``L5r`` (and ``L5w``, with new weights): a plan built again into its first build's timing cache."""
+    return level_of(variant) is not None and variant[-1] in "rw"
 
 
 @dataclass(frozen=True)
@@ -282,7 +296,7 @@ class Run:
                 continue
             budget_left = args.budget - (time.monotonic() - self.started) - RESERVE_S
             deadline = min(args.deadline_map[task.variant], budget_left)
-            expected = min(self.observed.get(task.variant, PRIORS_S.get(base_variant(task.variant), 60.0)), deadline)
+            expected = min(self.observed.get(task.variant, default_for(PRIORS_S, task.variant, 60.0)), deadline)
             if budget_left < max(expected, 1.0):
                 self._done(task, {**task.row(), "status": "skipped",
                                   "notes": f"skipped: budget ({budget_left:.0f} s left, ~{expected:.0f} s expected)"})
@@ -590,7 +604,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rebuild = args.rebuild or any(is_rebuild(v) for v in grouped)
         unknown = [v for v in grouped if level_of(v) is None and v not in BASELINES]
         if unknown:
-            p.error(f"--groups: unknown variants {unknown}; known: L0..L5 (each level's defaults), L4r, L5r, "
+            p.error(f"--groups: unknown variants {unknown}; known: L0..L5 (each level's defaults), L4r, L5r, L5w, "
                     "L3c/L5c/L5s (cuDNN epilogues), L5i (Inductor's), then b/n (cuDNN benchmark on/off: L5cn), "
                     f"{', '.join(BASELINES)}")
     if args.lanes < 1 or any(not 1 <= n <= args.lanes for n in [*args.lane_of.values(), *pins]):
@@ -606,10 +620,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 *(f"L{level}r" for level in args.levels if args.rebuild and level >= 4)}
     if args.groups:
         variants = set(grouped)
-    unknown = sorted(v for v in args.deadlines if base_variant(v) not in DEADLINES_S)
+    unknown = sorted(v for v in args.deadlines if base_variant(v) not in DEADLINES_S and level_of(v) is None)
     if unknown:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")
-    args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or DEADLINES_S[base_variant(v)]))
+    args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or default_for(DEADLINES_S, v, 240.0)))
                          for v in sorted(variants)}
     if args.device == "cpu" and any(p_ in ("fp16", "bf16", "tf32") for p_ in args.precisions):
         p.error("--device cpu runs fp32 only (half precision is emulated on CPUs)")

@@ -37,9 +37,11 @@ from streamrt.testing.zoo import measure_batch_norm
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 PAIRS = {"L0": "compile", "L1": "compile", "L2": "compile", "L3": "compile", "L4": "max-autotune",
-         "L5": "max-autotune", "L4r": "max-autotune", "L5r": "max-autotune"}
+         "L5": "max-autotune", "L4r": "max-autotune", "L5r": "max-autotune", "L4w": "max-autotune",
+         "L5w": "max-autotune"}
 """The torch.compile variant each StreamRT level is compared with (same CUDA-graph use, same tuning effort).
-``L5r`` is level 5 built again right after ``L5`` into the same timing cache (the warm rebuild)."""
+``L5r`` is level 5 built again right after ``L5`` into the same timing cache (the warm rebuild); ``L5w`` the
+same with new weights (a retrained model: the package cache misses, the timing cache answers)."""
 BASELINES = ("eager", "compile", "max-autotune", "compile-plain")
 
 
@@ -105,7 +107,7 @@ CANDIDATES: dict[str, list[tuple[str, Callable[[], torch.nn.Module], tuple[int, 
 }
 
 
-_PLAN = re.compile(r"L(\d)([csi]?)([bn]?)(r?)")
+_PLAN = re.compile(r"L(\d)([csi]?)([bn]?)([rw]?)")
 EPILOGUES: dict[str, str | None] = {"": None, "i": "inductor", "c": "cudnn", "s": "cudnn_spatial"}
 """Plan variant suffixes: a plain ``L5`` is level 5 as a user gets it (the level's own ``conv_epilogues``:
 cuDNN's at level 5 on CUDA since 2026-12-04); ``L5i`` is level 5 with Inductor's epilogue kernels (what a plain
@@ -268,9 +270,9 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
                          benchmark_of(spec.variant))
     if spec.timing_cache:
         config = config.replace(timing_cache=Path(spec.timing_cache))
-    elif spec.variant.endswith("r") or (spec.rebuild and level >= 4):  # L5c and its rebuild L5cr share one
+    elif spec.variant[-1] in "rw" or spec.rebuild:  # L5c and its rebuilds L5cr/L5cw share one
         config = config.replace(timing_cache=Path(spec.scratch) / f"timing-{spec.model}-{spec.precision}-b{spec.batch}"
-                                f"-{spec.variant.removesuffix('r')}")
+                                f"-{spec.variant[:-1] if spec.variant[-1] in 'rw' else spec.variant}")
     with torch.no_grad():
         names = [f"out{i}" for i in range(output_count(model.net(x[0][:1].float())))]
     tag = f"{spec.model}-{spec.precision}-b{spec.batch}-{spec.variant}"
@@ -316,6 +318,17 @@ def _plan_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any
         return ctx.infer({"input": t})[names[0]]
 
     return fn
+
+
+def new_weights(net: torch.nn.Module, seed: int = 1) -> None:
+    """Every floating parameter and buffer of ``net`` scaled by its own factor in [0.95, 1.05] (in place): the
+    same shapes with other bytes, as after retraining, so a rebuild finds no compiled package of the first
+    build but every autotuning result of its timing cache (``L5w``); batch-norm variances stay positive."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for tensor in [*net.parameters(), *net.buffers()]:
+            if tensor.is_floating_point() and tensor.numel():
+                tensor.mul_(1 + 0.1 * (torch.rand((), generator=gen).item() - 0.5))
 
 
 def _torch_fn(spec: Spec, model: Model, x: list[torch.Tensor], row: dict[str, Any]) -> Callable[[torch.Tensor], Any]:
@@ -365,6 +378,8 @@ def measure(spec: Spec) -> dict[str, Any]:
         torch.set_num_threads(resolve_cpu_threads(None))
     model = make_model(spec.model)
     model.net.to(device)
+    if level_of(spec.variant) is not None and spec.variant.endswith("w"):  # before the fp32 reference is taken
+        new_weights(model.net)
     gen = torch.Generator(device="cpu").manual_seed(spec.batch)
     inputs = [torch.randn(spec.batch, *model.shape, generator=gen).to(device) for _ in range(4)]
     flops = count_flops(model.net, [inputs[0]])

@@ -265,3 +265,22 @@ def test_cudnn_epilogue_variants_parse_pair_and_report_their_cpu_refusal(tmp_pat
     _, got = _run(tmp_path, "--groups", "tiny@1=L3c", "--deadlines", "L3c=120")
     assert len(got) == 1 and got[0]["variant"] == "L3c" and got[0]["status"] != "ok"
     assert "needs a CUDA build" in json.dumps(got[0])
+
+
+def test_rebuilds_reuse_the_package_and_with_new_weights_compile_again_from_the_timing_cache(tmp_path: Path) -> None:
+    """``L3r`` takes the first build's package from the package cache (the 3.1 s level-5 rebuild of 2026-12-05
+    compiled nothing); ``L3w`` (new weights, as after retraining) misses it and compiles, and its error is
+    measured against its own weights' fp32 reference."""
+    module = _module()  # puts benchmarks/ on the path
+    import speed_variants as variants
+
+    assert [variants.level_of(v) for v in ("L5w", "L5cw", "L5cnw", "L5wr")] == [5, 5, 5, None]
+    assert variants.base_variant("L5cw") == "L5w" and variants.PAIRS["L5w"] == "max-autotune"
+    assert module.default_for(module.DEADLINES_S, "L3r", 1.0) == module.DEADLINES_S["L3"]
+    assert module.is_rebuild("L5w") and module.Task("m", "fp16", 1, "L5cw").waits_for() == ("m", "fp16", 1, "L5c")
+    _, rows = _run(tmp_path, "--groups", "tiny@1=L3,L3r,L3w", "--runs", "3", "--warmup", "1")
+    by_variant = {r["variant"]: r for r in rows}
+    assert all(by_variant[v]["status"] == "ok" for v in ("L3", "L3r", "L3w")), rows
+    assert by_variant["L3r"]["timing_cache"]["package"] == "reused", by_variant["L3r"]
+    assert by_variant["L3w"]["timing_cache"]["package"] == "compiled", by_variant["L3w"]
+    assert by_variant["L3w"]["rel_l2"] < 1e-3, by_variant["L3w"]  # fp32 on the CPU: its own weights' reference
