@@ -166,7 +166,8 @@ async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str,
     from streamrt.serve.core import ServerCore
     from streamrt.serve.listeners.frontends.supervisor import FrontendSupervisor
 
-    repo = write_repository(report.parent / "repo", instances=case["instances"])
+    options = {"spinning": False} if case.get("spinning") == "off" else None
+    repo = write_repository(report.parent / "repo", instances=case["instances"], backend_options=options)
     core = ServerCore(repo, ServerConfig(startup_models=(case["model"],), http_port=None, grpc_port=None))
     await core.start(wait_ready=True)
     supervisor = FrontendSupervisor(core, drivers, 1 << 30)
@@ -202,7 +203,8 @@ def engine_main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="streamrt-engine-path-"))
     report = work / "driver"
     case = {"model": f"null_{kind}", "item": ITEM[kind], "batch": int(batch), "concurrency": args.concurrency,
-            "seconds": args.seconds, "warmup": args.warmup, "report": str(report), "instances": args.instances}
+            "seconds": args.seconds, "warmup": args.warmup, "report": str(report), "instances": args.instances,
+            "spinning": args.spinning}
     os.environ["STREAMRT_DRIVER_LOAD"] = json.dumps(case)
     try:  # as `streamrt serve` of the source tree under test
         from streamrt.serve.process import configure_serving_process
@@ -232,6 +234,9 @@ def main() -> int:
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
     parser.add_argument("--src", action="append", default=[], help="another source tree to compare (its src/)")
+    parser.add_argument("--spinning", choices=("default", "off", "both"), default="default",
+                        help="the null models' ONNX Runtime pool threads: its default (spinning), "
+                             "--option spinning=false, or both in alternating rounds")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case in this process
     parser.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
@@ -242,14 +247,17 @@ def main() -> int:
     if args.case:
         engine_main(args)
         return 0
-    variants = [("this tree", ROOT / "src"), *((str(Path(s)), Path(s).resolve()) for s in args.src)]
+    spins = ["default", "off"] if args.spinning == "both" else [args.spinning]
+    variants = [(f"{label}{'' if spin == 'default' else ', spinning off'}", src, spin)
+                for label, src in [("this tree", ROOT / "src"), *((str(Path(s)), Path(s).resolve()) for s in args.src)]
+                for spin in spins]
     rows = []
     for case in args.cases.split(","):
         for round_ in range(args.rounds):
-            for label, src in variants:
+            for label, src, spin in variants:
                 cmd = [sys.executable, __file__, "--case", case, "--concurrency", str(args.concurrency),
                        "--drivers", str(args.drivers), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-                       "--instances", str(args.instances)]
+                       "--instances", str(args.instances), "--spinning", spin]
                 env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.seconds * 4 + 180)
                 if out.returncode != 0:

@@ -55,8 +55,10 @@ def null_model(item: tuple[int, ...]) -> onnx.ModelProto:
     return model
 
 
-def write_repository(repo: Path, max_batch: int = 64, instances: int = 2, delay_us: int = 500) -> Path:
-    """A repository with ``null_small`` and ``null_image`` (dynamic batching, ``instances`` CPU instances)."""
+def write_repository(repo: Path, max_batch: int = 64, instances: int = 2, delay_us: int = 500,
+                     backend_options: dict[str, Any] | None = None) -> Path:
+    """A repository with ``null_small`` and ``null_image`` (dynamic batching, ``instances`` CPU instances);
+    ``backend_options`` go to the ONNX Runtime build of each (e.g. ``{"spinning": False}``)."""
     for kind, item in ITEM.items():
         folder = repo / f"null_{kind}" / "1"
         folder.mkdir(parents=True, exist_ok=True)
@@ -65,6 +67,7 @@ def write_repository(repo: Path, max_batch: int = 64, instances: int = 2, delay_
             "max_batch_size": max_batch,
             "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
             "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
+            **({"build": {"backend_options": backend_options}} if backend_options else {}),
         }))
     return repo
 

@@ -37,11 +37,12 @@ def _rows(text: str) -> list[list[str]]:
 def test_engine_request_path_writes_a_row_per_case(tmp_path: Path) -> None:
     out = tmp_path / "erp.md"
     _run(tmp_path, "engine_request_path.py", "--cases", "small:1", "--concurrency", "2", "--drivers", "1",
-         "--seconds", "1", "--warmup", "0.3", "--instances", "1", "--rounds", "1", "--out", str(out))
+         "--seconds", "1", "--warmup", "0.3", "--instances", "1", "--rounds", "1", "--spinning", "both",
+         "--out", str(out))
     rows = _rows(out.read_text())
     assert rows[0][:4] == ["request", "source", "round", "requests/s"]
-    assert [r[:3] for r in rows[1:]] == [["small x1", "this tree", "1"]]
-    assert float(rows[1][3].replace(",", "")) > 0 and rows[1][-1] == "0"
+    assert [r[:3] for r in rows[1:]] == [["small x1", "this tree", "1"], ["small x1", "this tree, spinning off", "1"]]
+    assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
 @pytest.mark.slow

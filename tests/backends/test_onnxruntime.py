@@ -117,3 +117,32 @@ def test_per_node_profile(tmp_path: Path) -> None:
     rows = engine.profile_layers({"x": x}, iterations=3)
     assert rows and all(r.calls == 3 and r.total_ms >= 0 for r in rows)
     assert {r.op_type for r in rows} >= {"Conv", "Gemm"}
+
+
+def test_spinning_option_is_recorded_and_reaches_the_session(tmp_path: Path) -> None:
+    """``--option spinning=false``: idle ONNX Runtime pool threads sleep. In a server running batches beside front
+    ends on the same cores, spinning cost ~1.8x the engine's CPU per 602 KB request and 15-30% of the throughput
+    (docs/benchmarks/2026-12-05-ort-spinning-cpu.md). Absent, the plan keeps ONNX Runtime's default (spinning)."""
+    from streamrt.backends.onnxruntime.session import session_options
+    from streamrt.errors import ConfigError
+
+    model = CATALOGUE["conv_bn_relu"]
+    source = catalogue_file("conv_bn_relu", tmp_path)
+    quiet = streamrt.build(source, BuildConfig(profiles=model.profiles, backend_options={"spinning": False}),
+                           tmp_path / "quiet.plan", cache_dir=tmp_path / "cache")
+    settings = read_plan(quiet.path).manifest.build_settings["backend"]
+    assert settings["spinning"] is False
+    options = session_options(settings, 0)
+    assert [options.get_session_config_entry(f"session.{k}.allow_spinning") for k in ("intra_op", "inter_op")] == [
+        "0", "0"]
+    default = streamrt.build(source, BuildConfig(profiles=model.profiles), tmp_path / "default.plan",
+                             cache_dir=tmp_path / "cache")
+    assert "spinning" not in read_plan(default.path).manifest.build_settings["backend"]  # old plans read the same
+    engine = streamrt.load(quiet.path)
+    x = {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape],
+                                                          dtype=np.float32) for i in engine.inputs}
+    np.testing.assert_allclose(engine.create_context().infer(x)[engine.outputs[0].name],
+                               streamrt.load(default.path).create_context().infer(x)[engine.outputs[0].name])
+    with pytest.raises(ConfigError, match="spinning must be true or false"):
+        streamrt.build(source, BuildConfig(profiles=model.profiles, backend_options={"spinning": "no"}),
+                       tmp_path / "bad.plan", cache_dir=tmp_path / "cache")

@@ -28,7 +28,7 @@ from streamrt.errors import ConfigError
 __all__ = ["optimize"]
 
 
-_OPTIONS = ("providers", "threads", "inter_op_threads", "execution_mode")
+_OPTIONS = ("providers", "threads", "inter_op_threads", "execution_mode", "spinning")
 _THREAD_OPTIONS = ("threads", "inter_op_threads")
 
 
@@ -56,6 +56,11 @@ def _session_settings(config: BuildConfig) -> dict[str, Any]:
             f"(available: {', '.join(ort.get_available_providers())})",
             hint="install onnxruntime-gpu for CUDA/TensorRT providers",
         )
+    spinning = opts.get("spinning")
+    if spinning is not None and not isinstance(spinning, bool):
+        raise ConfigError(f"onnxruntime option spinning must be true or false, got {spinning!r}",
+                          hint="--option spinning=false: idle pool threads sleep instead of spinning (a server "
+                               "running batches concurrently beside other processes)")
     mode = str(opts.get("execution_mode", "sequential"))
     if mode not in MODES:
         raise ConfigError(f"execution_mode must be sequential or parallel, got {mode!r}")
@@ -66,6 +71,7 @@ def _session_settings(config: BuildConfig) -> dict[str, Any]:
         "execution_mode": mode,
         "graph_optimization_level": config.optimization_level,
         "memory_limit_mb": config.memory_limit_mb,
+        **({"spinning": spinning} if spinning is not None else {}),  # absent: ONNX Runtime's default (spin)
     }
 
 

@@ -39,6 +39,10 @@ def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptio
     so.inter_op_num_threads = int(settings.get("inter_op_threads", 0))
     so.execution_mode = MODES[str(settings.get("execution_mode", "sequential"))]
     so.log_severity_level = 3
+    if settings.get("spinning") is not None:  # the plan's `--option spinning=...`; absent: ONNX Runtime's default
+        flag = "1" if settings["spinning"] else "0"
+        so.add_session_config_entry("session.intra_op.allow_spinning", flag)
+        so.add_session_config_entry("session.inter_op.allow_spinning", flag)
     # On x86 CPUs without VNNI, ONNX Runtime's u8s8 int8 kernels multiply byte pairs with
     # VPMADDUBSW, whose int16 sum saturates; this option has the optimizer move int8 weights that
     # could overflow to uint8 (its u8u8 kernels do not saturate). No effect on float models or on
