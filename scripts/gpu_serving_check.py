@@ -283,7 +283,8 @@ def _failure(exc: BaseException, limit: int) -> str:
 
 def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: Report) -> None:
     """Part (a) at one front-end process count: a row per protocol and request size, written as it comes."""
-    repo = sf.write_repository(work / "null-repo", instances=2)
+    repo = sf.write_repository(work / "null-repo", instances=2,
+                               backend_options={"spinning": False} if args.null_spinning == "off" else None)
     server = Server(repo, args.out / f"server-null-fp{processes}.log", processes, args.grpc_server)
     # Server CPU per request, the engine process apart from the whole server (its front-end workers
     # too): the engine process is the part that does not scale with --frontend-processes.
@@ -507,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")
+    parser.add_argument("--null-spinning", choices=("default", "off"), default="default",
+                        help="part (a)'s null models: ONNX Runtime's spinning pool threads (default), or "
+                             "--option spinning=false (docs/benchmarks/2026-12-05-ort-spinning-cpu.md)")
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="off",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions); both: the host transports measured with it off, then on")
@@ -537,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *(argv or sys.argv[1:])])}`",
         f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
         f"{args.seconds:g} s windows", "",
-        "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64)", ""])
+        "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64"
+        + (", pool threads not spinning: --option spinning=false" if args.null_spinning == "off" else "") + ")", ""])
     if args.skip_frontend:
         report.add(["skipped", ""])
     for n in args.frontend_processes if not args.skip_frontend else []:
