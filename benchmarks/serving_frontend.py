@@ -120,10 +120,9 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
     total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     if not children:
         return total
-    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in listing.read_text().split():
-            with contextlib.suppress(OSError):  # exited meanwhile
-                total += cpu_seconds(int(child))
+    for child in server_process.child_pids(pid):
+        with contextlib.suppress(OSError):  # exited meanwhile
+            total += cpu_seconds(child)
     return total
 
 

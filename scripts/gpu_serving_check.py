@@ -57,13 +57,11 @@ longer loses the others' numbers.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -71,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrt.profiling.provenance import git_commit
+from streamrt.testing.server_process import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
@@ -240,28 +239,13 @@ class Server:
         sf.wait_ready(self.http, 300, self.process)
 
     def stop(self) -> None:
-        """Terminate the server; a server that does not exit in 60 s (a hung engine thread) is killed, so the
-        next part starts on a free GPU."""
-        self.process.terminate()
+        """Terminate the server; a server that does not exit in 60 s (a hung engine thread) is killed with its
+        front-end workers (:func:`~streamrt.testing.server_process.stop`), so the next part starts on a free GPU."""
         try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            say(f"server {self.process.pid} did not exit in 60 s after SIGTERM: killed with its front-end workers")
-            for pid in (*_children(self.process.pid), self.process.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            self.process.wait(30)
+            if stop(self.process, 60) is None:
+                say(f"server {self.process.pid} did not exit even after SIGKILL")
         finally:
             self.log.close()
-
-
-def _children(pid: int) -> list[int]:
-    """The live child processes of ``pid`` (the server's front-end workers; Linux /proc)."""
-    found: list[int] = []
-    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            found += [int(child) for child in listing.read_text().split()]
-    return found
 
 
 def perf(server: Server, protocol: str, model: str, batch: int, args: argparse.Namespace,
@@ -522,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of 8 images are far under 15 ms below 4)")
     parser.add_argument("--bound-seconds", type=float, default=3.0, help="measurement window per level in (c)")
     args = parser.parse_args(argv)
+    if args.direct_copies == "on" and args.latency_bound_ms > 0:  # (c) runs on the server without direct copies
+        parser.error("--direct-copies on measures part (b) only: add --latency-bound-ms 0, or use --direct-copies both")
     args.precision = "fp16" if args.device == "cuda" else "fp32"
     if args.models is None:
         args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"

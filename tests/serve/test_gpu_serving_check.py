@@ -115,3 +115,11 @@ def test_targets_say_not_measured_for_rows_that_did_not_run() -> None:
     assert by_name["CUDA shm"].endswith("99% **PASS**")
     bounded = [line for name, line in by_name.items() if "p99" in name]
     assert len(bounded) == 3 and all(line.endswith("not measured (no row above)") for line in bounded), lines
+
+
+def test_direct_copies_alone_with_a_latency_bound_is_refused(tmp_path: Path) -> None:
+    """Part (c) runs only on the server without direct copies: asking for both would silently skip it."""
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), *SMALL, "--direct-copies", "on"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 2 and "--direct-copies on measures part (b) only" in done.stderr, done.stderr

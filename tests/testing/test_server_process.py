@@ -58,3 +58,34 @@ def test_stop_kills_a_process_that_ignores_sigterm() -> None:
     t0 = time.monotonic()
     stop(process, timeout=0.5)
     assert process.poll() is not None and time.monotonic() - t0 < 15
+
+
+def test_stop_kills_the_children_of_a_server_that_ignores_sigterm() -> None:
+    """A server with ``--frontend-processes`` workers that does not exit: its workers must not outlive it
+    (on the device machine they would hold the ports and the GPU for the next part)."""
+    import os
+
+    from streamrt.testing.server_process import child_pids
+
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    parent = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"subprocess.Popen([sys.executable, '-c', {worker!r}]); print('up', flush=True); time.sleep(60)")
+    process = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline().strip() == b"up"
+    deadline = time.monotonic() + 10
+    while not (children := child_pids(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(children) == 1, children
+    stop(process, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{children[0]}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break  # killed, waiting for init to reap it
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(children[0], 9)
+        raise AssertionError("the server's child outlived stop()")

@@ -6,13 +6,16 @@ loop and terminate/kill sequence.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["free_port", "stop", "wait_ready"]
+__all__ = ["child_pids", "free_port", "stop", "wait_ready"]
 
 
 def free_port() -> int:
@@ -44,12 +47,25 @@ def wait_ready(port: int, timeout: float, process: subprocess.Popen[bytes] | Non
         time.sleep(poll_s)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a server's front-end workers; Linux /proc, empty elsewhere)."""
+    found: list[int] = []
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):  # the thread exited meanwhile
+            found += [int(child) for child in listing.read_text().split()]
+    return found
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int | None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit status (None if even that hung)."""
+    """SIGTERM, then SIGKILL after ``timeout`` seconds, with its child processes (``--frontend-processes``
+    workers that a killed server cannot stop itself); the exit status (None if even that hung)."""
     process.terminate()
     try:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:
+        for child in child_pids(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         process.kill()
         try:
             return process.wait(10)
