@@ -46,9 +46,10 @@ class RecordingCompiler:
 class InstantChildBudget(BuildBudget):
     """A budget whose autotuning child always finishes at once with a marker package."""
 
-    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes, str]:
+    def _in_child(self, ep: Any, stages: list[dict[str, Any]], label: str,
+                  ends_at: float) -> tuple[bytes, str, int]:
         self.child_compiles += 1
-        return b"TUNED", ""
+        return b"TUNED", "", len(stages)
 
 
 def test_the_key_follows_the_program_weights_shapes_configs_and_identity(tmp_path: Path) -> None:

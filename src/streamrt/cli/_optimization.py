@@ -22,7 +22,8 @@ def budget_line(record: Mapping[str, Any] | None) -> str:
 
     Reads ``build_settings.backend.build_budget`` (:meth:`BuildBudget.to_dict`); empty when the build
     recorded none or ran no autotuning compile under it (nothing to say). A plan that fell back runs
-    kernels of the level-3 recipe where the line says so, although its level and knobs read 5.
+    kernels of the level-3 recipe (or of the autotuned recipe without coordinate descent) where the line
+    says so, although its level and knobs read 5.
     """
     if not record or not (record.get("child_compiles") or record.get("fell_back")):
         return ""

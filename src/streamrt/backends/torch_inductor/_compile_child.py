@@ -1,15 +1,20 @@
 """The child process of a budgeted compile: ``python -m streamrt.backends.torch_inductor._compile_child JOB.json``.
 
-Loads the exported program the build saved, compiles it with the job's Inductor configs (TF32 and
-cuDNN benchmark flags as the build has them; ``TORCHINDUCTOR_CACHE_DIR`` inherited, so the timing
-cache is the build's), writes the ``.pt2`` and the timing-cache hits and misses it counted. It
-exits when its parent dies, so a build killed from outside leaves no compile running.
+Loads the exported program the build saved and compiles it with each of the job's stages' Inductor
+configs in turn (TF32 and cuDNN benchmark flags as the build has them; ``TORCHINDUCTOR_CACHE_DIR``
+inherited, so the timing cache is the build's and a later stage finds what an earlier one timed).
+Each stage's ``.pt2`` is written whole (a temporary file renamed) as soon as it is compiled, and a
+line ``streamrt-stage-done INDEX SECONDS`` says so: the parent keeps the last whole package when
+it kills the child at its deadline (:mod:`.budget`). At the end it writes the timing-cache hits and
+misses it counted. It exits when its parent dies, so a build killed from outside leaves no compile
+running.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -17,10 +22,12 @@ def main(job_path: str) -> int:
     """Run the job in ``job_path``; 0 when the package was written."""
     import torch
 
+    from streamrt.backends.torch_inductor.budget import STAGE_DONE
     from streamrt.backends.torch_inductor.builder import compile_package, torch_warnings_logged
     from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning
     from streamrt.backends.torch_inductor.deadline import watch_parent
     from streamrt.backends.torch_inductor.tf32 import backend_flags
+    from streamrt.plan import atomic_write
 
     job = json.loads(Path(job_path).read_text())
     with watch_parent():
@@ -28,8 +35,12 @@ def main(job_path: str) -> int:
         stats = TimingCacheStats("child")
         with count_autotuning(stats), backend_flags(bool(job["tf32"]), bool(job["cudnn_benchmark"])), \
                 torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
-            package = compile_package(ep, job["configs"])
-        Path(job["out"]).write_bytes(package)
+            for index, stage in enumerate(job["stages"]):
+                started = time.monotonic()
+                package = compile_package(ep, stage["configs"])
+                with atomic_write(Path(stage["out"])) as f:
+                    f.write(package)
+                print(f"{STAGE_DONE} {index} {time.monotonic() - started:.0f}", flush=True)
         Path(job["stats"]).write_text(json.dumps({"hits": stats.hits, "misses": stats.misses}))
     return 0
 

@@ -12,6 +12,16 @@ each compile whose recipe autotunes (``max_autotune`` or ``coordinate_descent_tu
    is left of the budget (less, for a build with several profiles, the level-3 compile time of
    the profiles still to come). If it finishes, its package is kept; if not, its process group is
    killed and the level-3 package already built is kept, with **no further compile**.
+3. A recipe with coordinate descent (level 5) is compiled by the child in **two stages**: first
+   without coordinate descent (GEMMs autotuned: what torch.compile's max-autotune does), its
+   package written as soon as it is done, then the whole recipe, whose GEMM timings the first
+   stage left in the timing cache. A deadline (or a failure) inside the second stage keeps the
+   first stage's autotuned package instead of the level-3 one. Why: on the H200 on 2026-12-05
+   ViT-tiny's level-5 child had timed all 6 of its GEMM shapes and then ran ~120 s into coordinate
+   descent without finishing, so the build kept its level-3 plan, while torch.compile max-autotune
+   built the same model in 46 s. The cost is the second stage's lowering and wrapper compile
+   (tens of seconds where the whole recipe finishes); a first stage found in the package cache
+   (a retry with a larger budget) is not compiled again and replaces the level-3 compile too.
 
 Why first and not after the deadline (the earlier order): the fallback's own compile then came
 after the budget was spent (on the H200 on 2026-12-02 it started at 211 s of 300 s and had not
@@ -59,19 +69,23 @@ from typing import Any
 
 from streamrt.backends.torch_inductor.deadline import child_env, python_command, run_with_deadline
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
-from streamrt.backends.torch_inductor.package_cache import COMPILED, FALLBACK, PackageCache
+from streamrt.backends.torch_inductor.package_cache import COMPILED, FALLBACK, TUNED_FALLBACK, PackageCache
 from streamrt.errors import BuildError
 
-__all__ = ["BuildBudget", "fallback_configs", "tunes"]
+__all__ = ["BuildBudget", "autotune_stages", "fallback_configs", "tunes"]
 
 log = logging.getLogger(__name__)
 
 CHILD_MODULE = "streamrt.backends.torch_inductor._compile_child"
 HEARTBEAT_S = 15.0
 FALLBACK_TO = "level-3 recipe (max_autotune and coordinate_descent_tuning off)"
+TUNED_FALLBACK_TO = "autotuned recipe without coordinate descent (the child's first stage)"
+STAGE_DONE = "streamrt-stage-done"
+"""The line the compile child prints when a stage's package is written (then its index and seconds)."""
 _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 REUSED = "reused"
 REUSED_FALLBACK = "reused (level-3 fallback)"
+REUSED_TUNED_FALLBACK = "reused (autotuned fallback, coordinate descent off)"
 FINISH_RESERVE_S = 5.0
 """What the build does after a killed child: reap it, pack the payload, write the manifest, verify the
 plan (load its package, run it at the profile's corners against the module) and write it. On the H200
@@ -87,6 +101,14 @@ def tunes(configs: Mapping[str, Any]) -> bool:
 def fallback_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
     """The level-3 recipe of ``configs``: autotuning off, everything else (layout, freezing, metadata) kept."""
     return {**configs, **{k: False for k in _TUNING_KNOBS}}
+
+
+def autotune_stages(configs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The compiles of an autotuning child, in order, the last one being ``configs``: with both GEMM
+    autotuning and coordinate descent on, the same recipe without coordinate descent comes first."""
+    if configs.get("max_autotune") and configs.get("coordinate_descent_tuning"):
+        return [{**configs, "coordinate_descent_tuning": False}, dict(configs)]
+    return [dict(configs)]
 
 
 @dataclass
@@ -143,24 +165,28 @@ class BuildBudget:
         if self.packages is not None:
             found = self.packages.find(ep, configs, self.seconds)
             if found is not None:
-                outcome = REUSED if found[1] == COMPILED else REUSED_FALLBACK
+                outcome = {COMPILED: REUSED, TUNED_FALLBACK: REUSED_TUNED_FALLBACK}.get(found[1], REUSED_FALLBACK)
                 self.progress(f"{label}: package {outcome} from the package cache {self.packages.root} "
                               "(same program, configs and device; nothing compiled)")
-                if found[1] == FALLBACK:  # the plan is the level-3 one: the manifest says so, the plan cache skips it
-                    self._event(label, FALLBACK_TO, "reused the level-3 fallback an earlier build kept when its "
-                                "autotuning did not finish within a budget not smaller than this one")
+                if found[1] != COMPILED:  # not the plan asked for: the manifest says so, the plan cache skips it
+                    tuned = found[1] == TUNED_FALLBACK
+                    self._event(label, TUNED_FALLBACK_TO if tuned else FALLBACK_TO,
+                                f"reused the {'autotuned' if tuned else 'level-3'} fallback an earlier build kept "
+                                "when its autotuning did not finish within a budget not smaller than this one")
                 self.outcomes.append(outcome)
                 return found[0]
         package, kind = self._compile(ep, configs, label, optional, later)
         if package is not None:
-            self.outcomes.append(COMPILED if kind == COMPILED else "compiled (level-3 fallback)")
+            self.outcomes.append({COMPILED: COMPILED, TUNED_FALLBACK: "compiled (autotuned fallback, coordinate "
+                                  "descent off)"}.get(kind, "compiled (level-3 fallback)"))
             if self.packages is not None:
                 self.packages.keep(ep, configs, package, kind, self.seconds)
         return package
 
     def _compile(self, ep: Any, configs: Mapping[str, Any], label: str, optional: bool,
                  later: int) -> tuple[bytes | None, str]:
-        """:meth:`compile` without the package cache: the package and whether it is what was asked (``kind``)."""
+        """:meth:`compile` without the package cache: the package and what it is (``kind``: :data:`COMPILED`,
+        :data:`FALLBACK` or :data:`TUNED_FALLBACK`)."""
         if self.seconds is None or not tunes(configs):
             return self.compile_here(ep, configs), COMPILED
         if self.exhausted:
@@ -169,14 +195,28 @@ class BuildBudget:
                 self._event(label, "skipped")
                 return None, FALLBACK
             return self._fallback(ep, configs, label, "the budget was already spent"), FALLBACK
-        fallback = None if optional else self._fallback_first(ep, configs, label)
-        if self.exhausted:  # the level-3 compile alone used the budget up
-            return fallback, FALLBACK
+        stages = autotune_stages(configs)
+        fallback, kind = self._cached_first_stage(ep, stages, label), TUNED_FALLBACK
+        if fallback is not None:
+            stages = stages[1:]
+        else:
+            fallback, kind = (None if optional else self._fallback_first(ep, configs, label)), FALLBACK
+            if self.exhausted:  # the level-3 compile alone used the budget up
+                return fallback, FALLBACK
         ends_at = self.started + self.seconds - later * self.fallback_each_s - self.finish_reserve_s
-        package, why = self._in_child(ep, configs, label, ends_at)
-        if package is not None:
+        package, why, finished = self._in_child(ep, stages, label, ends_at)
+        if package is not None and finished == len(stages):
             return package, COMPILED
+        if package is not None:  # the first stage finished, coordinate descent did not
+            fallback, kind = package, TUNED_FALLBACK
+            if self.packages is not None:
+                self.packages.keep(ep, stages[0], package, COMPILED)
         self.exhausted = True
+        if kind == TUNED_FALLBACK:
+            self._event(label, TUNED_FALLBACK_TO, why)
+            self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: keeping "
+                          "the package autotuned without coordinate descent, no further compile")
+            return fallback, TUNED_FALLBACK
         if optional:
             self._event(label, "skipped", why)
             self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label} skipped")
@@ -185,6 +225,20 @@ class BuildBudget:
         self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: keeping the "
                       "level-3 recipe compiled first (no autotuning), no further compile")
         return fallback, FALLBACK
+
+    def _cached_first_stage(self, ep: Any, stages: list[dict[str, Any]], label: str) -> bytes | None:
+        """A two-stage compile's first stage, finished by an earlier build, from the package cache; else ``None``.
+
+        It stands in for the level-3 compile (a better plan to fall back to) and the child starts at
+        the second stage."""
+        if len(stages) < 2 or self.packages is None:
+            return None
+        found = self.packages.find(ep, stages[0], self.seconds)
+        if found is None or found[1] != COMPILED:
+            return None
+        self.progress(f"{label}: the autotuned compile without coordinate descent reused from the package cache "
+                      "(kept if coordinate descent does not finish; no level-3 compile needed)")
+        return found[0]
 
     def _event(self, label: str, to: str, why: str | None = None) -> None:
         event = {"what": label, "to": to, "after_s": round(self.spent_s, 1)}
@@ -240,8 +294,13 @@ class BuildBudget:
             self.packages.keep(ep, plain, package, COMPILED)
         return package
 
-    def _in_child(self, ep: Any, configs: Mapping[str, Any], label: str, ends_at: float) -> tuple[bytes | None, str]:
-        """Compile in a child that must end by ``ends_at`` (monotonic); the package, or ``None`` and why not."""
+    def _in_child(self, ep: Any, stages: list[dict[str, Any]], label: str,
+                  ends_at: float) -> tuple[bytes | None, str, int]:
+        """Compile ``stages`` in order in a child that must end by ``ends_at`` (monotonic).
+
+        Returns the package of the last stage that finished (``None`` when none did), why the child
+        stopped short of the last one (``""`` when it did not), and how many stages finished.
+        """
         import torch
 
         with tempfile.TemporaryDirectory(prefix="streamrt-budget-") as tmp:
@@ -251,34 +310,48 @@ class BuildBudget:
             except Exception as exc:  # autotuning cannot run where it can be stopped: the level-3 plan it is
                 log.warning("build budget: %s not autotuned, the exported program could not be saved for the "
                             "compile process (%s: %s)", label, type(exc).__name__, exc)
-                return None, f"torch.export.save failed ({type(exc).__name__}), so autotuning could not run in a child"
+                return None, (f"torch.export.save failed ({type(exc).__name__}), so autotuning could not run in "
+                              "a child"), 0
             deadline = ends_at - time.monotonic()  # the save above is inside the budget too
             if deadline <= 0:
-                return None, "no time left for autotuning after the level-3 compile"
-            job = {"program": str(folder / "program.pt2"), "configs": dict(configs), "out": str(folder / "out.pt2"),
-                   "stats": str(folder / "stats.json"), "tf32": self.tf32, "cudnn_benchmark": self.cudnn_benchmark}
+                return None, "no time left for autotuning after the level-3 compile", 0
+            outs = [folder / f"out-{i}.pt2" for i in range(len(stages))]
+            job = {"program": str(folder / "program.pt2"), "stats": str(folder / "stats.json"), "tf32": self.tf32,
+                   "cudnn_benchmark": self.cudnn_benchmark,
+                   "stages": [{"configs": dict(c), "out": str(o)} for c, o in zip(stages, outs, strict=True)]}
             (folder / "job.json").write_text(json.dumps(job))
             tuned = [0]
 
             def line(text: str) -> None:
                 if "AUTOTUNE " in text:
                     tuned[0] += 1
+                if text.startswith(STAGE_DONE) and len(stages) > 1:
+                    self.progress(f"{label}: autotuned without coordinate descent in {text.split()[-1]} s (kept "
+                                  "if coordinate descent does not finish); coordinate descent next")
                 log.debug("compile child: %s", text)
 
             def beat(elapsed: float) -> None:
                 self.progress(f"{label}: autotuning, {elapsed:.0f} s of its {deadline:.0f} s deadline "
                               f"({tuned[0]} operators timed; budget {self.seconds:g} s)")
 
-            self.progress(f"{label}: autotuning in a child process, deadline {deadline:.0f} s "
+            staged = f", {len(stages)} stages" if len(stages) > 1 else ""
+            self.progress(f"{label}: autotuning in a child process{staged}, deadline {deadline:.0f} s "
                           f"(budget {self.seconds:g} s, {self.spent_s:.0f} s spent)")
             self.child_compiles += 1
             done = run_with_deadline(python_command(CHILD_MODULE, str(folder / "job.json")), deadline,
                                      env=child_env(), on_line=line, heartbeat_s=HEARTBEAT_S, on_heartbeat=beat)
+            finished = next((i for i, out in enumerate(outs) if not out.is_file()), len(outs))
+            kept = outs[finished - 1].read_bytes() if finished else None
             if done.timed_out:  # what it timed is in the timing cache (Inductor writes each result as it goes)
                 self.misses += tuned[0]
-                return None, f"autotuning passed its {deadline:.0f} s deadline after timing {tuned[0]} operators"
-            if not done.ok or not (folder / "out.pt2").is_file():
-                tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
+                what = "coordinate descent" if finished else "autotuning"
+                return kept, f"{what} passed its {deadline:.0f} s deadline after timing {tuned[0]} operators", finished
+            tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
+            if not done.ok or finished < len(outs):
+                if finished:  # the first stage's package is whole: the build keeps it rather than failing
+                    log.warning("build budget: %s: the compile with coordinate descent failed (exit %s), keeping "
+                                "the one without it: %s", label, done.returncode, tail)
+                    return kept, f"the compile with coordinate descent failed (exit {done.returncode})", finished
                 raise BuildError(f"AOTInductor compilation failed in the build's compile process "
                                  f"(exit {done.returncode}): {tail}",
                                  hint="try --optimization-level 3 (no autotuning), or --build-budget-s 0 to "
@@ -288,4 +361,4 @@ class BuildBudget:
             self.misses += int(stats.get("misses", 0))
             self.progress(f"{label}: autotuned in {done.elapsed_s:.0f} s ({stats.get('hits', 0)} timing-cache hits, "
                           f"{stats.get('misses', 0)} misses)")
-            return (folder / "out.pt2").read_bytes(), ""
+            return kept, "", finished

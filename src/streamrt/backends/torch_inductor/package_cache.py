@@ -22,7 +22,9 @@ Entries are ``DIR/streamrt-packages/<key>.pt2`` and ``<key>.json`` (the json wri
 through a temporary file and a rename, so a reader sees a whole entry or none). The json says what
 the package is: ``compiled`` (the compile of these configs finished: for an autotuning recipe, a
 fully autotuned package) or ``fallback`` (the autotuned compile of these configs did not finish
-within ``budget_s``; the package is the level-3 one the build kept). A fallback is reused only by a
+within ``budget_s``; the package is the level-3 one the build kept) or ``fallback-tuned`` (the same, but the
+package is the autotuned compile without coordinate descent that the child finished first: see
+:mod:`.budget`). A fallback of either kind is reused only by a
 build whose budget is not larger: one with more time tries autotuning again, and then finds the
 level-3 package itself under the level-3 configs' key, so it skips that compile and gives the whole
 budget to autotuning. An entry that cannot be read, whose package's sha256 or identity does not
@@ -41,13 +43,15 @@ from typing import Any
 
 from streamrt.plan import atomic_write
 
-__all__ = ["COMPILED", "FALLBACK", "PACKAGES_DIR", "PackageCache", "program_digest"]
+__all__ = ["COMPILED", "FALLBACK", "PACKAGES_DIR", "TUNED_FALLBACK", "PackageCache", "program_digest"]
 
 log = logging.getLogger(__name__)
 
 PACKAGES_DIR = "streamrt-packages"
 COMPILED = "compiled"
 FALLBACK = "fallback"
+TUNED_FALLBACK = "fallback-tuned"
+_KINDS = (COMPILED, FALLBACK, TUNED_FALLBACK)
 
 
 def _value_text(value: Any) -> str:
@@ -122,7 +126,8 @@ class PackageCache:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def find(self, ep: Any, configs: Mapping[str, Any], budget_s: float | None) -> tuple[bytes, str] | None:
-        """The package and its kind (:data:`COMPILED`, :data:`FALLBACK`), or ``None`` when none may be reused."""
+        """The package and its kind (:data:`COMPILED`, :data:`FALLBACK`, :data:`TUNED_FALLBACK`), or ``None`` when
+        none may be reused."""
         key = self.key(ep, configs)
         meta_path = self.root / f"{key}.json"
         if not meta_path.is_file():
@@ -132,14 +137,14 @@ class PackageCache:
             package = (self.root / f"{key}.pt2").read_bytes()
         except (OSError, ValueError) as exc:
             return self._ignore(key, f"unreadable ({type(exc).__name__}: {exc})")
-        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("kind") not in (COMPILED, FALLBACK):
+        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("kind") not in _KINDS:
             return self._ignore(key, "its record does not name this key")
         if entry.get("identity") != dict(self.identity):
             return self._ignore(key, f"made on {entry.get('identity')}, here {dict(self.identity)}")
         if hashlib.sha256(package).hexdigest() != entry.get("sha256"):
             return self._ignore(key, "the package's sha256 does not match its record (truncated or changed)")
-        if entry["kind"] == FALLBACK and not _fits(budget_s, entry.get("budget_s")):
-            log.info("package cache: %s is the level-3 fallback of a %s s budget; this build's budget %s s is "
+        if entry["kind"] != COMPILED and not _fits(budget_s, entry.get("budget_s")):
+            log.info("package cache: %s is the fallback of a %s s budget; this build's budget %s s is "
                      "larger, so it autotunes again", key[:16], entry.get("budget_s"), budget_s)
             return None
         return package, str(entry["kind"])
