@@ -128,9 +128,17 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
 
 def served(http_port: int, model: str) -> int:
     """Requests the server answered successfully for ``model`` so far (statistics extension)."""
+    return model_counts(http_port, model)[0]
+
+
+def model_counts(http_port: int, model: str) -> tuple[int, int, int, int]:
+    """``model``'s counters so far (statistics extension, the same fields on Triton and StreamRT): requests
+    answered, rows inferred, executions (batches) and nanoseconds its requests spent queued."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=10) as r:
-        stats = json.loads(r.read())["model_stats"][0]["inference_stats"]
-    return int(stats["success"]["count"])
+        stats = json.loads(r.read())["model_stats"][0]
+    inference = stats["inference_stats"]
+    return (int(inference["success"]["count"]), int(stats.get("inference_count", 0)),
+            int(stats.get("execution_count", 0)), int(inference["queue"]["ns"]))
 
 
 def top_frames(raw: Path, limit: int = 25) -> list[tuple[str, float]]:

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_frontend import ITEM, cpu_seconds, free_port, parse_case, run_perf, served, wait_ready
+from serving_frontend import ITEM, cpu_seconds, free_port, model_counts, parse_case, run_perf, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PYTRITON = Path("/work/venvs/pytriton/bin/python")
@@ -123,6 +123,15 @@ def start_streamrt(repo: Path, http: int, grpc: int, log: Path, extra: list[str]
         stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True, env=env)
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's (idle, total) CPU ticks so far (``/proc/stat``; (0, 0) where there is none)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
@@ -169,30 +178,34 @@ def main() -> int:
                 time.sleep(1.0)
                 for protocol, kind, batch in cases:
                     model = f"null_{kind}"
-                    cpu0, count0 = cpu_seconds(server.pid), served(http, model)
+                    cpu0, counts0, ticks0 = cpu_seconds(server.pid), model_counts(http, model), cpu_times()
                     result = run_perf(protocol, http if protocol == "http" else grpc, model, batch, args.concurrency,
                                       args.processes, args.seconds, [])
                     cpu = cpu_seconds(server.pid) - cpu0
-                    count = served(http, model) - count0
+                    idle_ticks, all_ticks = (b - a for a, b in zip(ticks0, cpu_times(), strict=True))
+                    count, rows_in, executions, queue_ns = (b - a for a, b in zip(counts0, model_counts(http, model),
+                                                                                  strict=True))
                     nbytes = batch * 4 * int(__import__("math").prod(ITEM[kind]))
                     lat = result["latency_ms"] or {}
                     reqs = result["throughput"] / batch
                     row = (protocol, kind, batch, server_name, round_, reqs, reqs * nbytes / 1e9,
                            lat.get("median", float("nan")), lat.get("p99", float("nan")),
-                           cpu / max(count, 1) * 1e6, result["errors"])
+                           cpu / max(count, 1) * 1e6, result["errors"], rows_in / max(executions, 1),
+                           queue_ns / max(count, 1) / 1e3, 100 * idle_ticks / max(all_ticks, 1))
                     rows.append(row)
                     print(f"{protocol:5} {kind:6} x{batch:<2} {server_name:15} round {round_}: {reqs:8.1f} req/s "
                           f"{row[6]:6.3f} GB/s  p50 {row[7]:7.2f} ms  p99 {row[8]:7.2f} ms  "
-                          f"server CPU {row[9]:7.0f} us/req  errors {row[10]}", flush=True)
+                          f"server CPU {row[9]:7.0f} us/req  errors {row[10]}  rows/batch {row[11]:5.2f}  "
+                          f"queue {row[12]:6.0f} us/req  machine idle {row[13]:4.1f}%", flush=True)
             finally:
                 stop(server)
     rows.sort(key=lambda r: (r[0], r[1], r[2], r[4], r[3]))
     table = ["| protocol | request | server | round | requests/s | GB/s | p50 ms | p99 ms | server CPU us/req | "
-             "errors |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for p, k, b, name, rnd, reqs, gbs, p50, p99, cpu_req, errors in rows:
+             "errors | rows per execution | queue us/req | machine idle |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p, k, b, name, rnd, reqs, gbs, p50, p99, cpu_req, errors, per_batch, queue_us, idle in rows:
         table.append(f"| {p} | null_{k} x{b} | {name} | {rnd} | {reqs:,.0f} | {gbs:.3f} | {p50:.2f} | {p99:.2f} | "
-                     f"{cpu_req:,.0f} | {errors} |")
+                     f"{cpu_req:,.0f} | {errors} | {per_batch:.2f} | {queue_us:,.0f} | {idle:.1f}% |")
     text = "\n".join(table)
     print(text)
     if args.out is not None:
