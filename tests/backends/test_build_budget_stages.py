@@ -140,6 +140,20 @@ def test_a_retry_with_the_same_budget_reuses_the_tuned_fallback_and_says_what_it
     assert again.events[0]["to"] == TUNED_FALLBACK_TO  # the plan is not what level 5 asks: not plan-cached
 
 
+def test_a_retry_whose_coordinate_descent_runs_out_again_keeps_the_cached_first_stage(
+        stand_in: Any, program: Any, tmp_path: Path) -> None:
+    jobs = stand_in(["finish", "hang"])
+    cache = PackageCache(tmp_path / "timings", {"device": "test"})
+    BuildBudget(3.0, print, RecordingCompiler(), finish_reserve_s=1.0, packages=cache).compile(
+        program, LEVEL5, label="p")
+    compiler = RecordingCompiler()
+    retry = BuildBudget(4.0, print, compiler, finish_reserve_s=1.0, packages=cache)  # more time, still too little
+    assert retry.compile(program, LEVEL5, label="p") == b"STAGE-False" and compiler.calls == []
+    assert [len(json.loads(job)) for job in jobs.read_text().splitlines()] == [2, 1]
+    assert retry.events[0]["to"] == TUNED_FALLBACK_TO
+    assert retry.events[0]["why"].startswith("coordinate descent passed its"), retry.events
+
+
 def test_a_failed_coordinate_descent_keeps_the_first_stage_instead_of_failing_the_build(
         stand_in: Any, program: Any, caplog: pytest.LogCaptureFixture) -> None:
     stand_in(["finish", "fail"])

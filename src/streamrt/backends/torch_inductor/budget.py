@@ -344,7 +344,8 @@ class BuildBudget:
             kept = outs[finished - 1].read_bytes() if finished else None
             if done.timed_out:  # what it timed is in the timing cache (Inductor writes each result as it goes)
                 self.misses += tuned[0]
-                what = "coordinate descent" if finished else "autotuning"
+                # past the first stage, or a child that starts at the second (its first from the package cache)
+                what = "coordinate descent" if finished or len(autotune_stages(stages[0])) > 1 else "autotuning"
                 return kept, f"{what} passed its {deadline:.0f} s deadline after timing {tuned[0]} operators", finished
             tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
             if not done.ok or finished < len(outs):
