@@ -86,6 +86,10 @@ _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 REUSED = "reused"
 REUSED_FALLBACK = "reused (level-3 fallback)"
 REUSED_TUNED_FALLBACK = "reused (autotuned fallback, coordinate descent off)"
+_REUSED_AS = {COMPILED: REUSED, FALLBACK: REUSED_FALLBACK, TUNED_FALLBACK: REUSED_TUNED_FALLBACK}
+_COMPILED_AS = {COMPILED: COMPILED, FALLBACK: "compiled (level-3 fallback)",
+                TUNED_FALLBACK: "compiled (autotuned fallback, coordinate descent off)"}
+"""Each package kind as the timing cache's report names it (``BuildBudget.outcomes``)."""
 FINISH_RESERVE_S = 5.0
 """What the build does after a killed child: reap it, pack the payload, write the manifest, verify the
 plan (load its package, run it at the profile's corners against the module) and write it. On the H200
@@ -165,7 +169,7 @@ class BuildBudget:
         if self.packages is not None:
             found = self.packages.find(ep, configs, self.seconds)
             if found is not None:
-                outcome = {COMPILED: REUSED, TUNED_FALLBACK: REUSED_TUNED_FALLBACK}.get(found[1], REUSED_FALLBACK)
+                outcome = _REUSED_AS[found[1]]
                 self.progress(f"{label}: package {outcome} from the package cache {self.packages.root} "
                               "(same program, configs and device; nothing compiled)")
                 if found[1] != COMPILED:  # not the plan asked for: the manifest says so, the plan cache skips it
@@ -177,8 +181,7 @@ class BuildBudget:
                 return found[0]
         package, kind = self._compile(ep, configs, label, optional, later)
         if package is not None:
-            self.outcomes.append({COMPILED: COMPILED, TUNED_FALLBACK: "compiled (autotuned fallback, coordinate "
-                                  "descent off)"}.get(kind, "compiled (level-3 fallback)"))
+            self.outcomes.append(_COMPILED_AS[kind])
             if self.packages is not None:
                 self.packages.keep(ep, configs, package, kind, self.seconds)
         return package
