@@ -21,6 +21,9 @@ One call, under 9 minutes, writes ``OUT/serving-h200.md``:
     from its page-locked arena or shared-memory region to the device (``STREAMRT_DIRECT_HOST_COPIES=1``,
     no pinned staging slot): on 2026-12-05 both host transports stopped at ~1,000 requests/s of 4.8 MB
     with full batches while CUDA shm reached 99%, which points at the batch's host-side copy.
+    ``--staging-threads 0,4`` serves them again with another count of the engine process's copy threads
+    (``STREAMRT_STAGING_THREADS``: a large batch gathered into its pinned slot in pieces on that many threads,
+    each piece's host-to-device copy enqueued as it lands; :mod:`streamrt.device.row_copier`).
 (c) **Under a latency bound** (first model only): ``streamrt perf --latency-bound-ms 15`` (MLPerf's
     Server bound for ResNet-50) over each transport: the highest images/s whose p99 stays within
     15 ms, searched over concurrency ``--bound-range`` (doubling, then bisecting to its step), a row
@@ -41,7 +44,7 @@ Usage (on the GPU machine, from the repository root)::
 
     python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5] \
         [--frontend-processes 1,4,8] [--latency-bound-ms 15] [--bound-range 4:256:2] [--bound-seconds 3] \
-        [--direct-copies off|on|both]
+        [--direct-copies off|on|both] [--staging-threads 0,4]
 
     # (b) and (c) alone, ResNet-50 (about 6 minutes with the plan build, 4.5 with --plans):
     python scripts/gpu_serving_check.py OUT --skip-frontend --models resnet50
@@ -341,6 +344,11 @@ DIRECT_ENV = "STREAMRT_DIRECT_HOST_COPIES"
 off and on in the same run."""
 
 
+STAGING_ENV = "STREAMRT_STAGING_THREADS"
+"""The engine process's copy threads for large batches (:mod:`streamrt.device.row_copier`); ``--staging-threads
+0,4`` serves with the first count, then the host transports again with each further one."""
+
+
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
                 ratios: dict[str, float], transports: tuple[tuple[str, list[str]], ...] = TRANSPORTS,
                 suffix: str = "") -> None:
@@ -422,9 +430,11 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
     ratios: dict[str, float] = {}
+    staging = args.staging_threads or [None]
+    first_staging = {} if staging[0] is None else {STAGING_ENV: str(staging[0])}
     if args.direct_copies != "on":
         server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
-                        {DIRECT_ENV: "0"})
+                        {DIRECT_ENV: "0", **first_staging})
         try:
             served_rows(name, server, reference, args, report, ratios)
             if bounded:
@@ -432,18 +442,29 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         finally:
             server.stop()
     if args.direct_copies != "off":  # the host transports again, each request copied from its own pages
-        try:
-            server = Server(repo, args.out / f"server-{name}-direct.log", max(args.frontend_processes),
-                            args.grpc_server, {DIRECT_ENV: "1"})
-        except (SystemExit, Exception) as exc:
-            report.add([f"| {name} {args.precision} | server with {DIRECT_ENV}=1 | failed | | | | "
-                        f"{_failure(exc, 300)} |"])
-            return ratios
-        try:
-            served_rows(name, server, reference, args, report, ratios, TRANSPORTS[:2], ", direct copies")
-        finally:
-            server.stop()
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "1", **first_staging},
+                              ", direct copies")
+    for threads in staging[1:]:  # the host transports again with another count of staging threads
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0", STAGING_ENV: str(threads)},
+                              f", staging threads {threads}")
     return ratios
+
+
+def host_transports_again(name: str, repo: Path, reference: float, args: argparse.Namespace, report: Report,
+                          ratios: dict[str, float], env: dict[str, str], suffix: str) -> None:
+    """Part (b)'s two host transports from a server started with ``env`` (rows labelled with ``suffix``)."""
+    tag = suffix.strip(", ").replace(" ", "-")
+    try:
+        server = Server(repo, args.out / f"server-{name}-{tag}.log", max(args.frontend_processes), args.grpc_server,
+                        env)
+    except (SystemExit, Exception) as exc:
+        report.add([f"| {name} {args.precision} | server with {' '.join(f'{k}={v}' for k, v in env.items())} | "
+                    f"failed | | | | {_failure(exc, 300)} |"])
+        return
+    try:
+        served_rows(name, server, reference, args, report, ratios, TRANSPORTS[:2], suffix)
+    finally:
+        server.stop()
 
 
 def targets(ratios: dict[str, float], bound: str) -> list[str]:
@@ -498,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="off",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions); both: the host transports measured with it off, then on")
+    parser.add_argument("--staging-threads", type=lambda text: [int(n) for n in text.split(",")] if text else [],
+                        default=[], help=f"comma list of the engine process's {STAGING_ENV}: the first for every "
+                        "server, each further one serves the host transports again (default: the server's own)")
     parser.add_argument("--latency-bound-ms", type=float, default=15.0,
                         help="(c): each transport's best images/s with p99 within this, for the first model "
                         "(default 15, MLPerf's Server bound for ResNet-50; 0 skips (c))")

@@ -10,7 +10,8 @@
 # Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
 # serving (SERVING_ARGS, e.g. "--grpc-server h2corn --frontend-processes 1,4,8"), video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
-# speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
+# staging (benchmarks/staging_copies.py on CUDA: a large batch's gather and host-to-device copy, one copy vs pieces on
+# STAGING_THREADS threads), speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
 # two-stage GPU tests explained).
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
@@ -55,6 +56,8 @@ part() {  # part NAME: one part of the session
         trust) run trust "${TRUST_LIMIT:-540}" python3 scripts/gpu_trust_check.py "$out/trust" --budget "${TRUST_BUDGET:-520}" ;;
         sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
         detens) run detens 240 python3 benchmarks/detection_ensemble.py "$out/detens" --seconds "${DETENS_SECONDS:-10}" ;;
+        staging) run staging 120 python3 benchmarks/staging_copies.py --device cuda --threads "${STAGING_THREADS:-0,1,2,4,8}" \
+                     --out "$out/staging/staging-copies.md" ;;
         speed) run speed "${SPEED_LIMIT:-540}" python3 benchmarks/engine_speed.py --out "$out/speed" ${SPEED_ARGS:-} ;;
         *) echo "unknown part $1" ;;
     esac

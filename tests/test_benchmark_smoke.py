@@ -257,3 +257,16 @@ def test_latency_split_joins_perf_requests_with_the_server_trace(tmp_path: Path,
     table = subprocess.run([sys.executable, "benchmarks/latency_split.py", "--run", f"s:{requests}:{trace}"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "| s |" in table.stdout and "outbound" in table.stdout, table.stderr
+
+
+def test_staging_copies_writes_a_row_per_instance_count_and_variant(tmp_path: Path) -> None:
+    out = tmp_path / "staging.md"
+    _run(tmp_path, "staging_copies.py", "--device", "cpu", "--threads", "0,2", "--instances", "1,2", "--requests",
+         "3", "--shape", "2,3,8,8", "--piece-mib", "0.001", "--runs", "3", "--warmup", "1", "--rounds", "1",
+         "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0][:2] == ["instances", "variant"]
+    assert [r[:2] for r in rows[1:]] == [[n, v] for n in ("1", "2")
+                                         for v in ("one copy", "pieces, 0 threads", "pieces, 2 threads")], rows
+    assert all(float(r[5]) > 0 for r in rows[1:]) and rows[1][6] == "1.00", rows
+    assert out.with_suffix(".json").is_file()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dry_run import assert_runnable, dry_run_commands
 
-PARTS = "tests,integrity,examples,zoo,serving,video,trust,sharing,detens,speed"
+PARTS = "tests,integrity,examples,zoo,serving,video,trust,sharing,detens,staging,speed"
 
 
 def test_every_part_runs_a_script_and_flags_that_exist(tmp_path: Path) -> None:

@@ -38,6 +38,8 @@ from hypothesis import HealthCheck, given, settings
 import streamrt
 from batch_property import AVAILABLE, WORKERS, Clients, Request, bursts, check_answers, send_burst
 from streamrt.backends.base import Engine, ExecutionContext
+from streamrt.device import row_copier
+from streamrt.device.row_copier import RowCopier
 from streamrt.serve import ServerConfig, ServerThread
 from streamrt.serve.configs.config import ModelConfig
 from streamrt.serve.models.model import load_engine
@@ -233,17 +235,49 @@ def test_a_model_that_mixes_merged_batches_fails_them_and_never_answers_with_for
     assert failed, "no batch of an odd number of rows ran: the engine never misbehaved"
 
 
+def _copy_in_pieces(monkeypatch: pytest.MonkeyPatch) -> RowCopier:
+    """Every instance of the next server gathers in pieces of a row or two on two threads (the path of large
+    requests, here for every batch), each piece handed on as it lands."""
+    copier = RowCopier(threads=2, piece_bytes=8, min_bytes=0)
+    monkeypatch.setattr(row_copier, "_shared", copier)
+    return copier
+
+
+def test_the_property_holds_with_batches_gathered_in_pieces_on_threads(
+    tmp_path: Path, cpu_plan: Path, alone: Callable[[Arrays], Arrays], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copier = _copy_in_pieces(monkeypatch)
+    try:
+        with _serve(_repo(tmp_path / "repo", cpu_plan, {"mixed": CONFIG})) as running:
+            assert running.repository.get("mixed", "").instances.instances[0].copier is copier
+            piece_senders = Senders(running)
+            try:
+                run_property(running, piece_senders, alone, CPU_EXAMPLES // 2)
+            finally:
+                piece_senders.close()
+    finally:
+        copier.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.torch
+@pytest.mark.parametrize("gather", ["one copy", "pieces"])
 def test_every_request_gets_exactly_its_own_answer_on_gpu_instances(
-    tmp_path: Path, alone: Callable[[Arrays], Arrays]
+    tmp_path: Path, alone: Callable[[Arrays], Arrays], monkeypatch: pytest.MonkeyPatch, gather: str
 ) -> None:
+    """``pieces``: each piece's host-to-device copy is enqueued as it lands in the pinned slot."""
+    copier = _copy_in_pieces(monkeypatch) if gather == "pieces" else None
     plan = _build(tmp_path, backend="torch_inductor", device="cuda")
     gpu = {**CONFIG, "instance_group": [{"count": 2, "kind": "KIND_GPU"}]}
-    with _serve(_repo(tmp_path / "repo", plan, {"mixed": gpu})) as running:
-        assert running.repository.get("mixed", "").instances.instances[0].device.is_cuda
-        gpu_senders = Senders(running)
-        try:
-            run_property(running, gpu_senders, alone, GPU_EXAMPLES, GPU_TOLERANCE)
-        finally:
-            gpu_senders.close()
+    try:
+        with _serve(_repo(tmp_path / "repo", plan, {"mixed": gpu})) as running:
+            assert running.repository.get("mixed", "").instances.instances[0].device.is_cuda
+            gpu_senders = Senders(running)
+            try:
+                run_property(running, gpu_senders, alone, GPU_EXAMPLES if copier is None else GPU_EXAMPLES // 2,
+                             GPU_TOLERANCE)
+            finally:
+                gpu_senders.close()
+    finally:
+        if copier is not None:
+            copier.close()

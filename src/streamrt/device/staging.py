@@ -7,7 +7,9 @@ into a ring slot) move data the same way, so they share these steps:
    concatenated along axis 0 into a host buffer allocated once and reused. On a CUDA device the
    buffer is pinned, so the next step is asynchronous.
 2. :func:`to_device`: host rows to the device on a stream (into a pre-allocated device buffer when
-   one is given).
+   one is given). :func:`stage_to_device` does steps 1 and 2 for a server instance: a large gather is
+   copied in pieces on a few threads (:class:`~streamrt.device.row_copier.RowCopier`) and each piece
+   goes to the device as soon as it is in the slot, so the DMA overlaps the host copies.
 3. :func:`to_host`: device outputs back to pinned host memory on a stream (into a pre-allocated
    buffer when one is given, else a fresh pinned one: torch's caching host allocator recycles those).
 4. :func:`split_rows`: the batch's outputs back to per-request views.
@@ -56,10 +58,12 @@ from streamrt._optional import available
 from streamrt.device.base import Device, StreamLike
 from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
+from streamrt.device.row_copier import OnPiece, RowCopier
 from streamrt.errors import PipelineError
 
 __all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "cuda_host_register",
-           "cuda_host_unregister", "gather_into", "rows_to_device", "split_rows", "to_device", "to_host"]
+           "cuda_host_unregister", "gather_into", "rows_to_device", "split_rows", "stage_to_device", "to_device",
+           "to_host"]
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +135,13 @@ class HostSlots:
             self._slots[key] = slot
         return slot
 
-    def gather(self, name: str, arrays: Sequence[np.ndarray]) -> HostBatch:
+    def gather(self, name: str, arrays: Sequence[np.ndarray], copier: RowCopier | None = None,
+               on_piece: OnPiece | None = None) -> HostBatch:
         """``arrays`` concatenated along axis 0 into their slot; the first ``sum(len)`` rows of it.
 
-        More rows than a slot holds get a fresh array instead (no slot grows).
+        More rows than a slot holds get a fresh array instead (no slot grows). With a ``copier`` a large
+        gather is copied in pieces on its threads, ``on_piece(start, stop)`` called for each as it lands
+        (:class:`~streamrt.device.row_copier.RowCopier`); without one it is one ``np.concatenate``.
 
         Raises:
             ValueError: the arrays' item shapes or ranks differ (NumPy's message).
@@ -144,7 +151,12 @@ class HostSlots:
         if rows > self._rows:
             return HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(first))
         batch = self.slot(name, first.dtype, first.shape[1:]).rows(rows)
-        np.concatenate(arrays, axis=0, out=batch.array)
+        if copier is None:
+            np.concatenate(arrays, axis=0, out=batch.array)
+            if on_piece is not None:
+                on_piece(0, rows)
+        else:
+            copier.gather(batch.array, arrays, on_piece)
         return batch
 
     def clear(self) -> None:
@@ -202,6 +214,37 @@ def to_device(host: HostBatch | Any, device: Device, stream: StreamLike | None, 
             return source.to(device.torch_device, non_blocking=non_blocking)
         out.copy_(source, non_blocking=non_blocking)
         return out
+
+
+def stage_to_device(slots: HostSlots, name: str, arrays: Sequence[np.ndarray], device: Device,
+                    stream: StreamLike | None, copier: RowCopier | None = None) -> Any:
+    """Requests' rows as one batch on ``device``: gathered into their slot of ``slots`` and copied on ``stream``.
+
+    On a CUDA device with a ``copier``, each piece of the gather is copied to the device (asynchronously, on
+    ``stream``) as soon as it is in the pinned slot, so the DMA overlaps the rest of the host copies; the slot
+    must stay as it is until ``stream`` gets there (an instance waits for its stream at the end of every
+    batch). More rows than a slot holds take the slot-less path (a fresh array, then one copy). On the host
+    device the slot's rows are the batch.
+
+    Raises:
+        ValueError: the arrays' item shapes or ranks differ.
+    """
+    rows = sum(int(a.shape[0]) for a in arrays)
+    if not device.is_cuda or copier is None or rows > slots.rows:
+        return to_device(slots.gather(name, arrays, copier), device, stream)
+    first = arrays[0]
+    batch = slots.slot(name, first.dtype, first.shape[1:]).rows(rows)
+    pinned = batch.pinned  # a CUDA device's slots are pinned tensors
+    if pinned is None:
+        raise PipelineError(f"the slot for '{name}' is not in pinned memory on {device!r}")
+    with stream_scope(stream):
+        out = device.empty(batch.array.shape, batch.array.dtype)
+
+        def send(start: int, stop: int) -> None:
+            out[start:stop].copy_(pinned[start:stop], non_blocking=True)
+
+        copier.gather(batch.array, arrays, send)
+    return out
 
 
 def to_host(value: Any, stream: StreamLike | None, *, out: Any | None = None, non_blocking: bool = True) -> Any:

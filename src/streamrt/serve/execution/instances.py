@@ -11,9 +11,11 @@ pipeline workloads use too; this module decides which requests go where.
 
 * **Inputs**: each request's tensors are zero-copy views of the request body. They are
   concatenated straight into a per-instance input slot (:class:`~streamrt.device.staging.HostSlots`:
-  pinned host memory when the engine is on CUDA, then one asynchronous H2D copy on the instance's
-  stream). A batch of one request on a CPU engine skips the slot and runs on the view itself. On a
-  CUDA engine, requests whose tensors lie in page-locked memory (a front-end process's arena, which
+  pinned host memory when the engine is on CUDA, then asynchronous H2D copies on the instance's
+  stream). A large batch is copied in pieces on the process's copy threads
+  (:class:`~streamrt.device.row_copier.RowCopier`), each piece's H2D copy enqueued as it lands.
+  A batch of one request on a CPU engine skips the slot and runs on the view itself. On a CUDA
+  engine, requests whose tensors lie in page-locked memory (a front-end process's arena, which
   the engine process offers to :data:`~streamrt.device.staging.PINNABLE`) skip the slot too: each is
   copied straight into the device batch (:func:`~streamrt.device.staging.rows_to_device`), when
   ``STREAMRT_DIRECT_HOST_COPIES=1`` (off by default: not yet run on a GPU).
@@ -59,7 +61,8 @@ from streamrt.device import (
     to_device,
     to_host,
 )
-from streamrt.device.staging import DIRECT_COPIES, rows_to_device
+from streamrt.device.row_copier import RowCopier, shared_copier
+from streamrt.device.staging import DIRECT_COPIES, rows_to_device, stage_to_device
 from streamrt.errors import ConfigError, InferenceError, StreamRTError
 from streamrt.serve.configs.config import InstanceGroupConfig
 from streamrt.serve.execution.integrity import OutputCheck
@@ -109,11 +112,13 @@ class Instance:
         check: checks every batch's outputs before they are split (None: no check, for tests that
             show what it catches).
         gpu: the GPU index it runs on (None on the CPU), for statistics and logs.
+        copier: gathers large batches into the input slots (default: the process's
+            :func:`~streamrt.device.row_copier.shared_copier`, ``$STREAMRT_STAGING_THREADS`` threads).
     """
 
     def __init__(
         self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int,
-        check: OutputCheck | None = None, gpu: int | None = None,
+        check: OutputCheck | None = None, gpu: int | None = None, copier: RowCopier | None = None,
     ) -> None:
         self.name = name
         self.gpu = gpu
@@ -130,6 +135,8 @@ class Instance:
         self.device_outputs: frozenset[str] = frozenset()
         """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
+        self.copier = copier if copier is not None else shared_copier()
+        """Copies large gathers into the input slots in pieces on its threads (the process's, by default)."""
         self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
     def __repr__(self) -> str:
@@ -203,10 +210,10 @@ class Instance:
             if direct is not None:  # read by the copy until the batch's end, when the instance waits for its stream
                 gathered[name] = direct
                 continue
-            if self.batched:
-                host = self._slots.gather(name, arrays)  # more rows than a slot: a fresh array
-            else:
-                host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
+            if self.batched:  # more rows than a slot: a fresh array
+                gathered[name] = stage_to_device(self._slots, name, arrays, self.device, self.stream, self.copier)
+                continue
+            host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
             gathered[name] = to_device(host, self.device, self.stream)
         return gathered
 

@@ -1,0 +1,227 @@
+"""Large host gathers in pieces, on a few threads, each piece handed on as soon as it is in place.
+
+A server instance gathers its batch's requests into one pinned slot and then copies the slot to the device.
+For ResNet-50's 4.8 MB requests a batch of 64 images is 38.5 MB: one ``np.concatenate`` on one core, and
+the host-to-device copy starts only when all of it is done. On the H200 both host transports (gRPC binary
+and system shared memory) stopped at ~1,000 requests/s (4.5-5.1 GB/s) while CUDA shared memory, which skips
+the host, reached the engine (docs/benchmarks/2026-12-05-h200.md).
+
+:class:`RowCopier` splits such a gather into pieces of whole rows (about ``piece_bytes`` each), copies them
+on a small pool of threads (NumPy releases the GIL while it copies), and calls ``on_piece(start, stop)`` on
+the calling thread for every piece, in row order, as soon as that piece and every piece before it are in
+place. A CUDA instance enqueues the piece's host-to-device copy there (:func:`~streamrt.device.staging.
+stage_to_device`), so the DMA of one piece overlaps the host copies of the next ones.
+
+Threads: ``$STREAMRT_STAGING_THREADS`` (0: the pieces are copied on the calling thread, still handed on one
+by one), else :func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
+
+Example:
+    >>> import numpy as np
+    >>> copier = RowCopier(threads=0, piece_bytes=16, min_bytes=0)
+    >>> out = np.zeros((5, 2), np.float32)
+    >>> done = []
+    >>> copier.gather(out, [np.ones((2, 2), np.float32), np.full((3, 2), 2, np.float32)],
+    ...               on_piece=lambda a, b: done.append((a, b)))
+    5
+    >>> done
+    [(0, 2), (2, 4), (4, 5)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamrt.device.threads import usable_cores
+from streamrt.errors import ConfigError
+
+__all__ = ["ENV_VAR", "MIN_BYTES", "PIECE_BYTES", "Piece", "RowCopier", "default_staging_threads",
+           "plan_pieces", "shared_copier"]
+
+ENV_VAR = "STREAMRT_STAGING_THREADS"
+
+PIECE_BYTES = 2 << 20
+"""About this many bytes per piece: 19 host-to-device copies for a 38.5 MB batch (each costs a few
+microseconds to enqueue), small enough for the first DMA to start after ~5% of the host copies."""
+
+MIN_BYTES = 8 << 20
+"""Gathers smaller than this are one ``np.concatenate`` (pieces and threads cost more than they save)."""
+
+OnPiece = Callable[[int, int], None]
+"""``on_piece(start, stop)``: destination rows ``start:stop`` are in place (and every row before them)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Destination rows ``start:stop``, copied from ``source`` (rows of one of the gathered arrays)."""
+
+    start: int
+    stop: int
+    source: np.ndarray
+
+
+def default_staging_threads(cores: int | None = None) -> int:
+    """Copy threads when ``$STREAMRT_STAGING_THREADS`` is not set: none on 2 usable cores or fewer (the
+    clients, the event loop and the instances need them), else a quarter of the cores, at most 4.
+
+    >>> default_staging_threads(2), default_staging_threads(8), default_staging_threads(16), default_staging_threads(64)
+    (0, 2, 4, 4)
+    """
+    cores = usable_cores() if cores is None else cores
+    return 0 if cores <= 2 else max(1, min(4, cores // 4))
+
+
+def staging_threads() -> int:
+    """``$STREAMRT_STAGING_THREADS`` when set (0 or more), else :func:`default_staging_threads`.
+
+    Raises:
+        ConfigError: the variable is not an integer >= 0.
+    """
+    env = os.environ.get(ENV_VAR, "").strip()
+    if not env:
+        return default_staging_threads()
+    try:
+        threads = int(env)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise ConfigError(f"{ENV_VAR} must be an integer >= 0 (0: copy on the instance's own thread), got {env!r}")
+    return threads
+
+
+def plan_pieces(arrays: Sequence[np.ndarray], piece_bytes: int) -> list[Piece]:
+    """The destination's rows in pieces of whole rows, about ``piece_bytes`` each, never across two arrays.
+
+    >>> [(p.start, p.stop) for p in plan_pieces([np.zeros((3, 4), np.uint8), np.zeros((2, 4), np.uint8)], 8)]
+    [(0, 2), (2, 3), (3, 5)]
+    """
+    pieces, start = [], 0
+    for array in arrays:
+        rows = int(array.shape[0])
+        row_bytes = max(1, array.nbytes // rows) if rows else 1
+        step = max(1, piece_bytes // row_bytes)
+        for first in range(0, rows, step):
+            last = min(rows, first + step)
+            pieces.append(Piece(start + first, start + last, array[first:last]))
+        start += rows
+    return pieces
+
+
+def _check_items(out: np.ndarray, arrays: Sequence[np.ndarray]) -> int:
+    """Rows of ``arrays`` together; ValueError (NumPy's concatenate wording) when an item shape differs."""
+    item = out.shape[1:]
+    for index, array in enumerate(arrays):
+        if array.ndim != out.ndim:
+            raise ValueError(f"all the input array dimensions except for the concatenation axis must match "
+                             f"exactly, but array {index} has {array.ndim} dimension(s) and the destination "
+                             f"{out.ndim}")
+        if array.shape[1:] != item:
+            raise ValueError(f"all the input array dimensions except for the concatenation axis must match "
+                             f"exactly, but array {index} has item shape {array.shape[1:]} and the destination "
+                             f"{item}")
+    rows = sum(int(a.shape[0]) for a in arrays)
+    if rows > out.shape[0]:
+        raise ValueError(f"{rows} rows do not fit a destination of {out.shape[0]}")
+    return rows
+
+
+class RowCopier:
+    """Gathers arrays along axis 0 into a destination, in pieces on ``threads`` threads (see the module).
+
+    Args:
+        threads: copy threads (0: the calling thread copies the pieces itself).
+        piece_bytes: about this many bytes per piece.
+        min_bytes: smaller gathers are one ``np.concatenate`` with one ``on_piece`` call (so is any
+            gather without threads and without ``on_piece``: pieces would gain nothing there).
+    """
+
+    def __init__(self, threads: int, *, piece_bytes: int = PIECE_BYTES, min_bytes: int = MIN_BYTES) -> None:
+        if threads < 0 or piece_bytes < 1 or min_bytes < 0:
+            raise ConfigError(f"a row copier needs threads >= 0, piece_bytes >= 1 and min_bytes >= 0, got "
+                              f"{threads}, {piece_bytes}, {min_bytes}")
+        self.threads, self.piece_bytes, self.min_bytes = threads, piece_bytes, min_bytes
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="streamrt-copy") if threads else None
+
+    def __repr__(self) -> str:
+        return f"RowCopier(threads={self.threads}, piece_bytes={self.piece_bytes}, min_bytes={self.min_bytes})"
+
+    def gather(self, out: np.ndarray, arrays: Sequence[np.ndarray], on_piece: OnPiece | None = None) -> int:
+        """Copy ``arrays`` one after another along axis 0 into ``out``'s first rows; the rows written.
+
+        ``on_piece`` runs on the calling thread, in row order, once per piece (once for a small gather).
+        When a piece fails, the pieces already started finish, no later ``on_piece`` runs, and the first
+        error is raised.
+
+        Raises:
+            ValueError: an array's rank or item shape differs from ``out``'s, or the rows do not fit.
+            TypeError: an array's dtype cannot be cast to ``out``'s (NumPy's ``same_kind`` rule).
+        """
+        rows = _check_items(out, arrays)
+        if sum(a.nbytes for a in arrays) < self.min_bytes or (self._pool is None and on_piece is None):
+            np.concatenate(arrays, axis=0, out=out[:rows])
+            if on_piece is not None:
+                on_piece(0, rows)
+            return rows
+        pieces = plan_pieces(arrays, self.piece_bytes)
+        if self._pool is None:
+            for piece in pieces:
+                _copy(out, piece)
+                if on_piece is not None:
+                    on_piece(piece.start, piece.stop)
+            return rows
+        futures = [self._pool.submit(_copy, out, piece) for piece in pieces]
+        try:
+            for piece, future in zip(pieces, futures, strict=True):
+                future.result()
+                if on_piece is not None:
+                    on_piece(piece.start, piece.stop)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            for future in futures:  # nothing may still write into ``out`` once the caller has the error
+                if not future.cancelled():
+                    _wait_quietly(future)
+            raise
+        return rows
+
+    def close(self) -> None:
+        """Stop the threads (after the pieces already given to them)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def _copy(out: np.ndarray, piece: Piece) -> None:
+    np.copyto(out[piece.start:piece.stop], piece.source, casting="same_kind")
+
+
+def _wait_quietly(future: Future[None]) -> None:
+    with contextlib.suppress(BaseException):  # the caller raises the first error already
+        future.result()
+
+
+_shared: RowCopier | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_copier() -> RowCopier:
+    """The process's copier (:func:`staging_threads` threads), made on first use and shared by every instance."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = RowCopier(staging_threads())
+        return _shared
+
+
+def _forget_after_fork() -> None:
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()  # the parent's threads do not exist in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
