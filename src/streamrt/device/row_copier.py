@@ -154,9 +154,10 @@ class RowCopier:
     def gather(self, out: np.ndarray, arrays: Sequence[np.ndarray], on_piece: OnPiece | None = None) -> int:
         """Copy ``arrays`` one after another along axis 0 into ``out``'s first rows; the rows written.
 
-        ``on_piece`` runs on the calling thread, in row order, once per piece (once for a small gather).
-        When a piece fails, the pieces already started finish, no later ``on_piece`` runs, and the first
-        error is raised.
+        The calling thread copies pieces too, so a gather is never slower than on its own thread when the
+        helpers are busy with another instance's. ``on_piece`` runs on the calling thread, in row order,
+        once per piece (once for a small gather). When a piece fails, no further piece starts, the ones
+        already started finish, no later ``on_piece`` runs, and the first error is raised.
 
         Raises:
             ValueError: an array's rank or item shape differs from ``out``'s, or the rows do not fit.
@@ -168,32 +169,78 @@ class RowCopier:
             if on_piece is not None:
                 on_piece(0, rows)
             return rows
-        pieces = plan_pieces(arrays, self.piece_bytes)
-        if self._pool is None:
-            for piece in pieces:
-                _copy(out, piece)
-                if on_piece is not None:
-                    on_piece(piece.start, piece.stop)
-            return rows
-        futures = [self._pool.submit(_copy, out, piece) for piece in pieces]
+        job = _Job(out, plan_pieces(arrays, self.piece_bytes))
+        pool, count = self._pool, min(self.threads, len(job.pieces) - 1)
+        helpers = [pool.submit(job.work) for _ in range(count)] if pool is not None else []
         try:
-            for piece, future in zip(pieces, futures, strict=True):
-                future.result()
-                if on_piece is not None:
-                    on_piece(piece.start, piece.stop)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            for future in futures:  # nothing may still write into ``out`` once the caller has the error
-                if not future.cancelled():
-                    _wait_quietly(future)
-            raise
+            job.run(on_piece)
+        finally:
+            job.stop()
+            for helper in helpers:  # nothing may still write into ``out`` once the caller returns or raises
+                if not helper.cancel():
+                    _wait_quietly(helper)
         return rows
 
     def close(self) -> None:
         """Stop the threads (after the pieces already given to them)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+class _Job:
+    """One gather's pieces, taken in row order by the calling thread and the helpers alike."""
+
+    def __init__(self, out: np.ndarray, pieces: list[Piece]) -> None:
+        self.out, self.pieces = out, pieces
+        self.landed = [threading.Event() for _ in pieces]
+        self.error: BaseException | None = None
+        self._next, self._stopped = 0, False
+        self._lock = threading.Lock()
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._stopped or self.error is not None or self._next == len(self.pieces):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def _copy(self, index: int) -> None:
+        try:
+            _copy(self.out, self.pieces[index])
+        except BaseException as exc:
+            with self._lock:
+                self.error = self.error or exc
+        finally:
+            self.landed[index].set()
+
+    def work(self) -> None:
+        """A helper: copy pieces until none is left (or one failed)."""
+        while (index := self._take()) is not None:
+            self._copy(index)
+
+    def run(self, on_piece: OnPiece | None) -> None:
+        """The calling thread: copy pieces, handing on the landed prefix after each; then wait for the rest."""
+        handed = 0
+
+        def hand_on(wait: bool) -> None:
+            nonlocal handed
+            while handed < len(self.pieces) and (wait or self.landed[handed].is_set()):
+                self.landed[handed].wait()
+                if self.error is not None:
+                    raise self.error
+                if on_piece is not None:
+                    on_piece(self.pieces[handed].start, self.pieces[handed].stop)
+                handed += 1
+
+        while (index := self._take()) is not None:
+            self._copy(index)
+            hand_on(wait=False)
+        hand_on(wait=True)
+
+    def stop(self) -> None:
+        """No piece starts after this (the caller is done, or failed)."""
+        with self._lock:
+            self._stopped = True
 
 
 def _copy(out: np.ndarray, piece: Piece) -> None:
