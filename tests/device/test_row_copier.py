@@ -196,3 +196,48 @@ def test_a_gather_finishes_on_its_own_thread_while_the_helpers_are_busy() -> Non
         release.set()
         assert blocker is not None and blocker.result(timeout=5)
         copier.close()
+
+
+class _TorchHostAsDevice:
+    """The CUDA branch of :func:`stage_to_device` on the CPU: a "device" whose slots and batches are CPU torch
+    tensors (the batch poisoned), so the piece-by-piece copies run where CI can see them."""
+
+    is_cuda = True
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, int]] = []
+
+    def host_buffer(self, shape: Sequence[int], dtype: Any, *, pinned: bool = True) -> Any:
+        import torch
+
+        return torch.from_numpy(np.empty(tuple(shape), dtype))
+
+    def empty(self, shape: Sequence[int], dtype: Any) -> Any:
+        import torch
+
+        device = self
+
+        class Recording(torch.Tensor):
+            def __getitem__(self, index: Any) -> Any:
+                part = super().__getitem__(index)
+                if isinstance(index, slice):
+                    device.copies.append((index.start, index.stop))
+                return part
+
+        return torch.full(tuple(shape), float("nan"), dtype=torch.from_numpy(np.empty(0, dtype)).dtype
+                          ).as_subclass(Recording)
+
+
+@pytest.mark.torch
+def test_the_cuda_branch_copies_each_piece_into_its_rows(copier: RowCopier) -> None:
+    pytest.importorskip("torch")
+    device = _TorchHostAsDevice()
+    slots = HostSlots(device, rows=16)  # type: ignore[arg-type]
+    rng = np.random.default_rng()
+    for sizes in ([3, 1, 4], [5, 2]):
+        device.copies.clear()
+        arrays = _batch(rng, sizes)
+        out = stage_to_device(slots, "x", arrays, device, None, copier)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(out.numpy(), np.concatenate(arrays))
+        # one device copy per piece, in row order (pieces never span two requests)
+        assert device.copies == [(p.start, p.stop) for p in plan_pieces(arrays, copier.piece_bytes)], device.copies
