@@ -32,9 +32,9 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +95,10 @@ def measure(lanes: list[Lane], copier: RowCopier | None, runs: int, warmup: int)
     for lane in lanes:
         lane.run(copier, warmup, [], check=True)
     times: list[list[float]] = [[] for _ in lanes]
-    threads = [threading.Thread(target=lane.run, args=(copier, runs, t, False))
-               for lane, t in zip(lanes, times, strict=True)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    with ThreadPoolExecutor(len(lanes), thread_name_prefix="instance") as instances:
+        start = time.perf_counter()
+        list(instances.map(lambda lane, t: lane.run(copier, runs, t, False), lanes, times))
+        wall = time.perf_counter() - start
     nbytes = sum(a.nbytes for a in lanes[0].batches[0])
     merged = sorted(x for t in times for x in t)
     return {"median_ms": statistics.median(merged) * 1e3, "p90_ms": merged[int(0.9 * (len(merged) - 1))] * 1e3,
