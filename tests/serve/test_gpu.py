@@ -35,3 +35,8 @@ def test_torch_inductor_plan_served_on_cuda_matches_onnxruntime(tmp_path: Path, 
             out = server.call(server.server.infer(InferRequest("cnn", inputs={"x": x})), timeout=60)
             np.testing.assert_allclose(out.outputs["logits"], reference("small_cnn", {"x": x})["logits"],
                                        rtol=1e-3, atol=1e-3)
+        # the compute split comes from CUDA events on the instance's stream: each part measured, and together
+        # within what the requests took in the server
+        inference = server.statistics("cnn")["model_stats"][0]["inference_stats"]
+        parts = [int(inference[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")]
+        assert all(ns > 0 for ns in parts) and sum(parts) <= int(inference["success"]["ns"]), inference

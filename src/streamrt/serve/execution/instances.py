@@ -51,6 +51,7 @@ import numpy as np
 from streamrt.backends.base import Engine
 from streamrt.device import (
     Device,
+    Event,
     HostBatch,
     HostSlots,
     Stream,
@@ -135,6 +136,7 @@ class Instance:
         self.device_outputs: frozenset[str] = frozenset()
         """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
         self._slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
+        self._marks = _gpu_marks() if device.is_cuda else None
         self.copier = copier if copier is not None else shared_copier()
         """Copies large gathers into the input slots in pieces on its threads (the process's, by default)."""
         self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
@@ -166,7 +168,11 @@ class Instance:
         """
         t0 = time.perf_counter_ns()
         rows = [self._rows(r) for r in requests]
+        if self._marks is not None:
+            self.stream.record(self._marks[0])
         inputs = self._gather(requests)
+        if self._marks is not None:
+            self.stream.record(self._marks[1])
         t1 = time.perf_counter_ns()
         wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
         outputs = self._execute(inputs, on_device=any(wanted))
@@ -179,7 +185,14 @@ class Instance:
             keep = self.device_outputs
             split = split_rows(outputs, rows, lambda k, v, i, a, b: _rows_of(v, a, b, wanted[i] or k in keep))
         t3 = time.perf_counter_ns()
-        return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
+        if self._marks is None:
+            return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
+        # On the GPU the host only enqueues: Triton's split is read from the stream's own clock instead (input:
+        # until the batch is on the device, the host gather included; infer: the engine; output: the copies
+        # back and the split).
+        marks = self._marks
+        gpu = [int(marks[i].elapsed_ms(marks[i + 1]) * 1e6) for i in range(3)]
+        return BatchResult(split, sum(rows), gpu[0], gpu[1], gpu[2] + t3 - t2)
 
     def execute(self, requests: Sequence[Inputs]) -> dict[str, np.ndarray]:
         """Run ``requests`` as one batch and return the outputs of all its rows, unchecked and unsplit
@@ -239,6 +252,8 @@ class Instance:
             return {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in raw.items()}
         with stream_scope(self.stream):
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
+            if self._marks is not None:
+                self.stream.record(self._marks[2])
             host: dict[str, Any] = {}
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
@@ -250,7 +265,8 @@ class Instance:
                     host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
                 else:
                     host[key] = to_host(value, self.stream)  # CUDA: a fresh pinned buffer, copied on the stream
-        self.stream.record().synchronize()  # the worker thread waits; the event loop does not
+        self.stream.record(self._marks[3] if self._marks is not None else None).synchronize()  # the worker thread
+        # waits; the event loop does not
         return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 
     def close(self, timeout: float | None = None) -> None:
@@ -262,6 +278,14 @@ class Instance:
         self._slots.clear()
         if self.rate_limit is not None:
             self.rate_limit.close()
+
+
+def _gpu_marks() -> list[Event]:
+    """Timing events an instance records on its CUDA stream every batch: before its inputs, inputs on the
+    device, engine done, outputs on the host (reused: the instance waits for its stream every batch)."""
+    from streamrt.device.cuda import CudaEvent
+
+    return [CudaEvent(timing=True) for _ in range(4)]
 
 
 def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
