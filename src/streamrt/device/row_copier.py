@@ -7,13 +7,15 @@ and system shared memory) stopped at ~1,000 requests/s (4.5-5.1 GB/s) while CUDA
 the host, reached the engine (docs/benchmarks/2026-12-05-h200.md).
 
 :class:`RowCopier` splits such a gather into pieces of whole rows (about ``piece_bytes`` each), copies them
-on a small pool of threads (NumPy releases the GIL while it copies), and calls ``on_piece(start, stop)`` on
+on the calling thread and a small pool of helper threads shared by every caller (NumPy releases the GIL
+while it copies; the caller copies too, so helpers busy with another instance's gather never make it slower
+than one copy on its own thread), and calls ``on_piece(start, stop)`` on
 the calling thread for every piece, in row order, as soon as that piece and every piece before it are in
 place. A CUDA instance enqueues the piece's host-to-device copy there (:func:`~streamrt.device.staging.
 stage_to_device`), so the DMA of one piece overlaps the host copies of the next ones.
 
-Threads: ``$STREAMRT_STAGING_THREADS`` (0: the pieces are copied on the calling thread, still handed on one
-by one), else :func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
+Helper threads: ``$STREAMRT_STAGING_THREADS`` (0: the calling thread copies every piece, still handing them
+on one by one), else :func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
 
 Example:
     >>> import numpy as np
