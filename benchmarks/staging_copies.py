@@ -135,9 +135,28 @@ def main(argv: list[str] | None = None) -> int:
              "| instances | variant | round | median ms / batch | p90 ms | GB/s (all instances) | x one copy |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     print("\n".join([*header, "", *lines]), flush=True)
+
+    def write() -> None:  # after every row: a call cut short keeps what it measured
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text("\n".join([f"# Input staging of large batches ({device!r})", "", *header, "", *lines,
+                                           ""]))
+            args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+    def add(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+        write()
+
     piece_bytes = int(args.piece_mib * (1 << 20))
+    failed = 0
     for count in (int(n) for n in args.instances.split(",")):
-        lanes = [Lane(device, i, args.requests, shape, seed=1000 * count + i) for i in range(count)]
+        try:
+            lanes = [Lane(device, i, args.requests, shape, seed=1000 * count + i) for i in range(count)]
+        except Exception as exc:  # out of memory, say: the other instance counts still run
+            failed += 1
+            add(f"| {count} | (all) | | failed: {type(exc).__name__}: {str(exc)[:200]} | | | |")
+            continue
         try:
             for round_ in range(1, args.rounds + 1):
                 base = None
@@ -145,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                     copier = make()
                     try:
                         result = measure(lanes, copier, args.runs, args.warmup)
+                    except Exception as exc:  # one variant's failure (a wrong batch, a CUDA error) is its row
+                        failed += 1
+                        add(f"| {count} | {name} | {round_} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | |")
+                        continue
                     finally:
                         if copier is not None:
                             copier.close()
@@ -152,19 +175,12 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"instances": count, "variant": name, "round": round_, **result,
                            "x_one_copy": result["gb_per_s"] / base}
                     rows.append(row)
-                    line = (f"| {count} | {name} | {round_} | {result['median_ms']:.2f} | {result['p90_ms']:.2f} | "
-                            f"{result['gb_per_s']:.2f} | {row['x_one_copy']:.2f} |")
-                    lines.append(line)
-                    print(line, flush=True)
+                    add(f"| {count} | {name} | {round_} | {result['median_ms']:.2f} | {result['p90_ms']:.2f} | "
+                        f"{result['gb_per_s']:.3g} | {row['x_one_copy']:.2f} |")
         finally:
             for lane in lanes:
                 lane.close()
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join([f"# Input staging of large batches ({device!r})", "", *header, "", *lines,
-                                       ""]))
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

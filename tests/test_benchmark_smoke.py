@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,3 +271,27 @@ def test_staging_copies_writes_a_row_per_instance_count_and_variant(tmp_path: Pa
                                          for v in ("one copy", "pieces, 0 threads", "pieces, 2 threads")], rows
     assert all(float(r[5]) > 0 for r in rows[1:]) and rows[1][6] == "1.00", rows
     assert out.with_suffix(".json").is_file()
+
+
+def test_staging_copies_keeps_the_other_rows_when_a_variant_fails(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("staging_copies", ROOT / "benchmarks" / "staging_copies.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = bench.measure
+
+    def failing(lanes: Any, copier: Any, runs: int, warmup: int) -> Any:
+        if copier is not None and copier.threads == 2:
+            raise RuntimeError("a CUDA error, say")
+        return measured(lanes, copier, runs, warmup)
+
+    monkeypatch.setattr(bench, "measure", failing)
+    out = tmp_path / "staging.md"
+    status = bench.main(["--device", "cpu", "--threads", "0,2", "--instances", "1", "--requests", "2", "--shape",
+                         "2,3,8,8", "--runs", "2", "--warmup", "1", "--rounds", "1", "--out", str(out)])
+    rows = _rows(out.read_text())
+    assert status == 1 and [r[1] for r in rows[1:]] == ["one copy", "pieces, 0 threads", "pieces, 2 threads"], rows
+    assert rows[3][3].startswith("failed: RuntimeError: a CUDA error") and float(rows[2][5]) > 0, rows
