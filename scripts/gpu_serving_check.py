@@ -21,9 +21,11 @@ One call, under 9 minutes, writes ``OUT/serving-h200.md``:
     from its page-locked arena or shared-memory region to the device (``STREAMRT_DIRECT_HOST_COPIES=1``,
     no pinned staging slot): on 2026-12-05 both host transports stopped at ~1,000 requests/s of 4.8 MB
     with full batches while CUDA shm reached 99%, which points at the batch's host-side copy.
-    ``--staging-threads 0,4`` serves them again with another count of the engine process's copy threads
-    (``STREAMRT_STAGING_THREADS``: a large batch gathered into its pinned slot in pieces on that many threads,
-    each piece's host-to-device copy enqueued as it lands; :mod:`streamrt.device.row_copier`).
+    ``--env-variants 'A=1;B=2'`` serves them again from a server per variant with those environment variables,
+    such as the engine process's copy threads (``STREAMRT_STAGING_THREADS``: a large batch gathered into its
+    pinned slot in pieces on that many threads, each piece's host-to-device copy enqueued as it lands, ``off``
+    for one gather and one copy; :mod:`streamrt.device.row_copier`) or ``STREAMRT_BLOCKING_SYNC=1`` (instance
+    threads sleep instead of spinning while their batch runs).
 (c) **Under a latency bound** (first model only): ``streamrt perf --latency-bound-ms 15`` (MLPerf's
     Server bound for ResNet-50) over each transport: the highest images/s whose p99 stays within
     15 ms, searched over concurrency ``--bound-range`` (doubling, then bisecting to its step), a row
@@ -44,7 +46,7 @@ Usage (on the GPU machine, from the repository root)::
 
     python scripts/gpu_serving_check.py OUT [--plans DIR] [--models resnet50,resnet18] [--seconds 5] \
         [--frontend-processes 1,4,8] [--latency-bound-ms 15] [--bound-range 4:256:2] [--bound-seconds 3] \
-        [--direct-copies off|on|both] [--staging-threads 0,4]
+        [--direct-copies off|on|both] [--env-variants 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1']
 
     # (b) and (c) alone, ResNet-50 (about 6 minutes with the plan build, 4.5 with --plans):
     python scripts/gpu_serving_check.py OUT --skip-frontend --models resnet50
@@ -344,9 +346,19 @@ DIRECT_ENV = "STREAMRT_DIRECT_HOST_COPIES"
 off and on in the same run."""
 
 
-STAGING_ENV = "STREAMRT_STAGING_THREADS"
-"""The engine process's copy threads for large batches (:mod:`streamrt.device.row_copier`); ``--staging-threads
-0,4`` serves with the first count, then the host transports again with each further one."""
+def env_variants(text: str) -> list[dict[str, str]]:
+    """``--env-variants``: variants separated by ``;``, each ``NAME=VALUE`` assignments separated by ``,``.
+
+    >>> env_variants("STREAMRT_STAGING_THREADS=off;STREAMRT_STAGING_THREADS=0,STREAMRT_BLOCKING_SYNC=1")
+    [{'STREAMRT_STAGING_THREADS': 'off'}, {'STREAMRT_STAGING_THREADS': '0', 'STREAMRT_BLOCKING_SYNC': '1'}]
+    """
+    variants = []
+    for variant in filter(None, (v.strip() for v in text.split(";"))):
+        pairs = [a.strip().partition("=") for a in variant.split(",") if a.strip()]
+        if any(not name or not eq for name, eq, _ in pairs):
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE[,NAME=VALUE...] per variant, got {variant!r}")
+        variants.append({name: value for name, _, value in pairs})
+    return variants
 
 
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
@@ -430,11 +442,9 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
     ratios: dict[str, float] = {}
-    staging = args.staging_threads or [None]
-    first_staging = {} if staging[0] is None else {STAGING_ENV: str(staging[0])}
     if args.direct_copies != "on":
         server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
-                        {DIRECT_ENV: "0", **first_staging})
+                        {DIRECT_ENV: "0"})
         try:
             served_rows(name, server, reference, args, report, ratios)
             if bounded:
@@ -442,11 +452,10 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         finally:
             server.stop()
     if args.direct_copies != "off":  # the host transports again, each request copied from its own pages
-        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "1", **first_staging},
-                              ", direct copies")
-    for threads in staging[1:]:  # the host transports again with another count of staging threads
-        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0", STAGING_ENV: str(threads)},
-                              f", staging threads {threads}")
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "1"}, ", direct copies")
+    for variant in args.env_variants:  # the host transports again from a server with these variables
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0", **variant},
+                              ", " + " ".join(f"{k}={v}" for k, v in variant.items()))
     return ratios
 
 
@@ -519,9 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="off",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions); both: the host transports measured with it off, then on")
-    parser.add_argument("--staging-threads", type=lambda text: [int(n) for n in text.split(",")] if text else [],
-                        default=[], help=f"comma list of the engine process's {STAGING_ENV}: the first for every "
-                        "server, each further one serves the host transports again (default: the server's own)")
+    parser.add_argument("--env-variants", type=env_variants, default=[], metavar="NAME=V[,NAME=V][;...]",
+                        help="after part (b), the two host transports again from a server with each variant's "
+                        "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")
     parser.add_argument("--latency-bound-ms", type=float, default=15.0,
                         help="(c): each transport's best images/s with p99 within this, for the first model "
                         "(default 15, MLPerf's Server bound for ResNet-50; 0 skips (c))")

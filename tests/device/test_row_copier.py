@@ -132,6 +132,8 @@ def test_threads_come_from_the_environment_or_the_cores(monkeypatch: pytest.Monk
         monkeypatch.setenv(rc.ENV_VAR, bad)
         with pytest.raises(ConfigError, match=rc.ENV_VAR):
             staging_threads()
+    monkeypatch.setenv(rc.ENV_VAR, "off")
+    assert staging_threads() is None
     monkeypatch.delenv(rc.ENV_VAR)
     assert staging_threads() == default_staging_threads()
     assert [default_staging_threads(n) for n in (1, 2, 4, 8, 16, 96)] == [0, 0, 1, 2, 4, 4]
@@ -143,7 +145,10 @@ def test_the_shared_copier_is_made_once(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(rc, "_shared", None)
     monkeypatch.setenv(rc.ENV_VAR, "0")
     first = rc.shared_copier()
-    assert first is rc.shared_copier() and first.threads == 0
+    assert first is not None and first is rc.shared_copier() and first.threads == 0
+    monkeypatch.setattr(rc, "_shared", None)
+    monkeypatch.setenv(rc.ENV_VAR, "off")  # no copier: one gather, then one copy (the path before pieces)
+    assert rc.shared_copier() is None and rc.shared_copier() is None
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.torch])]

@@ -60,7 +60,8 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
     become a failed row (in (b) and in (c)) while the other variants keep theirs."""
     done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "4", "--request-batch", "2", "--instances", "1",
                       "--latency-bound-ms", "500", "--bound-range", "1:4", "--bound-seconds", "1",
-                      "--direct-copies", "both", "--staging-threads", "0,2")
+                      "--direct-copies", "both",
+                      "--env-variants", "STREAMRT_STAGING_THREADS=2,STREAMRT_BLOCKING_SYNC=1")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert (tmp_path / "out" / "plans" / "tiny.plan").is_file()
     ours = [r for r in rows if r[0] == "tiny fp32"]
@@ -70,16 +71,16 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
     reference = _number(best[2])
     assert best[3] == "100%" and all(0 < _number(r[2]) <= reference for r in offline.values()), offline
     served = {r[1].split(", ")[1] + (" direct" if "direct copies" in r[1] else "")
-              + (" staging 2" if "staging threads 2" in r[1] else "")
+              + (" variant" if "STREAMRT_STAGING_THREADS=2 STREAMRT_BLOCKING_SYNC=1" in r[1] else "")
               + (" bounded" if "p99 <=" in r[1] else ""): r for r in ours if r[1].startswith("server")}
     assert set(served) == {f"{label}{kind}" for label in ("gRPC binary", "gRPC + system shm", "gRPC + CUDA shm")
                            for kind in ("", " bounded")} | {f"{label} {again}" for label in (
-                               "gRPC binary", "gRPC + system shm") for again in ("direct", "staging 2")}, rows
+                               "gRPC binary", "gRPC + system shm") for again in ("direct", "variant")}, rows
     # the server's own split of each served row (the 2026-12-05 H200 rows could not say where the time went)
     assert all("server us/req: queue " in served[k][-1] for k in ("gRPC binary", "gRPC binary direct")), served
     for label in ("gRPC binary", "gRPC + system shm"):
-        for again in ("direct", "staging 2"):  # the servers started with STREAMRT_DIRECT_HOST_COPIES=1 and
-            row = served[f"{label} {again}"]  # with STREAMRT_STAGING_THREADS=2 serve too
+        for again in ("direct", "variant"):  # the servers started with STREAMRT_DIRECT_HOST_COPIES=1 and
+            row = served[f"{label} {again}"]  # with an --env-variants environment serve too
             assert _number(row[2]) > 0 and row[-1].startswith("0 errors"), row
         row = served[label]
         assert _number(row[2]) > 0 and row[-1].startswith("0 errors"), row
@@ -126,3 +127,17 @@ def test_direct_copies_alone_with_a_latency_bound_is_refused(tmp_path: Path) -> 
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 2 and "--direct-copies on measures part (b) only" in done.stderr, done.stderr
+
+
+def test_env_variants_parse_and_refuse_a_bare_name() -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.env_variants("A=1, B=x=y ; C=") == [{"A": "1", "B": "x=y"}, {"C": ""}]
+    assert script.env_variants("") == []
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
+        script.env_variants("A=1;B")

@@ -15,7 +15,8 @@ place. A CUDA instance enqueues the piece's host-to-device copy there (:func:`~s
 stage_to_device`), so the DMA of one piece overlaps the host copies of the next ones.
 
 Helper threads: ``$STREAMRT_STAGING_THREADS`` (0: the calling thread copies every piece, still handing them
-on one by one), else :func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
+on one by one; ``off``: no copier, one gather and then one copy to the device, as before), else
+:func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
 
 Example:
     >>> import numpy as np
@@ -79,21 +80,25 @@ def default_staging_threads(cores: int | None = None) -> int:
     return 0 if cores <= 2 else max(1, min(4, cores // 4))
 
 
-def staging_threads() -> int:
-    """``$STREAMRT_STAGING_THREADS`` when set (0 or more), else :func:`default_staging_threads`.
+def staging_threads() -> int | None:
+    """``$STREAMRT_STAGING_THREADS`` when set (0 or more; ``off``: None, no pieces at all), else
+    :func:`default_staging_threads`.
 
     Raises:
-        ConfigError: the variable is not an integer >= 0.
+        ConfigError: the variable is neither an integer >= 0 nor ``off``.
     """
     env = os.environ.get(ENV_VAR, "").strip()
     if not env:
         return default_staging_threads()
+    if env.lower() == "off":
+        return None
     try:
         threads = int(env)
     except ValueError:
         threads = -1
     if threads < 0:
-        raise ConfigError(f"{ENV_VAR} must be an integer >= 0 (0: copy on the instance's own thread), got {env!r}")
+        raise ConfigError(f"{ENV_VAR} must be an integer >= 0 (0: copy on the instance's own thread) or 'off' "
+                          f"(one gather, then one copy to the device), got {env!r}")
     return threads
 
 
@@ -254,17 +259,22 @@ def _wait_quietly(future: Future[None]) -> None:
         future.result()
 
 
-_shared: RowCopier | None = None
+_shared: RowCopier | object | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_copier() -> RowCopier:
-    """The process's copier (:func:`staging_threads` threads), made on first use and shared by every instance."""
+_OFF = object()
+
+
+def shared_copier() -> RowCopier | None:
+    """The process's copier (:func:`staging_threads` threads), made on first use and shared by every instance;
+    None with ``STREAMRT_STAGING_THREADS=off``."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = RowCopier(staging_threads())
-        return _shared
+            threads = staging_threads()
+            _shared = _OFF if threads is None else RowCopier(threads)
+        return _shared if isinstance(_shared, RowCopier) else None
 
 
 def _forget_after_fork() -> None:

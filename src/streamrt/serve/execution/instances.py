@@ -41,6 +41,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,8 @@ class Instance:
         self._slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
         self._marks = _gpu_marks() if device.is_cuda else None
         self.copier = copier if copier is not None else shared_copier()
-        """Copies large gathers into the input slots in pieces on its threads (the process's, by default)."""
+        """Copies large gathers into the input slots in pieces on its threads (the process's, by default;
+        None: one gather, then one copy)."""
         self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
     def __repr__(self) -> str:
@@ -280,12 +282,21 @@ class Instance:
             self.rate_limit.close()
 
 
+BLOCKING_SYNC = os.environ.get("STREAMRT_BLOCKING_SYNC", "") == "1"
+"""Whether a GPU instance's thread sleeps while it waits for its batch (``cudaEventBlockingSync``) instead of
+CUDA's default for a busy host, spinning on a core (``STREAMRT_BLOCKING_SYNC=1``). Two instances of a 7 ms
+batch spin two cores that the front ends, the clients and the gathers of a host transport want; a sleeping
+thread wakes some microseconds later. Off by default until measured on a GPU (``gpu_serving_check.py
+--env-variants STREAMRT_BLOCKING_SYNC=1``)."""
+
+
 def _gpu_marks() -> list[Event]:
     """Timing events an instance records on its CUDA stream every batch: before its inputs, inputs on the
-    device, engine done, outputs on the host (reused: the instance waits for its stream every batch)."""
+    device, engine done, outputs on the host (reused: the instance waits for its stream every batch, on the
+    last one, which blocks instead of spinning with :data:`BLOCKING_SYNC`)."""
     from streamrt.device.cuda import CudaEvent
 
-    return [CudaEvent(timing=True) for _ in range(4)]
+    return [*(CudaEvent(timing=True) for _ in range(3)), CudaEvent(timing=True, blocking=BLOCKING_SYNC)]
 
 
 def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:
