@@ -8,6 +8,7 @@ versions of the device ops (Triton is absent) on CPU tensors.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import pytest
@@ -41,8 +42,11 @@ def test_device_stages_give_the_host_path_detections(detector: Any, pipeline: Pi
     device_model = dataclasses.replace(detector, engine=ImportedEngine("cpu"), device="cuda", backend="torch")
     reference = _run(detector, clip, DetectConfig())
     # With TRITON_INTERPRET=1 the synchronous run goes through the Triton kernels; the interpreter
-    # patches triton.language globally, so threaded topologies stay on the torch versions.
-    use_triton = None if pipeline.topology is Topology.SYNC else False
+    # patches triton.language globally, so threaded topologies stay on the torch versions. Without the
+    # interpreter the torch versions run everywhere: the tensors are on the CPU, and an installed Triton
+    # (a CUDA build of torch on a machine without a GPU) would be picked for the "cuda" device and refuse them.
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    use_triton = None if pipeline.topology is Topology.SYNC and interpreted else False
     got = _run(device_model, clip, DetectConfig(pipeline=pipeline, use_triton=use_triton), device=FakeCudaDevice())
     assert [d.index for d in got] == list(range(clip.frames))
     # The host path letterboxes with OpenCV (rounded to uint8) and runs ONNX Runtime; the device path
