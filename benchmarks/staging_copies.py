@@ -8,8 +8,9 @@ instance's pinned slot, then to the device on the instance's stream):
 * ``one copy``: ``HostSlots.gather`` (one ``np.concatenate``), then one host-to-device copy (the path before
   :mod:`streamrt.device.row_copier`; ``STREAMRT_STAGING_THREADS`` had no such switch then);
 * ``pieces, T threads``: :func:`streamrt.device.staging.stage_to_device` with ``RowCopier(T)``: pieces of
-  ``--piece-mib`` copied on T threads (0: on the instance's own thread), each piece's host-to-device copy
-  enqueued as it lands.
+  ``--piece-mib`` copied on the instance's thread and T helpers, each piece's host-to-device copy enqueued as
+  it lands;
+* ``DMA alone`` (CUDA only): the already gathered slot copied to the device, the bound of the overlap.
 
 ``--instances N`` stages from N threads at once (each an instance: its own slots and stream, the copier
 shared as in the server), which is how a server with two GPU instances loads the host.
@@ -76,11 +77,19 @@ class Lane:
         self.slots = HostSlots(device, requests * shape[0])
         self.stream = device.stream(f"lane{index}")
 
-    def run(self, copier: RowCopier | None, runs: int, times: list[float], check: bool) -> None:
+    def run(self, copier: RowCopier | None, runs: int, times: list[float], check: bool, dma_only: bool = False) -> None:
+        """Stage ``runs`` batches, appending each one's seconds to ``times``; ``dma_only``: the copy of an already
+        gathered slot to the device alone (the bound the pieces' overlap aims at)."""
+        gathered = self.slots.gather("x", self.batches[0]) if dma_only else None
         for i in range(runs):
-            arrays = self.batches[i % ROTATION]
+            arrays = self.batches[0 if dma_only else i % ROTATION]
             start = time.perf_counter()
-            out = _stage_once(self.device, self.slots, self.stream, arrays, copier)
+            if gathered is not None:
+                with stream_scope(self.stream):
+                    out = to_device(gathered, self.device, self.stream)
+                self.stream.synchronize()
+            else:
+                out = _stage_once(self.device, self.slots, self.stream, arrays, copier)
             times.append(time.perf_counter() - start)
             if check and i == 0:
                 np.testing.assert_array_equal(_host(out), np.concatenate(arrays))
@@ -89,15 +98,16 @@ class Lane:
         self.stream.close(timeout=10)
 
 
-def measure(lanes: list[Lane], copier: RowCopier | None, runs: int, warmup: int) -> dict[str, float]:
+def measure(lanes: list[Lane], copier: RowCopier | None, runs: int, warmup: int,
+            dma_only: bool = False) -> dict[str, float]:
     """Every lane staging ``runs`` batches at once (after ``warmup`` each); per-batch median and the
     aggregate GB/s (all lanes' bytes over the wall time of the whole measurement)."""
     for lane in lanes:
-        lane.run(copier, warmup, [], check=True)
+        lane.run(copier, warmup, [], True, dma_only)
     times: list[list[float]] = [[] for _ in lanes]
     with ThreadPoolExecutor(len(lanes), thread_name_prefix="instance") as instances:
         start = time.perf_counter()
-        list(instances.map(lambda lane, t: lane.run(copier, runs, t, False), lanes, times))
+        list(instances.map(lambda lane, t: lane.run(copier, runs, t, False, dma_only), lanes, times))
         wall = time.perf_counter() - start
     nbytes = sum(a.nbytes for a in lanes[0].batches[0])
     merged = sorted(x for t in times for x in t)
@@ -105,10 +115,13 @@ def measure(lanes: list[Lane], copier: RowCopier | None, runs: int, warmup: int)
             "gb_per_s": nbytes * runs * len(lanes) / wall / 1e9}
 
 
-def variants(threads: list[int], piece_bytes: int) -> list[tuple[str, Callable[[], RowCopier | None]]]:
-    return [("one copy", lambda: None),
-            *[(f"pieces, {t} threads", lambda t=t: RowCopier(t, piece_bytes=piece_bytes, min_bytes=0))  # type: ignore[misc]
-              for t in threads]]
+def variants(threads: list[int], piece_bytes: int,
+             cuda: bool) -> list[tuple[str, Callable[[], RowCopier | None], bool]]:
+    """(name, copier factory, DMA alone): one copy first (the ratios' base), the DMA-alone bound last on CUDA."""
+    return [("one copy", lambda: None, False),
+            *[(f"pieces, {t} threads", lambda t=t: RowCopier(t, piece_bytes=piece_bytes, min_bytes=0), False)  # type: ignore[misc]
+              for t in threads],
+            *([("DMA alone (slot to device)", lambda: None, True)] if cuda else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for round_ in range(1, args.rounds + 1):
                 base = None
-                for name, make in variants([int(t) for t in args.threads.split(",")], piece_bytes):
+                for name, make, dma_only in variants([int(t) for t in args.threads.split(",")], piece_bytes,
+                                                     device.is_cuda):
                     copier = make()
                     try:
-                        result = measure(lanes, copier, args.runs, args.warmup)
+                        result = measure(lanes, copier, args.runs, args.warmup, dma_only)
                     except Exception as exc:  # one variant's failure (a wrong batch, a CUDA error) is its row
                         failed += 1
                         add(f"| {count} | {name} | {round_} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | |")

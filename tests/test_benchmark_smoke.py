@@ -283,10 +283,10 @@ def test_staging_copies_keeps_the_other_rows_when_a_variant_fails(tmp_path: Path
     spec.loader.exec_module(bench)
     measured = bench.measure
 
-    def failing(lanes: Any, copier: Any, runs: int, warmup: int) -> Any:
+    def failing(lanes: Any, copier: Any, runs: int, warmup: int, dma_only: bool = False) -> Any:
         if copier is not None and copier.threads == 2:
             raise RuntimeError("a CUDA error, say")
-        return measured(lanes, copier, runs, warmup)
+        return measured(lanes, copier, runs, warmup, dma_only)
 
     monkeypatch.setattr(bench, "measure", failing)
     out = tmp_path / "staging.md"
@@ -295,3 +295,49 @@ def test_staging_copies_keeps_the_other_rows_when_a_variant_fails(tmp_path: Path
     rows = _rows(out.read_text())
     assert status == 1 and [r[1] for r in rows[1:]] == ["one copy", "pieces, 0 threads", "pieces, 2 threads"], rows
     assert rows[3][3].startswith("failed: RuntimeError: a CUDA error") and float(rows[2][5]) > 0, rows
+
+
+@pytest.mark.torch
+def test_staging_copies_cuda_variants_run_on_a_torch_cpu_stand_in(tmp_path: Path) -> None:
+    """The CUDA-only rows (pieces sent to the device as they land, the DMA alone) on a device whose "device"
+    tensors are CPU torch tensors: their code runs here before it runs on a GPU."""
+    import importlib.util
+
+    import numpy as np
+    import torch
+
+    from streamrt.device import HostStream
+
+    spec = importlib.util.spec_from_file_location("staging_copies", ROOT / "benchmarks" / "staging_copies.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class TorchHost:
+        is_cuda = True
+        torch_device = torch.device("cpu")
+
+        def stream(self, name: str) -> HostStream:
+            return HostStream(name)
+
+        def host_buffer(self, shape: Any, dtype: Any, *, pinned: bool = True) -> Any:
+            return torch.from_numpy(np.empty(tuple(shape), dtype))
+
+        def empty(self, shape: Any, dtype: Any) -> Any:
+            return torch.full(tuple(shape), float("nan"), dtype=torch.float32)
+
+    lanes = [bench.Lane(TorchHost(), i, 2, (2, 3, 8, 8), seed=i) for i in range(2)]
+    try:
+        names = [name for name, _, _ in bench.variants([0, 2], 64, cuda=True)]
+        assert names == ["one copy", "pieces, 0 threads", "pieces, 2 threads", "DMA alone (slot to device)"]
+        for _, make, dma_only in bench.variants([2], 64, cuda=True):
+            copier = make()
+            try:
+                result = bench.measure(lanes, copier, 2, 1, dma_only)  # checks each lane's batch once
+            finally:
+                if copier is not None:
+                    copier.close()
+            assert result["gb_per_s"] > 0
+    finally:
+        for lane in lanes:
+            lane.close()
