@@ -14,9 +14,9 @@ the calling thread for every piece, in row order, as soon as that piece and ever
 place. A CUDA instance enqueues the piece's host-to-device copy there (:func:`~streamrt.device.staging.
 stage_to_device`), so the DMA of one piece overlaps the host copies of the next ones.
 
-Helper threads: ``$STREAMRT_STAGING_THREADS`` (0: the calling thread copies every piece, still handing them
-on one by one; ``off``: no copier, one gather and then one copy to the device, as before), else
-:func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
+Helper threads: ``$STREAMRT_STAGING_THREADS`` (0: no helpers, and then a CUDA instance gathers in one copy, as
+pieces on its own thread alone were slower on the H200; ``off``: no copier, one gather and then one copy to the
+device, as before), else :func:`default_staging_threads`. Small gathers (under ``min_bytes``) are one copy, as before.
 
 Example:
     >>> import numpy as np

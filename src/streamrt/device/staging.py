@@ -220,8 +220,9 @@ def stage_to_device(slots: HostSlots, name: str, arrays: Sequence[np.ndarray], d
                     stream: StreamLike | None, copier: RowCopier | None = None) -> Any:
     """Requests' rows as one batch on ``device``: gathered into their slot of ``slots`` and copied on ``stream``.
 
-    On a CUDA device with a ``copier``, each piece of the gather is copied to the device (asynchronously, on
-    ``stream``) as soon as it is in the pinned slot, so the DMA overlaps the rest of the host copies; the slot
+    On a CUDA device with a ``copier`` that has helper threads, each piece of the gather is copied to the device
+    (asynchronously, on ``stream``) as soon as it is in the pinned slot, so the DMA overlaps the rest of the host
+    copies; the slot
     must stay as it is until ``stream`` gets there (an instance waits for its stream at the end of every
     batch). More rows than a slot holds take the slot-less path (a fresh array, then one copy). On the host
     device the slot's rows are the batch.
@@ -230,7 +231,9 @@ def stage_to_device(slots: HostSlots, name: str, arrays: Sequence[np.ndarray], d
         ValueError: the arrays' item shapes or ranks differ.
     """
     rows = sum(int(a.shape[0]) for a in arrays)
-    if not device.is_cuda or copier is None or rows > slots.rows:
+    # Pieces without helper threads were slower than one gather on the H200 (0.78-0.85x: each piece's copy to the
+    # device costs more to enqueue than the overlap saves; docs/benchmarks/2026-12-05-h200-s4.md).
+    if not device.is_cuda or copier is None or copier.threads == 0 or rows > slots.rows:
         return to_device(slots.gather(name, arrays, copier), device, stream)
     first = arrays[0]
     batch = slots.slot(name, first.dtype, first.shape[1:]).rows(rows)
