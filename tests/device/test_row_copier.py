@@ -212,6 +212,12 @@ class _TorchHostAsDevice:
     def __init__(self) -> None:
         self.copies: list[tuple[int, int]] = []
 
+    @property
+    def torch_device(self) -> Any:  # the one-copy path (no helpers) moves the whole slot with torch's .to()
+        import torch
+
+        return torch.device("cpu")
+
     def host_buffer(self, shape: Sequence[int], dtype: Any, *, pinned: bool = True) -> Any:
         import torch
 
