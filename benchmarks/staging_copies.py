@@ -53,11 +53,8 @@ ROTATION = 4  # distinct random batches, so no run reads the previous one's rows
 def _stage_once(device: Device, slots: HostSlots, stream: Any, arrays: list[np.ndarray],
                 copier: RowCopier | None) -> Any:
     """One batch staged as the instance does it; returns what the engine would read (synchronised)."""
-    with stream_scope(stream):
-        if copier is None:
-            out = to_device(slots.gather("x", arrays), device, stream)
-        else:
-            out = stage_to_device(slots, "x", arrays, device, stream, copier)
+    with stream_scope(stream):  # no copier: one gather, then one copy (the path before pieces)
+        out = stage_to_device(slots, "x", arrays, device, stream, copier)
     stream.synchronize()
     return out
 

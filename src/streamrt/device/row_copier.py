@@ -97,7 +97,7 @@ def staging_threads() -> int | None:
     except ValueError:
         threads = -1
     if threads < 0:
-        raise ConfigError(f"{ENV_VAR} must be an integer >= 0 (0: copy on the instance's own thread) or 'off' "
+        raise ConfigError(f"{ENV_VAR} must be an integer >= 0 (helper threads; 0: none) or 'off' "
                           f"(one gather, then one copy to the device), got {env!r}")
     return threads
 

@@ -58,7 +58,7 @@ from streamrt._optional import available
 from streamrt.device.base import Device, StreamLike
 from streamrt.device.buffers import import_torch
 from streamrt.device.cuda import stream_scope
-from streamrt.device.row_copier import OnPiece, RowCopier
+from streamrt.device.row_copier import RowCopier
 from streamrt.errors import PipelineError
 
 __all__ = ["DIRECT_COPIES", "PINNABLE", "HostBatch", "HostSlots", "PinnableMemory", "cuda_host_register",
@@ -135,13 +135,12 @@ class HostSlots:
             self._slots[key] = slot
         return slot
 
-    def gather(self, name: str, arrays: Sequence[np.ndarray], copier: RowCopier | None = None,
-               on_piece: OnPiece | None = None) -> HostBatch:
+    def gather(self, name: str, arrays: Sequence[np.ndarray], copier: RowCopier | None = None) -> HostBatch:
         """``arrays`` concatenated along axis 0 into their slot; the first ``sum(len)`` rows of it.
 
         More rows than a slot holds get a fresh array instead (no slot grows). With a ``copier`` a large
-        gather is copied in pieces on its threads, ``on_piece(start, stop)`` called for each as it lands
-        (:class:`~streamrt.device.row_copier.RowCopier`); without one it is one ``np.concatenate``.
+        gather is copied in pieces on its threads (:class:`~streamrt.device.row_copier.RowCopier`); without
+        one it is one ``np.concatenate``.
 
         Raises:
             ValueError: the arrays' item shapes or ranks differ (NumPy's message).
@@ -153,10 +152,8 @@ class HostSlots:
         batch = self.slot(name, first.dtype, first.shape[1:]).rows(rows)
         if copier is None:
             np.concatenate(arrays, axis=0, out=batch.array)
-            if on_piece is not None:
-                on_piece(0, rows)
         else:
-            copier.gather(batch.array, arrays, on_piece)
+            copier.gather(batch.array, arrays)
         return batch
 
     def clear(self) -> None:
@@ -222,10 +219,9 @@ def stage_to_device(slots: HostSlots, name: str, arrays: Sequence[np.ndarray], d
 
     On a CUDA device with a ``copier`` that has helper threads, each piece of the gather is copied to the device
     (asynchronously, on ``stream``) as soon as it is in the pinned slot, so the DMA overlaps the rest of the host
-    copies; the slot
-    must stay as it is until ``stream`` gets there (an instance waits for its stream at the end of every
-    batch). More rows than a slot holds take the slot-less path (a fresh array, then one copy). On the host
-    device the slot's rows are the batch.
+    copies; the slot must stay as it is until ``stream`` gets there (an instance waits for its stream at the end
+    of every batch). Otherwise the slot is filled, then copied once. More rows than a slot holds take the
+    slot-less path (a fresh array, then one copy). On the host device the slot's rows are the batch.
 
     Raises:
         ValueError: the arrays' item shapes or ranks differ.

@@ -225,7 +225,7 @@ class Instance:
             if direct is not None:  # read by the copy until the batch's end, when the instance waits for its stream
                 gathered[name] = direct
                 continue
-            if self.batched:  # more rows than a slot: a fresh array
+            if self.batched:  # into the instance's slot (more rows than it holds: a fresh array)
                 gathered[name] = stage_to_device(self._slots, name, arrays, self.device, self.stream, self.copier)
                 continue
             host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
@@ -267,8 +267,8 @@ class Instance:
                     host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
                 else:
                     host[key] = to_host(value, self.stream)  # CUDA: a fresh pinned buffer, copied on the stream
-        self.stream.record(self._marks[3] if self._marks is not None else None).synchronize()  # the worker thread
-        # waits; the event loop does not
+        # the worker thread waits; the event loop does not
+        self.stream.record(self._marks[3] if self._marks is not None else None).synchronize()
         return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 
     def close(self, timeout: float | None = None) -> None:
