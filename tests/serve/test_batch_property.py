@@ -259,19 +259,38 @@ def test_the_property_holds_with_batches_gathered_in_pieces_on_threads(
         copier.close()
 
 
+def test_the_property_holds_with_two_lanes_per_instance(
+    tmp_path: Path, cpu_plan: Path, alone: Callable[[Arrays], Arrays], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches at once on each of two instances, one gathered while the other runs (test_instance_lanes.py)."""
+    monkeypatch.setenv("STREAMRT_INSTANCE_LANES", "2")
+    laned = {**CONFIG, "instance_group": [{"count": 2}]}
+    with _serve(_repo(tmp_path / "repo", cpu_plan, {"mixed": laned})) as running:
+        assert running.repository.get("mixed", "").instances.instances[0].lanes == 2
+        lane_senders = Senders(running)
+        try:
+            run_property(running, lane_senders, alone, CPU_EXAMPLES // 2)
+        finally:
+            lane_senders.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.torch
-@pytest.mark.parametrize("gather", ["one copy", "pieces"])
+@pytest.mark.parametrize("gather", ["one copy", "pieces", "one lane"])
 def test_every_request_gets_exactly_its_own_answer_on_gpu_instances(
     tmp_path: Path, alone: Callable[[Arrays], Arrays], monkeypatch: pytest.MonkeyPatch, gather: str
 ) -> None:
-    """``pieces``: each piece's host-to-device copy is enqueued as it lands in the pinned slot."""
+    """Two lanes per instance (the CUDA default: a batch staged on a lane's copy stream while another runs), or
+    ``one lane``; ``pieces``: each piece's host-to-device copy is enqueued as it lands in the pinned slot."""
+    if gather == "one lane":
+        monkeypatch.setenv("STREAMRT_INSTANCE_LANES", "1")
     copier = _copy_in_pieces(monkeypatch) if gather == "pieces" else None
     plan = _build(tmp_path, backend="torch_inductor", device="cuda")
     gpu = {**CONFIG, "instance_group": [{"count": 2, "kind": "KIND_GPU"}]}
     try:
         with _serve(_repo(tmp_path / "repo", plan, {"mixed": gpu})) as running:
-            assert running.repository.get("mixed", "").instances.instances[0].device.is_cuda
+            instance = running.repository.get("mixed", "").instances.instances[0]
+            assert instance.device.is_cuda and instance.lanes == (1 if gather == "one lane" else 2)
             gpu_senders = Senders(running)
             try:
                 run_property(running, gpu_senders, alone, GPU_EXAMPLES if copier is None else GPU_EXAMPLES // 2,

@@ -2,7 +2,11 @@
 
 An instance runs one batch at a time (Triton's rule: instance count = concurrent executions of
 a model). Batches of one model on different instances overlap: on the GPU each instance enqueues
-on its own CUDA stream; on the CPU each worker thread runs the engine while others do too.
+on its own CUDA stream; on the CPU each worker thread runs the engine while others do too. A GPU
+instance of a batched model takes a second batch while one runs (its *lanes*, :func:`default_lanes`):
+the second is gathered on the host and copied to the device on a copy stream of its lane, and the
+instance's stream waits for that copy before the engine runs it, so the gather and the copy of the
+next batch overlap the engine instead of following it.
 
 Data path of a batch, with as few host copies as the wire allows:
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +80,7 @@ from streamrt.types import DType
 if TYPE_CHECKING:
     from streamrt.serve.execution.rate_limiter import RateLimiter, Ticket
 
-__all__ = ["BatchResult", "DeviceEngines", "DeviceOutputs", "Instance", "InstanceGroup"]
+__all__ = ["BatchResult", "DeviceEngines", "DeviceOutputs", "Instance", "InstanceGroup", "default_lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +121,13 @@ class Instance:
         gpu: the GPU index it runs on (None on the CPU), for statistics and logs.
         copier: gathers large batches into the input slots (default: the process's
             :func:`~streamrt.device.row_copier.shared_copier`, ``$STREAMRT_STAGING_THREADS`` threads).
+        lanes: batches taken at once (None: :func:`default_lanes`).
     """
 
     def __init__(
         self, name: str, engine: Engine, device: Device, *, batched: bool, max_batch_size: int,
         check: OutputCheck | None = None, gpu: int | None = None, copier: RowCopier | None = None,
+        lanes: int | None = None,
     ) -> None:
         self.name = name
         self.gpu = gpu
@@ -131,53 +138,76 @@ class Instance:
         self.max_batch_size = max(1, max_batch_size)
         self.context = engine.create_context()
         self.stream: Stream = device.stream(name)
-        # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it.
-        self.worker: Stream = device.host_stream(f"{name}-worker") if device.is_cuda else self.stream
         self._cuda = device.is_cuda
+        self.lanes = default_lanes(device, batched) if lanes is None else lanes
+        """Batches this instance takes at once: each lane gathers and stages its batch while another lane's runs
+        (:func:`default_lanes`); the engine still runs one batch at a time, in the order they were staged."""
+        if self.lanes < 1:
+            raise ConfigError(f"instance {name}: lanes must be 1 or more, not {self.lanes}")
+        self._lanes = [self._lane(i) for i in range(self.lanes)]
+        self._lane_lock = threading.Lock()
+        self._engine_lock = threading.Lock()  # the context runs (enqueues) one lane's batch at a time
         self.device_outputs: frozenset[str] = frozenset()
         """Outputs a CUDA instance hands back as device tensors (the sequence batcher's states)."""
-        self._slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
-        self._marks = _gpu_marks() if device.is_cuda else None
         self.copier = copier if copier is not None else shared_copier()
         """Copies large gathers into the input slots in pieces on its threads (the process's, by default;
         None: one gather, then one copy)."""
         self.rate_limit: Ticket | None = None  # set when the server's rate limiter is on
 
+    def _lane(self, index: int) -> _Lane:
+        name, device = f"{self.name}-lane{index}" if self.lanes > 1 else self.name, self.device
+        # A host stream is its own worker; a CUDA stream needs a thread that enqueues onto it, and so do the
+        # lanes of a host instance (they share its context).
+        worker = device.host_stream(f"{name}-worker") if self._cuda or self.lanes > 1 else self.stream
+        # One lane stages on the instance's stream; several stage on streams of their own, which the instance's
+        # waits for (an event) before it runs their batch: a copy overlaps the engine.
+        stream = device.stream(f"{name}-copy") if self._cuda and self.lanes > 1 else self.stream
+        slots = HostSlots(device, self.max_batch_size, max_keys=_MAX_SLOT_KEYS)
+        return _Lane(worker, stream, slots, _gpu_marks() if self._cuda else None)
+
     def __repr__(self) -> str:
         return f"Instance({self.name!r}, {self.device!r})"
 
     def submit(self, requests: Sequence[Inputs], done: Callable[[BatchResult | BaseException], None]) -> None:
-        """Run ``requests`` as one batch on the worker; ``done`` gets the result or the error.
+        """Run ``requests`` as one batch on the least busy lane's worker; ``done`` gets the result or the error.
 
-        ``done`` runs on the worker thread and is called exactly once.
+        ``done`` runs on the worker thread and is called exactly once. More batches than :attr:`lanes` at once
+        queue on the lanes' workers.
         """
+        with self._lane_lock:
+            lane = min(self._lanes, key=lambda each: each.queued)
+            lane.queued += 1
 
         def job() -> None:
             try:
-                result: BatchResult | BaseException = self.run(requests)
+                result: BatchResult | BaseException = self.run(requests, lane)
             except BaseException as exc:
                 result = exc
+            with self._lane_lock:
+                lane.queued -= 1
             done(result)
 
-        self.worker.launch(job)
+        lane.worker.launch(job)
 
-    def run(self, requests: Sequence[Inputs]) -> BatchResult:
-        """Run one batch synchronously in the calling thread (the worker, or warm-up).
+    def run(self, requests: Sequence[Inputs], lane: _Lane | None = None) -> BatchResult:
+        """Run one batch synchronously in the calling thread (a lane's worker, or warm-up on the first lane).
 
         Raises:
             OutputMismatchError: an output does not have the batch's rows, or the config's dtype or dims.
             InferenceError: the engine failed.
         """
+        lane = lane or self._lanes[0]
+        marks = lane.marks
         t0 = time.perf_counter_ns()
         rows = [self._rows(r) for r in requests]
-        if self._marks is not None:
-            self.stream.record(self._marks[0])
-        inputs = self._gather(requests)
-        if self._marks is not None:
-            self.stream.record(self._marks[1])
+        if marks is not None:
+            lane.stream.record(marks[0])
+        inputs = self._gather(requests, lane)
+        if marks is not None:
+            lane.stream.record(marks[1])
         t1 = time.perf_counter_ns()
         wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
-        outputs = self._execute(inputs, on_device=any(wanted))
+        outputs = self._execute(inputs, lane, on_device=any(wanted))
         t2 = time.perf_counter_ns()
         if self.check is not None:
             self.check(outputs, sum(rows))
@@ -187,56 +217,57 @@ class Instance:
             keep = self.device_outputs
             split = split_rows(outputs, rows, lambda k, v, i, a, b: _rows_of(v, a, b, wanted[i] or k in keep))
         t3 = time.perf_counter_ns()
-        if self._marks is None:
+        if marks is None:
             return BatchResult(split, sum(rows), t1 - t0, t2 - t1, t3 - t2)
-        # On the GPU the host only enqueues: Triton's split is read from the stream's own clock instead (input:
-        # until the batch is on the device, the host gather included; infer: the engine; output: the copies
-        # back and the split).
-        marks = self._marks
-        gpu = [int(marks[i].elapsed_ms(marks[i + 1]) * 1e6) for i in range(3)]
+        # On the GPU the host only enqueues: Triton's split is read from the streams' own clock instead (input:
+        # until the batch is on the device, the host gather included; infer: the engine, from when it started on
+        # this batch; output: the copies back and the split). A lane's wait for the engine counts nowhere.
+        gpu = [int(marks[a].elapsed_ms(marks[b]) * 1e6) for a, b in ((0, 1), (2, 3), (3, 4))]
         return BatchResult(split, sum(rows), gpu[0], gpu[1], gpu[2] + t3 - t2)
 
     def execute(self, requests: Sequence[Inputs]) -> dict[str, np.ndarray]:
         """Run ``requests`` as one batch and return the outputs of all its rows, unchecked and unsplit
         (the load-time probe reads their shapes)."""
-        return self._execute(self._gather(requests))
+        lane = self._lanes[0]
+        return self._execute(self._gather(requests, lane), lane)
 
     def _rows(self, request: Inputs) -> int:
         return next(iter(request.values())).shape[0] if self.batched else 1
 
-    def _execute(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
+    def _execute(self, inputs: dict[str, Any], lane: _Lane, on_device: bool = False) -> dict[str, Any]:
         try:
-            return self._infer(inputs, on_device)
+            return self._infer(inputs, lane, on_device)
         except StreamRTError:
             raise
         except Exception as exc:
             raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
 
-    def _gather(self, requests: Sequence[Inputs]) -> dict[str, Any]:
+    def _gather(self, requests: Sequence[Inputs], lane: _Lane) -> dict[str, Any]:
         if len(requests) == 1 and not self._cuda:
             return {k: np.asarray(v) for k, v in requests[0].items()}  # a DeviceTensor (CUDA shm) comes to the host
+        stream = lane.stream
         gathered: dict[str, Any] = {}
         for name in requests[0]:
             arrays = [r[name] for r in requests]
             if self._cuda and any(isinstance(a, DeviceTensor) for a in arrays):
-                gathered[name] = self._gather_on_device(arrays)
+                gathered[name] = self._gather_on_device(arrays, stream)
                 continue
-            direct = rows_to_device(arrays, self.device, self.stream) if self._cuda and DIRECT_COPIES else None
-            if direct is not None:  # read by the copy until the batch's end, when the instance waits for its stream
+            direct = rows_to_device(arrays, self.device, stream) if self._cuda and DIRECT_COPIES else None
+            if direct is not None:  # read by the copy until the batch's end, when the lane waits for the instance
                 gathered[name] = direct
                 continue
-            if self.batched:  # into the instance's slot (more rows than it holds: a fresh array)
-                gathered[name] = stage_to_device(self._slots, name, arrays, self.device, self.stream, self.copier)
+            if self.batched:  # into the lane's slot (more rows than it holds: a fresh array)
+                gathered[name] = stage_to_device(lane.slots, name, arrays, self.device, stream, self.copier)
                 continue
             host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
-            gathered[name] = to_device(host, self.device, self.stream)
+            gathered[name] = to_device(host, self.device, stream)
         return gathered
 
-    def _gather_on_device(self, arrays: Sequence[Any]) -> Any:
+    def _gather_on_device(self, arrays: Sequence[Any], stream: Stream) -> Any:
         """CUDA shared-memory inputs: one device-to-device copy into the batch (no host round trip)."""
         import torch
 
-        with stream_scope(self.stream):
+        with stream_scope(stream):
             here = self.device.torch_device
             # A tensor on another GPU (an ensemble step's output from an instance there) is copied peer to peer.
             parts = [(a.tensor if a.tensor.device == here else a.tensor.to(here, non_blocking=True))
@@ -247,15 +278,22 @@ class Instance:
                 return parts[0]  # the region itself: leased until the request is answered; compiled kernels
             return torch.cat(parts)  # want aligned inputs, so an unaligned offset gets a copy
 
-    def _infer(self, inputs: dict[str, Any], on_device: bool = False) -> dict[str, Any]:
+    def _infer(self, inputs: dict[str, Any], lane: _Lane, on_device: bool = False) -> dict[str, Any]:
         # The model validated every request once (ServedModel.validate); the engine does not again.
         if not self._cuda:
-            raw = self.context.infer(inputs, self.stream, check_inputs=False)
+            with self._engine_lock:
+                raw = self.context.infer(inputs, self.stream, check_inputs=False)
             return {k: v if isinstance(v, np.ndarray) else np.asarray(v) for k, v in raw.items()}
-        with stream_scope(self.stream):
+        marks = lane.marks
+        assert marks is not None
+        with self._engine_lock, stream_scope(self.stream):
+            # The engine runs lanes' batches in the order they get here; a lane's inputs were staged on its own
+            # stream, read here once that stream gets past them. The batch after this one may be staged meanwhile.
+            if lane.stream is not self.stream:
+                self.stream.wait(marks[1])
+            self.stream.record(marks[2])
             raw = self.context.infer(inputs, self.stream, check_inputs=False)
-            if self._marks is not None:
-                self.stream.record(self._marks[2])
+            self.stream.record(marks[3])
             host: dict[str, Any] = {}
             for key, value in raw.items():
                 if isinstance(value, np.ndarray):
@@ -267,17 +305,23 @@ class Instance:
                     host[key] = DeviceTensor(value.clone(), DType.from_any(value.dtype).numpy, tuple(value.shape))
                 else:
                     host[key] = to_host(value, self.stream)  # CUDA: a fresh pinned buffer, copied on the stream
-        # the worker thread waits; the event loop does not
-        self.stream.record(self._marks[3] if self._marks is not None else None).synchronize()
+            self.stream.record(marks[4])
+        # the lane's worker waits (the inputs it staged stay alive until then); the event loop does not
+        marks[4].synchronize()
         return {k: v if isinstance(v, (np.ndarray, DeviceTensor)) else v.numpy() for k, v in host.items()}
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued work (up to ``timeout``), stop the worker and release the context."""
-        self.worker.close(timeout=timeout)
-        if self.worker is not self.stream:
+        for lane in self._lanes:
+            lane.worker.close(timeout=timeout)
+        for lane in self._lanes:
+            if lane.stream is not self.stream:
+                lane.stream.close(timeout=timeout)
+        if self._lanes[0].worker is not self.stream:  # else closed as the worker
             self.stream.close(timeout=timeout)
         self.context.close()
-        self._slots.clear()
+        for lane in self._lanes:
+            lane.slots.clear()
         if self.rate_limit is not None:
             self.rate_limit.close()
 
@@ -290,13 +334,48 @@ thread wakes some microseconds later. Off: on the H200 (2026-12-05) it served Re
 at 0.91x the spinning default (docs/benchmarks/2026-12-05-h200-s4.md)."""
 
 
+def default_lanes(device: Device, batched: bool) -> int:
+    """Batches an instance takes at once: ``$STREAMRT_INSTANCE_LANES``, else 2 for a batched model on CUDA, 1
+    otherwise.
+
+    With one lane an instance gathers a batch, copies it to the device, runs it and copies its outputs back,
+    then takes the next: over a host transport the gather and its copy took as long as ResNet-50's engine on the
+    H200 (5-7 ms each per batch of 64 images; docs/benchmarks/2026-12-05-h200-s4.md), so the GPU idled half the
+    time. A second lane gathers and stages the next batch on a copy stream of its own while the first runs.
+    """
+    configured = os.environ.get("STREAMRT_INSTANCE_LANES", "").strip()
+    if configured:
+        try:
+            lanes = int(configured)
+        except ValueError:
+            lanes = 0
+        if lanes < 1:
+            raise ConfigError(f"STREAMRT_INSTANCE_LANES must be a whole number of 1 or more, not '{configured}'")
+        return lanes
+    return 2 if device.is_cuda and batched else 1
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One batch in flight on an instance: the thread that runs it, the stream it stages its inputs on (the
+    instance's own with one lane), its input slots and its timing events; ``queued``: batches given to it and
+    not yet done."""
+
+    worker: Stream
+    stream: Stream
+    slots: HostSlots
+    marks: list[Event] | None
+    queued: int = 0
+
+
 def _gpu_marks() -> list[Event]:
-    """Timing events an instance records on its CUDA stream every batch: before its inputs, inputs on the
-    device, engine done, outputs on the host (reused: the instance waits for its stream every batch, on the
-    last one, which blocks instead of spinning with :data:`BLOCKING_SYNC`)."""
+    """Timing events a lane records every batch: before its inputs and once they are on the device (on the
+    stream it stages on), then on the instance's stream when the engine starts the batch, when it is done, and
+    when the outputs are on the host (reused: the lane waits for that last one every batch; it blocks instead of
+    spinning with :data:`BLOCKING_SYNC`)."""
     from streamrt.device.cuda import CudaEvent
 
-    return [*(CudaEvent(timing=True) for _ in range(3)), CudaEvent(timing=True, blocking=BLOCKING_SYNC)]
+    return [*(CudaEvent(timing=True) for _ in range(4)), CudaEvent(timing=True, blocking=BLOCKING_SYNC)]
 
 
 def _rows_of(value: Any, start: int, stop: int, keep_on_device: bool) -> Any:

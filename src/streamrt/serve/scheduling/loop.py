@@ -109,6 +109,7 @@ class Executor(Protocol):
 
     name: str
     rate_limit: Ticket | None  # its place in the server's rate limiter (None: not limited)
+    lanes: int  # batches it takes at once (an engine instance stages one while another runs)
 
     def submit(self, requests: Sequence[Mapping[str, Any]],
                done: Callable[[BatchResult | BaseException], None]) -> None: ...

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -53,12 +53,21 @@ class _Job:
     trace: RequestTrace | None = None
 
 
+def lane_order(instances: Sequence[Executor]) -> list[Executor]:
+    """Each instance once per batch it takes at once (its lanes; one under the rate limiter, whose grant is
+    per instance), the instances' first lanes first, so that batches spread over instances before they queue
+    behind one."""
+    lanes = [1 if each.rate_limit is not None else max(1, each.lanes) for each in instances]
+    return [each for lane in range(max(lanes, default=0))
+            for each, count in zip(instances, lanes, strict=True) if lane < count]
+
+
 class ModelScheduler(SchedulerLoop[list[Pending]]):
     """Queue + dynamic batcher + instance dispatch for one model version.
 
     Args:
         name: ``<model>`` or ``<model>:<version>`` for messages.
-        instances: the version's instances (idle at start).
+        instances: the version's instances (idle at start; an instance with several lanes takes that many batches).
         max_batch_size: rows per execution (1 for models without a batch dimension).
         batching: dynamic batching settings, or None to run every request alone.
         stats: counters to update (queue time, batches).
@@ -74,7 +83,7 @@ class ModelScheduler(SchedulerLoop[list[Pending]]):
         stats: ModelStats,
     ) -> None:
         self._queue = BatchQueue(max_batch_size, batching, is_dead=lambda p: p.payload.future.done())
-        self._idle: deque[Executor] = deque(instances.instances)
+        self._idle: deque[Executor] = deque(lane_order(instances.instances))
         super().__init__(name, instances, stats, task=f"scheduler-{name}")
 
     @property

@@ -116,6 +116,7 @@ class PythonInstance:
     def __init__(self, name: str, spec: ModelSpec, worker: HostStream) -> None:
         self.name = name
         self.rate_limit: Ticket | None = None  # its place in the server's rate limiter (set at load)
+        self.lanes = 1  # one batch at a time: the model's own process runs them
         self.spec = spec
         self._worker = worker
         self._model: Any = None
