@@ -9,7 +9,7 @@
 #
 # Parts: tests (every gpu-marked test; TESTS=paths, TEST_WORKERS=N for pytest-xdist), examples (examples/ with --device cuda), zoo
 # (benchmarks/zoo.py), integrity (the batch-integrity property test on GPU instances, also in tests),
-# serving (SERVING_ARGS, e.g. "--grpc-server h2corn --frontend-processes 1,4,8"), video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
+# serving (SERVING_ARGS, e.g. "--grpc-server h2corn --frontend-processes 1,4,8"; serving2: a second run with SERVING2_ARGS), video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
 # staging (benchmarks/staging_copies.py on CUDA: a large batch's gather and host-to-device copy, one copy vs pieces on
 # STAGING_THREADS threads), speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
 # two-stage GPU tests explained).
@@ -52,6 +52,9 @@ part() {  # part NAME: one part of the session
         zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ${SERVING_ARGS:-} ;;
+        serving2) local plans=()  # the plans the first serving part built, when it ran
+                  [ -d "$out/serving/plans" ] && plans=(--plans "$out/serving/plans")
+                  run serving2 540 python3 scripts/gpu_serving_check.py "$out/serving2" "${plans[@]}" ${SERVING2_ARGS:-} ;;
         video) run video 540 python3 scripts/gpu_video_check.py "$out/video" --clips build/video-clips --budget 450 ;;
         trust) run trust "${TRUST_LIMIT:-540}" python3 scripts/gpu_trust_check.py "$out/trust" --budget "${TRUST_BUDGET:-520}" ;;
         sharing) run sharing 300 python3 benchmarks/gpu_sharing.py "$out/sharing" --cache-dir /tmp/srtcache ;;
