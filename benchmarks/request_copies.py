@@ -204,8 +204,8 @@ def install_probes(folder: str) -> None:
 
     slot_gather = staging.HostSlots.gather
 
-    def _slot_gather(self: Any, name: str, arrays: Any) -> Any:
-        batch = slot_gather(self, name, arrays)
+    def _slot_gather(self: Any, name: str, arrays: Any, *more: Any) -> Any:
+        batch = slot_gather(self, name, arrays, *more)
         probe.copy("batch gather", batch.array.nbytes)
         probe.know(batch.array)
         return batch
@@ -214,13 +214,13 @@ def install_probes(folder: str) -> None:
 
     gather = instances.Instance._gather
 
-    def _gather(self: Any, requests: Any) -> Any:
+    def _gather(self: Any, requests: Any, *more: Any) -> Any:
         for request in requests:
             for array in request.values():
                 if isinstance(array, np.ndarray) and not probe.inside(array):
                     probe.copy("unattributed (before the engine)", array.nbytes)
                     probe.know(array)
-        gathered = gather(self, requests)
+        gathered = gather(self, requests, *more)
         for name, value in gathered.items():
             if isinstance(value, np.ndarray):
                 if not probe.inside(value):
@@ -233,8 +233,8 @@ def install_probes(folder: str) -> None:
 
     run = instances.Instance._infer
 
-    def _run(self: Any, inputs: Any, on_device: bool = False) -> Any:
-        outputs = run(self, inputs, on_device)
+    def _run(self: Any, inputs: Any, *more: Any) -> Any:
+        outputs = run(self, inputs, *more)
         for array in outputs.values():
             probe.know(array)
         return outputs

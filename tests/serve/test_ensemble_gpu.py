@@ -51,9 +51,9 @@ def test_device_tensors_pass_between_cuda_steps(tmp_path: Path, reference: Any,
     gathered: list[int] = []
     original = Instance._gather_on_device
 
-    def counting(self: Instance, arrays: Any) -> Any:
+    def counting(self: Instance, arrays: Any, *more: Any) -> Any:
         gathered.append(len(arrays))
-        return original(self, arrays)
+        return original(self, arrays, *more)
 
     def no_host_copy(self: DeviceTensor, dtype: Any = None, copy: Any = None) -> np.ndarray:
         raise AssertionError("a device tensor between ensemble steps was copied to the host")
