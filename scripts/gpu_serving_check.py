@@ -17,10 +17,10 @@ One call, under 9 minutes, writes ``OUT/serving-h200.md``:
     beaten by the two-instance server.)
     Each served row ends with the server's own time per request (queue, input, infer, output: Triton's
     statistics, a batch's times counted for each of its requests). ``--direct-copies both`` serves the
-    two host transports a second time from a server whose engine process copies each request straight
-    from its page-locked arena or shared-memory region to the device (``STREAMRT_DIRECT_HOST_COPIES=1``,
-    no pinned staging slot): on 2026-12-05 both host transports stopped at ~1,000 requests/s of 4.8 MB
-    with full batches while CUDA shm reached 99%, which points at the batch's host-side copy.
+    two host transports a second time from a server whose engine process gathers each batch into a
+    pinned staging slot (``STREAMRT_DIRECT_HOST_COPIES=0``) instead of copying each request straight from
+    its page-locked arena or shared-memory region to the device (the server's default since 2026-12-05:
+    the gathered path stopped both host transports at ~1,000 requests/s of 4.8 MB on the H200).
     ``--env-variants 'A=1;B=2'`` serves them again from a server per variant with those environment variables,
     such as the engine process's copy threads (``STREAMRT_STAGING_THREADS``: a large batch gathered into its
     pinned slot in pieces on that many threads, each piece's host-to-device copy enqueued as it lands, ``off``
@@ -442,19 +442,20 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
     ratios: dict[str, float] = {}
-    if args.direct_copies != "on":
-        server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
-                        {DIRECT_ENV: "0"})
-        try:
-            served_rows(name, server, reference, args, report, ratios)
-            if bounded:
-                bounded_rows(name, server, reference, args, report, ratios)
-        finally:
-            server.stop()
-    if args.direct_copies != "off":  # the host transports again, each request copied from its own pages
-        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "1"}, ", direct copies")
+    direct = "0" if args.direct_copies == "off" else "1"  # the main server's: the default unless off
+    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
+                    {DIRECT_ENV: direct})
+    try:
+        served_rows(name, server, reference, args, report, ratios)
+        if bounded:
+            bounded_rows(name, server, reference, args, report, ratios)
+    finally:
+        server.stop()
+    if args.direct_copies == "both":  # the host transports again, each batch gathered into a pinned slot
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0"},
+                              ", gathered (no direct copies)")
     for variant in args.env_variants:  # the host transports again from a server with these variables
-        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0", **variant},
+        host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: direct, **variant},
                               ", " + " ".join(f"{k}={v}" for k, v in variant.items()))
     return ratios
 
@@ -525,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--null-spinning", choices=("default", "off"), default="default",
                         help="part (a)'s null models: ONNX Runtime's spinning pool threads (default), or "
                              "--option spinning=false (docs/benchmarks/2026-12-05-ort-spinning-cpu.md)")
-    parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="off",
+    parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="on",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
-                             "shared-memory regions); both: the host transports measured with it off, then on")
+                             "shared-memory regions; on by default); both: the server's rows with it on, then "
+                             "the host transports again with it off")
     parser.add_argument("--env-variants", type=env_variants, default=[], metavar="NAME=V[,NAME=V][;...]",
                         help="after part (b), the two host transports again from a server with each variant's "
                         "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")
@@ -539,8 +541,6 @@ def main(argv: list[str] | None = None) -> int:
                         "of 8 images are far under 15 ms below 4)")
     parser.add_argument("--bound-seconds", type=float, default=3.0, help="measurement window per level in (c)")
     args = parser.parse_args(argv)
-    if args.direct_copies == "on" and args.latency_bound_ms > 0:  # (c) runs on the server without direct copies
-        parser.error("--direct-copies on measures part (b) only: add --latency-bound-ms 0, or use --direct-copies both")
     args.precision = "fp16" if args.device == "cuda" else "fp32"
     if args.models is None:
         args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"

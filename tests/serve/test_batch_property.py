@@ -276,21 +276,21 @@ def test_the_property_holds_with_two_lanes_per_instance(
 
 @pytest.mark.gpu
 @pytest.mark.torch
-@pytest.mark.parametrize("gather", ["one copy", "pieces", "one lane"])
+@pytest.mark.parametrize("gather", ["one copy", "pieces", "two lanes"])
 def test_every_request_gets_exactly_its_own_answer_on_gpu_instances(
     tmp_path: Path, alone: Callable[[Arrays], Arrays], monkeypatch: pytest.MonkeyPatch, gather: str
 ) -> None:
-    """Two lanes per instance (the CUDA default: a batch staged on a lane's copy stream while another runs), or
-    ``one lane``; ``pieces``: each piece's host-to-device copy is enqueued as it lands in the pinned slot."""
-    if gather == "one lane":
-        monkeypatch.setenv("STREAMRT_INSTANCE_LANES", "1")
+    """``two lanes``: a batch staged on a lane's copy stream while another runs; ``pieces``: each piece's
+    host-to-device copy is enqueued as it lands in the pinned slot."""
+    if gather == "two lanes":
+        monkeypatch.setenv("STREAMRT_INSTANCE_LANES", "2")
     copier = _copy_in_pieces(monkeypatch) if gather == "pieces" else None
     plan = _build(tmp_path, backend="torch_inductor", device="cuda")
     gpu = {**CONFIG, "instance_group": [{"count": 2, "kind": "KIND_GPU"}]}
     try:
         with _serve(_repo(tmp_path / "repo", plan, {"mixed": gpu})) as running:
             instance = running.repository.get("mixed", "").instances.instances[0]
-            assert instance.device.is_cuda and instance.lanes == (1 if gather == "one lane" else 2)
+            assert instance.device.is_cuda and instance.lanes == (2 if gather == "two lanes" else 1)
             gpu_senders = Senders(running)
             try:
                 run_property(running, gpu_senders, alone, GPU_EXAMPLES if copier is None else GPU_EXAMPLES // 2,

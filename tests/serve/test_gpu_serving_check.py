@@ -70,16 +70,16 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
     (best,) = [r for r in offline.values() if r[-1].startswith("reference: the best batch")]
     reference = _number(best[2])
     assert best[3] == "100%" and all(0 < _number(r[2]) <= reference for r in offline.values()), offline
-    served = {r[1].split(", ")[1] + (" direct" if "direct copies" in r[1] else "")
+    served = {r[1].split(", ")[1] + (" gathered" if "no direct copies" in r[1] else "")
               + (" variant" if "STREAMRT_STAGING_THREADS=2 STREAMRT_BLOCKING_SYNC=1" in r[1] else "")
               + (" bounded" if "p99 <=" in r[1] else ""): r for r in ours if r[1].startswith("server")}
     assert set(served) == {f"{label}{kind}" for label in ("gRPC binary", "gRPC + system shm", "gRPC + CUDA shm")
                            for kind in ("", " bounded")} | {f"{label} {again}" for label in (
-                               "gRPC binary", "gRPC + system shm") for again in ("direct", "variant")}, rows
+                               "gRPC binary", "gRPC + system shm") for again in ("gathered", "variant")}, rows
     # the server's own split of each served row (the 2026-12-05 H200 rows could not say where the time went)
-    assert all("server us/req: queue " in served[k][-1] for k in ("gRPC binary", "gRPC binary direct")), served
+    assert all("server us/req: queue " in served[k][-1] for k in ("gRPC binary", "gRPC binary gathered")), served
     for label in ("gRPC binary", "gRPC + system shm"):
-        for again in ("direct", "variant"):  # the servers started with STREAMRT_DIRECT_HOST_COPIES=1 and
+        for again in ("gathered", "variant"):  # the servers started with STREAMRT_DIRECT_HOST_COPIES=0 and
             row = served[f"{label} {again}"]  # with an --env-variants environment serve too
             assert _number(row[2]) > 0 and row[-1].startswith("0 errors"), row
         row = served[label]
@@ -119,14 +119,6 @@ def test_targets_say_not_measured_for_rows_that_did_not_run() -> None:
     assert by_name["CUDA shm"].endswith("99% **PASS**")
     bounded = [line for name, line in by_name.items() if "p99" in name]
     assert len(bounded) == 3 and all(line.endswith("not measured (no row above)") for line in bounded), lines
-
-
-def test_direct_copies_alone_with_a_latency_bound_is_refused(tmp_path: Path) -> None:
-    """Part (c) runs only on the server without direct copies: asking for both would silently skip it."""
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out"), *SMALL, "--direct-copies", "on"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    assert done.returncode == 2 and "--direct-copies on measures part (b) only" in done.stderr, done.stderr
 
 
 def test_env_variants_parse_and_refuse_a_bare_name() -> None:

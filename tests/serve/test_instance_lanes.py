@@ -184,15 +184,13 @@ def test_the_scheduler_offers_each_lane_first_lanes_first_and_one_under_the_rate
     assert lane_order([]) == []
 
 
-def test_lanes_default_to_two_for_batched_cuda_models_and_follow_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_lanes_default_to_one_and_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     class Cuda:
         is_cuda = True
 
     monkeypatch.delenv("STREAMRT_INSTANCE_LANES", raising=False)
     cpu, cuda = get_device("cpu"), cast(Device, Cuda())
-    assert (default_lanes(cuda, True), default_lanes(cuda, False), default_lanes(cpu, True)) == (2, 1, 1)
+    assert (default_lanes(cuda, True), default_lanes(cuda, False), default_lanes(cpu, True)) == (1, 1, 1)
     monkeypatch.setenv("STREAMRT_INSTANCE_LANES", "3")
     assert default_lanes(cpu, True) == 3
     for bad in ("0", "two"):

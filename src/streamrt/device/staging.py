@@ -430,10 +430,12 @@ DIRECT_MIN_BYTES = 64 * 1024
 """A batch of several requests is copied part by part only when each part has at least this many bytes
 (many small copies cost more than one gather and one copy)."""
 
-DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "") == "1"
-"""Whether the server's CUDA instances use :func:`rows_to_device` (``STREAMRT_DIRECT_HOST_COPIES=1``).
-Off by default: page-locking front-end arenas and shared-memory mappings with ``cudaHostRegister``
-hung on the H200 on 2026-12-02 (docs/benchmarks/2026-12-02-h200-session2.md)."""
+DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "1") != "0"
+"""Whether the server's CUDA instances use :func:`rows_to_device` (on by default; ``STREAMRT_DIRECT_HOST_COPIES=0``
+gathers every batch into a pinned slot instead). Off until 2026-12-05: page-locking front-end arenas and
+shared-memory mappings with ``cudaHostRegister`` hung on the H200 on 2026-12-02; their GPU tests passed on
+2026-12-05 (twice), and served ResNet-50 in the same run went 1.6-2.1x (gRPC binary) and 1.9-2.7x (system shared
+memory) the gathered path (docs/benchmarks/2026-12-05-h200-s5.md)."""
 
 
 def rows_to_device(parts: Sequence[np.ndarray], device: Device, stream: StreamLike | None, *,

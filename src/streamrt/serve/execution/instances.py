@@ -2,11 +2,12 @@
 
 An instance runs one batch at a time (Triton's rule: instance count = concurrent executions of
 a model). Batches of one model on different instances overlap: on the GPU each instance enqueues
-on its own CUDA stream; on the CPU each worker thread runs the engine while others do too. A GPU
-instance of a batched model takes a second batch while one runs (its *lanes*, :func:`default_lanes`):
-the second is gathered on the host and copied to the device on a copy stream of its lane, and the
-instance's stream waits for that copy before the engine runs it, so the gather and the copy of the
-next batch overlap the engine instead of following it.
+on its own CUDA stream; on the CPU each worker thread runs the engine while others do too. With
+``STREAMRT_INSTANCE_LANES=2`` an instance takes a second batch while one runs (its *lanes*,
+:func:`default_lanes`): on the GPU the second is gathered on the host and copied to the device on a
+copy stream of its lane, and the instance's stream waits for that copy before the engine runs it, so
+the gather and the copy of the next batch overlap the engine instead of following it (one lane by
+default: measured no faster on the H200).
 
 Data path of a batch, with as few host copies as the wire allows:
 
@@ -21,8 +22,8 @@ pipeline workloads use too; this module decides which requests go where.
   A batch of one request on a CPU engine skips the slot and runs on the view itself. On a CUDA
   engine, requests whose tensors lie in page-locked memory (a front-end process's arena, which
   the engine process offers to :data:`~streamrt.device.staging.PINNABLE`) skip the slot too: each is
-  copied straight into the device batch (:func:`~streamrt.device.staging.rows_to_device`), when
-  ``STREAMRT_DIRECT_HOST_COPIES=1`` (off by default: not yet run on a GPU).
+  copied straight into the device batch (:func:`~streamrt.device.staging.rows_to_device`; on by default,
+  ``STREAMRT_DIRECT_HOST_COPIES=0`` turns it off).
 * **Outputs**: CUDA outputs are copied asynchronously into freshly taken pinned buffers (torch's
   caching host allocator recycles them), then split into per-request views; the front end's
   serialisation is the only further copy. CPU outputs are split as views. Before the split, the
@@ -335,24 +336,26 @@ at 0.91x the spinning default (docs/benchmarks/2026-12-05-h200-s4.md)."""
 
 
 def default_lanes(device: Device, batched: bool) -> int:
-    """Batches an instance takes at once: ``$STREAMRT_INSTANCE_LANES``, else 2 for a batched model on CUDA, 1
-    otherwise.
+    """Batches an instance takes at once: ``$STREAMRT_INSTANCE_LANES``, else 1.
 
     With one lane an instance gathers a batch, copies it to the device, runs it and copies its outputs back,
-    then takes the next: over a host transport the gather and its copy took as long as ResNet-50's engine on the
-    H200 (5-7 ms each per batch of 64 images; docs/benchmarks/2026-12-05-h200-s4.md), so the GPU idled half the
-    time. A second lane gathers and stages the next batch on a copy stream of its own while the first runs.
+    then takes the next. With two, a GPU instance of a batched model gathers and stages the next batch on a copy
+    stream of its own while the first runs. That was meant for the host transports, whose gather and copy took
+    as long as ResNet-50's engine on the H200 (5-7 ms each per batch of 64 images); measured on the H200 on
+    2026-12-05 (docs/benchmarks/2026-12-05-h200-s5.md) two lanes were 0.73-1.13x one lane without the direct
+    copies and 0.85-1.03x with them, so one lane stays the default. ``device`` and ``batched`` say where more
+    lanes can apply (an unbatched or CPU model takes them too when asked, to no gain expected).
     """
     configured = os.environ.get("STREAMRT_INSTANCE_LANES", "").strip()
-    if configured:
-        try:
-            lanes = int(configured)
-        except ValueError:
-            lanes = 0
-        if lanes < 1:
-            raise ConfigError(f"STREAMRT_INSTANCE_LANES must be a whole number of 1 or more, not '{configured}'")
-        return lanes
-    return 2 if device.is_cuda and batched else 1
+    if not configured:
+        return 1
+    try:
+        lanes = int(configured)
+    except ValueError:
+        lanes = 0
+    if lanes < 1:
+        raise ConfigError(f"STREAMRT_INSTANCE_LANES must be a whole number of 1 or more, not '{configured}'")
+    return lanes
 
 
 @dataclass(eq=False)
