@@ -140,7 +140,7 @@ class Instance:
         self.context = engine.create_context()
         self.stream: Stream = device.stream(name)
         self._cuda = device.is_cuda
-        self.lanes = default_lanes(device, batched) if lanes is None else lanes
+        self.lanes = default_lanes() if lanes is None else lanes
         """Batches this instance takes at once: each lane gathers and stages its batch while another lane's runs
         (:func:`default_lanes`); the engine still runs one batch at a time, in the order they were staged."""
         if self.lanes < 1:
@@ -335,7 +335,7 @@ thread wakes some microseconds later. Off: on the H200 (2026-12-05) it served Re
 at 0.91x the spinning default (docs/benchmarks/2026-12-05-h200-s4.md)."""
 
 
-def default_lanes(device: Device, batched: bool) -> int:
+def default_lanes() -> int:
     """Batches an instance takes at once: ``$STREAMRT_INSTANCE_LANES``, else 1.
 
     With one lane an instance gathers a batch, copies it to the device, runs it and copies its outputs back,
@@ -343,8 +343,8 @@ def default_lanes(device: Device, batched: bool) -> int:
     stream of its own while the first runs. That was meant for the host transports, whose gather and copy took
     as long as ResNet-50's engine on the H200 (5-7 ms each per batch of 64 images); measured on the H200 on
     2026-12-05 (docs/benchmarks/2026-12-05-h200-s5.md) two lanes were 0.73-1.13x one lane without the direct
-    copies and 0.85-1.03x with them, so one lane stays the default. ``device`` and ``batched`` say where more
-    lanes can apply (an unbatched or CPU model takes them too when asked, to no gain expected).
+    copies and 0.85-1.03x with them, so one lane stays the default. A CPU instance takes lanes too when asked (its
+    lanes share the context, one batch in it at a time), to no gain expected.
     """
     configured = os.environ.get("STREAMRT_INSTANCE_LANES", "").strip()
     if not configured:
