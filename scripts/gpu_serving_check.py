@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         "## (b) ResNet fp16 torch_inductor plans: server vs the engine's best offline, (c) under a latency bound",
         "",
         f"Server: dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances of "
-        f"{os.environ.get('STREAMRT_INSTANCE_LANES') or '2 (the CUDA default)'} lanes (batches staged at once); "
+        f"{os.environ.get('STREAMRT_INSTANCE_LANES') or '1 (the default)'} lane(s) (batches staged at once); "
         f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request; "
         f"{max(args.frontend_processes)} front-end processes.", "",
         f"Offline reference: the engine alone at the server's placement ({args.instances} instances, each a context "
