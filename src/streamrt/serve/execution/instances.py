@@ -201,11 +201,7 @@ class Instance:
         marks = lane.marks
         t0 = time.perf_counter_ns()
         rows = [self._rows(r) for r in requests]
-        if marks is not None:
-            lane.stream.record(marks[0])
         inputs = self._gather(requests, lane)
-        if marks is not None:
-            lane.stream.record(marks[1])
         t1 = time.perf_counter_ns()
         wanted = [self._cuda and isinstance(r, DeviceOutputs) for r in requests]
         outputs = self._execute(inputs, lane, on_device=any(wanted))
@@ -244,9 +240,18 @@ class Instance:
             raise InferenceError(f"instance {self.name}: {type(exc).__name__}: {exc}") from exc
 
     def _gather(self, requests: Sequence[Inputs], lane: _Lane) -> dict[str, Any]:
+        """The batch's inputs, staged on ``lane``'s stream between its first two timing events (on CUDA: the
+        engine's stream waits for the second before it reads them, :meth:`_infer`)."""
         if len(requests) == 1 and not self._cuda:
             return {k: np.asarray(v) for k, v in requests[0].items()}  # a DeviceTensor (CUDA shm) comes to the host
-        stream = lane.stream
+        if lane.marks is None:
+            return self._stage(requests, lane.stream, lane.slots)
+        lane.stream.record(lane.marks[0])
+        gathered = self._stage(requests, lane.stream, lane.slots)
+        lane.stream.record(lane.marks[1])
+        return gathered
+
+    def _stage(self, requests: Sequence[Inputs], stream: Stream, slots: HostSlots) -> dict[str, Any]:
         gathered: dict[str, Any] = {}
         for name in requests[0]:
             arrays = [r[name] for r in requests]
@@ -258,7 +263,7 @@ class Instance:
                 gathered[name] = direct
                 continue
             if self.batched:  # into the lane's slot (more rows than it holds: a fresh array)
-                gathered[name] = stage_to_device(lane.slots, name, arrays, self.device, stream, self.copier)
+                gathered[name] = stage_to_device(slots, name, arrays, self.device, stream, self.copier)
                 continue
             host = HostBatch(np.concatenate(arrays) if len(arrays) > 1 else np.ascontiguousarray(arrays[0]))
             gathered[name] = to_device(host, self.device, stream)
