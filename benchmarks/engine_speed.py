@@ -387,7 +387,9 @@ def _scratch(args: argparse.Namespace) -> Iterator[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         yield folder
         return
-    with tempfile.TemporaryDirectory(prefix="engine-speed-") as tmp:
+    # a killed child's compile workers (sessions of their own) may still be writing here: the table is
+    # written after this, so a folder that will not empty must not end the call (2026-12-05, H100)
+    with tempfile.TemporaryDirectory(prefix="engine-speed-", ignore_cleanup_errors=True) as tmp:
         yield Path(tmp)
 
 

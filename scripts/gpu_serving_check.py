@@ -553,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     report = Report(args.out / f"serving-{'h200' if args.device == 'cuda' else 'cpu'}.md", [
-        "# Serving on the H200: front-end ceiling and ResNet fp16 through the server", "",
+        f"# Serving on {gpu if args.device == 'cuda' else 'the CPU'}: front-end ceiling and ResNet "
+        f"{args.precision} through the server", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {git_commit(ROOT)}",
         f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, --device {args.device}",
