@@ -361,6 +361,32 @@ def env_variants(text: str) -> list[dict[str, str]]:
     return variants
 
 
+def client_variants(text: str) -> list[list[str]]:
+    """``--client-variants``: variants separated by ``;``, each ``streamrt perf`` options separated by ``,``.
+
+    >>> client_variants("--grpc-channel-share=0;--grpc-channel-share=6,--processes=4")
+    [['--grpc-channel-share=0'], ['--grpc-channel-share=6', '--processes=4']]
+    """
+    variants = [[a.strip() for a in v.split(",") if a.strip()] for v in text.split(";") if v.strip()]
+    if any(not a.startswith("--") for v in variants for a in v):
+        raise argparse.ArgumentTypeError(f"expected perf options such as --grpc-channel-share=0, got {text!r}")
+    return variants
+
+
+TRANSPORT_KEYS = {"binary": "gRPC binary", "system": "gRPC + system shm", "cuda": "gRPC + CUDA shm"}
+"""``--transports`` names: the served variants of :data:`TRANSPORTS` to run."""
+
+
+def transports_arg(text: str) -> tuple[tuple[str, list[str]], ...]:
+    """``--transports binary,system,cuda``: a subset of :data:`TRANSPORTS`, in its order."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in TRANSPORT_KEYS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"--transports takes {','.join(TRANSPORT_KEYS)}, got {text!r}")
+    labels = {TRANSPORT_KEYS[k] for k in keys}
+    return tuple(t for t in TRANSPORTS if t[0] in labels)
+
+
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
                 ratios: dict[str, float], transports: tuple[tuple[str, list[str]], ...] = TRANSPORTS,
                 suffix: str = "") -> None:
@@ -390,7 +416,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
     ``streamrt perf --latency-bound-ms`` (the search of :mod:`streamrt.client.search`); a row each."""
     bound = f"p99 <= {args.latency_bound_ms:g} ms"
     end = int(args.bound_range.split(":")[1]) if ":" in args.bound_range else 1024
-    for label, extra in TRANSPORTS:
+    for label, extra in args.transports:
         try:
             options = [*(["--warmup-ms", "200"] if args.quick else []), "--latency-bound-ms",
                        f"{args.latency_bound_ms:g}", *extra]
@@ -446,7 +472,10 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
     server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
                     {DIRECT_ENV: direct})
     try:
-        served_rows(name, server, reference, args, report, ratios)
+        served_rows(name, server, reference, args, report, ratios, args.transports)
+        for options in args.client_variants:  # the same server, the client changed: rows side by side
+            variant = tuple((label, [*extra, *options]) for label, extra in args.transports)
+            served_rows(name, server, reference, args, report, {}, variant, ", perf " + " ".join(options))
         if bounded:
             bounded_rows(name, server, reference, args, report, ratios)
     finally:
@@ -472,7 +501,8 @@ def host_transports_again(name: str, repo: Path, reference: float, args: argpars
                     f"failed | | | | {_failure(exc, 300)} |"])
         return
     try:
-        served_rows(name, server, reference, args, report, ratios, TRANSPORTS[:2], suffix)
+        host = tuple(t for t in args.transports if t in TRANSPORTS[:2])  # the transports that copy from host memory
+        served_rows(name, server, reference, args, report, ratios, host, suffix)
     finally:
         server.stop()
 
@@ -530,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions; on by default); both: the server's rows with it on, then "
                              "the host transports again with it off")
+    parser.add_argument("--transports", type=transports_arg, default=TRANSPORTS, metavar="binary,system,cuda",
+                        help="the served transports of (b) and (c) (default all three)")
+    parser.add_argument("--client-variants", type=client_variants, default=[], metavar="--OPT=V[,--OPT=V][;...]",
+                        help="after (b), its rows again on the same server with these `streamrt perf` options "
+                             "added, a row each (e.g. --client-variants=--grpc-channel-share=0;--grpc-channel-share=6: "
+                             "with '=', as the value starts with --)")
     parser.add_argument("--env-variants", type=env_variants, default=[], metavar="NAME=V[,NAME=V][;...]",
                         help="after part (b), the two host transports again from a server with each variant's "
                         "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")

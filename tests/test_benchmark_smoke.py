@@ -56,6 +56,21 @@ def test_serving_frontend_writes_a_row_per_protocol(tmp_path: Path) -> None:
     assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+def test_frontend_balance_counts_each_front_ends_connections(tmp_path: Path) -> None:
+    """Two front ends, two client processes: every run's spread names both workers and adds up to the
+    connections perf opened (one per process at concurrency 2 each, whatever the share)."""
+    pytest.importorskip("h2corn")
+    out = tmp_path / "fb.md"
+    _run(tmp_path, "frontend_balance.py", "--quick", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert rows[0][:4] == ["round", "--grpc-channel-share", "connections", "spread"]
+    assert [r[:3] for r in rows[1:]] == [["1", "0", "2"], ["1", "6", "2"]], rows
+    for r in rows[1:]:
+        spread = [int(n) for n in r[3].split()]
+        assert len(spread) == 2 and sum(spread) == 2 and r[-1] == "0", rows
+        assert float(r[4].replace(",", "")) > 0
+
+
 def test_http_library_floor_writes_a_row_per_round(tmp_path: Path) -> None:
     """The aiohttp variant only: granian is not a dependency (the benchmark shows why)."""
     out = tmp_path / "floor.md"

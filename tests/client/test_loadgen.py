@@ -4,7 +4,9 @@ behind), and the client-limit warning fires only for a busy client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -12,7 +14,7 @@ import pytest
 
 import streamrt
 from streamrt.cli.main import main
-from streamrt.client.loadgen import CLIENT_BUSY_WARNING, LoadConfig, _merge, _Part
+from streamrt.client.loadgen import CLIENT_BUSY_WARNING, LoadConfig, _close, _merge, _open, _Part
 from streamrt.serve import ServerConfig, ServerThread
 from streamrt.testing.models import CATALOGUE
 
@@ -58,6 +60,41 @@ def test_system_shared_memory_load(live: Any, protocol: str, capsys: pytest.Capt
     assert live.server.shared_memory.status("system") == []  # the client unregistered its regions
 
 
+def _connections_to(port: int) -> int:
+    """Established TCP connections of this process whose remote port is ``port`` (its client side)."""
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize(("share", "channels"), [(0, 1), (3, 3), (6, 2), (8, 1)])
+def test_grpc_requests_share_a_channel_up_to_the_limit(live: Any, share: int, channels: int) -> None:
+    """8 concurrent requests over ceil(8 / share) connections (6: tritonclient's C++ rule; 0, the default: one):
+    with front-end processes on one port the kernel spreads connections, and one connection per client process
+    left some of them idle (2026-12-05: 8 connections on 4-6 of 8 front ends)."""
+    pytest.importorskip("grpc")
+    assert LoadConfig(url="x:1", model="m").grpc_channel_share == 0
+    cfg = LoadConfig(url=f"127.0.0.1:{live.grpc_port}", model="cnn", protocol="grpc", batch_size=2,
+                     grpc_channel_share=share)
+
+    async def load() -> int:
+        before = _connections_to(live.grpc_port)
+        client, regions, _ = await _open(cfg, 8)
+        try:
+            await asyncio.gather(*(client.infer(None, worker) for worker in range(8)))
+            return _connections_to(live.grpc_port) - before
+        finally:
+            await _close(client, regions)
+
+    assert asyncio.run(load()) == channels
+
+
 def test_client_limit_warning() -> None:
     cfg = LoadConfig(url="x:1", model="m", duration_s=2.0)
     busy = _merge(cfg, 4, [_Part(latencies=[1.0] * 10, cpu_s=2.0 * (CLIENT_BUSY_WARNING + 0.1))])
@@ -71,5 +108,7 @@ def test_config_checks() -> None:
         LoadConfig(url="x:1", model="m", processes=0)
     with pytest.raises(streamrt.errors.ConfigError, match="shared_memory"):
         LoadConfig(url="x:1", model="m", shared_memory="gpu")
+    with pytest.raises(streamrt.errors.ConfigError, match="grpc_channel_share"):
+        LoadConfig(url="x:1", model="m", grpc_channel_share=-1)
 
 

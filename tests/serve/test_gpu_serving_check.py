@@ -133,3 +133,34 @@ def test_env_variants_parse_and_refuse_a_bare_name() -> None:
     assert script.env_variants("") == []
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=VALUE"):
         script.env_variants("A=1;B")
+
+
+@pytest.mark.slow
+def test_client_variants_rerun_the_chosen_transports_on_the_same_server(tmp_path: Path) -> None:
+    """``--transports binary --client-variants``: the binary row, then the same row once per variant (perf's
+    options added), nothing else; the variant rows are measured, labelled with their options."""
+    done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "4", "--request-batch", "2", "--instances", "1",
+                      "--latency-bound-ms", "0", "--transports", "binary",
+                      "--client-variants=--grpc-channel-share=0;--grpc-channel-share=1")  # '=': a value with --
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    served = [r for r in rows if r[0] == "tiny fp32" and r[1].startswith("server")]
+    assert [r[1].split(", concurrency")[0] for r in served] == [
+        "server, gRPC binary", "server, gRPC binary, perf --grpc-channel-share=0",
+        "server, gRPC binary, perf --grpc-channel-share=1"], rows
+    assert all(_number(r[2]) > 0 and r[-1].startswith("0 errors") for r in served), served
+
+
+def test_transports_and_client_variants_parse_and_refuse_unknown_names() -> None:
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert [t[0] for t in script.transports_arg("cuda,binary")] == ["gRPC binary", "gRPC + CUDA shm"]
+    with pytest.raises(argparse.ArgumentTypeError, match="binary,system,cuda"):
+        script.transports_arg("binary,tcp")
+    assert script.client_variants("--a=1,--b=2;--c=3") == [["--a=1", "--b=2"], ["--c=3"]]
+    with pytest.raises(argparse.ArgumentTypeError, match="perf options"):
+        script.client_variants("grpc-channel-share=0")

@@ -96,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="client processes sharing each concurrency level, one merged report (default 1); "
                         "one Python process tops out near a few thousand small requests/s")
+    parser.add_argument("--grpc-channel-share", type=int, default=None, metavar="N",
+                        help="gRPC: concurrent requests per channel, each channel its own connection (6: "
+                        "tritonclient's C++ library's rule; default 0: one channel per process). Front-end "
+                        "processes sharing a port get connections, not requests: few connections spread "
+                        "unevenly over them")
     parser.add_argument("--shared-memory", choices=["none", "system", "cuda"], default="none",
                         help="put inputs and outputs in registered shared-memory regions, like perf_analyzer "
                         "(local servers only; default none)")
@@ -161,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         shared_memory=args.shared_memory,
         output_shared_memory_size=args.output_shared_memory_size,
         request_ids=args.profile_export_file is not None,
+        **({} if args.grpc_channel_share is None else {"grpc_channel_share": args.grpc_channel_share}),
     )
     found = run_search(cfg, bound) if bound else None
     results = found.levels if found else run_load(cfg)

@@ -61,6 +61,12 @@ CLIENT_BUSY_WARNING = 0.8
 
 log = logging.getLogger(__name__)
 
+GRPC_CHANNEL_SHARE = 0
+"""Concurrent requests per gRPC channel by default: 0, one channel (one connection) per client process.
+tritonclient's C++ library opens a new channel once 6 clients share one (triton-inference-server/client#55);
+``grpc_channel_share=6`` does the same. Not the default: on the 2-core CPU machine 64 B requests over 16
+connections served 0.85-0.88x the rate over 8 (docs/benchmarks/2026-12-05-frontend-balance-cpu.md)."""
+
 T = TypeVar("T")
 
 
@@ -84,6 +90,10 @@ class LoadConfig:
         shared_memory: ``"none"``, ``"system"`` or ``"cuda"`` (inputs and outputs in registered regions).
         output_shared_memory_size: bytes per output region when an output's size is not static.
         request_ids: give each request its own id and keep its send and answer times (``request_log``).
+        grpc_channel_share: gRPC: concurrent requests per channel, each channel its own connection (6:
+            tritonclient's C++ rule); 0 (the default): one channel per process. With several front-end
+            processes on one port (SO_REUSEPORT) the kernel places connections, not requests, so few
+            connections spread unevenly over them.
     """
 
     url: str
@@ -103,6 +113,7 @@ class LoadConfig:
     shared_memory: str = "none"
     output_shared_memory_size: int = 102400
     request_ids: bool = False
+    grpc_channel_share: int = GRPC_CHANNEL_SHARE
 
     def __post_init__(self) -> None:
         if self.protocol not in ("http", "grpc"):
@@ -119,6 +130,9 @@ class LoadConfig:
             raise ConfigError(f"processes must be an integer >= 1, got {self.processes}")
         if self.shared_memory not in ("none", "system", "cuda"):
             raise ConfigError(f"shared_memory must be none, system or cuda, got {self.shared_memory!r}")
+        if self.grpc_channel_share < 0:
+            raise ConfigError(f"grpc_channel_share must be >= 0 (0: one channel per process), "
+                              f"got {self.grpc_channel_share}")
         if self.output_shared_memory_size < 1:
             raise ConfigError(f"output_shared_memory_size must be >= 1, got {self.output_shared_memory_size}")
 
@@ -212,7 +226,8 @@ class _HttpClient:
             kind = "systemsharedmemory" if reg.kind == "system" else "cudasharedmemory"
             await self._post(f"/v2/{kind}/region/{reg.name}/unregister", {})
 
-    async def infer(self, request_id: str | None = None) -> None:
+    async def infer(self, request_id: str | None = None, worker: int = 0) -> None:
+        """One request (aiohttp's pool opens a connection per concurrent request: ``worker`` is not needed)."""
         body, headers = self.body, self.headers
         if request_id is not None:  # the id first in the JSON header (ids are ASCII: no escaping needed)
             field_ = b'{"id": "' + request_id.encode() + b'", '
@@ -238,20 +253,24 @@ class _GrpcClient:
         from streamrt.serve.wire.proto import SERVICE, messages
 
         self.cfg, self.messages = cfg, messages
-        self.channel = grpc_aio.insecure_channel(cfg.url, options=[
-            ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1)])
+        count = -(-concurrency // cfg.grpc_channel_share) if cfg.grpc_channel_share else 1
+        # a local subchannel pool each: channels of one process to one target would otherwise share a connection
+        self.channels = [grpc_aio.insecure_channel(cfg.url, options=[
+            ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1),
+            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
+        self.channel = self.channels[0]  # metadata, statistics and shared-memory registrations
         self.metadata_ = tuple((k.lower(), v) for k, v in cfg.headers.items())
 
-        def call(method: str, response: Any, raw: bool = False) -> Any:
-            return self.channel.unary_unary(
+        def call(channel: Any, method: str, response: Any, raw: bool = False) -> Any:
+            return channel.unary_unary(
                 f"/{SERVICE}/{method}",
                 request_serializer=(lambda b: b) if raw else (lambda m: m.SerializeToString()),
                 response_deserializer=response.FromString,
             )
 
-        self._infer = call("ModelInfer", messages.ModelInferResponse, raw=True)
-        self._meta = call("ModelMetadata", messages.ModelMetadataResponse)
-        self._stats = call("ModelStatistics", messages.ModelStatisticsResponse)
+        self._infers = [call(channel, "ModelInfer", messages.ModelInferResponse, raw=True) for channel in self.channels]
+        self._meta = call(self.channel, "ModelMetadata", messages.ModelMetadataResponse)
+        self._stats = call(self.channel, "ModelStatistics", messages.ModelStatisticsResponse)
         self.body = b""
         self._before_id = 0  # bytes of model_name and model_version: the id goes after them, as protobuf writes it
 
@@ -300,13 +319,14 @@ class _GrpcClient:
                                         response_deserializer=getattr(self.messages, f"{method}Response").FromString)
         return await call(message, metadata=self.metadata_, timeout=self.cfg.timeout_s)
 
-    async def infer(self, request_id: str | None = None) -> None:
+    async def infer(self, request_id: str | None = None, worker: int = 0) -> None:
+        """One request on ``worker``'s channel (workers spread evenly over the channels)."""
         body = self.body
         if request_id is not None:  # ModelInferRequest.id is field 3
             body = b"".join((body[:self._before_id], encode_length_delimited(3, request_id.encode()),
                              body[self._before_id:]))
         try:
-            await self._infer(body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
+            await self._infers[worker % len(self._infers)](body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
         except Exception as exc:
             code = getattr(exc, "code", lambda: None)()
             if code is not None and code.name == "RESOURCE_EXHAUSTED" and len(self.body) > 4 * 2**20:
@@ -325,7 +345,8 @@ class _GrpcClient:
         return dict(data["model_stats"][0]) if data.get("model_stats") else {}
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self.channels:
+            await channel.close()
 
 
 def _shm_params(region: tuple[str, int, int]) -> dict[str, Any]:
@@ -448,11 +469,11 @@ async def _drive(client: Any, cfg: LoadConfig, concurrency: int, start: float, s
     ids = itertools.count() if cfg.request_ids else None
     prefix = f"{os.getpid()}-"
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         while (sent := time.perf_counter_ns()) < end_ns:
             request_id = None if ids is None else prefix + str(next(ids))
             try:
-                await client.infer(request_id)
+                await client.infer(request_id, index)
             except Exception as exc:
                 if sent >= start_ns:
                     part.errors.append(str(exc)[:300])
@@ -474,7 +495,7 @@ async def _drive(client: Any, cfg: LoadConfig, concurrency: int, start: float, s
         if snapshots:
             part.snapshots["after"] = await client.stats()
 
-    await asyncio.gather(window(), *(worker() for _ in range(concurrency)))
+    await asyncio.gather(window(), *(worker(i) for i in range(concurrency)))
     part.cpu_s = cpu.get("end", 0.0) - cpu.get("start", 0.0)
     return part
 
