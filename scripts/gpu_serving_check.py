@@ -442,7 +442,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                        f"{lat['p99']:.1f} | {(best.get('server_us') or {}).get('avg_batch', 0):.1f} | "
                        f"tried concurrency {tried}" + ("; the range's end: raise --bound-range" if
                                                        best["concurrency"] == end else "")
-                       + (f"; {_cell(best['warning'])}" if best.get("warning") else "") + " |")
+                       + (f"; {_cell(best['warning'])}" if best.get("warning") else "") + _server_split(best) + " |")
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
             say(f"{name} {label} {bound}: FAILED {exc}")
             row = f"| {name} {args.precision} | server, {label}, {bound} | failed | | | | {_failure(exc, 300)} |"

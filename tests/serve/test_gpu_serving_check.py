@@ -89,6 +89,7 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
         concurrency = int(row[1].split("concurrency ")[1].split()[0])
         assert 1 <= concurrency <= 4 and _number(row[2]) > 0 and row[3].endswith("%"), row
         assert float(row[4].split(" / ")[1]) <= 500 and row[-1].startswith("tried concurrency 1,2,"), row
+        assert "server us/req: queue " in row[-1], row  # where a bounded row's time went (not kept on 2026-12-05)
     for label in ("gRPC + CUDA shm", "gRPC + CUDA shm bounded"):
         assert served[label][2] == "failed" and "cuda" in served[label][-1].lower(), served[label]
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
