@@ -145,9 +145,10 @@ def build_plan(name: str, out: Path, max_batch: int, device: str = "cuda") -> Pa
     return built.path  # a BuildResult since issue 20 (Path(result) crashed the H200 run)
 
 
-def offline_batches(max_batch: int) -> list[int]:
-    """The batches the engine's best is looked for at: the server's max batch, its half and its quarter."""
-    return sorted({max(1, max_batch // 4), max(1, max_batch // 2), max_batch})
+def offline_batches(max_batch: int, server_batch: int | None = None) -> list[int]:
+    """The batches the engine's best is looked for at: the plan's max batch, its half and its quarter, and the
+    server's max batch when the batching policy caps it lower."""
+    return sorted({max(1, max_batch // 4), max(1, max_batch // 2), max_batch, server_batch or max_batch})
 
 
 def engine_child(plan: str, instances: int, batches: list[int], seconds: float, warmup_ms: float) -> None:
@@ -317,7 +318,7 @@ TRANSPORTS = (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "sy
 
 def reference_rows(name: str, plan: Path, args: argparse.Namespace, report: Report) -> float:
     """The engine's best offline at the server's placement (a row per batch tried); returns its images/s."""
-    found = engine_best(plan, args.instances, offline_batches(args.max_batch), args.seconds,
+    found = engine_best(plan, args.instances, offline_batches(args.max_batch, args.server_max_batch), args.seconds,
                         200 if args.quick else 1000)
     best = max(found, key=lambda r: float(r["images_per_s"]))
     say(f"{name}: engine offline at {args.instances} instances: "
@@ -463,8 +464,10 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
     if not target.exists():
         target.symlink_to(plan.resolve())
     (repo / name / "config.yaml").write_text(json.dumps({
-        "max_batch_size": args.max_batch,
-        "dynamic_batching": {"max_queue_delay_microseconds": 500},
+        "max_batch_size": args.server_max_batch,
+        "dynamic_batching": {"max_queue_delay_microseconds": args.queue_delay_us,
+                             **({"preferred_batch_size": args.preferred_batch_sizes}
+                                if args.preferred_batch_sizes else {})},
         "instance_group": [{"count": args.instances, "kind": "KIND_AUTO"}],  # the plan's device: the GPU
     }))
     ratios: dict[str, float] = {}
@@ -542,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="start no further model after this many seconds (keeps the call under 9 minutes)")
     parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--server-max-batch", type=int, default=None, metavar="N",
+                        help="the served model's max_batch_size (default --max-batch, the plan's): a lower cap "
+                             "shortens the longest batch, the lever under a latency bound")
+    parser.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching's max queue delay")
+    parser.add_argument("--preferred-batch-sizes", default=None, metavar="N[,N...]",
+                        type=lambda text: [int(n) for n in text.split(",") if n.strip()],
+                        help="dynamic batching's preferred_batch_size (default none)")
     parser.add_argument("--request-batch", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--processes", type=int, default=8, help="client processes sharing the concurrency")
@@ -578,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bound-seconds", type=float, default=3.0, help="measurement window per level in (c)")
     args = parser.parse_args(argv)
     args.precision = "fp16" if args.device == "cuda" else "fp32"
+    args.server_max_batch = args.server_max_batch or args.max_batch
+    if not 1 <= args.server_max_batch <= args.max_batch:
+        parser.error(f"--server-max-batch must be within 1..--max-batch ({args.max_batch}), "
+                     f"got {args.server_max_batch}")
+    if any(not 1 <= n <= args.server_max_batch for n in args.preferred_batch_sizes or []):
+        parser.error(f"--preferred-batch-sizes must be within 1..{args.server_max_batch}")
     if args.models is None:
         args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -608,13 +624,16 @@ def main(argv: list[str] | None = None) -> int:
         "Targets: gRPC >= 3 GB/s at 4.8 MB (null_image x8) and >= 10,000 requests/s at 64 B (null_small x1).", "",
         "## (b) ResNet fp16 torch_inductor plans: server vs the engine's best offline, (c) under a latency bound",
         "",
-        f"Server: dynamic batching (max {args.max_batch}, 500 us delay), {args.instances} GPU instances of "
+        f"Server: dynamic batching (max {args.server_max_batch}, {args.queue_delay_us} us delay"
+        + (f", preferred sizes {args.preferred_batch_sizes}" if args.preferred_batch_sizes else "")
+        + f"), {args.instances} GPU instances of "
         f"{os.environ.get('STREAMRT_INSTANCE_LANES') or '1 (the default)'} lane(s) (batches staged at once); "
         f"{args.request_batch} images (fp32, {args.request_batch * 602112 / 1e6:.1f} MB) per request; "
         f"{max(args.frontend_processes)} front-end processes.", "",
         f"Offline reference: the engine alone at the server's placement ({args.instances} instances, each a context "
         f"and stream of its own, CUDA graphs as the server's contexts have them), `streamrt bench`'s loop at batch "
-        f"{'/'.join(map(str, offline_batches(args.max_batch)))}, the best of them; measured in this run. "
+        f"{'/'.join(map(str, offline_batches(args.max_batch, args.server_max_batch)))}, the best of them; measured "
+        "in this run. "
         "Every served row's share is of that best.", "",
         f"(c), first model only: `streamrt perf --latency-bound-ms {args.latency_bound_ms:g}` over concurrency "
         f"{args.bound_range} ({args.bound_seconds:g} s per level): doubling, then bisecting; the row is the level "

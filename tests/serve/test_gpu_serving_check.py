@@ -4,6 +4,7 @@ formatting a failure) is found here, not in an H200 call."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -139,9 +140,11 @@ def test_env_variants_parse_and_refuse_a_bare_name() -> None:
 @pytest.mark.slow
 def test_client_variants_rerun_the_chosen_transports_on_the_same_server(tmp_path: Path) -> None:
     """``--transports binary --client-variants``: the binary row, then the same row once per variant (perf's
-    options added), nothing else; the variant rows are measured, labelled with their options."""
+    options added), nothing else; the variant rows are measured, labelled with their options. The batching
+    policy options reach the served model's config."""
     done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "4", "--request-batch", "2", "--instances", "1",
-                      "--latency-bound-ms", "0", "--transports", "binary",
+                      "--latency-bound-ms", "0", "--transports", "binary", "--server-max-batch", "3",
+                      "--queue-delay-us", "200", "--preferred-batch-sizes", "2",
                       "--client-variants=--grpc-channel-share=0;--grpc-channel-share=1")  # '=': a value with --
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     served = [r for r in rows if r[0] == "tiny fp32" and r[1].startswith("server")]
@@ -149,6 +152,13 @@ def test_client_variants_rerun_the_chosen_transports_on_the_same_server(tmp_path
         "server, gRPC binary", "server, gRPC binary, perf --grpc-channel-share=0",
         "server, gRPC binary, perf --grpc-channel-share=1"], rows
     assert all(_number(r[2]) > 0 and r[-1].startswith("0 errors") for r in served), served
+    # the batching policy: the served config caps batches at 3, and the reference measured that batch too
+    offline = [r[1] for r in rows if r[0] == "tiny fp32" and r[1].startswith("engine offline")]
+    assert offline == [f"engine offline, 1 instances x batch {b}" for b in (1, 2, 3, 4)], rows
+    config = json.loads((tmp_path / "out" / "work" / "tiny-repo" / "tiny" / "config.yaml").read_text())
+    assert config["max_batch_size"] == 3 and config["dynamic_batching"] == {
+        "max_queue_delay_microseconds": 200, "preferred_batch_size": [2]}, config
+    assert all(float(r[5]) <= 3 for r in served), served  # avg engine batch within the cap
 
 
 def test_transports_and_client_variants_parse_and_refuse_unknown_names() -> None:
