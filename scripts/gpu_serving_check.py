@@ -530,10 +530,9 @@ def targets(ratios: dict[str, float], bound: str) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["--engine-child"]:  # engine_best's child process
-        engine_child(*json.loads(sys.argv[2]))
-        return 0
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked and completed (nothing created): the runbook's commands are parsed by a CPU
+    test with this, so a GPU call cannot die on its own arguments."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -596,6 +595,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--preferred-batch-sizes must be within 1..{args.server_max_batch}")
     if args.models is None:
         args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--engine-child"]:  # engine_best's child process
+        engine_child(*json.loads(sys.argv[2]))
+        return 0
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plans").mkdir(exist_ok=True)
     work = args.out / "work"

@@ -3,7 +3,11 @@ exist, so a GPU call cannot die on a renamed file or flag."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
 from dry_run import assert_runnable, dry_run_commands
 
@@ -18,3 +22,43 @@ def test_every_part_runs_a_script_and_flags_that_exist(tmp_path: Path) -> None:
     for command in commands:
         assert_runnable(command)
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def _latest_runbook_section() -> str:
+    """docs/gpu-verification.md's last dated section (``## 2026-...``): the calls the next session runs."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gpu-verification.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.MULTILINE)
+    dated = [s for s in sections if re.match(r"20\d\d-\d\d-\d\d", s)]
+    assert dated, "no dated section in docs/gpu-verification.md"
+    return dated[-1]
+
+
+def _load(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def test_the_runbooks_next_calls_parse(tmp_path: Path) -> None:
+    """Every SERVING_ARGS / SERVING2_ARGS / SPEED_ARGS of the runbook's latest section, word-split as
+    h200_session.sh does, is accepted by its script's own parser: on 2026-12-05 a --client-variants value that
+    starts with -- needed its '=', and an H200 call must not be the place that finds such a thing out."""
+    root = Path(__file__).resolve().parents[1]
+    found = re.findall(r'\b(SERVING2?_ARGS|SPEED_ARGS)="([^"]*)"', _latest_runbook_section())
+    assert any(name == "SERVING_ARGS" for name, _ in found), found
+    serving = _load(root / "scripts" / "gpu_serving_check.py", "_gpu_serving_check_runbook")
+    speed = _load(root / "benchmarks" / "engine_speed.py", "_engine_speed_runbook")
+    for name, value in found:
+        words = value.split()
+        if name == "SPEED_ARGS":
+            speed.parse_args(["--out", str(tmp_path / "speed"), *words])
+        else:
+            serving.parse_args([str(tmp_path / "serving"), *words])
+    assert not any(tmp_path.iterdir())  # parsing creates nothing
