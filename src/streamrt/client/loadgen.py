@@ -31,9 +31,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -44,14 +42,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from streamrt._optional import require
-from streamrt.client.failures import grpc_error_line, http_error_text, unreachable
+from streamrt.client.failures import unreachable
+from streamrt.client.load_config import LoadConfig
 from streamrt.client.shared_memory import ClientRegions
+from streamrt.client.transports import GrpcClient, HttpClient
 from streamrt.errors import ConfigError, StreamRTError
 from streamrt.measure.stats import Stats
 from streamrt.running.inputs import random_inputs
-from streamrt.serve.wire.grpc_wire import encode_length_delimited
-from streamrt.serve.wire.protocol import HEADER_LENGTH, kserve_dtype, numpy_dtype
+from streamrt.serve.wire.protocol import numpy_dtype
 from streamrt.types import DType, TensorSpec
 
 __all__ = ["LevelResult", "LoadConfig", "format_results", "measure_level", "run_async", "run_load", "run_load_async"]
@@ -61,80 +59,8 @@ CLIENT_BUSY_WARNING = 0.8
 
 log = logging.getLogger(__name__)
 
-GRPC_CHANNEL_SHARE = 0
-"""Concurrent requests per gRPC channel by default: 0, one channel (one connection) per client process.
-tritonclient's C++ library opens a new channel once 6 clients share one (triton-inference-server/client#55);
-``grpc_channel_share=6`` does the same. Not the default: on the 2-core CPU machine 64 B requests over 16
-connections served 0.85-0.88x the rate over 8 (docs/benchmarks/2026-12-05-frontend-balance-cpu.md)."""
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    """What to send, where, and how hard.
-
-    Attributes:
-        url: ``host:port`` of the HTTP or gRPC endpoint.
-        model / version: target model ("" = the server's default version).
-        protocol: ``"http"`` or ``"grpc"``.
-        concurrency: levels to sweep (outstanding requests).
-        batch_size: rows per request (models with a batch dimension).
-        shapes: dims (without batch) for inputs whose metadata has -1 dims.
-        data: ``"random"`` or ``"zero"``.
-        binary: HTTP: tensors as binary data (else JSON); gRPC is always binary.
-        duration_s / warmup_s: measurement window and warm-up per level.
-        timeout_s: per-request timeout.
-        headers: extra HTTP headers / gRPC metadata (e.g. ``authorization``).
-        processes: client processes sharing each concurrency level (>= 1).
-        shared_memory: ``"none"``, ``"system"`` or ``"cuda"`` (inputs and outputs in registered regions).
-        output_shared_memory_size: bytes per output region when an output's size is not static.
-        request_ids: give each request its own id and keep its send and answer times (``request_log``).
-        grpc_channel_share: gRPC: concurrent requests per channel, each channel its own connection (6:
-            tritonclient's C++ rule); 0 (the default): one channel per process. With several front-end
-            processes on one port (SO_REUSEPORT) the kernel places connections, not requests, so few
-            connections spread unevenly over them.
-    """
-
-    url: str
-    model: str
-    version: str = ""
-    protocol: str = "http"
-    concurrency: tuple[int, ...] = (1,)
-    batch_size: int = 1
-    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    data: str = "random"
-    binary: bool = True
-    duration_s: float = 5.0
-    warmup_s: float = 1.0
-    timeout_s: float = 30.0
-    headers: Mapping[str, str] = field(default_factory=dict)
-    processes: int = 1
-    shared_memory: str = "none"
-    output_shared_memory_size: int = 102400
-    request_ids: bool = False
-    grpc_channel_share: int = GRPC_CHANNEL_SHARE
-
-    def __post_init__(self) -> None:
-        if self.protocol not in ("http", "grpc"):
-            raise ConfigError(f"protocol must be http or grpc, got {self.protocol!r}")
-        if not self.concurrency or min(self.concurrency) < 1:
-            raise ConfigError(f"concurrency levels must be integers >= 1, got {self.concurrency}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size}")
-        if self.data not in ("random", "zero"):
-            raise ConfigError(f"data must be random or zero, got {self.data!r}")
-        if self.duration_s <= 0:
-            raise ConfigError(f"duration_s must be > 0, got {self.duration_s}")
-        if self.processes < 1:
-            raise ConfigError(f"processes must be an integer >= 1, got {self.processes}")
-        if self.shared_memory not in ("none", "system", "cuda"):
-            raise ConfigError(f"shared_memory must be none, system or cuda, got {self.shared_memory!r}")
-        if self.grpc_channel_share < 0:
-            raise ConfigError(f"grpc_channel_share must be >= 0 (0: one channel per process), "
-                              f"got {self.grpc_channel_share}")
-        if self.output_shared_memory_size < 1:
-            raise ConfigError(f"output_shared_memory_size must be >= 1, got {self.output_shared_memory_size}")
 
 
 @dataclass
@@ -160,205 +86,6 @@ class LevelResult:
         d["latency_ms"] = self.latency_ms.to_dict() if self.latency_ms else None
         del d["request_log"]  # per request: perf --profile-export-file writes it
         return d
-
-
-class _HttpClient:
-    def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
-        aiohttp = require("aiohttp", extra="serve", purpose="the HTTP load generator")
-        self.cfg = cfg
-        base = f"http://{cfg.url}/v2/models/{cfg.model}" + (f"/versions/{cfg.version}" if cfg.version else "")
-        self.base = base
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=concurrency + 2, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=cfg.timeout_s), headers=dict(cfg.headers),
-        )
-        self.body = b""
-        self.headers: dict[str, str] = {}
-        self._header_bytes: int | None = None  # the JSON header's length when binary tensors follow it
-
-    async def _get(self, path: str) -> Any:
-        async with self.session.get(self.base + path) as r:
-            body = await r.read()
-            if r.status != 200:
-                raise StreamRTError(f"GET {self.base + path}: {r.status} {body[:200]!r}")
-            return json.loads(body)
-
-    async def metadata(self) -> dict[str, Any]:
-        return dict(await self._get(""))
-
-    def prepare(self, inputs: dict[str, np.ndarray], regions: ClientRegions | None = None) -> None:
-        entries, blobs = [], []
-        for name, a in inputs.items():
-            entry: dict[str, Any] = {"name": name, "shape": list(a.shape), "datatype": kserve_dtype(a)}
-            if regions is not None:
-                entry["parameters"] = _shm_params(regions.inputs[name])
-            elif self.cfg.binary:
-                entry["parameters"] = {"binary_data_size": a.nbytes}
-                blobs.append(a.tobytes())
-            else:
-                entry["data"] = a.ravel().tolist()
-            entries.append(entry)
-        request: dict[str, Any] = {"inputs": entries, "parameters": {"binary_data_output": self.cfg.binary}}
-        if regions is not None:
-            request["outputs"] = [{"name": n, "parameters": _shm_params(r)} for n, r in regions.outputs.items()]
-        header = json.dumps(request).encode()
-        self.body = header + b"".join(blobs)
-        self.headers = {HEADER_LENGTH: str(len(header))} if blobs else {}
-        self._header_bytes = len(header) if blobs else None
-
-    async def _post(self, path: str, body: dict[str, Any]) -> None:
-        async with self.session.post(f"http://{self.cfg.url}{path}", json=body) as r:
-            if r.status != 200:
-                raise StreamRTError(f"POST {path}: {r.status} {(await r.read())[:300]!r}")
-
-    async def register(self, regions: ClientRegions) -> None:
-        for reg in regions.registrations:
-            if reg.kind == "system":
-                await self._post(f"/v2/systemsharedmemory/region/{reg.name}/register",
-                                 {"key": reg.key, "offset": 0, "byte_size": reg.byte_size})
-            else:
-                await self._post(f"/v2/cudasharedmemory/region/{reg.name}/register",
-                                 {"raw_handle": {"b64": base64.b64encode(reg.raw_handle).decode()}, "device_id": 0,
-                                  "byte_size": reg.byte_size})
-
-    async def unregister(self, regions: ClientRegions) -> None:
-        for reg in regions.registrations:
-            kind = "systemsharedmemory" if reg.kind == "system" else "cudasharedmemory"
-            await self._post(f"/v2/{kind}/region/{reg.name}/unregister", {})
-
-    async def infer(self, request_id: str | None = None, worker: int = 0) -> None:
-        """One request (aiohttp's pool opens a connection per concurrent request: ``worker`` is not needed)."""
-        body, headers = self.body, self.headers
-        if request_id is not None:  # the id first in the JSON header (ids are ASCII: no escaping needed)
-            field_ = b'{"id": "' + request_id.encode() + b'", '
-            body = field_ + body[1:]
-            if self._header_bytes is not None:
-                headers = {HEADER_LENGTH: str(self._header_bytes + len(field_) - 1)}
-        async with self.session.post(self.base + "/infer", data=body, headers=headers) as r:
-            body = await r.read()
-            if r.status != 200:
-                raise StreamRTError(f"HTTP {r.status}: {http_error_text(body)}")
-
-    async def stats(self) -> dict[str, Any]:
-        data = await self._get("/stats")
-        return dict(data["model_stats"][0]) if data.get("model_stats") else {}
-
-    async def close(self) -> None:
-        await self.session.close()
-
-
-class _GrpcClient:
-    def __init__(self, cfg: LoadConfig, concurrency: int) -> None:
-        grpc_aio = require("grpc.aio", extra="serve", purpose="the gRPC load generator")
-        from streamrt.serve.wire.proto import SERVICE, messages
-
-        self.cfg, self.messages = cfg, messages
-        count = -(-concurrency // cfg.grpc_channel_share) if cfg.grpc_channel_share else 1
-        # a local subchannel pool each: channels of one process to one target would otherwise share a connection
-        self.channels = [grpc_aio.insecure_channel(cfg.url, options=[
-            ("grpc.max_receive_message_length", 2**31 - 1), ("grpc.max_send_message_length", 2**31 - 1),
-            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
-        self.channel = self.channels[0]  # metadata, statistics and shared-memory registrations
-        self.metadata_ = tuple((k.lower(), v) for k, v in cfg.headers.items())
-
-        def call(channel: Any, method: str, response: Any, raw: bool = False) -> Any:
-            return channel.unary_unary(
-                f"/{SERVICE}/{method}",
-                request_serializer=(lambda b: b) if raw else (lambda m: m.SerializeToString()),
-                response_deserializer=response.FromString,
-            )
-
-        self._infers = [call(channel, "ModelInfer", messages.ModelInferResponse, raw=True) for channel in self.channels]
-        self._meta = call(self.channel, "ModelMetadata", messages.ModelMetadataResponse)
-        self._stats = call(self.channel, "ModelStatistics", messages.ModelStatisticsResponse)
-        self.body = b""
-        self._before_id = 0  # bytes of model_name and model_version: the id goes after them, as protobuf writes it
-
-    async def metadata(self) -> dict[str, Any]:
-        from google.protobuf import json_format
-
-        reply = await self._meta(self.messages.ModelMetadataRequest(name=self.cfg.model, version=self.cfg.version),
-                                 metadata=self.metadata_, timeout=self.cfg.timeout_s)
-        meta = json_format.MessageToDict(reply, preserving_proto_field_name=True)
-        for t in meta.get("inputs", []):
-            t["shape"] = [int(d) for d in t.get("shape", [])]
-        return meta
-
-    def prepare(self, inputs: dict[str, np.ndarray], regions: ClientRegions | None = None) -> None:
-        request = self.messages.ModelInferRequest(model_name=self.cfg.model, model_version=self.cfg.version)
-        for name, a in inputs.items():
-            tensor = request.inputs.add(name=name, datatype=kserve_dtype(a), shape=list(a.shape))
-            if regions is not None:
-                _grpc_shm_params(tensor.parameters, regions.inputs[name])
-            else:
-                request.raw_input_contents.append(a.tobytes())
-        for name, region in (regions.outputs if regions is not None else {}).items():
-            _grpc_shm_params(request.outputs.add(name=name).parameters, region)
-        self.body = request.SerializeToString()
-        self._before_id = len(self.messages.ModelInferRequest(model_name=self.cfg.model,
-                                                              model_version=self.cfg.version).SerializeToString())
-
-    async def register(self, regions: ClientRegions) -> None:
-        for reg in regions.registrations:
-            if reg.kind == "system":
-                await self._rpc("SystemSharedMemoryRegister", self.messages.SystemSharedMemoryRegisterRequest(
-                    name=reg.name, key=reg.key, offset=0, byte_size=reg.byte_size))
-            else:
-                await self._rpc("CudaSharedMemoryRegister", self.messages.CudaSharedMemoryRegisterRequest(
-                    name=reg.name, raw_handle=reg.raw_handle, device_id=0, byte_size=reg.byte_size))
-
-    async def unregister(self, regions: ClientRegions) -> None:
-        for reg in regions.registrations:
-            method = "SystemSharedMemoryUnregister" if reg.kind == "system" else "CudaSharedMemoryUnregister"
-            await self._rpc(method, getattr(self.messages, f"{method}Request")(name=reg.name))
-
-    async def _rpc(self, method: str, message: Any) -> Any:
-        from streamrt.serve.wire.proto import SERVICE
-
-        call = self.channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
-                                        response_deserializer=getattr(self.messages, f"{method}Response").FromString)
-        return await call(message, metadata=self.metadata_, timeout=self.cfg.timeout_s)
-
-    async def infer(self, request_id: str | None = None, worker: int = 0) -> None:
-        """One request on ``worker``'s channel (workers spread evenly over the channels)."""
-        body = self.body
-        if request_id is not None:  # ModelInferRequest.id is field 3
-            body = b"".join((body[:self._before_id], encode_length_delimited(3, request_id.encode()),
-                             body[self._before_id:]))
-        try:
-            await self._infers[worker % len(self._infers)](body, metadata=self.metadata_, timeout=self.cfg.timeout_s)
-        except Exception as exc:
-            code = getattr(exc, "code", lambda: None)()
-            if code is not None and code.name == "RESOURCE_EXHAUSTED" and len(self.body) > 4 * 2**20:
-                raise StreamRTError(f"{exc.details()} (request of {len(self.body)} bytes)",  # type: ignore[attr-defined]
-                                    hint="start the server with a larger --grpc-max-message-mb") from None
-            if code is not None:  # AioRpcError's str() is a multi-line block; one line is "CODE: details"
-                raise StreamRTError(grpc_error_line(exc)) from None
-            raise
-
-    async def stats(self) -> dict[str, Any]:
-        from google.protobuf import json_format
-
-        reply = await self._stats(self.messages.ModelStatisticsRequest(name=self.cfg.model, version=self.cfg.version),
-                                  metadata=self.metadata_, timeout=self.cfg.timeout_s)
-        data = json_format.MessageToDict(reply, preserving_proto_field_name=True)
-        return dict(data["model_stats"][0]) if data.get("model_stats") else {}
-
-    async def close(self) -> None:
-        for channel in self.channels:
-            await channel.close()
-
-
-def _shm_params(region: tuple[str, int, int]) -> dict[str, Any]:
-    name, offset, size = region
-    return {"shared_memory_region": name, "shared_memory_offset": offset, "shared_memory_byte_size": size}
-
-
-def _grpc_shm_params(parameters: Any, region: tuple[str, int, int]) -> None:
-    name, offset, size = region
-    parameters["shared_memory_region"].string_param = name
-    parameters["shared_memory_offset"].int64_param = offset
-    parameters["shared_memory_byte_size"].int64_param = size
 
 
 def output_bytes(meta: Mapping[str, Any], cfg: LoadConfig, batched: bool) -> dict[str, int]:
@@ -424,7 +151,7 @@ class _Part:
 
 async def _open(cfg: LoadConfig, concurrency: int) -> tuple[Any, ClientRegions | None, int]:
     """A client with its request prepared (and its shared-memory regions registered)."""
-    client: Any = (_HttpClient if cfg.protocol == "http" else _GrpcClient)(cfg, concurrency)
+    client: Any = (HttpClient if cfg.protocol == "http" else GrpcClient)(cfg, concurrency)
     try:
         meta = await client.metadata()
     except StreamRTError:
