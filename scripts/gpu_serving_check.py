@@ -80,6 +80,11 @@ ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
 sys.path.insert(0, str(ROOT / "scripts"))
 from _gpu_parts import Report  # noqa: E402 - the scripts folder is not a package
+from _serving_check_args import (  # noqa: E402
+    DIRECT_ENV,
+    TRANSPORTS,
+    parse_args,
+)
 
 
 def _frontend() -> Any:
@@ -311,11 +316,6 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
     report.add([""])
 
 
-TRANSPORTS = (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
-              ("gRPC + CUDA shm", ["--shared-memory", "cuda"]))
-"""The served variants: label and ``streamrt perf`` options."""
-
-
 def reference_rows(name: str, plan: Path, args: argparse.Namespace, report: Report) -> float:
     """The engine's best offline at the server's placement (a row per batch tried); returns its images/s."""
     found = engine_best(plan, args.instances, offline_batches(args.max_batch, args.server_max_batch), args.seconds,
@@ -339,53 +339,6 @@ def _server_split(r: dict[str, Any]) -> str:
     if not any(us.get(k) for k in parts):
         return ""
     return "; server us/req: " + ", ".join(f"{k.removeprefix('compute_')} {us.get(k, 0):,.0f}" for k in parts)
-
-
-DIRECT_ENV = "STREAMRT_DIRECT_HOST_COPIES"
-"""The engine process's switch for copies straight from page-locked arenas and shared-memory regions
-(:func:`streamrt.device.staging.rows_to_device`); ``--direct-copies both`` measures the host transports with it
-off and on in the same run."""
-
-
-def env_variants(text: str) -> list[dict[str, str]]:
-    """``--env-variants``: variants separated by ``;``, each ``NAME=VALUE`` assignments separated by ``,``.
-
-    >>> env_variants("STREAMRT_STAGING_THREADS=off;STREAMRT_STAGING_THREADS=0,STREAMRT_BLOCKING_SYNC=1")
-    [{'STREAMRT_STAGING_THREADS': 'off'}, {'STREAMRT_STAGING_THREADS': '0', 'STREAMRT_BLOCKING_SYNC': '1'}]
-    """
-    variants = []
-    for variant in filter(None, (v.strip() for v in text.split(";"))):
-        pairs = [a.strip().partition("=") for a in variant.split(",") if a.strip()]
-        if any(not name or not eq for name, eq, _ in pairs):
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE[,NAME=VALUE...] per variant, got {variant!r}")
-        variants.append({name: value for name, _, value in pairs})
-    return variants
-
-
-def client_variants(text: str) -> list[list[str]]:
-    """``--client-variants``: variants separated by ``;``, each ``streamrt perf`` options separated by ``,``.
-
-    >>> client_variants("--grpc-channel-share=0;--grpc-channel-share=6,--processes=4")
-    [['--grpc-channel-share=0'], ['--grpc-channel-share=6', '--processes=4']]
-    """
-    variants = [[a.strip() for a in v.split(",") if a.strip()] for v in text.split(";") if v.strip()]
-    if any(not a.startswith("--") for v in variants for a in v):
-        raise argparse.ArgumentTypeError(f"expected perf options such as --grpc-channel-share=0, got {text!r}")
-    return variants
-
-
-TRANSPORT_KEYS = {"binary": "gRPC binary", "system": "gRPC + system shm", "cuda": "gRPC + CUDA shm"}
-"""``--transports`` names: the served variants of :data:`TRANSPORTS` to run."""
-
-
-def transports_arg(text: str) -> tuple[tuple[str, list[str]], ...]:
-    """``--transports binary,system,cuda``: a subset of :data:`TRANSPORTS`, in its order."""
-    keys = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in TRANSPORT_KEYS]
-    if unknown or not keys:
-        raise argparse.ArgumentTypeError(f"--transports takes {','.join(TRANSPORT_KEYS)}, got {text!r}")
-    labels = {TRANSPORT_KEYS[k] for k in keys}
-    return tuple(t for t in TRANSPORTS if t[0] in labels)
 
 
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
@@ -528,74 +481,6 @@ def targets(ratios: dict[str, float], bound: str) -> list[str]:
                    else f"{got:.0%} **{'PASS' if got >= share else 'FAIL'}**")
         lines.append(f"- {name} >= {share:.0%} of offline (ResNet-50, {issue}: {verdict}")
     return lines
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, checked and completed (nothing created): the runbook's commands are parsed by a CPU
-    test with this, so a GPU call cannot die on its own arguments."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the smoke run (a tiny conv net instead of the ResNets; no CUDA shm)")
-    parser.add_argument("--quick", action="store_true", help="one request size per protocol, short warm-ups")
-    parser.add_argument("--plans", type=Path, default=None, help="folder with prebuilt resnet50.plan / resnet18.plan")
-    parser.add_argument("--models", default=None,
-                        help="in order; later ones skipped past the budget (default resnet50,resnet18; CPU: tiny)")
-    parser.add_argument("--budget-s", type=float, default=300.0,
-                        help="start no further model after this many seconds (keeps the call under 9 minutes)")
-    parser.add_argument("--max-batch", type=int, default=64)
-    parser.add_argument("--server-max-batch", type=int, default=None, metavar="N",
-                        help="the served model's max_batch_size (default --max-batch, the plan's): a lower cap "
-                             "shortens the longest batch, the lever under a latency bound")
-    parser.add_argument("--queue-delay-us", type=int, default=500, help="dynamic batching's max queue delay")
-    parser.add_argument("--preferred-batch-sizes", default=None, metavar="N[,N...]",
-                        type=lambda text: [int(n) for n in text.split(",") if n.strip()],
-                        help="dynamic batching's preferred_batch_size (default none)")
-    parser.add_argument("--request-batch", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--processes", type=int, default=8, help="client processes sharing the concurrency")
-    parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--skip-frontend", action="store_true", help="skip the null-model ceiling (a)")
-    parser.add_argument("--grpc-server", choices=("grpcio", "h2corn"), default="grpcio",
-                        help="`streamrt serve --grpc-server` of every server started (h2corn: carry its wheel)")
-    parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
-                        help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
-                        "(b) with the largest (default 1: the front ends in the engine process)")
-    parser.add_argument("--null-spinning", choices=("default", "off"), default="default",
-                        help="part (a)'s null models: ONNX Runtime's spinning pool threads (default), or "
-                             "--option spinning=false (docs/benchmarks/2026-12-05-ort-spinning-cpu.md)")
-    parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="on",
-                        help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
-                             "shared-memory regions; on by default); both: the server's rows with it on, then "
-                             "the host transports again with it off")
-    parser.add_argument("--transports", type=transports_arg, default=TRANSPORTS, metavar="binary,system,cuda",
-                        help="the served transports of (b) and (c) (default all three)")
-    parser.add_argument("--client-variants", type=client_variants, default=[], metavar="--OPT=V[,--OPT=V][;...]",
-                        help="after (b), its rows again on the same server with these `streamrt perf` options "
-                             "added, a row each (e.g. --client-variants=--grpc-channel-share=0;--grpc-channel-share=6: "
-                             "with '=', as the value starts with --)")
-    parser.add_argument("--env-variants", type=env_variants, default=[], metavar="NAME=V[,NAME=V][;...]",
-                        help="after part (b), the two host transports again from a server with each variant's "
-                        "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")
-    parser.add_argument("--latency-bound-ms", type=float, default=15.0,
-                        help="(c): each transport's best images/s with p99 within this, for the first model "
-                        "(default 15, MLPerf's Server bound for ResNet-50; 0 skips (c))")
-    parser.add_argument("--bound-range", default="4:256:2", metavar="START:END[:STEP]",
-                        help="concurrency range of the search in (c), STEP its precision (default 4:256:2: requests "
-                        "of 8 images are far under 15 ms below 4)")
-    parser.add_argument("--bound-seconds", type=float, default=3.0, help="measurement window per level in (c)")
-    args = parser.parse_args(argv)
-    args.precision = "fp16" if args.device == "cuda" else "fp32"
-    args.server_max_batch = args.server_max_batch or args.max_batch
-    if not 1 <= args.server_max_batch <= args.max_batch:
-        parser.error(f"--server-max-batch must be within 1..--max-batch ({args.max_batch}), "
-                     f"got {args.server_max_batch}")
-    if any(not 1 <= n <= args.server_max_batch for n in args.preferred_batch_sizes or []):
-        parser.error(f"--preferred-batch-sizes must be within 1..{args.server_max_batch}")
-    if args.models is None:
-        args.models = "resnet50,resnet18" if args.device == "cuda" else "tiny"
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_serving_check.py"
+ARGS = ROOT / "scripts" / "_serving_check_args.py"  # its command line
 SMALL = ["--device", "cpu", "--quick", "--seconds", "1", "--concurrency", "2", "--processes", "1"]
 
 
@@ -127,7 +128,7 @@ def test_env_variants_parse_and_refuse_a_bare_name() -> None:
     import argparse
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
+    spec = importlib.util.spec_from_file_location("_serving_check_args", ARGS)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -165,7 +166,7 @@ def test_transports_and_client_variants_parse_and_refuse_unknown_names() -> None
     import argparse
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
+    spec = importlib.util.spec_from_file_location("_serving_check_args", ARGS)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
