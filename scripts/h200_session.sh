@@ -12,7 +12,8 @@
 # serving (SERVING_ARGS, e.g. "--grpc-server h2corn --frontend-processes 1,4,8"; serving2: a second run with SERVING2_ARGS), video, sharing (benchmarks/gpu_sharing.py), detens (benchmarks/detection_ensemble.py),
 # staging (benchmarks/staging_copies.py on CUDA: a large batch's gather and host-to-device copy, one copy vs pieces on
 # STAGING_THREADS threads), speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
-# two-stage GPU tests explained).
+# two-stage GPU tests explained), balance (benchmarks/frontend_balance.py: gRPC connections over 8 front ends, and
+# what more connections change for 4.8 MB requests on this host's cores; no GPU used; BALANCE_ARGS).
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
 commit=${1:?commit}
@@ -62,6 +63,8 @@ part() {  # part NAME: one part of the session
         staging) run staging 120 python3 benchmarks/staging_copies.py --device cuda --threads "${STAGING_THREADS:-0,1,2,4,8}" \
                      --out "$out/staging/staging-copies.md" ;;
         speed) run speed "${SPEED_LIMIT:-540}" python3 benchmarks/engine_speed.py --out "$out/speed" ${SPEED_ARGS:-} ;;
+        balance) run balance 240 python3 benchmarks/frontend_balance.py --out "$out/balance/frontend-balance.md" \
+                     ${BALANCE_ARGS:---frontend-processes 8 --processes 8 --concurrency 64 --shares 0,6 --rounds 3 --case image:8} ;;
         *) echo "unknown part $1" ;;
     esac
 }
