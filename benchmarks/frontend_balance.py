@@ -52,16 +52,26 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def connections_per_process(pids: list[int], port: int) -> list[int]:
-    """Established TCP connections each of ``pids`` holds on local ``port``, sorted from the most."""
-    established: set[str] = set()
+ESTABLISHED, LISTEN = "01", "0A"
+"""TCP states as /proc/net/tcp writes them."""
+
+
+def _port_sockets(port: int, state: str) -> set[str]:
+    """The socket inodes on local ``port`` in ``state`` (/proc/net/tcp and tcp6)."""
+    inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if not Path(table).exists():
             continue
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                established.add(fields[9])
+            if fields[3] == state and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def connections_per_process(pids: list[int], port: int) -> list[int]:
+    """Established TCP connections each of ``pids`` holds on local ``port``, sorted from the most."""
+    established = _port_sockets(port, ESTABLISHED)
     counts = []
     for pid in pids:
         try:
@@ -107,15 +117,8 @@ def start_server(repo: Path, frontends: int, log: Path) -> tuple[subprocess.Pope
 
 
 def _holds_listener(pid: int, port: int) -> bool:
-    listening = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        if Path(table).exists():
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    listening.add(fields[9])
     try:
-        return bool(_socket_inodes(pid) & listening)
+        return bool(_socket_inodes(pid) & _port_sockets(port, LISTEN))
     except OSError:
         return False
 

@@ -110,5 +110,7 @@ def test_config_checks() -> None:
         LoadConfig(url="x:1", model="m", shared_memory="gpu")
     with pytest.raises(streamrt.errors.ConfigError, match="grpc_channel_share"):
         LoadConfig(url="x:1", model="m", grpc_channel_share=-1)
+    with pytest.raises(streamrt.errors.ConfigError, match="gRPC only"):  # not silently ignored over HTTP
+        LoadConfig(url="x:1", model="m", protocol="http", grpc_channel_share=6)
 
 

@@ -80,5 +80,8 @@ class LoadConfig:
         if self.grpc_channel_share < 0:
             raise ConfigError(f"grpc_channel_share must be >= 0 (0: one channel per process), "
                               f"got {self.grpc_channel_share}")
+        if self.grpc_channel_share and self.protocol != "grpc":  # HTTP opens a connection per request anyway
+            raise ConfigError(f"grpc_channel_share applies to gRPC only, got {self.grpc_channel_share} with "
+                              f"protocol {self.protocol}")
         if self.output_shared_memory_size < 1:
             raise ConfigError(f"output_shared_memory_size must be >= 1, got {self.output_shared_memory_size}")
