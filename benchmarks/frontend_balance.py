@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.frontend_processes, args.processes, args.concurrency, args.rounds = 2, 2, 4, 1
         args.seconds, args.case = 1.0, "small:1"
-    if args.case.split(":")[0] not in ITEM:
-        parser.error(f"--case {args.case!r}: MODEL must be one of {sorted(ITEM)}")
+    model, _, batch = args.case.partition(":")
+    if model not in ITEM or not batch.isdigit() or int(batch) < 1:
+        parser.error(f"--case {args.case!r}: expected MODEL:BATCH, MODEL one of {sorted(ITEM)}, BATCH >= 1")
     shares = [int(s) for s in args.shares.split(",")]
     lines = [
         "# gRPC connections over front-end processes sharing one port (SO_REUSEPORT)", "",
