@@ -28,7 +28,7 @@ def assert_runnable(command: str) -> None:
     """``command`` names an existing script (or test path) and, for the CLI, scripts and benchmarks, only
     flags that its ``--help`` lists."""
     words = shlex.split(command)
-    flags = [w for w in words if w.startswith("--")]
+    flags = [w.split("=", 1)[0] for w in words if w.startswith("--")]  # --name=value: the name
     if words[1:3] == ["-m", "streamrt"]:  # the CLI from the checkout: its subcommand knows every flag
         help_text = _help(["-m", "streamrt", words[3]])
         assert flags and all(flag in help_text for flag in flags), (words[3], flags)
