@@ -70,6 +70,7 @@ from _gpu_parts import Budget
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
 # How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
+HYBRID_HEADROOM = 0.9  # part 5 plans and admits up to this share of the hybrid's measured capacity
 NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
 
 
@@ -449,11 +450,16 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders,
-                streams: int | None = None) -> list[str]:
+                streams: int | None = None, admission: str = "off") -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
-    The plan's CPU capacity is one CPU decoder's measured rate x the cores given to CPU decoders, not x
-    every core: :func:`~streamrt.video.hybrid.cpu_decoder_processes` leaves
+    The plan's capacities are both sides measured **decoding at once**
+    (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity`): on 2026-12-03 each side delivered
+    far less beside the other than alone (NVDEC 3,401 of 5,134 frames/s). With ``admission`` other than
+    ``off``, only the streams that fit 90% of their sum run (the rest are named as queued or refused); the
+    policy plans each side to the same 90%.
+
+    The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
     group's and the pools' dispatchers) and one to each NVDEC decoder process, and with
     ``--decode-processes`` the CPU streams run in exactly that many CPU decoder processes. (Without decoder
@@ -471,6 +477,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         measure_cpu_decode,
         measure_cpu_decode_together,
     )
+    from streamrt.video.hybrid_capacity import measure_hybrid_capacity
+    from streamrt.video.hybrid_policy import HybridPolicy
 
     detector = _detector(state)
     sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
@@ -483,31 +491,47 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     cores = len(os.sched_getaffinity(0))
     nvdec_processes = dec.processes if dec.cuda else max(1, dec.processes)
     cpu_cores = 1 if dec.quick and not dec.cuda else cpu_decoder_processes(nvdec_processes, cores)
-    # the plan's CPU capacity: the CPU decoder processes' cores all decoding at once, not one decoder x cores
+    # the CPU decoder processes' cores all decoding at once, not one decoder x cores (for the report)
     together = measure_cpu_decode_together(clips[0], cpu_cores, seconds=seconds_cpu)
-    capacity = {"nvdec": float(state.get("nvdec_bound_fps", 0.0)), "cpu": together}
-    paths = [clips[i % len(clips)] for i in range(n)]
+    # the plan's capacities: both sides decoding at once, read as the detector reads them
+    both = measure_hybrid_capacity(clips[0], decode_processes=nvdec_processes, cpu_processes=cpu_cores,
+                                   nvdec_sessions=1 if dec.quick else 16, seconds=seconds_cpu + 1.0,
+                                   warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu")
+    state["hybrid_capacity"] = both
+    capacity = {"nvdec": both["nvdec"], "cpu": both["cpu"]}
+    fit = int(HYBRID_HEADROOM * (capacity["nvdec"] + capacity["cpu"]) // FPS)
+    ran = n if admission == "off" else max(1, min(n, fit))
+    admitted = (f"admission {admission}: {fit} streams fit {HYBRID_HEADROOM:.0%} of the {capacity['nvdec']:.0f} + "
+                f"{capacity['cpu']:.0f} frames/s measured at once; " +
+                (f"{ran} of {n} ran, {n - ran} {'queued' if admission == 'queue' else 'refused'}" if ran < n
+                 else f"all {n} ran"))
+    print(f"  {admitted}", flush=True)
+    paths = [clips[i % len(clips)] for i in range(ran)]
     if not dec.cuda:
-        return _hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores, state)
-    with HybridDecode(paths, capacity=capacity, loop=True, nvdec_workers=8, interval_s=1.0,
+        return [f"- {admitted}", *_hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores,
+                                                state)]
+    policy = HybridPolicy(capacity, headroom=HYBRID_HEADROOM)
+    with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
                       decode_processes=dec.processes, cpu_processes=cpu_cores) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
         report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
         report.decode = hybrid.summary()
-    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
+    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned, "asked": n, "fit": fit,
                        "cpu_capacity": {"one_decoder_fps": cpu_rate, "together_fps": together, "decoders": cpu_cores}}
     pools = report.decode["pools"]
     where = (f"in {cpu_cores} CPU decoder processes" if dec.processes else
              f"on threads of the consumer ({cpu_cores} cores planned; they share its GIL)")
-    return [f"{n} camera-paced streams at 30 FPS (the first NVDEC-only point not sustained, or beyond the sweep), "
-            f"capacities measured before the run: NVDEC {capacity['nvdec']:.0f} frames/s, CPU "
-            f"{cpu_rate:.0f} frames/s for one decoder alone, {capacity['cpu']:.0f} frames/s for {cpu_cores} decoding "
-            f"at once ({capacity['cpu'] / cpu_cores:.0f} each; {cores} cores "
+    alone = state.get("nvdec_bound_fps")
+    return [f"{n} camera-paced streams at 30 FPS asked (the first NVDEC-only point not sustained, or beyond the "
+            f"sweep). Capacities measured before the run, **both sides decoding at once**: NVDEC "
+            f"{capacity['nvdec']:.0f} frames/s ({both['nvdec_sessions']} sessions in {dec.processes} processes; alone: "
+            f"{f'{alone:.0f}' if alone else 'not measured'}), CPU {capacity['cpu']:.0f} frames/s ({cpu_cores} "
+            f"decoders; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; {cores} cores "
             f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
-            f"{where}.", "",
-            "| streams | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | dropped | p99 ms | "
-            "sustained | binding |", "|---:|---|---|---:|---:|---:|---:|---|---|",
-            f"| {n} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
+            f"{where}. {admitted}.", "",
+            "| streams (asked / ran) | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | "
+            "dropped | p99 ms | sustained | binding |", "|---|---|---|---:|---:|---:|---:|---|---|",
+            f"| {n} / {ran} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
             f"{report.decode['assignment']['cpu']} | {report.decode['moves']} | {report.fps:.1f} | {report.dropped} | "
             f"{_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
             f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
@@ -638,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
-              lambda: part_hybrid(clips, args.duration, state, dec, args.hybrid_streams)),
+              lambda: part_hybrid(clips, args.duration, state, dec, args.hybrid_streams, args.admission)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:
