@@ -13,7 +13,9 @@
 # staging (benchmarks/staging_copies.py on CUDA: a large batch's gather and host-to-device copy, one copy vs pieces on
 # STAGING_THREADS threads), speed (benchmarks/engine_speed.py with SPEED_ARGS), trust (scripts/gpu_trust_check.py: the batched-cameras and
 # two-stage GPU tests explained), balance (benchmarks/frontend_balance.py: gRPC connections over 8 front ends, and
-# what more connections change for 4.8 MB requests on this host's cores; no GPU used; BALANCE_ARGS).
+# what more connections change for 4.8 MB requests on this host's cores; no GPU used; BALANCE_ARGS), nvexamples (NVIDIA's
+# Triton client examples against streamrt serve, scripts/nvidia_client_examples.py; the four CUDA shared-memory ones
+# need this GPU: copies of upstream's scripts in NVIDIA_EXAMPLES, default .carry/nvidia-examples, carried).
 # The device copy has no git history: COMMIT names the tree for the reports.
 set -uo pipefail
 commit=${1:?commit}
@@ -50,6 +52,8 @@ part() {  # part NAME: one part of the session
                    -o junit_family=xunit2 --junitxml="$out/tests/junit.xml" ;;
         integrity) run integrity 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/serve -k integrity ;;
         examples) run examples "${EXAMPLES_LIMIT:-300}" bash scripts/gpu_examples.sh "$out/examples" ${EXAMPLES:-} ;;
+        nvexamples) run nvexamples 180 python3 scripts/nvidia_client_examples.py \
+                        --examples "${NVIDIA_EXAMPLES:-.carry/nvidia-examples}" --markdown "$out/nvexamples/table.md" ;;
         zoo) run zoo 540 python3 benchmarks/zoo.py "$out/zoo" --device cuda --workers "${ZOO_WORKERS:-4}" \
                  --models "${ZOO_MODELS:-resnet18,mobilenet_v3_large,efficientnet_b0,vit_tiny_patch16_224,zoo:mtcnn,zoo:yolo}" ;;
         serving) run serving 540 python3 scripts/gpu_serving_check.py "$out/serving" ${SERVING_ARGS:-} ;;

@@ -52,7 +52,6 @@ from streamrt.testing.triton_examples import MODEL_NAMES, write_repository  # no
 
 #: Examples that cannot pass here, by name (a regular expression on the file name) and why.
 SKIPS: tuple[tuple[str, str], ...] = (
-    (r"cudashm", "CUDA shared memory needs a GPU"),
     (r"^grpc_client\.py$", "sends inception's tensors to densenet_onnx: fails against Triton's own example model too"),
     (r"vllm", "needs a vLLM model (decoupled, generate extension)"),
     (r"custom_repeat", "decoupled model (repeat_int32)"),
@@ -118,10 +117,25 @@ def _missing(modules: Sequence[str]) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
+def _cuda_shared_memory_missing() -> str | None:
+    """Why tritonclient's CUDA shared memory cannot run here (no GPU, no cuda-python), or None."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "CUDA shared memory needs a GPU"
+        import tritonclient.utils.cuda_shared_memory  # noqa: F401  (needs cuda-python)
+    except Exception as exc:  # an import that fails its own way (a CUDA library missing) is a reason too
+        return f"CUDA shared memory is unusable here: {exc}"
+    return None
+
+
 def skip_reason(path: Path, source: str) -> str | None:
     for pattern, reason in SKIPS:
         if re.search(pattern, path.name):
             return reason
+    if "cudashm" in path.name:
+        return _cuda_shared_memory_missing()
     if any(path.name == name for name, _, _ in IMAGE_RUNS):
         missing = _missing(["PIL", *(["attrdict"] if "attrdict" in source else [])])
         if missing:

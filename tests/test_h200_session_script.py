@@ -11,7 +11,7 @@ from typing import Any
 
 from dry_run import assert_runnable, dry_run_commands
 
-PARTS = "tests,integrity,examples,zoo,serving,serving2,video,trust,sharing,detens,staging,speed,balance"
+PARTS = "tests,integrity,examples,nvexamples,zoo,serving,serving2,video,trust,sharing,detens,staging,speed,balance"
 
 
 def test_every_part_runs_a_script_and_flags_that_exist(tmp_path: Path) -> None:
