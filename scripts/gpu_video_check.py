@@ -69,8 +69,8 @@ from _gpu_parts import Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
-# How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
 HYBRID_HEADROOM = 0.9  # part 5 plans and admits up to this share of the hybrid's measured capacity
+# How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
 NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
 
 
