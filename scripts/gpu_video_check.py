@@ -470,14 +470,14 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     planned for one stream, and each stream's first frames are read through the one live group the
     detector would read them with (detecting NV12 needs a CUDA engine).
     """
-    from streamrt.video.hybrid import (
+    from streamrt.video.hybrid import HybridDecode
+    from streamrt.video.hybrid_capacity import (
         CONSUMER_CORES,
-        HybridDecode,
         cpu_decoder_processes,
         measure_cpu_decode,
         measure_cpu_decode_together,
+        measure_hybrid_capacity,
     )
-    from streamrt.video.hybrid_capacity import measure_hybrid_capacity
     from streamrt.video.hybrid_policy import HybridPolicy
 
     detector = _detector(state)

@@ -53,3 +53,22 @@ def test_pictures_of_the_warm_up_are_not_counted() -> None:
 def test_bad_arguments_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="measuring hybrid capacity needs"):
         measure_hybrid_capacity("clip.mp4", **kwargs)
+
+
+def test_a_hybrid_in_decoder_processes_without_capacities_measures_both_sides_at_once(
+        clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrt.video import hybrid
+
+    calls: list[dict[str, Any]] = []
+
+    def spy(path: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return measure_hybrid_capacity(path, **{**kwargs, "seconds": 0.5, "warmup_s": 0.2})
+
+    monkeypatch.setattr(hybrid, "measure_hybrid_capacity", spy)
+    monkeypatch.setattr(hybrid, "measure_capacity", lambda *a, **k: pytest.fail("measured one side at a time"))
+    with hybrid.HybridDecode([clips[0]] * 3, decode_processes=1, cpu_processes=1, process_kind="cpu",
+                             upload=False, interval_s=0) as decode:
+        capacity = dict(decode.policy.capacity)
+    assert calls == [{"decode_processes": 1, "cpu_processes": 1, "process_kind": "cpu", "upload": False}]
+    assert capacity["nvdec"] > 0 and capacity["cpu"] > 0, capacity

@@ -21,7 +21,8 @@ from streamrt.pipeline.config import PipelineConfig  # noqa: E402
 from streamrt.video import DetectConfig, Detections, Frame, SyntheticClip, run_detection  # noqa: E402
 from streamrt.video.clips import encode_clip  # noqa: E402
 from streamrt.video.decode_av import AvSource  # noqa: E402
-from streamrt.video.hybrid import HybridDecode, measure_cpu_decode  # noqa: E402
+from streamrt.video.hybrid import HybridDecode  # noqa: E402
+from streamrt.video.hybrid_capacity import measure_cpu_decode  # noqa: E402
 from video.detection_helpers import FakeCudaDevice, ImportedEngine  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def test_cpu_capacity_over_demand_is_reported(detector: Any, paths: list[Path]) 
 def test_cpu_capacity_is_measured_with_every_decoder_running_at_once(paths: list[Path]) -> None:
     """Two decoder processes decoding at the same time on this machine's cores: a positive total, and not more
     than two decoders alone could give (on 2 cores shared with this process it is usually less)."""
-    from streamrt.video.hybrid import measure_cpu_decode_together
+    from streamrt.video.hybrid_capacity import measure_cpu_decode_together
 
     alone = measure_cpu_decode(paths[0], seconds=0.5)
     together = measure_cpu_decode_together(paths[0], 2, seconds=0.5)

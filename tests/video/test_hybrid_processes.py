@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("av")
 
-from streamrt.video.hybrid import HybridDecode, cpu_decoder_processes  # noqa: E402
+from streamrt.video.hybrid import HybridDecode  # noqa: E402
+from streamrt.video.hybrid_capacity import cpu_decoder_processes  # noqa: E402
 from streamrt.video.hybrid_policy import HybridPolicy  # noqa: E402
 from video.detection_helpers import FakeCudaDevice, ImportedEngine, decoded_nv12  # noqa: E402
 

@@ -209,7 +209,7 @@ def capacity_for(model: DetectorModel, source: str, width: int, height: int, *, 
             log.warning("ignoring unreadable capacity record %s (%s); measuring", path, exc)
     decode = math.inf
     if decoder != NO_DECODER:
-        from streamrt.video.hybrid import measure_capacity
+        from streamrt.video.hybrid_capacity import measure_capacity
 
         pools = measure_capacity(source, seconds=seconds)
         decode = pools.get(decoder, pools["cpu"])

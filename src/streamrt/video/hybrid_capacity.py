@@ -1,4 +1,9 @@
-"""What hybrid decode gives when both kinds of decoder run at once, read the way the detector reads them.
+"""Decode capacity for hybrid decode: what CPU decoders and NVDEC give, alone and both at once.
+
+- :func:`measure_cpu_decode`, :func:`measure_cpu_decode_together`: one CPU decoder, and the CPU decoder processes
+  all decoding at the same time;
+- :func:`measure_capacity`: each side on its own (the CPU side together, NVDEC in threads);
+- :func:`measure_hybrid_capacity`: **both sides at once**, read the way the detector reads them.
 
 Capacities measured one pool at a time over-state the hybrid. On the H200 (2026-12-03, 185 streams): the
 NVDEC decoder processes delivered 3,401 frames/s beside the CPU decoders against 5,134 alone, and the CPU
@@ -18,15 +23,94 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from streamrt._features import cuda_available
+from streamrt._optional import available
 from streamrt.errors import ConfigError
-from streamrt.video.hybrid import cpu_decoder_processes
+from streamrt.video.decoding import open_nv12
 
-__all__ = ["measure_hybrid_capacity"]
+__all__ = ["CONSUMER_CORES", "cpu_decoder_processes", "measure_capacity", "measure_cpu_decode",
+           "measure_cpu_decode_together", "measure_hybrid_capacity"]
+
+CONSUMER_CORES = 2
+"""Cores left to the consumer process: the thread feeding the engine, and the live group's and the pools'
+dispatcher threads beside it. Not given to CPU decoders."""
+
+
+def cpu_decoder_processes(nvdec_processes: int = 0, cores: int | None = None) -> int:
+    """CPU decoder processes (one core each) this machine can give: its cores less :data:`CONSUMER_CORES`
+    and one per NVDEC decoder process (they drive their sessions and copy every picture), at least 1.
+
+    An H200 host of 16 cores with 4 NVDEC processes: 10.
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, cores - CONSUMER_CORES - nvdec_processes)
+
+
+def measure_cpu_decode(path: str | Path, seconds: float = 2.0, threads: int = 1) -> float:
+    """Frames/s one CPU decoder (:func:`~streamrt.video.decoding.open_nv12`) with ``threads`` threads gets from
+    ``path`` (NV12 out, looped), OpenCV's own thread pool held to ``threads`` meanwhile, as in a CPU decoder
+    process."""
+    cv2 = import_module("cv2") if available("cv2") else None
+    before = cv2.getNumThreads() if cv2 is not None else None
+    if cv2 is not None:
+        cv2.setNumThreads(threads)
+    try:
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            source = open_nv12(path, threads)
+            while time.perf_counter() - started < seconds and source.read() is not None:
+                done += 1
+            source.close()
+        return done / (time.perf_counter() - started)
+    finally:
+        if cv2 is not None:
+            cv2.setNumThreads(before)
+
+
+def _decode_from(path: str, seconds: float, start_at: float) -> float:
+    """One process of :func:`measure_cpu_decode_together`: wait for the common start, then measure."""
+    time.sleep(max(0.0, start_at - time.time()))
+    return measure_cpu_decode(path, seconds)
+
+
+def measure_cpu_decode_together(path: str | Path, processes: int, seconds: float = 2.0) -> float:
+    """Frames/s ``processes`` single-threaded CPU decoders get from ``path`` **at the same time**, each in a
+    process of its own (as CPU decoder processes run), summed.
+
+    One decoder's rate times the cores over-states what the cores give together: on the H200's host one
+    decoder alone did 124 frames/s, and 36 streams over 10 CPU decoder processes got 597 frames/s in all,
+    not 1,240 (shared memory bandwidth and clocks, and the NVDEC processes beside them).
+    """
+    if processes <= 1:
+        return measure_cpu_decode(path, seconds)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # no forked copy of a CUDA or threaded parent
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        start_at = time.time() + 3.0 + 0.3 * processes  # every child imported and waiting before the start
+        rates = [pool.submit(_decode_from, str(path), seconds, start_at) for _ in range(processes)]
+        return float(sum(r.result() for r in rates))
+
+
+def measure_capacity(path: str | Path, *, cores: int | None = None, nvdec_sessions: int = 8,
+                     seconds: float = 2.0) -> dict[str, float]:
+    """Decode capacity of this machine on ``path``: NVDEC (``nvdec_sessions`` in parallel, if available)
+    and the CPU (``cores`` single-threaded decoders measured at the same time in processes of their own,
+    by default the cores :func:`cpu_decoder_processes` gives CPU decoders: not those the consumer needs)."""
+    cores = cores or cpu_decoder_processes()
+    capacity = {"cpu": measure_cpu_decode_together(path, cores, seconds)}
+    from streamrt.video.decode_nvdec import measure_nvdec, nvdec_available
+
+    if nvdec_available():
+        capacity["nvdec"] = measure_nvdec([path], nvdec_sessions, seconds)["fps"]
+    return capacity
 
 
 def measure_hybrid_capacity(path: str | Path, *, decode_processes: int = 4, cpu_processes: int | None = None,
