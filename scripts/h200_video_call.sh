@@ -66,7 +66,7 @@ run reruns 90 python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 80 tests
 run video "${VIDEO_TIMEOUT:-250}" python3 scripts/gpu_video_check.py "$out/video" --clips "$clips" \
     --decode-processes 4 --admission queue $video_args
 # 3b. (not by default) NVDEC sessions open at once in one process (primary context, kept decoders): 220 opened one
-#     at a time, device memory per session, a few frames from each in order (issue 27's 200 sessions), ~60 s
+#     at a time, device memory per session, a few frames from each in order (issue 27: 200 opened on 2026-12-02), ~60 s
 # shellcheck disable=SC2086  # NVDEC_ARGS is a list of arguments
 run nvdec "${NVDEC_TIMEOUT:-150}" python3 scripts/gpu_nvdec_scaling.py "$out/nvdec" --clips "$clips" \
     ${NVDEC_ARGS:---variants= --open-variants primary+reuse --open 220 --budget 140}
