@@ -69,7 +69,7 @@ from _gpu_parts import Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
-HYBRID_HEADROOM = 0.9  # part 5 plans and admits up to this share of the hybrid's measured capacity
+HYBRID_HEADROOM = AdmissionConfig().headroom  # part 5 plans and admits up to this share of the hybrid's capacity
 # How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
 NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
 
@@ -215,27 +215,31 @@ def _detector(state: dict[str, Any]) -> DetectorModel:
 
 
 def _admission(detector: DetectorModel, sources: list[Any], batch: int, state: dict[str, Any], mode: str,
-               quick: bool) -> tuple[Admission, int]:
-    """Admission from measured capacity: decode = part 1's bound (unbounded when part 1 did not run), engine =
-    a short loop of inferences at the run's batch (measured once per batch). Returns the plan and how many fit."""
+               quick: bool, decode: tuple[str, float] | None = None) -> tuple[Admission, int]:
+    """Admission from measured capacity: decode = ``decode`` (the decoder's name and frames/s) if given, else part
+    1's bound (unbounded when part 1 did not run), engine = a short loop of inferences at the run's batch (measured
+    once per batch). Returns the plan and how many fit."""
     from streamrt.video.capacity import CapacityRecord, machine_name, measure_engine, plan_id
 
     key = f"engine_fps_batch{batch}"
     if key not in state:
         state[key] = measure_engine(detector, batch, seconds=0.2 if quick else 1.0)
     info = sources[0].info
-    record = CapacityRecord("h264", info.width, info.height, "nvdec" if torch.cuda.is_available() else "cpu",
-                            float(state.get("nvdec_bound_fps") or math.inf), float(state[key]), plan_id(detector),
-                            machine_name(), time.time(), batch)
+    decoder, decode_fps = decode or ("nvdec" if torch.cuda.is_available() else "cpu",
+                                     float(state.get("nvdec_bound_fps") or math.inf))
+    record = CapacityRecord("h264", info.width, info.height, decoder, decode_fps, float(state[key]),
+                            plan_id(detector), machine_name(), time.time(), batch)
     demand = [FPS] * len(sources)
     fit = len(plan_admission(demand, record, AdmissionConfig("refuse")).admitted)
     return plan_admission(demand, record, AdmissionConfig(mode)), fit
 
 
 def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: dict[str, Any] | None = None,
-           admission: str = "off", quick: bool = False, reader: str = "auto") -> tuple[RunReport, float | None]:
+           admission: str = "off", quick: bool = False, reader: str = "auto",
+           decode: tuple[str, float] | None = None) -> tuple[RunReport, float | None]:
     """Camera-paced live streams (each on its own thread behind a drop-oldest queue, served round-robin:
-    under overload every stream drops evenly and latency stays bounded), admitted from measured capacity."""
+    under overload every stream drops evenly and latency stays bounded), admitted from measured capacity
+    (``decode``: the decoder's name and frames/s, when not part 1's NVDEC bound)."""
     live_reader, ahead, switch_ms = READERS[reader]
     calls = -(-len(sources) // detector.max_batch)
     batch = -(-len(sources) // calls)
@@ -244,7 +248,7 @@ def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: d
                           batch=batch, paced=True, live=True, queue_depth=2, fps=FPS, live_reader=live_reader,
                           calls_ahead=ahead,
                           max_frames=int(seconds * FPS) + 15, warmup_frames=15)
-    plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick)
+    plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick, decode)
     print(f"  admission: {plan.message}", flush=True)
     before = sys.getswitchinterval()
     if switch_ms is not None:  # how long a thread that wants the GIL waits for a busy holder to give it up
@@ -514,7 +518,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
                       decode_processes=dec.processes, cpu_processes=cpu_cores) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
-        report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick)
+        report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick,
+                              decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]))
         report.decode = hybrid.summary()
     state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned, "asked": n, "fit": fit,
                        "cpu_capacity": {"one_decoder_fps": cpu_rate, "together_fps": together, "decoders": cpu_cores}}

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,3 +96,16 @@ def test_a_decoder_pool_that_cannot_open_fails_its_row_only(clips: list[Path], m
     assert sum("FAILED" in line for line in sweep) == 1 and len(state["sweep"]) == 1  # after the failure: next point
     assert [f.split(":")[0] for f in state["failed"]] == ["part 3 GPU decode (CPU stand-in for NVDEC (OpenCV))",
                                                           "part 2 3 | auto"]
+
+
+def test_the_hybrid_run_is_admitted_against_the_hybrid_capacity_not_nvdec_alone(detector: Any) -> None:
+    """Part 5 passes the capacity both sides gave at once to the admission record: its line and ``fit`` name that
+    capacity, not part 1's NVDEC bound (on the H100 on 2026-12-06 the record said NVDEC 5,134 and 154 fit)."""
+    check = _script()
+    info = SimpleNamespace(width=1920, height=1080)
+    sources = [SimpleNamespace(info=info)] * 12
+    state: dict[str, Any] = {"nvdec_bound_fps": 150.0, "engine_fps_batch4": 1e6}
+    plan, fit = check._admission(detector, sources, 4, state, "off", True, decode=("nvdec+cpu", 300.0))
+    assert fit == 9 and "300 frames/s (nvdec+cpu, h264 1920x1080)" in plan.message, plan.message
+    plan, fit = check._admission(detector, sources, 4, state, "off", True)  # without: part 1's bound
+    assert fit == 4 and "150 frames/s" in plan.message, plan.message
