@@ -380,11 +380,18 @@ def part_paths(clips: list[Path], n: int, frames: int, state: dict[str, Any], de
              "| path | frames/s | = 30 FPS streams | p50 ms | p99 ms | busiest resource (trace) |",
              "|---|---:|---:|---:|---:|---|"]
     paths = [clips[i % len(clips)] for i in range(n)]
+
+    def gpu_decode(opened: list[Any]) -> list[Any]:
+        opened.append(dec.pool(paths, workers=8, depth=4, loop=True))
+        return list(opened[-1].sources())
+
+    def cpu_decode(opened: list[Any]) -> list[Any]:
+        opened.extend(_cpu_sources(clips, n, dec.cuda)[0])
+        return list(opened)
+
     runs: list[tuple[str, Callable[[list[Any]], list[Any]]]] = [
-        (f"GPU decode ({dec.name}{', NV12 on the device' if dec.cuda else ''})",
-         lambda opened: opened.append(dec.pool(paths, workers=8, depth=4, loop=True)) or opened[-1].sources()),
-        (f"CPU decode ({_cpu_sources(clips, 0, dec.cuda)[1]})",
-         lambda opened: opened.extend(_cpu_sources(clips, n, dec.cuda)[0]) or list(opened)),
+        (f"GPU decode ({dec.name}{', NV12 on the device' if dec.cuda else ''})", gpu_decode),
+        (f"CPU decode ({_cpu_sources(clips, 0, dec.cuda)[1]})", cpu_decode),
         ("raw frames (pre-decoded, pinned host memory)", lambda opened: _raw_sources(clips, n, frames + 10)),
     ]
     for label, make in runs:
