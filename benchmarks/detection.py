@@ -79,13 +79,15 @@ def cases(cuda: bool, workers: list[int]) -> list[Case]:
     if cuda:  # the CUDA stages after `load` launched by a thread of their own (no CUDA stage on the CPU)
         out.append(Case("(b) streams launcher", PipelineConfig(topology=Topology.STREAMS, ring_size=4,
                                                               launch_thread=True)))
-        # the same with a 0.5 ms GIL switch interval: a thread that wants the GIL back (the launcher after
-        # the engine call, which runs without it) waits up to Python's 5 ms for a thread running Python
-        out.append(replace(out[-1], name="(b) streams launcher gil0.5", switch_ms=0.5))
+        # (a 0.5 ms GIL switch interval beside it changed nothing on the H200 on 2026-12-03: 0.98x / 1.01x,
+        # docs/benchmarks/2026-12-03-h200-s2.md; Case.switch_ms keeps the lever)
     for w in workers:
         out.append(Case(f"(c) single x{w}", PipelineConfig(topology=Topology.SINGLE, workers=w, ring_size=4), lane))
         out.append(Case(f"(b+c) streams x{w}", PipelineConfig(topology=Topology.STREAMS, workers=w, ring_size=4),
                         lane))
+        if cuda:  # each lane with its own launcher: two threads launching, the engine's launches without the GIL
+            out.append(Case(f"(b+c) streams launcher x{w}", PipelineConfig(
+                topology=Topology.STREAMS, workers=w, ring_size=4, launch_thread=True), lane))
     if cuda:
         out += [replace(c, name=c.name + " graphs", pipeline=c.pipeline.replace(cuda_graphs=True)) for c in out]
     return out

@@ -55,8 +55,8 @@ def test_benchmark_measures_the_sync_loop_with_graphs_too() -> None:
     names = [c.name for c in table]
     assert "(a) sync graphs" in names and "(b) streams graphs" in names
     assert all(c.pipeline.cuda_graphs == c.name.endswith("graphs") for c in table)
-    gil = [c for c in table if c.name.startswith("(b) streams launcher gil0.5")]
-    assert len(gil) == 2 and all(c.switch_ms == 0.5 and c.pipeline.launch_thread for c in gil)
+    launched = [c for c in table if c.name.startswith("(b+c) streams launcher x2")]
+    assert len(launched) == 2 and all(c.pipeline.launch_thread and c.pipeline.workers == 2 for c in launched)
     median = {i: 100.0 for i in range(len(table))}
     median[names.index("(a) sync graphs")] = 200.0
     median[names.index("(b) streams")] = 250.0
