@@ -384,8 +384,15 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
             if best is None:
                 why = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {status}"
                 say(f"{name} {label} {bound}: no level under the bound (tried {tried})")
-                row = (f"| {name} {args.precision} | server, {label}, {bound} | none under the bound | 0% | | | "
-                       f"{_cell(why[-250:])}; tried concurrency {tried} |")
+                # the lowest level tried, in full: a p50 far under the bound says the tail misses it, and the
+                # server's own time per request says whether the time is in the server or in the transport
+                low = min(levels, key=lambda level: level["concurrency"])
+                lat = low.get("latency_ms") or {}
+                row = (f"| {name} {args.precision} | server, {label}, {bound} | none under the bound | 0% | "
+                       f"{lat.get('median', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} at concurrency "
+                       f"{low['concurrency']} ({low.get('throughput', 0):,.0f} img/s) | "
+                       f"{(low.get('server_us') or {}).get('avg_batch', 0):.1f} | "
+                       f"{_cell(why[-250:])}; tried concurrency {tried}{_server_split(low)} |")
             else:
                 lat, ratio = best["latency_ms"], best["throughput"] / reference
                 ratios[f"{label}, {bound}"] = ratio

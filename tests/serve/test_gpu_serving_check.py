@@ -176,3 +176,19 @@ def test_transports_and_client_variants_parse_and_refuse_unknown_names() -> None
     assert script.client_variants("--a=1,--b=2;--c=3") == [["--a=1", "--b=2"], ["--c=3"]]
     with pytest.raises(argparse.ArgumentTypeError, match="perf options"):
         script.client_variants("grpc-channel-share=0")
+
+
+@pytest.mark.slow
+def test_a_bound_no_level_meets_still_reports_the_lowest_level(tmp_path: Path) -> None:
+    """On an H100 on 2026-12-06 the binary search found no level under 15 ms and the row said only "none": its
+    lowest level's p50 / p99 and the server's own time per request are what tell a tail from a shift, and the
+    server from the transport."""
+    done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "4", "--request-batch", "2", "--instances", "1",
+                      "--transports", "binary", "--latency-bound-ms", "0.001", "--bound-range", "1:2",
+                      "--bound-seconds", "1")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (row,) = [r for r in rows if r[0] == "tiny fp32" and "p99 <=" in r[1]]
+    assert row[2] == "none under the bound" and row[3] == "0%", row
+    p50, p99 = (float(v) for v in row[4].split(" at concurrency ")[0].split(" / "))
+    assert 0 < p50 <= p99 and row[4].split(" at concurrency ")[1].startswith("1 ("), row
+    assert "server us/req: queue " in row[-1] and "tried concurrency 1" in row[-1], row
