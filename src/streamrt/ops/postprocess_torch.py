@@ -14,6 +14,10 @@ current stream:
    result, but checks convergence on the host: use it on CPU tensors or as a fallback);
 4. kept rows gathered into the output; rows past the count are zero.
 
+With Triton the gathers and the box decode of step 2 and all of step 4 are one kernel each
+(:mod:`streamrt.ops.triton_postprocess`): ~10 launches per call instead of ~27, which is what a frame
+pays on the host when the stage is not replayed from a CUDA graph.
+
 Every buffer is allocated once in ``__init__`` for the engine's batch and anchor count, so a
 stage made of this op can be captured in a CUDA graph and, replayed, copies back only the
 ``max_det`` x 6 result and the counts, never the raw ``(4 + C) x anchors`` tensor.
@@ -68,6 +72,9 @@ class TorchPostprocess:
         self.device = torch.device(device)
         self.dtype = dtype
         self.use_triton = resolve_triton(self.device, use_triton)
+        # the threshold as torch compares it with a tensor of the scores' dtype (a half tensor vs a Python float:
+        # in half), for the fused kernels, which compare in float32
+        self._conf = float(torch.tensor(config.conf, dtype=dtype))
         self.k = min(config.pre_nms_topk, anchors)
         self.words = (self.k + 63) // 64
         b, n, k, m, dev = batch, anchors, self.k, config.max_det, self.device
@@ -110,15 +117,18 @@ class TorchPostprocess:
             raise ShapeError(f"outputs must be ({b}, {cfg.max_det}, 6) and int32 ({b},) for a batch of {b} "
                              f"(op sized for {self.batch}), got {tuple(dets.shape)} and {tuple(counts.shape)}")
         with torch.no_grad():
-            self._candidates(view, b)
             if self.use_triton:
+                self._candidates_triton(view, b)
                 self._nms_triton(b, counts)
-            else:
-                self._nms_torch(b, counts)
+                self._gather_triton(b, dets, counts)
+                return
+            self._candidates(view, b)
+            self._nms_torch(b, counts)
             self._gather(b, dets, counts)
 
-    def _candidates(self, view: torch.Tensor, b: int) -> None:
-        buf, k, conf = self._buf, self.k, self.config.conf
+    def _scores(self, view: torch.Tensor, b: int) -> None:
+        """Best class score per anchor (times objectness), below ``conf`` set to -1, sorted descending."""
+        buf, conf = self._buf, self.config.conf
         start = self.layout.score_offset
         scores, classes = buf["scores"][:b], buf["classes"][:b]
         torch.max(view[:, start: start + self.num_classes], dim=1, out=(scores, classes))
@@ -126,6 +136,29 @@ class TorchPostprocess:
             scores.mul_(view[:, 4])
         scores.masked_fill_(scores < conf, -1.0)
         torch.sort(scores, dim=1, descending=True, stable=True, out=(buf["sorted"][:b], buf["order"][:b]))
+
+    def _candidates_triton(self, view: torch.Tensor, b: int) -> None:
+        from streamrt.ops import triton_postprocess
+
+        buf = self._buf
+        self._scores(view, b)
+        triton_postprocess.topk_boxes(view[:, :4], buf["order"][:b], buf["sorted"][:b], buf["classes"][:b],
+                                      buf["boxes"][:b], buf["top_classes"][:b], buf["n_valid"][:b], self._conf)
+
+    def _gather_triton(self, b: int, dets: torch.Tensor, counts: torch.Tensor) -> None:
+        if not dets.is_contiguous():  # the kernel writes rows of 6 floats
+            self._gather(b, dets, counts)
+            return
+        from streamrt.ops import triton_postprocess
+
+        buf = self._buf
+        triton_postprocess.gather_detections(buf["keep"][:b], counts, buf["boxes"][:b], buf["sorted"][:b],
+                                             buf["top_classes"][:b], dets)
+
+    def _candidates(self, view: torch.Tensor, b: int) -> None:
+        buf, k, conf = self._buf, self.k, self.config.conf
+        classes = buf["classes"][:b]
+        self._scores(view, b)
         top = buf["order"][:b, :k]
         raw_boxes, boxes = buf["boxes_raw"][:b], buf["boxes"][:b]
         if self.dtype == torch.float32:
@@ -145,8 +178,7 @@ class TorchPostprocess:
         from streamrt.ops import triton_kernels
 
         buf = self._buf
-        keep = buf["keep"][:b]
-        keep.zero_()
+        keep = buf["keep"][:b]  # rows past the count are never read: no clearing
         triton_kernels.nms_mask(buf["boxes"][:b], buf["top_classes"][:b], buf["mask"][:b], self.config.iou,
                                 self.config.class_agnostic)
         triton_kernels.nms_scan(buf["mask"][:b], buf["n_valid"][:b], keep, counts)
