@@ -23,6 +23,10 @@ interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reas
 torch = pytest.importorskip("torch")
 
 _SIGNATURES = {
+    "_best_scores_kernel": ({"view_ptr": "*fp16", "stride_b": "i64", "stride_c": "i64", "stride_n": "i64",
+                             "scores_ptr": "*fp16", "cls_ptr": "*i64", "N": "i32", "C": "i32", "START": "i32",
+                             "conf": "fp32", "OBJECTNESS": "constexpr", "BLOCK": "constexpr"},
+                            {"OBJECTNESS": True, "BLOCK": 1024}),
     "_topk_boxes_kernel": ({"view_ptr": "*fp16", "stride_b": "i64", "stride_c": "i64", "stride_n": "i64",
                             "order_ptr": "*i64", "sorted_ptr": "*fp16", "cls_ptr": "*i64", "boxes_ptr": "*fp32",
                             "topcls_ptr": "*i64", "nvalid_ptr": "*i32", "N": "i32", "K": "i32", "conf": "fp32",

@@ -3,9 +3,11 @@ for the steps that took a dozen small torch operations.
 
 Without CUDA graphs every operation of the post-processing is a launch paid on the host, with the GIL held,
 once per frame: on the H100 on 2026-12-06 the post stage cost 0.47 ms per frame on the thread that binds the
-detector's streams lane (docs/benchmarks/2026-12-06-h100-s2.md). These two kernels replace ~20 of its ~27
+detector's streams lane (docs/benchmarks/2026-12-06-h100-s2.md). These three kernels replace ~22 of its ~27
 launches:
 
+* :func:`best_scores`: each anchor's best class score (times objectness) and class, under the threshold set to
+  -1 (torch.max, a multiply and a masked fill before);
 * :func:`topk_boxes` gathers the top-``K`` anchors (by the sorted order) from the raw output in any layout
   (strides), decodes centre/size to x1/y1/x2/y2 in float32, gathers their classes and counts the candidates at
   or above the threshold; one program per image.
@@ -29,9 +31,48 @@ from typing import Any
 import triton
 import triton.language as tl
 
-__all__ = ["gather_detections", "topk_boxes"]
+__all__ = ["best_scores", "gather_detections", "topk_boxes"]
 
 _BLOCK = 1024  # candidates or output rows per loop step of a program
+
+
+@triton.jit
+def _best_scores_kernel(view_ptr, stride_b, stride_c, stride_n, scores_ptr, cls_ptr, N, C, START, conf,
+                        OBJECTNESS: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n = pid * BLOCK + tl.arange(0, BLOCK)
+    m = n < N
+    raw = view_ptr + b * stride_b + n.to(tl.int64) * stride_n
+    best = tl.load(raw + START * stride_c, mask=m, other=0.0)
+    best_c = tl.zeros([BLOCK], dtype=tl.int64)
+    for c in range(1, C):
+        v = tl.load(raw + (START + c) * stride_c, mask=m, other=0.0)
+        better = v > best  # strictly: the first of equal maxima, as torch.max
+        best = tl.where(better, v, best)
+        best_c = tl.where(better, c, best_c)
+    if OBJECTNESS:  # in the scores' dtype, as torch's in-place multiply (one rounding of an exact product)
+        best = (best.to(tl.float32) * tl.load(raw + 4 * stride_c, mask=m, other=0.0).to(tl.float32)).to(best.dtype)
+    best = tl.where(best.to(tl.float32) < conf, -1.0, best.to(tl.float32)).to(best.dtype)
+    tl.store(scores_ptr + b * N + n, best, mask=m)
+    tl.store(cls_ptr + b * N + n, best_c, mask=m)
+
+
+def best_scores(view: Any, scores: Any, classes: Any, start: int, num_classes: int, objectness: bool,
+                conf: float) -> None:
+    """``scores[b, n]`` = the best class score of anchor ``n`` (times its objectness), -1 where under ``conf``;
+    ``classes[b, n]`` = that class (the first of equal maxima).
+
+    Args:
+        view: raw output as (B, channels, anchors), any strides; class scores from channel ``start``,
+            objectness in channel 4.
+        scores: (B, anchors) in the raw output's dtype, contiguous. classes: (B, anchors) int64, contiguous.
+        conf: the threshold, already rounded to the scores' dtype.
+    """
+    batch, _, n = view.shape
+    grid = (triton.cdiv(n, _BLOCK), batch)
+    _best_scores_kernel[grid](view, view.stride(0), view.stride(1), view.stride(2), scores, classes, n, num_classes,
+                              start, conf, OBJECTNESS=objectness, BLOCK=_BLOCK, enable_fp_fusion=False)
 
 
 @triton.jit
