@@ -15,7 +15,7 @@ current stream:
 4. kept rows gathered into the output; rows past the count are zero.
 
 With Triton the gathers and the box decode of step 2 and all of step 4 are one kernel each
-(:mod:`streamrt.ops.triton_postprocess`), and so is step 1: 6 launches per call instead of ~27, which is what a frame
+(:mod:`streamrt.ops.triton_postprocess`), and so is step 1: 6 launches per call instead of ~25, which is what a frame
 pays on the host when the stage is not replayed from a CUDA graph.
 
 Every buffer is allocated once in ``__init__`` for the engine's batch and anchor count, so a

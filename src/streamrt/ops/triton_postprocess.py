@@ -3,7 +3,7 @@ for the steps that took a dozen small torch operations.
 
 Without CUDA graphs every operation of the post-processing is a launch paid on the host, with the GIL held,
 once per frame: on the H100 on 2026-12-06 the post stage cost 0.47 ms per frame on the thread that binds the
-detector's streams lane (docs/benchmarks/2026-12-06-h100-s2.md). These three kernels replace ~22 of its ~27
+detector's streams lane (docs/benchmarks/2026-12-06-h100-s2.md). These three kernels replace ~21 of its ~25
 launches:
 
 * :func:`best_scores`: each anchor's best class score (times objectness) and class, under the threshold set to
