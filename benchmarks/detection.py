@@ -61,6 +61,7 @@ class Case:
     pipeline: PipelineConfig
     plan: str = "default"
     switch_ms: float | None = None  # the interpreter's GIL switch interval while it runs (None: as it is)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set while it runs (read when the lanes are made)
 
 
 def cases(cuda: bool, workers: list[int]) -> list[Case]:
@@ -81,6 +82,11 @@ def cases(cuda: bool, workers: list[int]) -> list[Case]:
                                                               launch_thread=True)))
         # (a 0.5 ms GIL switch interval beside it changed nothing on the H200 on 2026-12-03: 0.98x / 1.01x,
         # docs/benchmarks/2026-12-03-h200-s2.md; Case.switch_ms keeps the lever)
+        # the post-processing as before its fused Triton kernels (~25 launches per frame instead of 6), A/B
+        unfused = (("STREAMRT_FUSED_POSTPROCESS", "0"),)
+        out.append(Case("(a) sync, post unfused", PipelineConfig(topology=Topology.SYNC), env=unfused))
+        out.append(Case("(b) streams, post unfused", PipelineConfig(topology=Topology.STREAMS, ring_size=4),
+                        env=unfused))
     for w in workers:
         out.append(Case(f"(c) single x{w}", PipelineConfig(topology=Topology.SINGLE, workers=w, ring_size=4), lane))
         out.append(Case(f"(b+c) streams x{w}", PipelineConfig(topology=Topology.STREAMS, workers=w, ring_size=4),
@@ -89,7 +95,8 @@ def cases(cuda: bool, workers: list[int]) -> list[Case]:
             out.append(Case(f"(b+c) streams launcher x{w}", PipelineConfig(
                 topology=Topology.STREAMS, workers=w, ring_size=4, launch_thread=True), lane))
     if cuda:
-        out += [replace(c, name=c.name + " graphs", pipeline=c.pipeline.replace(cuda_graphs=True)) for c in out]
+        out += [replace(c, name=c.name + " graphs", pipeline=c.pipeline.replace(cuda_graphs=True)) for c in out
+                if not c.env]  # a replayed graph launches the post stage once, fused or not
     return out
 
 
@@ -104,12 +111,19 @@ def _measure(detector: DetectorModel, frames: list[np.ndarray], case: Case, item
     source = ArraySource(frames, loop=True, length=warmup + items, name="frames")
     config = DetectConfig(pipeline=case.pipeline.replace(trace=trace), warmup_frames=warmup)
     before = sys.getswitchinterval()
+    saved = {name: os.environ.get(name) for name, _ in case.env}
     if case.switch_ms is not None:
         sys.setswitchinterval(case.switch_ms / 1000)
+    os.environ.update(dict(case.env))
     try:
         return run_detection(detector, [source], config, on_result=keep), found
     finally:
         sys.setswitchinterval(before)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], args: argparse.Namespace,
@@ -166,14 +180,19 @@ def fair_baselines(table: list[Case], median: dict[int, float]) -> list[str]:
     if "(a) sync graphs" not in index:
         return []
     sync, sync_g = median[index["(a) sync"]], median[index["(a) sync graphs"]]
-    eager = max((i for n, i in index.items() if not table[i].pipeline.cuda_graphs and n != "(a) sync"),
-                key=lambda i: median[i])
-    graphed = max((i for n, i in index.items() if table[i].pipeline.cuda_graphs and n != "(a) sync graphs"),
-                  key=lambda i: median[i])
-    return [f"- fair baselines: streams alone (no graphs on either side, best {table[eager].name}) "
-            f"**{median[eager] / sync:.2f}x** the synchronous loop; with graphs on both sides (best "
-            f"{table[graphed].name} vs (a) sync graphs) **{median[graphed] / sync_g:.2f}x**; graphs alone "
-            f"(sync graphs vs sync) {sync_g / sync:.2f}x."]
+    # the pipelines against the synchronous loop, each side with today's code (no A/B case of an older path)
+    piped = {n: i for n, i in index.items() if not n.startswith("(a)") and not table[i].env}
+    eager = max((i for i in piped.values() if not table[i].pipeline.cuda_graphs), key=lambda i: median[i])
+    graphed = max((i for i in piped.values() if table[i].pipeline.cuda_graphs), key=lambda i: median[i])
+    lines = [f"- fair baselines: streams alone (no graphs on either side, best {table[eager].name}) "
+             f"**{median[eager] / sync:.2f}x** the synchronous loop; with graphs on both sides (best "
+             f"{table[graphed].name} vs (a) sync graphs) **{median[graphed] / sync_g:.2f}x**; graphs alone "
+             f"(sync graphs vs sync) {sync_g / sync:.2f}x."]
+    pairs = [(n, n.replace(", post unfused", "")) for n in index if n.endswith(", post unfused")]
+    if pairs := [(a, b) for a, b in pairs if b in index]:
+        lines.append("- the fused post-processing kernels (6 launches per frame) vs the torch steps (~25): "
+                     + "; ".join(f"{b} {median[index[b]] / median[index[a]]:.2f}x" for a, b in pairs) + ".")
+    return lines
 
 
 def sweep(detector: DetectorModel, frames: list[np.ndarray], args: argparse.Namespace,

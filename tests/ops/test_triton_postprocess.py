@@ -92,6 +92,7 @@ def test_fused_kernels_give_the_torch_paths_detections(layout: str, dtype: str) 
         found = {}
         for fused in (True, False):
             op = TorchPostprocess(cfg, layout, classes, anchors, batch=batch, device="cpu", dtype=dt, use_triton=fused)
+            assert op.fused == fused
             dets = torch.full((batch, cfg.max_det, 6), float("nan"))
             counts = torch.full((batch,), -1, dtype=torch.int32)
             op(raw, dets, counts)
@@ -115,3 +116,24 @@ def test_a_smaller_batch_than_the_op_was_made_for_leaves_the_rest_alone() -> Non
     assert not torch.isnan(dets).any() and (counts > 0).all()
     for b in range(2):  # rows past each image's count are zero
         assert (dets[b, counts[b]:] == 0).all()
+
+
+@interpreted
+def test_the_switch_keeps_the_triton_nms_with_the_torch_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``STREAMRT_FUSED_POSTPROCESS=0``: the Triton NMS with steps 1, 2 and 4 in torch (the benchmark's A/B)
+    gives the fused op's detections."""
+    from streamrt.ops.postprocess_torch import FUSED_ENV, TorchPostprocess
+
+    cfg = PostprocessConfig(conf=0.25, iou=0.5, max_det=30, pre_nms_topk=200)
+    raw = _raw("yolov5", 2, 400, 4, torch.float16, seed=3)
+    found = []
+    for value in ("1", "0"):
+        monkeypatch.setenv(FUSED_ENV, value)
+        op = TorchPostprocess(cfg, "yolov5", 4, 400, batch=2, device="cpu", dtype=torch.float16, use_triton=True)
+        assert op.use_triton and op.fused == (value == "1")
+        dets = torch.full((2, 30, 6), float("nan"))
+        counts = torch.full((2,), -1, dtype=torch.int32)
+        op(raw, dets, counts)
+        found.append((dets, counts))
+    assert found[0][1].tolist() == found[1][1].tolist() and min(found[0][1].tolist()) > 0
+    torch.testing.assert_close(found[0][0], found[1][0], rtol=0, atol=0)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -57,14 +59,34 @@ def test_benchmark_measures_the_sync_loop_with_graphs_too() -> None:
     assert all(c.pipeline.cuda_graphs == c.name.endswith("graphs") for c in table)
     launched = [c for c in table if c.name.startswith("(b+c) streams launcher x2")]
     assert len(launched) == 2 and all(c.pipeline.launch_thread and c.pipeline.workers == 2 for c in launched)
+    unfused = [c for c in table if c.env]  # the A/B of the fused post-processing: eager only
+    assert [c.name for c in unfused] == ["(a) sync, post unfused", "(b) streams, post unfused"]
+    assert all(dict(c.env) == {"STREAMRT_FUSED_POSTPROCESS": "0"} and not c.pipeline.cuda_graphs for c in unfused)
     median = {i: 100.0 for i in range(len(table))}
     median[names.index("(a) sync graphs")] = 200.0
     median[names.index("(b) streams")] = 250.0
     median[names.index("(b) streams graphs")] = 500.0
-    (line,) = bench.fair_baselines(table, median)
+    median[names.index("(b) streams, post unfused")] = 400.0  # an A/B case is never the headline
+    median[names.index("(a) sync, post unfused")] = 80.0
+    line, ab = bench.fair_baselines(table, median)
     assert "streams alone (no graphs on either side, best (b) streams) **2.50x**" in line
     assert "(b) streams graphs vs (a) sync graphs) **2.50x**" in line
     assert "graphs alone (sync graphs vs sync) 2.00x" in line
+    assert "(a) sync 1.25x; (b) streams 0.62x" in ab, ab
+
+
+def test_a_case_sets_its_environment_only_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrt.pipeline.config import PipelineConfig, Topology
+
+    bench = _script("gpu_detection_check")._load_benchmark()
+    monkeypatch.delenv("STREAMRT_FUSED_POSTPROCESS", raising=False)
+    seen = []
+    monkeypatch.setattr(bench, "run_detection", lambda *a, **k: seen.append(
+        os.environ.get("STREAMRT_FUSED_POSTPROCESS")) or "report")
+    case = bench.Case("x", PipelineConfig(topology=Topology.SYNC), env=(("STREAMRT_FUSED_POSTPROCESS", "0"),))
+    frame = np.zeros((8, 8, 3), np.uint8)
+    assert bench._measure(None, [frame], case, 1, 0, trace=False) == ("report", [])
+    assert seen == ["0"] and "STREAMRT_FUSED_POSTPROCESS" not in os.environ
 
 
 def test_video_check_loads_and_refuses_to_run_without_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

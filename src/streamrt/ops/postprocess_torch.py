@@ -16,7 +16,9 @@ current stream:
 
 With Triton the gathers and the box decode of step 2 and all of step 4 are one kernel each
 (:mod:`streamrt.ops.triton_postprocess`), and so is step 1: 6 launches per call instead of ~25, which is what a frame
-pays on the host when the stage is not replayed from a CUDA graph.
+pays on the host when the stage is not replayed from a CUDA graph. ``STREAMRT_FUSED_POSTPROCESS=0`` keeps the
+Triton NMS but runs steps 1, 2 and 4 as torch operations, as before 2026-12-06 (the A/B of the detection
+benchmark; the fused kernels have not yet run on a GPU).
 
 Every buffer is allocated once in ``__init__`` for the engine's batch and anchor count, so a
 stage made of this op can be captured in a CUDA graph and, replayed, copies back only the
@@ -35,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -44,7 +47,10 @@ from streamrt.ops._backend import use_triton as resolve_triton
 from streamrt.ops.layouts import LAYOUTS, OutputLayout
 from streamrt.ops.postprocess import PostprocessConfig
 
-__all__ = ["TorchPostprocess"]
+__all__ = ["FUSED_ENV", "TorchPostprocess"]
+
+FUSED_ENV = "STREAMRT_FUSED_POSTPROCESS"
+"""``0``: steps 1, 2 and 4 as torch operations even where the Triton kernels run (read when the op is made)."""
 
 
 class TorchPostprocess:
@@ -72,6 +78,7 @@ class TorchPostprocess:
         self.device = torch.device(device)
         self.dtype = dtype
         self.use_triton = resolve_triton(self.device, use_triton)
+        self.fused = self.use_triton and os.environ.get(FUSED_ENV, "1") != "0"
         # the threshold as torch compares it with a tensor of the scores' dtype (a half tensor vs a Python float:
         # in half), for the fused kernels, which compare in float32
         self._conf = float(torch.tensor(config.conf, dtype=dtype))
@@ -117,13 +124,17 @@ class TorchPostprocess:
             raise ShapeError(f"outputs must be ({b}, {cfg.max_det}, 6) and int32 ({b},) for a batch of {b} "
                              f"(op sized for {self.batch}), got {tuple(dets.shape)} and {tuple(counts.shape)}")
         with torch.no_grad():
-            if self.use_triton:
+            if self.fused:
                 self._candidates_triton(view, b)
                 self._nms_triton(b, counts)
                 self._gather_triton(b, dets, counts)
                 return
             self._candidates(view, b)
-            self._nms_torch(b, counts)
+            if self.use_triton:
+                self._buf["keep"][:b].zero_()  # the torch gather reads every row
+                self._nms_triton(b, counts)
+            else:
+                self._nms_torch(b, counts)
             self._gather(b, dets, counts)
 
     def _scores(self, view: torch.Tensor, b: int) -> None:
