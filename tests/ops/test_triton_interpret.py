@@ -11,6 +11,7 @@ On a GPU machine ``tests/ops/test_gpu_ops.py`` runs the compiled kernels.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 
@@ -25,7 +26,7 @@ interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reas
 
 torch = pytest.importorskip("torch")
 
-_SIGNATURES = {
+_SIGNATURES = {  # kernel: its argument types and constants (module triton_kernels unless named)
     "_letterbox_kernel": ({"src_ptr": "*u8", "dst_ptr": "*fp16", **dict.fromkeys(
         ("src_h", "src_w", "new_h", "new_w", "top", "left", "out_h", "out_w", "ch0", "ch1", "ch2"), "i32"),
         "src_batch_stride": "i64", "dst_batch_stride": "i64", **dict.fromkeys(
@@ -42,6 +43,17 @@ _SIGNATURES = {
                          {"AGNOSTIC": False, "ROWS": 32}),
     "_nms_scan_kernel": ({"mask_ptr": "*i64", "nvalid_ptr": "*i32", "keep_ptr": "*i64", "count_ptr": "*i32",
                           "K": "i32", "W": "i32", "MAX_DET": "i32", "BLOCK_W": "constexpr"}, {"BLOCK_W": 512}),
+    "triton_postprocess._best_scores_kernel": (
+        {"view_ptr": "*fp16", "stride_b": "i64", "stride_c": "i64", "stride_n": "i64", "scores_ptr": "*fp16",
+         "cls_ptr": "*i64", "N": "i32", "C": "i32", "START": "i32", "conf": "fp32", "OBJECTNESS": "constexpr",
+         "BLOCK": "constexpr"}, {"OBJECTNESS": True, "BLOCK": 1024}),
+    "triton_postprocess._topk_boxes_kernel": (
+        {"view_ptr": "*fp16", "stride_b": "i64", "stride_c": "i64", "stride_n": "i64", "order_ptr": "*i64",
+         "sorted_ptr": "*fp16", "cls_ptr": "*i64", "boxes_ptr": "*fp32", "topcls_ptr": "*i64", "nvalid_ptr": "*i32",
+         "N": "i32", "K": "i32", "conf": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    "triton_postprocess._gather_detections_kernel": (
+        {"keep_ptr": "*i64", "count_ptr": "*i32", "boxes_ptr": "*fp32", "sorted_ptr": "*fp16", "topcls_ptr": "*i64",
+         "dets_ptr": "*fp32", "N": "i32", "K": "i32", "M": "i32", "BLOCK": "constexpr"}, {"BLOCK": 512}),
 }
 
 
@@ -52,10 +64,9 @@ def test_kernels_compile_for_sm90(name: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from streamrt.ops import triton_kernels
-
+    module, _, kernel_name = name.rpartition(".")
     types, constants = _SIGNATURES[name]
-    kernel = getattr(triton_kernels, name)
+    kernel = getattr(importlib.import_module(f"streamrt.ops.{module or 'triton_kernels'}"), kernel_name)
     assert set(types) == set(kernel.arg_names)  # the table names every parameter
     signature = {arg: types[arg] for arg in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
