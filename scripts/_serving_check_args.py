@@ -13,8 +13,9 @@ DESCRIPTION = ("H200 check (issues 12 and 26): the server's front-end ceiling an
                "offline.")
 
 
-TRANSPORTS = (("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
-              ("gRPC + CUDA shm", ["--shared-memory", "cuda"]))
+TRANSPORTS: tuple[tuple[str, list[str]], ...] = (
+    ("gRPC binary", []), ("gRPC + system shm", ["--shared-memory", "system"]),
+    ("gRPC + CUDA shm", ["--shared-memory", "cuda"]))
 """The served variants: label and ``streamrt perf`` options."""
 
 

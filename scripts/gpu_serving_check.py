@@ -138,7 +138,8 @@ def build_plan(name: str, out: Path, max_batch: int, device: str = "cuda") -> Pa
     net = _network(name).eval().to(device)
     profile = ShapeProfile({"images": ShapeRange((1, 3, 224, 224), (max_batch, 3, 224, 224),
                                                  (max_batch, 3, 224, 224))})
-    config = streamrt.BuildConfig(backend="torch_inductor", precision="fp16" if device == "cuda" else "fp32",
+    config = streamrt.BuildConfig(backend="torch_inductor",
+                                  precision=streamrt.Precision.FP16 if device == "cuda" else streamrt.Precision.FP32,
                                   profiles=(profile,), backend_options={"device": device, "freezing": True})
     started = time.perf_counter()
     built = build_module(net, [torch.randn(max_batch, 3, 224, 224, device=device)], out / f"{name}.plan", config,

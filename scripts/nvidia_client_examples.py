@@ -205,7 +205,9 @@ def run_example(examples: Path, run: Run, server: Server, timeout: float) -> Res
                               text=True, timeout=timeout, check=False)
         rc, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, output = -1, f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {timeout:.0f} s"
+        # TimeoutExpired keeps what was read as bytes, even with text=True
+        parts = [p.decode(errors="replace") if isinstance(p, bytes) else (p or "") for p in (exc.stdout, exc.stderr)]
+        rc, output = -1, "".join(parts) + f"\ntimed out after {timeout:.0f} s"
     seconds = time.monotonic() - start
     expects_pass = re.search(r"print\(\s*['\"]PASS", source) is not None
     ok = rc == 0 and (not expects_pass or "PASS" in output)
