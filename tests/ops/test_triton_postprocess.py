@@ -104,3 +104,23 @@ def test_the_switch_keeps_the_triton_nms_with_the_torch_steps(monkeypatch: pytes
         found.append((dets, counts))
     assert found[0][1].tolist() == found[1][1].tolist() and min(found[0][1].tolist()) > 0
     torch.testing.assert_close(found[0][0], found[1][0], rtol=0, atol=0)
+
+
+@interpreted
+def test_a_strided_output_falls_back_to_the_torch_gather_with_the_same_rows() -> None:
+    """Output rows that are not contiguous (a view into a wider buffer) take the torch gather; the rows past each
+    image's count, never cleared by the fused path, must not reach it as indices."""
+    from streamrt.ops.postprocess_torch import TorchPostprocess
+
+    cfg = PostprocessConfig(conf=0.25, iou=0.5, max_det=150, pre_nms_topk=200)
+    raw = _raw("yolov8", 2, 200, 3, torch.float32, seed=5)
+    op = TorchPostprocess(cfg, "yolov8", 3, 200, batch=2, device="cpu", use_triton=True)
+    op._buf["keep"].fill_(10**9)  # what an uncleared keep row may hold
+    wide = torch.full((2, 150, 8), float("nan"))
+    strided = wide[..., :6]
+    counts = torch.full((2,), -1, dtype=torch.int32)
+    op(raw, strided, counts)
+    dets = torch.full((2, 150, 6), float("nan"))
+    op(raw, dets, counts)
+    torch.testing.assert_close(strided, dets, rtol=0, atol=0)
+    assert (counts > 0).all() and (counts < 150).all()

@@ -160,7 +160,8 @@ class TorchPostprocess:
                                       buf["boxes"][:b], buf["top_classes"][:b], buf["n_valid"][:b], self._conf)
 
     def _gather_triton(self, b: int, dets: torch.Tensor, counts: torch.Tensor) -> None:
-        if not dets.is_contiguous():  # the kernel writes rows of 6 floats
+        if not dets.is_contiguous():  # the kernel writes rows of 6 floats; torch's gather reads every keep row
+            self._buf["keep"][:b].masked_fill_(self._buf["rows"] >= counts[:, None], 0)
             self._gather(b, dets, counts)
             return
         from streamrt.ops import triton_postprocess
@@ -192,7 +193,7 @@ class TorchPostprocess:
         from streamrt.ops import triton_kernels
 
         buf = self._buf
-        keep = buf["keep"][:b]  # rows past the count are never read: no clearing
+        keep = buf["keep"][:b]  # rows past the count keep what they held (the caller clears them if it reads them)
         triton_kernels.nms_mask(buf["boxes"][:b], buf["top_classes"][:b], buf["mask"][:b], self.config.iou,
                                 self.config.class_agnostic)
         triton_kernels.nms_scan(buf["mask"][:b], buf["n_valid"][:b], keep, counts)
