@@ -464,9 +464,10 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
                 streams: int | None = None, admission: str = "off") -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
-    The plan's capacities are both sides measured **decoding at once**
-    (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity`): on 2026-12-03 each side delivered
-    far less beside the other than alone (NVDEC 3,401 of 5,134 frames/s). With ``admission`` other than
+    The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
+    the plan puts there (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity_for_plan`): on 2026-12-03
+    each side delivered far less beside the other than alone (NVDEC 3,401 of 5,134 frames/s), and on 2026-12-06
+    16 sessions over-stated what 139 paced streams got. With ``admission`` other than
     ``off``, only the streams that fit 90% of their sum run (the rest are named as queued or refused); the
     policy plans each side to the same 90%.
 
@@ -487,7 +488,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         cpu_decoder_processes,
         measure_cpu_decode,
         measure_cpu_decode_together,
-        measure_hybrid_capacity,
+        measure_hybrid_capacity_for_plan,
     )
     from streamrt.video.hybrid_policy import HybridPolicy
 
@@ -505,9 +506,15 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     # the CPU decoder processes' cores all decoding at once, not one decoder x cores (for the report)
     together = measure_cpu_decode_together(clips[0], cpu_cores, seconds=seconds_cpu)
     # the plan's capacities: both sides decoding at once, read as the detector reads them
-    both = measure_hybrid_capacity(clips[0], decode_processes=nvdec_processes, cpu_processes=cpu_cores,
-                                   nvdec_sessions=1 if dec.quick else 16, seconds=seconds_cpu + 1.0,
-                                   warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu")
+    # ... with as many NVDEC sessions as the plan from a first measurement puts there (16 over-stated 139 paced
+    # streams on an H100 on 2026-12-06)
+    both = measure_hybrid_capacity_for_plan(
+        clips[0], [FPS] * n, headroom=HYBRID_HEADROOM, first_sessions=1 if dec.quick else 16,
+        decode_processes=nvdec_processes, cpu_processes=cpu_cores, seconds=seconds_cpu + 1.0,
+        warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu")
+    print(f"  capacity at {both['first']['nvdec_sessions']} NVDEC sessions: {both['first']['nvdec']:.0f} + "
+          f"{both['first']['cpu']:.0f} frames/s; the plan's {both['planned_nvdec']} NVDEC streams: measured at "
+          f"{both['nvdec_sessions']} sessions, {both['nvdec']:.0f} + {both['cpu']:.0f}", flush=True)
     state["hybrid_capacity"] = both
     capacity = {"nvdec": both["nvdec"], "cpu": both["cpu"]}
     fit = int(HYBRID_HEADROOM * (capacity["nvdec"] + capacity["cpu"]) // FPS)
@@ -536,7 +543,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     alone = state.get("nvdec_bound_fps")
     return [f"{n} camera-paced streams at 30 FPS asked (the first NVDEC-only point not sustained, or beyond the "
             f"sweep). Capacities measured before the run, **both sides decoding at once**: NVDEC "
-            f"{capacity['nvdec']:.0f} frames/s ({both['nvdec_sessions']} sessions in {dec.processes} processes; alone: "
+            f"{capacity['nvdec']:.0f} frames/s ({both['nvdec_sessions']} sessions in {dec.processes} processes, the "
+            f"plan's count; {both['first']['nvdec']:.0f} with {both['first']['nvdec_sessions']}; alone: "
             f"{f'{alone:.0f}' if alone else 'not measured'}), CPU {capacity['cpu']:.0f} frames/s ({cpu_cores} "
             f"decoders; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; {cores} cores "
             f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "

@@ -56,8 +56,9 @@ def test_cpu_smoke_run_of_the_gil_reader_a_given_nvdec_bound_hybrid_count_and_ru
     assert [r["reader"] for r in data["sweep"]] == ["auto", "gil0.5", "auto"]
     assert data["environment"]["NVDEC bound"].startswith("100 frames/s")
     assert len(data["hybrid"]["frames"]) == 2  # --hybrid-streams, not the sweep's first unsustained count
-    both = data["hybrid_capacity"]  # the plan's capacities: both sides decoding at once
-    assert both["nvdec"] > 0 and both["cpu"] > 0 and both["nvdec_sessions"] == 1, both
+    both = data["hybrid_capacity"]  # the plan's capacities: both sides decoding at once, at the plan's count
+    assert both["nvdec"] > 0 and both["cpu"] > 0 and both["first"]["nvdec_sessions"] == 1, both
+    assert both["planned_nvdec"] == both["nvdec_sessions"] == 2, both  # the 2 streams fit: measured again with 2
     assert data["fair_torch"] and data["fair_nogil"] and "failed" not in data  # part 4 once per runner
 
 

@@ -58,17 +58,55 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any]) -> None:
 def test_a_hybrid_in_decoder_processes_without_capacities_measures_both_sides_at_once(
         clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from streamrt.video import hybrid
+    from streamrt.video.hybrid_capacity import measure_hybrid_capacity_for_plan
+    from streamrt.video.hybrid_policy import DEFAULT_HEADROOM
 
-    calls: list[dict[str, Any]] = []
+    calls: list[tuple[list[float], dict[str, Any]]] = []
 
-    def spy(path: Any, **kwargs: Any) -> dict[str, Any]:
-        calls.append(kwargs)
-        return measure_hybrid_capacity(path, **{**kwargs, "seconds": 0.5, "warmup_s": 0.2})
+    def spy(path: Any, demands: list[float], **kwargs: Any) -> dict[str, Any]:
+        calls.append((list(demands), kwargs))
+        return measure_hybrid_capacity_for_plan(path, demands, **{**kwargs, "seconds": 0.5, "warmup_s": 0.2})
 
-    monkeypatch.setattr(hybrid, "measure_hybrid_capacity", spy)
+    monkeypatch.setattr(hybrid, "measure_hybrid_capacity_for_plan", spy)
     monkeypatch.setattr(hybrid, "measure_capacity", lambda *a, **k: pytest.fail("measured one side at a time"))
     with hybrid.HybridDecode([clips[0]] * 3, decode_processes=1, cpu_processes=1, process_kind="cpu",
                              upload=False, interval_s=0) as decode:
         capacity = dict(decode.policy.capacity)
-    assert calls == [{"decode_processes": 1, "cpu_processes": 1, "process_kind": "cpu", "upload": False}]
+        measured = decode.measured
+    (demands, kwargs), = calls
+    assert len(demands) == 3 and kwargs == {"headroom": DEFAULT_HEADROOM, "decode_processes": 1,
+                                            "cpu_processes": 1, "process_kind": "cpu", "upload": False}
     assert capacity["nvdec"] > 0 and capacity["cpu"] > 0, capacity
+    assert measured is not None and measured["nvdec"] == capacity["nvdec"] and "first" in measured
+
+
+def test_the_plan_s_nvdec_session_count_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 free-running sessions over-stated what 139 paced streams got on an H100 (2026-12-06): the capacity is
+    measured again with the NVDEC streams the first plan keeps within its share (not the overflow)."""
+    from streamrt.video import hybrid_capacity
+
+    calls: list[int] = []
+
+    def fake(path: Any, *, nvdec_sessions: int, **kw: Any) -> dict[str, Any]:
+        calls.append(nvdec_sessions)
+        return {"nvdec": 1000.0 if nvdec_sessions <= 16 else 800.0, "cpu": 300.0, "nvdec_sessions": nvdec_sessions,
+                "cpu_decoders": kw["cpu_processes"], "seconds": 1.0}
+
+    monkeypatch.setattr(hybrid_capacity, "measure_hybrid_capacity", fake)
+    got = hybrid_capacity.measure_hybrid_capacity_for_plan("x.mp4", [30.0] * 60, headroom=0.9, cpu_processes=3)
+    # 0.9 x 1000 frames/s hold 30 streams of 30 FPS; the other 30 go to the CPU or overflow, not counted
+    assert calls == [16, 30] and got["planned_nvdec"] == 30 and got["nvdec_sessions"] == 30
+    assert (got["nvdec"], got["first"]["nvdec"]) == (800.0, 1000.0)
+    calls.clear()
+    few = hybrid_capacity.measure_hybrid_capacity_for_plan("x.mp4", [30.0] * 10, headroom=0.9, cpu_processes=3)
+    assert calls == [16] and few["planned_nvdec"] == 10 and few["nvdec"] == 1000.0  # within the first count
+
+
+def test_the_plan_s_count_on_the_stand_in(clips: list[Path]) -> None:
+    from streamrt.video.hybrid_capacity import measure_hybrid_capacity_for_plan
+
+    got = measure_hybrid_capacity_for_plan(clips[0], [1.0, 1.0, 1.0], headroom=0.9, first_sessions=1,
+                                           decode_processes=1, cpu_processes=1, seconds=0.5, warmup_s=0.3,
+                                           process_kind="cpu", upload=False)
+    assert got["first"]["nvdec_sessions"] == 1 and got["planned_nvdec"] == 3 and got["nvdec_sessions"] == 3, got
+    assert got["nvdec"] > 0 and got["cpu"] > 0

@@ -55,8 +55,9 @@ from streamrt.video.hybrid_capacity import (
     measure_cpu_decode,
     measure_cpu_decode_together,
     measure_hybrid_capacity,
+    measure_hybrid_capacity_for_plan,
 )
-from streamrt.video.hybrid_policy import HybridPolicy
+from streamrt.video.hybrid_policy import DEFAULT_HEADROOM, HybridPolicy
 from streamrt.video.live_group import ReadyPictures
 from streamrt.video.sources import Prefetch, SourceError, SourceInfo
 
@@ -191,9 +192,11 @@ class HybridDecode:
     Args:
         paths: one video file per stream.
         capacity: frames/s per pool (``nvdec``, ``cpu``); None measures them: with decoder processes both sides
-            decoding at once (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity`: alone, each side
-            over-states what it gives beside the other), else each side alone (:func:`measure_capacity`, the
-            CPU side with the cores given to CPU decoders).
+            decoding at once (alone, each side over-states what it gives beside the other), with as many NVDEC
+            sessions as the plan puts there
+            (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity_for_plan`; the measurement is kept in
+            ``measured``), else each side alone (:func:`measure_capacity`, the CPU side with the cores given to
+            CPU decoders).
         policy: a ready policy (tests); overrides ``capacity``.
         fps: each stream's demand; None uses the files' frame rates.
         loop: start files over at their end (benchmarks).
@@ -228,6 +231,10 @@ class HybridDecode:
         self._processes, self._process_kind = decode_processes, process_kind
         self.upload = cuda_available() if upload is None else upload
         self.cpu_processes = cpu_processes or cpu_decoder_processes(decode_processes)
+        probe = open_nv12(self.paths[0])
+        self.demands = [float(fps or probe.info.fps)] * len(self.paths)
+        probe.close()
+        self.measured: dict[str, Any] | None = None  # the capacity measurement, when this hybrid made one
         if policy is None and capacity is None:
             capacity = self._measure()
         self.policy = policy or HybridPolicy(capacity or {}, clock=clock)
@@ -240,9 +247,6 @@ class HybridDecode:
         self._starting = threading.Lock()  # a pool's processes started once
         self._stop = threading.Event()
         self._sources: list[HybridSource] = []
-        probe = open_nv12(self.paths[0])
-        self.demands = [float(fps or probe.info.fps)] * len(self.paths)
-        probe.close()
         self.assignment = self.policy.assign(self.demands)
         try:
             self._sources = self._open_all()
@@ -259,11 +263,11 @@ class HybridDecode:
 
     def _measure(self) -> dict[str, float]:
         """Both pools' capacities on the first file, measured the way this hybrid will run them."""
-        if self._processes:
-            both = measure_hybrid_capacity(self.paths[0], decode_processes=self._processes,
-                                           cpu_processes=self.cpu_processes, process_kind=self._process_kind,
-                                           upload=self.upload)
-            return {"nvdec": both["nvdec"], "cpu": both["cpu"]}
+        if self._processes:  # at the NVDEC session count the plan gives (a few sessions over-state many)
+            self.measured = measure_hybrid_capacity_for_plan(
+                self.paths[0], self.demands, headroom=DEFAULT_HEADROOM, decode_processes=self._processes,
+                cpu_processes=self.cpu_processes, process_kind=self._process_kind, upload=self.upload)
+            return {"nvdec": self.measured["nvdec"], "cpu": self.measured["cpu"]}
         return measure_capacity(self.paths[0], cores=self.cpu_processes)
 
     @property

@@ -31,7 +31,10 @@ from typing import Any
 
 from streamrt.errors import ConfigError
 
-__all__ = ["PREFERENCE", "HybridPolicy", "Move"]
+__all__ = ["DEFAULT_HEADROOM", "PREFERENCE", "HybridPolicy", "Move"]
+
+DEFAULT_HEADROOM = 0.85
+"""The fraction of a pool's capacity a policy plans up to by default (queues need slack)."""
 
 # Preferred first.
 PREFERENCE = ("nvdec", "cpu")
@@ -56,7 +59,7 @@ class HybridPolicy:
         clock: monotonic seconds (injected by tests).
     """
 
-    def __init__(self, capacity: dict[str, float], *, headroom: float = 0.85, hold_s: float = 2.0,
+    def __init__(self, capacity: dict[str, float], *, headroom: float = DEFAULT_HEADROOM, hold_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         unknown = set(capacity) - set(PREFERENCE)
         if unknown:
