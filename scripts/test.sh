@@ -9,3 +9,8 @@ python3 -m venv .venv
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/mypy
 .venv/bin/pytest -q "$@"
+# The Triton kernels on Triton's CPU interpreter (read at import, so a run of its own); the whole suite only
+if [ $# -eq 0 ] && .venv/bin/python -c "import triton" 2> /dev/null; then
+    TRITON_INTERPRET=1 .venv/bin/pytest -q tests/ops/test_triton_interpret.py tests/ops/test_triton_postprocess.py \
+        tests/ops/test_nv12.py
+fi
