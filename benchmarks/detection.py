@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 
@@ -111,19 +112,13 @@ def _measure(detector: DetectorModel, frames: list[np.ndarray], case: Case, item
     source = ArraySource(frames, loop=True, length=warmup + items, name="frames")
     config = DetectConfig(pipeline=case.pipeline.replace(trace=trace), warmup_frames=warmup)
     before = sys.getswitchinterval()
-    saved = {name: os.environ.get(name) for name, _ in case.env}
     if case.switch_ms is not None:
         sys.setswitchinterval(case.switch_ms / 1000)
-    os.environ.update(dict(case.env))
     try:
-        return run_detection(detector, [source], config, on_result=keep), found
+        with patch.dict(os.environ, dict(case.env)):
+            return run_detection(detector, [source], config, on_result=keep), found
     finally:
         sys.setswitchinterval(before)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def throughput(detectors: dict[str, DetectorModel], frames: list[np.ndarray], args: argparse.Namespace,

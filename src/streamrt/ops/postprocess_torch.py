@@ -156,7 +156,7 @@ class TorchPostprocess:
         triton_postprocess.best_scores(view, scores, classes, self.layout.score_offset, self.num_classes,
                                        self.layout.objectness, self._conf)
         torch.sort(scores, dim=1, descending=True, stable=True, out=(buf["sorted"][:b], buf["order"][:b]))
-        triton_postprocess.topk_boxes(view[:, :4], buf["order"][:b], buf["sorted"][:b], buf["classes"][:b],
+        triton_postprocess.topk_boxes(view[:, :4], buf["order"][:b], buf["sorted"][:b], classes,
                                       buf["boxes"][:b], buf["top_classes"][:b], buf["n_valid"][:b], self._conf)
 
     def _gather_triton(self, b: int, dets: torch.Tensor, counts: torch.Tensor) -> None:

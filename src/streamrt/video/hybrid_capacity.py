@@ -177,11 +177,9 @@ def measure_hybrid_capacity_for_plan(path: str | Path, demands: Sequence[float],
     from streamrt.video.hybrid_policy import HybridPolicy
 
     first = measure_hybrid_capacity(path, nvdec_sessions=first_sessions, **measure)
-    plan = HybridPolicy({"nvdec": first["nvdec"], "cpu": first["cpu"]}, headroom=headroom).assign(demands)
-    planned, load = 0, 0.0  # the NVDEC streams within its planned share (not the overflow a full plan adds)
-    for pool, demand in zip(plan, demands, strict=True):
-        if pool == "nvdec" and load + demand <= headroom * first["nvdec"]:
-            planned, load = planned + 1, load + demand
+    policy = HybridPolicy({"nvdec": first["nvdec"], "cpu": first["cpu"]}, headroom=headroom)
+    on_nvdec = [d for pool, d in zip(policy.assign(demands), demands, strict=True) if pool == "nvdec"]
+    planned = policy.fitting("nvdec", on_nvdec)  # within its planned share, not the overflow a full plan adds
     final = measure_hybrid_capacity(path, nvdec_sessions=planned, **measure) if planned > first_sessions else first
     return {**final, "first": first, "planned_nvdec": planned}
 

@@ -81,6 +81,14 @@ class HybridPolicy:
     def _room(self, name: str, load: float) -> float:
         return self.headroom * self.capacity[name] - load
 
+    def fitting(self, name: str, demands: Sequence[float]) -> int:
+        """How many of ``demands``, taken in order, pool ``name`` holds within its planned share."""
+        load, count = 0.0, 0
+        for demand in demands:
+            if self._room(name, load) >= demand:
+                load, count = load + demand, count + 1
+        return count
+
     def assign(self, demands: Sequence[float]) -> list[str]:
         """A pool for each stream of frame rate ``demands[i]`` (rule 1)."""
         load = dict.fromkeys(PREFERENCE, 0.0)
