@@ -46,9 +46,12 @@ def _raw(batch: int, n: int, c: int, *, ties: bool = False, size: float = 640.0)
     return raw
 
 
+@pytest.mark.parametrize("fused", ["0", "1"])
 @pytest.mark.parametrize("ties", [False, True])
-def test_gpu_postprocess_agrees_with_the_host(ties: bool) -> None:
-    from streamrt.ops.postprocess_torch import TorchPostprocess
+def test_gpu_postprocess_agrees_with_the_host(ties: bool, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrt.ops.postprocess_torch import FUSED_ENV, TorchPostprocess
+
+    monkeypatch.setenv(FUSED_ENV, fused)  # both paths: the fused kernels are off by default until they pass here
 
     batch, n, c = 3, 8400, 80
     raw = _raw(batch, n, c, ties=ties)
@@ -56,6 +59,7 @@ def test_gpu_postprocess_agrees_with_the_host(ties: bool) -> None:
     ref_d, ref_c = np.empty((batch, 300, 6), np.float32), np.empty(batch, np.int32)
     CpuPostprocess(cfg, "yolov8", c)(raw, ref_d, ref_c)
     op = TorchPostprocess(cfg, "yolov8", c, n, batch=batch, device="cuda")
+    assert op.fused == (fused == "1")
     dets = torch.full((batch, 300, 6), float("nan"), device="cuda")
     counts = torch.full((batch,), -1, dtype=torch.int32, device="cuda")
     op(torch.from_numpy(raw).cuda(), dets, counts)
@@ -63,10 +67,12 @@ def test_gpu_postprocess_agrees_with_the_host(ties: bool) -> None:
     np.testing.assert_array_equal(dets.cpu().numpy(), ref_d)
 
 
-def test_gpu_ops_never_synchronise_and_replay_as_a_cuda_graph() -> None:
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_gpu_ops_never_synchronise_and_replay_as_a_cuda_graph(fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from streamrt.ops.letterbox_torch import TorchLetterbox
-    from streamrt.ops.postprocess_torch import TorchPostprocess
+    from streamrt.ops.postprocess_torch import FUSED_ENV, TorchPostprocess
 
+    monkeypatch.setenv(FUSED_ENV, fused)
     letterbox = TorchLetterbox((1080, 1920), (640, 640), device="cuda")
     post = TorchPostprocess(PostprocessConfig(), "yolov8", 80, 8400, device="cuda")
     assert letterbox.use_triton and post.use_triton, "the GPU machine has Triton"

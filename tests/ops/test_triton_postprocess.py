@@ -22,6 +22,12 @@ interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reas
 
 torch = pytest.importorskip("torch")
 
+
+@pytest.fixture(autouse=True)
+def _fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused kernels are off by default until they have run on a GPU: these tests turn them on."""
+    monkeypatch.setenv("STREAMRT_FUSED_POSTPROCESS", "1")
+
 def _raw(layout: str, batch: int, anchors: int, classes: int, dtype: torch.dtype, seed: int,
          threshold: float = 0.25) -> torch.Tensor:
     """Boxes that overlap (clusters of near copies), ties in the scores, and every 11th anchor's best score
