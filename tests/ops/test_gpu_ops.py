@@ -51,7 +51,7 @@ def _raw(batch: int, n: int, c: int, *, ties: bool = False, size: float = 640.0)
 def test_gpu_postprocess_agrees_with_the_host(ties: bool, fused: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from streamrt.ops.postprocess_torch import FUSED_ENV, TorchPostprocess
 
-    monkeypatch.setenv(FUSED_ENV, fused)  # both paths: the fused kernels are off by default until they pass here
+    monkeypatch.setenv(FUSED_ENV, fused)  # both paths: the fused kernels (the default) and the torch steps
 
     batch, n, c = 3, 8400, 80
     raw = _raw(batch, n, c, ties=ties)

@@ -25,8 +25,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(autouse=True)
 def _fused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused kernels are off by default until they have run on a GPU: these tests turn them on."""
-    monkeypatch.setenv("STREAMRT_FUSED_POSTPROCESS", "1")
+    """The fused kernels are the default: no setting of the developer's shell turns them off here."""
+    monkeypatch.delenv("STREAMRT_FUSED_POSTPROCESS", raising=False)
+
 
 def _raw(layout: str, batch: int, anchors: int, classes: int, dtype: torch.dtype, seed: int,
          threshold: float = 0.25) -> torch.Tensor:
@@ -100,10 +101,11 @@ def test_the_switch_keeps_the_triton_nms_with_the_torch_steps(monkeypatch: pytes
     cfg = PostprocessConfig(conf=0.25, iou=0.5, max_det=30, pre_nms_topk=200)
     raw = _raw("yolov5", 2, 400, 4, torch.float16, seed=3)
     found = []
-    for value in ("1", "0"):
-        monkeypatch.setenv(FUSED_ENV, value)
+    for value in (None, "0"):  # unset: the fused kernels (the default)
+        if value is not None:
+            monkeypatch.setenv(FUSED_ENV, value)
         op = TorchPostprocess(cfg, "yolov5", 4, 400, batch=2, device="cpu", dtype=torch.float16, use_triton=True)
-        assert op.use_triton and op.fused == (value == "1")
+        assert op.use_triton and op.fused == (value is None)
         dets = torch.full((2, 30, 6), float("nan"))
         counts = torch.full((2,), -1, dtype=torch.int32)
         op(raw, dets, counts)
