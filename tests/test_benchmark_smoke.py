@@ -56,6 +56,16 @@ def test_serving_frontend_writes_a_row_per_protocol(tmp_path: Path) -> None:
     assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+def test_malloc_thresholds_compares_both_variants_per_case(tmp_path: Path) -> None:
+    out = tmp_path / "malloc.md"
+    _run(tmp_path, "malloc_thresholds.py", "--cases", "grpc:image:8@1,grpc:small:1@2", "--rounds", "1",
+         "--seconds", "0.5", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert [r[1] for r in rows[1:]] == ["glibc defaults", "serving (mallopt)"] * 2, rows
+    assert all(float(r[2].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
+    assert rows[2][3].endswith("x") and rows[1][3] == "", rows
+
+
 def test_frontend_balance_counts_each_front_ends_connections(tmp_path: Path) -> None:
     """Two front ends, two client processes: every run's spread names both workers and adds up to the
     connections perf opened (one per process at concurrency 2 each, whatever the share)."""
