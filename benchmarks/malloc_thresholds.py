@@ -4,8 +4,8 @@ Issue 26: binary 4.8 MB gRPC requests through ``--grpc-server h2corn`` spent mos
 server's own timing (on an H100 host: p50 15.5 ms at concurrency 1, 2.4 ms of it in the server). Part of it was
 glibc giving freed memory back to the kernel after every request, so that each request's body touched fresh
 pages. ``streamrt.serve.process.keep_freed_memory`` sets the mmap and trim thresholds of every serving process;
-a process started with a malloc setting of its own keeps glibc's behaviour, which is how the ``glibc defaults``
-variant here runs (``MALLOC_TOP_PAD_`` at its default value).
+``STREAMRT_MALLOC_TUNING=0`` leaves glibc's defaults (its dynamic mmap threshold included), which is how the
+``glibc defaults`` variant here runs.
 
 Each round starts a real ``streamrt serve`` per variant (``benchmarks/serving_frontend.py``'s null models,
 ONNX Runtime CPU, 2 instances, max batch 64, 500 us delay) and runs ``streamrt perf`` for every case; rounds
@@ -36,7 +36,7 @@ from serving_frontend import cpu_seconds, run_perf, served, wait_ready, write_re
 from streamrt.testing.server_process import free_port, stop  # noqa: E402
 
 VARIANTS: dict[str, dict[str, str]] = {
-    "glibc defaults": {"MALLOC_TOP_PAD_": str(128 << 10)},  # a setting of the user's own: left alone
+    "glibc defaults": {"STREAMRT_MALLOC_TUNING": "0"},
     "serving (mallopt)": {},
 }
 """Variant name -> environment of the server process (on top of this one's, less any malloc setting)."""

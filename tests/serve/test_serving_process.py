@@ -115,12 +115,11 @@ def _faults_per_binary_request(tmp_path: Path, env: dict[str, str], requests: in
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
                     reason="glibc's malloc thresholds, Linux's /proc")
 def test_a_server_reuses_freed_request_memory_instead_of_faulting_in_fresh_pages(tmp_path: Path) -> None:
-    """Binary 4.8 MB gRPC requests through h2corn: with glibc's default thresholds (kept here by a malloc
-    setting of the user's own, glibc's default top pad) the server touches ~1,200+ fresh pages per request;
-    a serving process reuses the memory it freed."""
+    """Binary 4.8 MB gRPC requests through h2corn: with glibc's default thresholds (``STREAMRT_MALLOC_TUNING=0``)
+    the server touches thousands of fresh pages per request; a serving process reuses the memory it freed."""
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")
            and not k.startswith("MALLOC_")}
-    default = _faults_per_binary_request(tmp_path / "default", {**env, "MALLOC_TOP_PAD_": str(128 << 10)})
+    default = _faults_per_binary_request(tmp_path / "default", {**env, "STREAMRT_MALLOC_TUNING": "0"})
     serving = _faults_per_binary_request(tmp_path / "serving", env)
     print(f"faults per request: defaults {default:.0f}, serving {serving:.0f}")
     assert default > 1000, f"glibc's defaults faulted {default:.0f} pages per request: nothing to show"
@@ -128,5 +127,8 @@ def test_a_server_reuses_freed_request_memory_instead_of_faulting_in_fresh_pages
 
 
 def test_malloc_settings_of_the_users_own_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STREAMRT_MALLOC_TUNING", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert keep_freed_memory() == "malloc left as configured (MALLOC_TRIM_THRESHOLD_)"
+    monkeypatch.setenv("STREAMRT_MALLOC_TUNING", "0")
+    assert keep_freed_memory() == "malloc left as glibc sets it (STREAMRT_MALLOC_TUNING=0)"

@@ -22,8 +22,8 @@ Two CPython defaults cost a server under load, both measured on the 2-core CI ma
   from its heaps (``mallopt``): binary 4.8 MB requests through ``--grpc-server h2corn`` took 4.2-5.7 ms
   at p50 at concurrency 1 instead of 11.2-12.4, and 1.6x the images/s at concurrency 4, with the
   same resident memory (docs/benchmarks/2026-12-06-malloc-cpu.md). A process started with glibc's own
-  malloc settings (``MALLOC_*_`` variables, ``GLIBC_TUNABLES``) or another allocator preloaded keeps
-  them; a C library without ``mallopt`` is left alone.
+  malloc settings (``MALLOC_*_`` variables, ``GLIBC_TUNABLES``), another allocator preloaded or
+  ``STREAMRT_MALLOC_TUNING=0`` keeps glibc's behaviour; a C library without ``mallopt`` is left alone.
 
 :func:`configure_serving_process` is called by ``streamrt serve`` and by each front-end worker at
 start; :func:`settle_heap` after each model load. Embedded servers (``ServerThread`` in a user's
@@ -39,7 +39,7 @@ import os
 import sys
 import time
 
-__all__ = ["GC_THRESHOLDS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "SWITCH_INTERVAL_S",
+__all__ = ["GC_THRESHOLDS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "MALLOC_TUNING_ENV", "SWITCH_INTERVAL_S",
            "configure_serving_process", "keep_freed_memory", "settle_heap"]
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,9 @@ its default starts at 128 KiB and follows the largest block freed)."""
 MALLOC_TRIM_THRESHOLD = 256 << 20
 """Free memory a heap keeps before it gives some back to the kernel (glibc's default: twice the mmap threshold)."""
 
+MALLOC_TUNING_ENV = "STREAMRT_MALLOC_TUNING"
+"""``0``: a serving process leaves malloc's thresholds as glibc sets them."""
+
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 _OWN_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
                         "GLIBC_TUNABLES", "LD_PRELOAD")
@@ -67,6 +70,8 @@ _configured = False
 def keep_freed_memory() -> str:
     """Set glibc's mmap and trim thresholds for a serving process (see the module docstring); what was done,
     for the log."""
+    if os.environ.get(MALLOC_TUNING_ENV) == "0":
+        return f"malloc left as glibc sets it ({MALLOC_TUNING_ENV}=0)"
     own = [name for name in _OWN_MALLOC_SETTINGS if os.environ.get(name)]
     if own:
         return f"malloc left as configured ({', '.join(own)})"
