@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from streamrt.pipeline.config import PipelineConfig, Topology
+from streamrt.profiling.gc_pauses import GcPauses
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
 from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig, plan_admission
 from streamrt.video.clips import smoke_clips as _smoke_clips
@@ -696,11 +697,16 @@ def main(argv: list[str] | None = None) -> int:
         if budget.left < needs:
             lines = [f"skipped: {budget.left:.0f} s left of the budget, the part needs ~{needs:.0f} s"]
         else:
-            try:
-                lines = fn()
-            except Exception as exc:
-                lines = ["```", traceback.format_exc(), "```"]
-                state.setdefault("failed", []).append(f"{title}: {type(exc).__name__}: {exc}")
+            # the collector's pauses over the part, its setup included (a full one stops every thread of the
+            # consumer for tens of ms: drops on many streams at once)
+            with GcPauses() as pauses:
+                try:
+                    lines = fn()
+                except Exception as exc:
+                    lines = ["```", traceback.format_exc(), "```"]
+                    state.setdefault("failed", []).append(f"{title}: {type(exc).__name__}: {exc}")
+            lines.append(f"\n- garbage collector during the part: {pauses.summary()}")
+            state.setdefault("gc", {})[key] = pauses.summary()
         lines.append(f"\n({time.perf_counter() - started:.0f} s)")
         print("\n".join(lines), flush=True)
         sections.append("\n".join([f"## {title}", "", *lines, ""]))
