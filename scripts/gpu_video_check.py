@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from streamrt.pipeline.collector import realtime_collector
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.profiling.gc_pauses import GcPauses
 from streamrt.video import ArraySource, DetectConfig, Prefetch, SourceInfo, VideoFileSource, run_detection
@@ -697,9 +698,10 @@ def main(argv: list[str] | None = None) -> int:
         if budget.left < needs:
             lines = [f"skipped: {budget.left:.0f} s left of the budget, the part needs ~{needs:.0f} s"]
         else:
-            # the collector's pauses over the part, its setup included (a full one stops every thread of the
-            # consumer for tens of ms: drops on many streams at once)
-            with GcPauses() as pauses:
+            # the collector as in `streamrt detect` (what is open frozen, young collections rarer), and its pauses
+            # over the part, the part's setup included (a full one stops every thread of the consumer for tens of ms:
+            # drops on many streams at once)
+            with realtime_collector(), GcPauses() as pauses:
                 try:
                     lines = fn()
                 except Exception as exc:

@@ -296,6 +296,7 @@ def _detect_on_gpus(args: argparse.Namespace, sources: list[FrameSource], config
 
 def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],
             config: DetectConfig) -> int:
+    from streamrt.pipeline.collector import realtime_collector
     from streamrt.video.report import write_report_files
     from streamrt.video.runner import run_detection
     from streamrt.video.sinks import JsonlSink, Sink, ThreadedSink, VideoSink
@@ -321,8 +322,10 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
         admission = _admit(args, detector, sources, config) if config.paced and config.live else None
         bar = ProgressBar(not args.no_progress)
         try:
-            report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar,
-                                   admission=admission)
+            # the detector, the sources and the sinks are open: frozen out of the run's collections
+            with realtime_collector():
+                report = run_detection(detector, feeds, config, on_result=deliver if sinks else None, progress=bar,
+                                       admission=admission)
         finally:
             bar.close()
     except BaseException:

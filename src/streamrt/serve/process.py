@@ -1,19 +1,16 @@
 """Process-wide settings of a serving process (the engine process and each front-end worker).
 
-Two CPython defaults cost a server under load, both measured on the 2-core CI machine:
+Three defaults cost a server under load, two of CPython's and one of glibc's, all measured on the 2-core CI
+machine:
 
 * The GIL switch interval (5 ms): the event loop thread parses request bodies while instance
   threads need the GIL for the few Python steps of each batch, and at 5 ms a waiting instance
   thread lost up to 5 ms per step (HTTP 4.8 MB requests: batch gather 47 ms -> 1.1 ms, gRPC p99
   419 -> 192 ms; docs/benchmarks/serving-frontend-cpu.md). A serving process uses 0.5 ms.
-* The cyclic garbage collector: requests in flight outlive the young collections (700
-  allocations), get promoted, and trigger a full collection every ~0.5 s under load; each one walks
-  every object of the process (ONNX Runtime, torch, the models: ~180,000 objects), about 100 ms
-  with the event loop and every instance thread stopped. A serving process collects the young
-  generation every :data:`GC_THRESHOLDS` ``[0]`` allocations (request objects die by reference
-  count first) and, once its models are loaded, moves what survives a collection to the permanent
-  generation (``gc.freeze``), so a full collection walks only what came later
-  (docs/benchmarks/engine-request-path-cpu.md).
+* The cyclic garbage collector: full collections of every object of the process every ~0.5 s
+  under load, ~100 ms each with every thread stopped; a serving process sets it up as every
+  real-time process does (:mod:`streamrt.pipeline.collector`: thresholds, the heap frozen after
+  each model load).
 * glibc's malloc gives memory back to the kernel as soon as a few MB lie free at the top of a heap,
   and h2corn's Tokio threads allocate each request body in heaps of their own: every 4.8 MB gRPC
   request then touched fresh pages (~2,700 page faults per request; a 4.8 MB ``bytearray`` took
@@ -26,18 +23,19 @@ Two CPython defaults cost a server under load, both measured on the 2-core CI ma
   ``STREAMRT_MALLOC_TUNING=0`` keeps glibc's behaviour; a C library without ``mallopt`` is left alone.
 
 :func:`configure_serving_process` is called by ``streamrt serve`` and by each front-end worker at
-start; :func:`settle_heap` after each model load. Embedded servers (``ServerThread`` in a user's
-process, the tests) keep the host process's settings: these are process-wide choices.
+start; :func:`settle_heap` (:func:`streamrt.pipeline.collector.settle_heap`) after each model load.
+Embedded servers (``ServerThread`` in a user's process, the tests) keep the host process's settings:
+these are process-wide choices.
 """
 
 from __future__ import annotations
 
 import ctypes
-import gc
 import logging
 import os
 import sys
-import time
+
+from streamrt.pipeline.collector import REALTIME_GC_THRESHOLDS, configure_collector, settle_heap
 
 __all__ = ["GC_THRESHOLDS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "MALLOC_TUNING_ENV", "SWITCH_INTERVAL_S",
            "configure_serving_process", "keep_freed_memory", "settle_heap"]
@@ -47,7 +45,7 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.0005
 """GIL switch interval of a serving process (Python's default: 5 ms)."""
 
-GC_THRESHOLDS = (50_000, 20, 20)
+GC_THRESHOLDS = REALTIME_GC_THRESHOLDS
 """``gc.set_threshold`` of a serving process (Python's default: 700, 10, 10)."""
 
 MALLOC_MMAP_THRESHOLD = 32 << 20
@@ -63,9 +61,6 @@ MALLOC_TUNING_ENV = "STREAMRT_MALLOC_TUNING"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 _OWN_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
                         "GLIBC_TUNABLES", "LD_PRELOAD")
-
-_configured = False
-
 
 def keep_freed_memory() -> str:
     """Set glibc's mmap and trim thresholds for a serving process (see the module docstring); what was done,
@@ -88,25 +83,6 @@ def keep_freed_memory() -> str:
 
 def configure_serving_process() -> None:
     """Switch interval, collector thresholds and malloc thresholds for serving (see the module docstring)."""
-    global _configured
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    gc.set_threshold(*GC_THRESHOLDS)
+    configure_collector()
     log.debug(keep_freed_memory())
-    _configured = True
-
-
-def settle_heap() -> None:
-    """In a configured serving process: collect the garbage, then freeze what is left (the loaded
-    models, the libraries) out of every later collection. Elsewhere: nothing.
-
-    What an earlier call froze is unfrozen first and collected with the rest: a model unloaded or
-    replaced since then may have left reference cycles among frozen objects, which no collection
-    would ever free otherwise (one full collection per load: ~0.1 s for ~180,000 objects)."""
-    if not _configured:
-        return
-    start = time.perf_counter()
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-    log.debug("heap settled in %.0f ms: %d objects frozen", (time.perf_counter() - start) * 1e3,
-              gc.get_freeze_count())
