@@ -44,6 +44,7 @@ from streamrt.ops.letterbox import CpuLetterbox, Normalize
 from streamrt.ops.letterbox_torch import TorchLetterbox
 from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 from streamrt.ops.postprocess_torch import TorchPostprocess
+from streamrt.pipeline.collector import realtime_collector
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = "cuda"  # --device; the CPU smoke run sets "cpu"
@@ -309,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {title}", flush=True)
         started = time.perf_counter()
         try:
-            lines = fn()
+            with realtime_collector():  # as `streamrt detect` runs
+                lines = fn()
         except Exception as exc:
             lines = ["```", traceback.format_exc(), "```"]
             report.setdefault("failed", []).append(f"{title}: {type(exc).__name__}: {exc}")
