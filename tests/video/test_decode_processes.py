@@ -273,3 +273,27 @@ def test_detect_with_decoder_processes_that_fail_to_open_exits_with_one_line_and
     assert main(["detect", str(clips[0]), "--decode-processes", "1", "--no-progress"]) == 2
     assert "decoder process 0 cannot decode" in capsys.readouterr().err
     assert opened and _gone(opened)
+
+
+def test_a_decoder_process_freezes_torch_out_of_its_collections() -> None:
+    """A full collection of a decoder process's heap (torch: ~165,000 objects, ~60 ms) would stall every stream it
+    decodes; the process freezes what it loaded and collects the young generation rarely (run in a child: the
+    settings are process-wide)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import gc, queue
+        from streamrt.pipeline.collector import REALTIME_GC_THRESHOLDS
+        from streamrt.video.decode_nvdec import NvdecOptions
+        from streamrt.video.decode_worker import _worker_main
+
+        commands, events = queue.Queue(), queue.Queue()
+        commands.put(("stop",))
+        _worker_main(0, "cpu", 0, NvdecOptions(), commands, events)
+        print(gc.get_threshold() == REALTIME_GC_THRESHOLDS, gc.get_freeze_count())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    same, frozen = done.stdout.split()
+    assert same == "True" and int(frozen) > 50_000, done.stdout + done.stderr

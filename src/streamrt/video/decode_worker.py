@@ -185,6 +185,8 @@ def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, comman
 
     import torch  # now, not inside the first ring's unpickling: that would look like a stall
 
+    from streamrt.pipeline.collector import configure_collector, settle_heap
+
     torch.set_num_threads(1)  # a picture's copy needs no thread pool; N processes' pools would fight for cores
     if kind == "cpu":  # one core per CPU decoder process: OpenCV's colour conversion without its thread pool
         from streamrt._optional import available
@@ -195,6 +197,10 @@ def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, comman
             cv2.setNumThreads(1)
     if kind == "nvdec":
         torch.cuda.set_device(gpu)  # the rings arrive on this device
+    # a process of ours that must never stall: torch's ~165,000 objects frozen out of the collections (a full one
+    # took 63 ms on the CI machine, longer than the two frames each of its streams queues), young ones rarer
+    configure_collector()
+    settle_heap()
 
     parent = multiprocessing.parent_process()
     lanes: dict[int, _WorkerLane] = {}
