@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from serving_frontend import cpu_seconds, run_perf, served, wait_ready, write_repository  # noqa: E402
-from streamrt.testing.server_process import free_port, stop  # noqa: E402
+from streamrt.testing.server_process import child_pids, free_port, stop  # noqa: E402
 
 VARIANTS: dict[str, dict[str, str]] = {
     "glibc defaults": {"STREAMRT_MALLOC_TUNING": "0"},
@@ -51,8 +51,6 @@ def parse_case(text: str) -> tuple[str, str, int, int]:
 
 def resident_mib(pid: int) -> float:
     """The process's and its children's resident memory (Linux /proc)."""
-    from streamrt.testing.server_process import child_pids
-
     total = 0
     for each in [pid, *child_pids(pid)]:
         for line in Path(f"/proc/{each}/status").read_text().splitlines():

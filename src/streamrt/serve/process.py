@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 
+from streamrt._env import env_switch
 from streamrt.pipeline.collector import REALTIME_GC_THRESHOLDS, configure_collector, settle_heap
 
 __all__ = ["GC_THRESHOLDS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "MALLOC_TUNING_ENV", "SWITCH_INTERVAL_S",
@@ -62,10 +63,11 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 _OWN_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
                         "GLIBC_TUNABLES", "LD_PRELOAD")
 
+
 def keep_freed_memory() -> str:
     """Set glibc's mmap and trim thresholds for a serving process (see the module docstring); what was done,
     for the log."""
-    if os.environ.get(MALLOC_TUNING_ENV) == "0":
+    if not env_switch(MALLOC_TUNING_ENV, True):
         return f"malloc left as glibc sets it ({MALLOC_TUNING_ENV}=0)"
     own = [name for name in _OWN_MALLOC_SETTINGS if os.environ.get(name)]
     if own:
@@ -75,8 +77,11 @@ def keep_freed_memory() -> str:
     except (OSError, AttributeError):
         return "malloc left alone (no mallopt in this C library)"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) != 1 or mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) != 1:
-        return "malloc left alone (mallopt refused the thresholds)"
+    refused = [name for name, option, value in (("mmap", _M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD),
+                                                ("trim", _M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
+               if mallopt(option, value) != 1]
+    if refused:
+        return f"malloc thresholds not all set (mallopt refused the {' and '.join(refused)} threshold)"
     return (f"malloc keeps up to {MALLOC_TRIM_THRESHOLD >> 20} MiB free per heap "
             f"(blocks under {MALLOC_MMAP_THRESHOLD >> 20} MiB)")
 
