@@ -46,7 +46,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrt._env import env_switch
 from streamrt._optional import available
 from streamrt.device.base import Device, StreamLike
 from streamrt.device.buffers import import_torch
@@ -430,7 +430,7 @@ DIRECT_MIN_BYTES = 64 * 1024
 """A batch of several requests is copied part by part only when each part has at least this many bytes
 (many small copies cost more than one gather and one copy)."""
 
-DIRECT_COPIES = os.environ.get("STREAMRT_DIRECT_HOST_COPIES", "1") != "0"
+DIRECT_COPIES = env_switch("STREAMRT_DIRECT_HOST_COPIES", True)
 """Whether the server's CUDA instances use :func:`rows_to_device` (on by default; ``STREAMRT_DIRECT_HOST_COPIES=0``
 gathers every batch into a pinned slot instead). Off until 2026-12-05: page-locking front-end arenas and
 shared-memory mappings with ``cudaHostRegister`` hung on the H200 on 2026-12-02; their GPU tests passed on

@@ -37,11 +37,11 @@ Example:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from streamrt._env import env_switch
 from streamrt.errors import ShapeError
 from streamrt.ops._backend import use_triton as resolve_triton
 from streamrt.ops.layouts import LAYOUTS, OutputLayout
@@ -79,7 +79,7 @@ class TorchPostprocess:
         self.device = torch.device(device)
         self.dtype = dtype
         self.use_triton = resolve_triton(self.device, use_triton)
-        self.fused = self.use_triton and os.environ.get(FUSED_ENV, "1") != "0"
+        self.fused = env_switch(FUSED_ENV, True) and self.use_triton  # read (and checked) wherever the op is made
         # the threshold as torch compares it with a tensor of the scores' dtype (a half tensor vs a Python float:
         # in half), for the fused kernels, which compare in float32
         self._conf = float(torch.tensor(config.conf, dtype=dtype))

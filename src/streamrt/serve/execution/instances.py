@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamrt._env import env_switch
 from streamrt.backends.base import Engine
 from streamrt.device import (
     Device,
@@ -332,7 +333,7 @@ class Instance:
             self.rate_limit.close()
 
 
-BLOCKING_SYNC = os.environ.get("STREAMRT_BLOCKING_SYNC", "") == "1"
+BLOCKING_SYNC = env_switch("STREAMRT_BLOCKING_SYNC", False)
 """Whether a GPU instance's thread sleeps while it waits for its batch (``cudaEventBlockingSync``) instead of
 CUDA's default for a busy host, spinning on a core (``STREAMRT_BLOCKING_SYNC=1``). Two instances of a 7 ms
 batch spin two cores that the front ends, the clients and the gathers of a host transport want; a sleeping
