@@ -63,6 +63,7 @@ from streamrt.video.admission import ADMISSION_MODES, Admission, AdmissionConfig
 from streamrt.video.clips import smoke_clips as _smoke_clips
 from streamrt.video.decode_nvdec import NvdecOptions, NvdecPool, measure_nvdec, nvdec_available
 from streamrt.video.decode_scaling import DecoderLoad
+from streamrt.video.hybrid_policy import DEFAULT_HEADROOM
 from streamrt.video.model import DetectorModel, bundled_labels, bundled_model, open_detector
 from streamrt.video.report import LATENCY_BUDGET_MS, RunReport
 
@@ -71,7 +72,6 @@ from _gpu_parts import Budget
 
 ROOT = Path(__file__).resolve().parents[1]
 FPS = 30.0
-HYBRID_HEADROOM = AdmissionConfig().headroom  # part 5 plans and admits up to this share of the hybrid's capacity
 # How NVDEC sessions are made (scripts/gpu_nvdec_scaling.py compares them): the old way, and the fix.
 NVDEC_WAYS = {"legacy": NvdecOptions(context="own", reuse=False), "primary+reuse": NvdecOptions()}
 
@@ -462,7 +462,7 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
     return lines
 
 
-def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders,
+def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off") -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
@@ -511,7 +511,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     # ... with as many NVDEC sessions as the plan from a first measurement puts there (16 over-stated 139 paced
     # streams on an H100 on 2026-12-06)
     both = measure_hybrid_capacity_for_plan(
-        clips[0], [FPS] * n, headroom=HYBRID_HEADROOM, first_sessions=1 if dec.quick else 16,
+        clips[0], [FPS] * n, headroom=headroom, first_sessions=1 if dec.quick else 16,
         decode_processes=nvdec_processes, cpu_processes=cpu_cores, seconds=seconds_cpu + 1.0,
         warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu")
     print(f"  capacity at {both['first']['nvdec_sessions']} NVDEC sessions: {both['first']['nvdec']:.0f} + "
@@ -519,9 +519,9 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
           f"{both['nvdec_sessions']} sessions, {both['nvdec']:.0f} + {both['cpu']:.0f}", flush=True)
     state["hybrid_capacity"] = both
     capacity = {"nvdec": both["nvdec"], "cpu": both["cpu"]}
-    fit = int(HYBRID_HEADROOM * (capacity["nvdec"] + capacity["cpu"]) // FPS)
+    fit = int(headroom * (capacity["nvdec"] + capacity["cpu"]) // FPS)
     ran = n if admission == "off" else max(1, min(n, fit))
-    admitted = (f"admission {admission}: {fit} streams fit {HYBRID_HEADROOM:.0%} of the {capacity['nvdec']:.0f} + "
+    admitted = (f"admission {admission}: {fit} streams fit {headroom:.0%} of the {capacity['nvdec']:.0f} + "
                 f"{capacity['cpu']:.0f} frames/s measured at once; " +
                 (f"{ran} of {n} ran, {n - ran} {'queued' if admission == 'queue' else 'refused'}" if ran < n
                  else f"all {n} ran"))
@@ -530,7 +530,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     if not dec.cuda:
         return [f"- {admitted}", *_hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores,
                                                 state)]
-    policy = HybridPolicy(capacity, headroom=HYBRID_HEADROOM)
+    policy = HybridPolicy(capacity, headroom=headroom)
     with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
                       decode_processes=dec.processes, cpu_processes=cpu_cores) as hybrid:
         planned = dict(hybrid.summary()["assignment"])
@@ -633,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aoti-runners", default="", metavar="NAME,..",
                         help="part 4 once per AOTInductor runner: torch (holds the GIL while the engine runs), "
                              "nogil (gives it up; the default runner); empty: once, with the default")
+    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                        help=f"part 5: the share of each side's measured capacity the hybrid plans and admits up to "
+                             f"(default {DEFAULT_HEADROOM}, `streamrt detect --hybrid`'s)")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
@@ -684,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
         "4": ("4. Streams vs the synchronous loop, fair baselines (1080p, frames from host memory)", 90,
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
-              lambda: part_hybrid(clips, args.duration, state, dec, args.hybrid_streams, args.admission)),
+              lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
+                                  args.admission)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

@@ -22,7 +22,11 @@ The output ends with one row per stream: achieved FPS, frames dropped, p50/p99 c
 ``--decode-processes N`` decodes the video files with NVDEC in N worker processes, each picture
 handed to the detector on the device by CUDA IPC (:mod:`streamrt.video.decode_processes`: one
 process binds NVDEC at ~2,000-2,800 frames/s on an H200, 4 reach its engines' bound); 0, the
-default, decodes in this process as before.
+default, decodes in this process as before. Admission then measures NVDEC in those processes.
+``--hybrid`` adds CPU decoder processes (one core each) for the streams NVDEC cannot take
+(:mod:`streamrt.video.hybrid`): both sides' capacity is measured at once before the run, the streams
+are planned within ``--headroom`` of each side (default 0.85 with ``--hybrid``, 0.9 otherwise), and
+admission counts both.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamrt.cli.args import CacheArgs, PipelineArgs, add_alias, backend_choices, plain_text
+from streamrt.video.hybrid_policy import DEFAULT_HEADROOM
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from streamrt.pipeline.config import PipelineConfig
     from streamrt.video.admission import Admission
     from streamrt.video.model import DetectorModel
@@ -44,6 +51,13 @@ if TYPE_CHECKING:
     from streamrt.video.workload import Detections, Frame
 
 __all__ = ["add_detect_arguments", "register", "run"]
+
+ADMISSION_HEADROOM = 0.9
+"""``--headroom``'s default: the share of the measured capacity admission plans up to (``AdmissionConfig``'s)."""
+HYBRID_HEADROOM = DEFAULT_HEADROOM
+"""``--headroom``'s default with ``--hybrid``, the hybrid policy's: two kinds of decoders measured at once on
+shared cores vary more; at 0.9 an H100 dropped 2-7 frames of ~20,000 at 162-167 streams
+(docs/benchmarks/2026-12-06-h100-s3.md, 2026-12-06-h100-s4.md)."""
 
 # detect's pipeline flags. With none given, the demo's choice for this machine (pipeline_config);
 # with some, the others default to a stream per stage and 4 frames in flight. Traced for the report.
@@ -90,8 +104,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     live.add_argument("--admission", default="refuse", choices=["refuse", "queue", "off"],
                       help="streams beyond the measured capacity: refuse (default), queue until one ends, "
                            "or off (run all; every stream drops frames evenly)")
-    live.add_argument("--headroom", type=float, default=0.9,
-                      help="plan up to this fraction of the measured capacity (default 0.9)")
+    live.add_argument("--headroom", type=float, default=None,
+                      help=f"plan up to this fraction of the measured capacity (default {ADMISSION_HEADROOM}; "
+                           f"{HYBRID_HEADROOM} with --hybrid)")
     live.add_argument("--remeasure", action="store_true",
                       help="measure decode and engine capacity again instead of reading the cached record")
     live.add_argument("--queue-depth", type=int, default=2,
@@ -103,6 +118,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--decode-processes", type=int, default=0, metavar="N",
                         help="decode the video files with NVDEC in N worker processes, pictures handed over on the "
                              "GPU (default 0: decode in this process)")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="with --decode-processes: CPU decoder processes take the streams NVDEC cannot "
+                             "(both sides measured at once, streams planned within --headroom of each)")
     parser.add_argument("--gpus", default=None, metavar="0,1",
                         help="spread the sources round-robin over these GPUs: a detector and a pipeline on each")
     add_detect_arguments(parser)
@@ -188,6 +206,11 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.report, directory=True, flag="--report")
     config = detect_config(args, paced=args.paced)
     # Sources next: a missing or unreadable video must fail before minutes of building.
+    if args.hybrid and not args.decode_processes:
+        from streamrt.errors import ConfigError
+
+        raise ConfigError("--hybrid spreads streams over NVDEC and CPU decoder processes",
+                          hint="add --decode-processes N (4 reach NVDEC's bound on an H200)")
     decoders = _decoder_processes(args) if args.decode_processes else None
     try:
         return _open_and_detect(args, config, decoders)
@@ -212,11 +235,19 @@ def _open_and_detect(args: argparse.Namespace, config: DetectConfig, decoders: A
         for source in sources:
             source.close()
         raise
-    return _detect(args, detector, sources, config)
+    return _detect(args, detector, sources, config, decoders)
+
+
+def headroom(args: argparse.Namespace) -> float:
+    """``--headroom``, or its default for this run's decoders."""
+    if args.headroom is not None:
+        return float(args.headroom)
+    return HYBRID_HEADROOM if getattr(args, "hybrid", False) else ADMISSION_HEADROOM
 
 
 def _decoder_processes(args: argparse.Namespace) -> Any:
-    """``--decode-processes N``: the video files on NVDEC in N decoder processes (a ProcessDecodePool).
+    """``--decode-processes N``: the video files on NVDEC in N decoder processes (a ProcessDecodePool), or with
+    ``--hybrid`` over NVDEC and CPU decoder processes (a HybridDecode, which measures both sides first).
 
     Raises:
         ConfigError: a negative count, ``--gpus`` or ``-o`` with it, or no NVDEC here.
@@ -236,6 +267,10 @@ def _decoder_processes(args: argparse.Namespace) -> Any:
     if not nvdec_available():
         raise ConfigError("--decode-processes needs NVDEC: a CUDA GPU and PyNvVideoCodec",
                           hint="pip install 'streamrt[nvdec]' on a GPU machine, or drop --decode-processes")
+    if args.hybrid:
+        from streamrt.video.hybrid import HybridDecode
+
+        return HybridDecode(args.sources, fps=args.fps, decode_processes=n, headroom=headroom(args))
     return ProcessDecodePool(args.sources, processes=n)
 
 
@@ -295,7 +330,7 @@ def _detect_on_gpus(args: argparse.Namespace, sources: list[FrameSource], config
 
 
 def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],
-            config: DetectConfig) -> int:
+            config: DetectConfig, decoders: Any = None) -> int:
     from streamrt.pipeline.collector import realtime_collector
     from streamrt.video.report import write_report_files
     from streamrt.video.runner import run_detection
@@ -303,7 +338,7 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
     from streamrt.video.sources import Prefetch
 
     sinks: list[Sink] = []
-    feeds: list[Prefetch] = []
+    feeds: list[FrameSource] = []
     try:
         names = detector.names
         first = sources[0].info
@@ -313,13 +348,14 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
             size = (first.width, first.height)
             sinks.append(ThreadedSink(VideoSink(args.output, fps=args.fps or first.fps, size=size,
                                                 sources=len(sources), names=names)))
-        feeds = [Prefetch(s) for s in sources]
+        # a decoder pool's streams decode ahead in their pool, and are read together from it (pool_lane)
+        feeds = [s if getattr(s, "pool_lane", None) is not None else Prefetch(s) for s in sources]
 
         def deliver(frame: Frame, detections: Detections) -> None:
             for sink in sinks:
                 sink(frame, detections)
 
-        admission = _admit(args, detector, sources, config) if config.paced and config.live else None
+        admission = _admit(args, detector, sources, config, decoders) if config.paced and config.live else None
         bar = ProgressBar(not args.no_progress)
         try:
             # the detector, the sources and the sinks are open: frozen out of the run's collections
@@ -356,8 +392,10 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
 
 
 def _admit(args: argparse.Namespace, detector: DetectorModel, sources: list[FrameSource],
-           config: DetectConfig) -> Admission:
-    """Measure (or read) the capacity, decide which streams run, print the line that says so.
+           config: DetectConfig, decoders: Any = None) -> Admission:
+    """Measure (or read) the capacity, decide which streams run, print the line that says so. Decoder processes
+    are measured as they run (NVDEC in those processes; with ``--hybrid`` the hybrid's own measurement of both
+    sides at once, made when it opened).
 
     Raises:
         ConfigError: not one stream fits (the message names the capacity and the demand).
@@ -369,12 +407,31 @@ def _admit(args: argparse.Namespace, detector: DetectorModel, sources: list[Fram
     first = sources[0].info
     fps = config.fps or first.fps or 30.0
     batch = config.batch or min(len(sources), detector.max_batch)
+    decoder, measure, remeasure = _decode_measurement(args, decoders, len(sources))
     record = capacity_for(detector, args.sources[0], first.width, first.height, batch=batch,
-                          cache_dir=CacheArgs.cache_dir(args), remeasure=args.remeasure)
-    plan = plan_admission([fps] * len(sources), record, AdmissionConfig(args.admission, args.headroom))
+                          cache_dir=CacheArgs.cache_dir(args), remeasure=remeasure, decoder=decoder,
+                          measure_decode=measure)
+    plan = plan_admission([fps] * len(sources), record, AdmissionConfig(args.admission, headroom(args)))
     print(f"capacity: decode {record.decode_fps:,.0f} frames/s ({record.decoder}), engine {record.engine_fps:,.0f} "
           f"frames/s (batch {record.batch}), measured {record.age_s:,.0f} s ago; --remeasure to measure again")
     print(plan.message)
     if not plan.admitted:
         raise ConfigError(plan.message, hint="lower --fps, or --admission off to try anyway")
     return plan
+
+
+def _decode_measurement(args: argparse.Namespace, decoders: Any,
+                        streams: int) -> tuple[str | None, Callable[[], float] | None, bool]:
+    """The decoder's name for the capacity record, how to measure it, and whether to measure again (``None, None``:
+    this process's own decoder, :func:`~streamrt.video.capacity.capacity_for`'s probe)."""
+    if decoders is None:
+        return None, None, args.remeasure
+    measured = getattr(decoders, "measured", None)
+    if measured is not None:  # the hybrid measured both sides at once when it opened: that is the capacity
+        name = f"nvdec+cpu ({args.decode_processes} NVDEC + {measured['cpu_decoders']} CPU decoder processes)"
+        return name, lambda: float(measured["nvdec"] + measured["cpu"]), True
+    from streamrt.video.hybrid_capacity import measure_process_decode
+
+    n = args.decode_processes
+    return (f"nvdec in {n} decoder processes",
+            lambda: measure_process_decode(args.sources[0], processes=n, sessions=min(streams, 16)), args.remeasure)

@@ -30,6 +30,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,8 +180,8 @@ def measure_engine(model: DetectorModel, batch: int = 1, seconds: float = 1.0, m
 
 
 def capacity_for(model: DetectorModel, source: str, width: int, height: int, *, batch: int = 1,
-                 cache_dir: str | Path | None = None, remeasure: bool = False,
-                 seconds: float = 1.0) -> CapacityRecord:
+                 cache_dir: str | Path | None = None, remeasure: bool = False, seconds: float = 1.0,
+                 decoder: str | None = None, measure_decode: Callable[[], float] | None = None) -> CapacityRecord:
     """The capacity record for streams like ``source``: from the cache, else measured and cached.
 
     Args:
@@ -191,13 +192,18 @@ def capacity_for(model: DetectorModel, source: str, width: int, height: int, *, 
         cache_dir: StreamRT's cache dir (default ``$STREAMRT_CACHE`` or ``~/.cache/streamrt``).
         remeasure: measure even when a cached record exists.
         seconds: length of each probe.
+        decoder, measure_decode: how the run decodes when it is not this process's own decoder (``nvdec in 4
+            processes``, ``nvdec+cpu``) and how to measure that (frames/s); the record is kept under that name.
     """
     codec = probe_codec(source)
-    decoder = "cpu" if codec != "raw" else NO_DECODER
-    from streamrt.video.decode_nvdec import nvdec_available
+    if (decoder is None) != (measure_decode is None):
+        raise ValueError("capacity_for: give decoder and measure_decode together")
+    if decoder is None:
+        decoder = "cpu" if codec != "raw" else NO_DECODER
+        from streamrt.video.decode_nvdec import nvdec_available
 
-    if decoder == "cpu" and nvdec_available():
-        decoder = "nvdec"
+        if decoder == "cpu" and nvdec_available():
+            decoder = "nvdec"
     key = capacity_key(codec, width, height, decoder, plan_id(model), machine_name())
     path = capacity_path(key, cache_dir)
     if path.is_file() and not remeasure:
@@ -208,7 +214,9 @@ def capacity_for(model: DetectorModel, source: str, width: int, height: int, *, 
         except (ValueError, TypeError) as exc:
             log.warning("ignoring unreadable capacity record %s (%s); measuring", path, exc)
     decode = math.inf
-    if decoder != NO_DECODER:
+    if measure_decode is not None:
+        decode = measure_decode()
+    elif decoder != NO_DECODER:
         from streamrt.video.hybrid_capacity import measure_capacity
 
         pools = measure_capacity(source, seconds=seconds)

@@ -216,6 +216,8 @@ class HybridDecode:
             device to device only; None: when CUDA is available.
         depth: pictures decoded ahead per stream.
         interval_s: how often measurements feed the policy (0: never re-balance).
+        headroom: the share of each side's capacity the plan fills (the policy's, and the measurement's plan);
+            ignored with ``policy``.
         clock: monotonic seconds (tests).
     """
 
@@ -223,7 +225,8 @@ class HybridDecode:
                  policy: HybridPolicy | None = None, fps: float | None = None, loop: bool = False,
                  cpu_threads: int = 1, nvdec_workers: int = 4, depth: int = 4, interval_s: float = 1.0,
                  decode_processes: int = 0, cpu_processes: int | None = None, process_kind: str = "nvdec",
-                 upload: bool | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 upload: bool | None = None, headroom: float = DEFAULT_HEADROOM,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if decode_processes < 0 or (cpu_processes is not None and cpu_processes < 1):
             raise ConfigError(f"decode_processes must be >= 0 and cpu_processes >= 1 (or None), got "
                               f"{decode_processes}, {cpu_processes}")
@@ -235,9 +238,10 @@ class HybridDecode:
         self.demands = [float(fps or probe.info.fps)] * len(self.paths)
         probe.close()
         self.measured: dict[str, Any] | None = None  # the capacity measurement, when this hybrid made one
+        self._headroom = headroom
         if policy is None and capacity is None:
             capacity = self._measure()
-        self.policy = policy or HybridPolicy(capacity or {}, clock=clock)
+        self.policy = policy or HybridPolicy(capacity or {}, headroom=self._headroom, clock=clock)
         self._loop, self._threads, self._depth = loop, cpu_threads, depth
         self._nvdec_workers = nvdec_workers
         self._nvdec: Any = None
@@ -265,7 +269,7 @@ class HybridDecode:
         """Both pools' capacities on the first file, measured the way this hybrid will run them."""
         if self._processes:  # at the NVDEC session count the plan gives (a few sessions over-state many)
             self.measured = measure_hybrid_capacity_for_plan(
-                self.paths[0], self.demands, headroom=DEFAULT_HEADROOM, decode_processes=self._processes,
+                self.paths[0], self.demands, headroom=self._headroom, decode_processes=self._processes,
                 cpu_processes=self.cpu_processes, process_kind=self._process_kind, upload=self.upload)
             return {"nvdec": self.measured["nvdec"], "cpu": self.measured["cpu"]}
         return measure_capacity(self.paths[0], cores=self.cpu_processes)

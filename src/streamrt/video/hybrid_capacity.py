@@ -3,7 +3,8 @@
 - :func:`measure_cpu_decode`, :func:`measure_cpu_decode_together`: one CPU decoder, and the CPU decoder processes
   all decoding at the same time;
 - :func:`measure_capacity`: each side on its own (the CPU side together, NVDEC in threads);
-- :func:`measure_hybrid_capacity`: **both sides at once**, read the way the detector reads them.
+- :func:`measure_hybrid_capacity`: **both sides at once**, read the way the detector reads them;
+- :func:`measure_process_decode`: NVDEC alone in decoder processes (``streamrt detect --decode-processes N``).
 
 Capacities measured one pool at a time over-state the hybrid. On the H200 (2026-12-03, 185 streams): the
 NVDEC decoder processes delivered 3,401 frames/s beside the CPU decoders against 5,134 alone, and the CPU
@@ -36,7 +37,8 @@ from streamrt.errors import ConfigError
 from streamrt.video.decoding import open_nv12
 
 __all__ = ["CONSUMER_CORES", "cpu_decoder_processes", "measure_capacity", "measure_cpu_decode",
-           "measure_cpu_decode_together", "measure_hybrid_capacity", "measure_hybrid_capacity_for_plan"]
+           "measure_cpu_decode_together", "measure_hybrid_capacity", "measure_hybrid_capacity_for_plan",
+           "measure_process_decode"]
 
 CONSUMER_CORES = 2
 """Cores left to the consumer process: the thread feeding the engine, and the live group's and the pools'
@@ -182,6 +184,31 @@ def measure_hybrid_capacity_for_plan(path: str | Path, demands: Sequence[float],
     planned = policy.fitting("nvdec", on_nvdec)  # within its planned share, not the overflow a full plan adds
     final = measure_hybrid_capacity(path, nvdec_sessions=planned, **measure) if planned > first_sessions else first
     return {**final, "first": first, "planned_nvdec": planned}
+
+
+def measure_process_decode(path: str | Path, *, processes: int, sessions: int = 16, seconds: float = 2.0,
+                           warmup_s: float = 1.0, kind: str = "nvdec", slots: int = 4) -> float:
+    """Frames/s of ``sessions`` streams of ``path`` (looped) decoded in ``processes`` decoder processes, drained
+    flat out through ``take_ready`` as the detector's live group reads them.
+
+    One process binds NVDEC at ~2,000-2,800 frames/s on an H200 while 4 reach its engines' bound, so a
+    capacity measured in this process (:func:`measure_capacity`) under-states decoder processes by half.
+
+    Args:
+        path: a video file.
+        processes: decoder processes (as ``ProcessDecodePool(processes=...)``).
+        sessions: streams decoded at once (on the H200 14 or more reach the engines' bound).
+        seconds: the measured window, after ``warmup_s``.
+        kind: ``nvdec``, or ``cpu`` (the CI stand-in).
+        slots: pictures decoded ahead per stream.
+    """
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    if processes < 1 or sessions < 1 or seconds <= 0:
+        raise ConfigError(f"measuring decoder processes needs processes >= 1, sessions >= 1 and seconds > 0, got "
+                          f"{processes}, {sessions}, {seconds}")
+    with ProcessDecodePool([Path(path)] * sessions, processes=processes, kind=kind, slots=slots, loop=True) as pool:
+        return _drain_together({"decoded": (pool, sessions)}, seconds, warmup_s)["decoded"] / seconds
 
 
 def _drain_together(pools: dict[str, tuple[Any, int]], seconds: float, warmup_s: float) -> dict[str, int]:

@@ -34,7 +34,8 @@ from streamrt.errors import ConfigError
 __all__ = ["DEFAULT_HEADROOM", "PREFERENCE", "HybridPolicy", "Move"]
 
 DEFAULT_HEADROOM = 0.85
-"""The fraction of a pool's capacity a policy plans up to by default (queues need slack)."""
+"""The fraction of a pool's capacity a policy plans up to by default (queues need slack; ``streamrt detect
+--hybrid``'s default ``--headroom``)."""
 
 # Preferred first.
 PREFERENCE = ("nvdec", "cpu")

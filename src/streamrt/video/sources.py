@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -304,7 +304,8 @@ class SyntheticSource:
 
 
 class Prefetch(_SkipByReading):
-    """Decode ``source`` ahead on a daemon thread, ``depth`` frames deep."""
+    """Decode ``source`` ahead on a daemon thread, ``depth`` frames deep; its frames as they come (BGR arrays, or
+    the pictures of a source whose ``frame_format`` says otherwise: NV12 tensors)."""
 
     _END = object()
 
@@ -320,6 +321,11 @@ class Prefetch(_SkipByReading):
     @property
     def info(self) -> SourceInfo:
         return self._source.info
+
+    @property
+    def frame_format(self) -> str:
+        """The wrapped source's (``run_detection`` builds its pre-processing for it)."""
+        return str(getattr(self._source, "frame_format", "bgr"))
 
     def _run(self) -> None:
         try:
@@ -340,7 +346,7 @@ class Prefetch(_SkipByReading):
             except queue.Full:
                 continue
 
-    def read(self) -> np.ndarray | None:
+    def read(self) -> Any:
         if self._done:
             return None
         value = self._queue.get()
@@ -349,7 +355,6 @@ class Prefetch(_SkipByReading):
             if self._error is not None:
                 raise self._error
             return None
-        assert isinstance(value, np.ndarray)
         return value
 
     def close(self) -> None:

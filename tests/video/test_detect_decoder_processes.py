@@ -1,0 +1,138 @@
+"""``streamrt detect --decode-processes N [--hybrid]`` on the CPU, the decoder processes' CPU stand-in in place of
+NVDEC: the pool's NV12 streams reach the runner as the pool's own streams (until 2026-12-06 every frame went
+through a ``Prefetch`` thread that lost the frame format and asserted a BGR array: the first picture ended the run
+in an ``AssertionError``), admission measures the decoders the way the run uses them, and ``--hybrid`` plans within
+its own headroom. The run itself then stops where a CPU engine cannot take NV12 pictures; on the GPU (marked ``gpu``)
+it runs to the end and its detections equal the in-process decoder's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """NVDEC said to be here, every decoder-process pool the CPU stand-in; the streams the runner got."""
+    from streamrt.video import decode_nvdec, decode_processes, runner
+
+    monkeypatch.setattr(decode_nvdec, "nvdec_available", lambda: True)
+    real_pool = decode_processes.ProcessDecodePool
+
+    class CpuStandIn(real_pool):  # type: ignore[misc, valid-type]
+        def __init__(self, paths: Any, **kwargs: Any) -> None:
+            super().__init__(paths, **{**kwargs, "kind": "cpu"})
+
+    monkeypatch.setattr(decode_processes, "ProcessDecodePool", CpuStandIn)
+    got: list[Any] = []
+    real_run = runner.run_detection
+
+    def run_detection(model: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
+        got.extend(sources)
+        return real_run(model, sources, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_detection", run_detection)  # the CLI imports it at call time
+    return got
+
+
+def test_decoder_processes_streams_reach_the_runner_as_the_pools_own(
+        clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from streamrt.cli.main import main
+
+    assert main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "AssertionError" not in err and "Traceback" not in err
+    assert "frame_format must be bgr, or nv12 on a CUDA engine; got 'nv12' on cpu" in err
+    assert len(stand_in) == 2 and all(s.pool_lane is not None and s.frame_format == "nv12" for s in stand_in)
+
+
+def test_paced_decoder_processes_are_admitted_from_their_own_measurement(
+        clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from streamrt.cli.main import main
+
+    code = main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "1", "--paced", "--fps", "30",
+                 "--no-progress", "--cache-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "(nvdec in 1 decoder processes)" in out and "at 90% headroom" in out
+    records = list((tmp_path / "capacity").glob("*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["decoder"] == "nvdec in 1 decoder processes"
+    assert len(stand_in) == 2 and all(s.pool_lane is not None for s in stand_in)
+
+
+def test_hybrid_plans_and_admits_within_its_headroom(
+        clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from streamrt.cli.main import main
+
+    code = main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "1", "--hybrid", "--paced",
+                 "--fps", "30", "--no-progress", "--cache-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "(nvdec+cpu (1 NVDEC + " in out and "at 85% headroom" in out
+    assert len(stand_in) == 2 and all(s.pool_lane is not None and s.frame_format == "nv12" for s in stand_in)
+
+
+def test_hybrid_needs_decoder_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    from streamrt.cli.main import main
+
+    assert main(["detect", "synthetic", "--hybrid"]) == 2
+    err = capsys.readouterr().err
+    assert "--hybrid spreads streams over NVDEC and CPU decoder processes" in err
+    assert "add --decode-processes N" in err
+
+
+@pytest.mark.gpu
+def test_detect_with_decoder_processes_and_hybrid_on_the_gpu(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """On the GPU: ``detect --decode-processes 2`` (free-running) and ``--paced --hybrid`` run to the end, every
+    stream's frames in order, and the free-running detections equal those of the same files decoded by NVDEC in
+    this process (the same pictures: NVDEC in a worker process is the same decoder)."""
+    from streamrt.cli.main import main
+    from streamrt.video.decode_nvdec import NvdecPool, nvdec_available
+    from streamrt.video.model import bundled_model, open_detector
+    from streamrt.video.runner import DetectConfig, run_detection
+
+    if not nvdec_available():
+        pytest.skip("needs PyNvVideoCodec and a CUDA GPU")
+    clips = sorted(Path(os.environ.get("STREAMRT_VIDEO_CLIPS", "build/video-clips")).glob("*.mp4"))[:2]
+    if not clips:
+        pytest.skip("no clips in STREAMRT_VIDEO_CLIPS (scripts/make_video_clips.py)")
+    frames = 40
+    paths = [str(clips[0]), str(clips[-1]), str(clips[0])]
+    free = tmp_path / "free.jsonl"
+    assert main(["detect", *paths, "--decode-processes", "2", "--max-frames", str(frames), "--no-progress",
+                 "--jsonl", str(free)]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in free.read_text().splitlines()]
+    for i in range(len(paths)):
+        assert [r["frame"] for r in rows if r["source"] == i] == list(range(frames)), f"stream {i}"
+
+    detector = open_detector(bundled_model(), backend="torch_inductor")
+    expected: list[list[Any]] = [[] for _ in paths]
+    with NvdecPool(paths, workers=2) as pool:
+        run_detection(detector, pool.sources(), DetectConfig(max_frames=frames),
+                      on_result=lambda frame, dets: expected[frame.source].append(dets))
+    for i in range(len(paths)):
+        ours = [r for r in rows if r["source"] == i]
+        for k, (row, dets) in enumerate(zip(ours, expected[i], strict=True)):
+            want = dets.to_json()["detections"]
+            assert [d["class"] for d in row["detections"]] == [d["class"] for d in want], f"stream {i} frame {k}"
+            for a, b in zip(row["detections"], want, strict=True):
+                assert max(abs(x - y) for x, y in zip(a["box"], b["box"], strict=True)) <= 0.1, \
+                    f"stream {i} frame {k}: {a} vs {b}"
+
+    paced = tmp_path / "paced.jsonl"
+    code = main(["detect", *paths, "--decode-processes", "2", "--hybrid", "--paced", "--max-frames", str(frames),
+                 "--no-progress", "--jsonl", str(paced), "--cache-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "nvdec+cpu" in out and "at 85% headroom" in out
+    rows = [json.loads(line) for line in paced.read_text().splitlines()]
+    for i in range(len(paths)):
+        got = [r["frame"] for r in rows if r["source"] == i]
+        assert got == sorted(got) and len(got) >= frames // 2, f"stream {i}: {got}"
