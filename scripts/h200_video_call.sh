@@ -74,6 +74,17 @@ run nvdec "${NVDEC_TIMEOUT:-150}" python3 scripts/gpu_nvdec_scaling.py "$out/nvd
 # shellcheck disable=SC2086  # VIDEOTESTS_ARGS is a list of arguments
 run videotests "${VIDEOTESTS_TIMEOUT:-130}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 120 \
     ${VIDEOTESTS_ARGS:-tests/video}
+# 4b. (not by default) the product path at scale: `streamrt detect` over DETECT_STREAMS camera-paced streams (the
+#     clips cycled), NVDEC in 4 decoder processes and CPU decoder processes for the rest (--hybrid), admission from
+#     both sides measured at once; the per-stream table and the report under $out/detectcli
+detect_streams=${DETECT_STREAMS:-185}
+mapfile -t found < <(compgen -G "$clips/*.mp4" | sort)
+[ ${#found[@]} -gt 0 ] || found=("$clips/clip0.mp4")  # (the dry run, without clips)
+streams=()
+for ((i = 0; i < detect_streams; i++)); do streams+=("${found[i % ${#found[@]}]}"); done
+# shellcheck disable=SC2086  # DETECT_ARGS is a list of arguments
+run detectcli "${DETECTCLI_TIMEOUT:-200}" python3 -m streamrt detect "${streams[@]}" \
+    ${DETECT_ARGS:---decode-processes 4 --hybrid --paced --no-progress} --report "$out/detectcli/report"
 # 5. (not by default) the AOTInductor runner without the GIL on the GPU: its backend tests and the detector's
 run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
     tests/backends/test_torch_inductor_gpu.py -k "nogil or replay or steady or fresh" tests/video/test_gpu_detection.py

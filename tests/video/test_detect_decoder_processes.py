@@ -87,51 +87,48 @@ def test_hybrid_needs_decoder_processes(capsys: pytest.CaptureFixture[str]) -> N
     assert "add --decode-processes N" in err
 
 
-@pytest.mark.gpu
-def test_detect_with_decoder_processes_and_hybrid_on_the_gpu(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """On the GPU: ``detect --decode-processes 2`` (free-running) and ``--paced --hybrid`` run to the end, every
-    stream's frames in order, and the free-running detections equal those of the same files decoded by NVDEC in
-    this process (the same pictures: NVDEC in a worker process is the same decoder)."""
-    from streamrt.cli.main import main
-    from streamrt.video.decode_nvdec import NvdecPool, nvdec_available
-    from streamrt.video.model import bundled_model, open_detector
-    from streamrt.video.runner import DetectConfig, run_detection
+def _gpu_clips() -> list[str]:
+    from streamrt.video.decode_nvdec import nvdec_available
 
     if not nvdec_available():
         pytest.skip("needs PyNvVideoCodec and a CUDA GPU")
     clips = sorted(Path(os.environ.get("STREAMRT_VIDEO_CLIPS", "build/video-clips")).glob("*.mp4"))[:2]
     if not clips:
         pytest.skip("no clips in STREAMRT_VIDEO_CLIPS (scripts/make_video_clips.py)")
-    frames = 40
-    paths = [str(clips[0]), str(clips[-1]), str(clips[0])]
+    return [str(clips[0]), str(clips[-1]), str(clips[0])]
+
+
+@pytest.mark.gpu
+def test_detect_with_decoder_processes_on_the_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``detect --decode-processes 2`` runs to the end on the GPU, every stream's frames in order, with detections
+    (the pictures equal the in-process decoder's: test_decode_processes.py)."""
+    from streamrt.cli.main import main
+
+    paths, frames = _gpu_clips(), 40
     free = tmp_path / "free.jsonl"
-    assert main(["detect", *paths, "--decode-processes", "2", "--max-frames", str(frames), "--no-progress",
-                 "--jsonl", str(free)]) == 0, capsys.readouterr().err
+    code = main(["detect", *paths, "--decode-processes", "2", "--max-frames", str(frames), "--no-progress",
+                 "--jsonl", str(free)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
     rows = [json.loads(line) for line in free.read_text().splitlines()]
     for i in range(len(paths)):
         assert [r["frame"] for r in rows if r["source"] == i] == list(range(frames)), f"stream {i}"
+    assert sum(len(r["detections"]) for r in rows) > 0, "no detections on the generated clips' shapes"
 
-    detector = open_detector(bundled_model(), backend="torch_inductor")
-    expected: list[list[Any]] = [[] for _ in paths]
-    with NvdecPool(paths, workers=2) as pool:
-        run_detection(detector, pool.sources(), DetectConfig(max_frames=frames),
-                      on_result=lambda frame, dets: expected[frame.source].append(dets))
-    for i in range(len(paths)):
-        ours = [r for r in rows if r["source"] == i]
-        for k, (row, dets) in enumerate(zip(ours, expected[i], strict=True)):
-            want = dets.to_json()["detections"]
-            assert [d["class"] for d in row["detections"]] == [d["class"] for d in want], f"stream {i} frame {k}"
-            for a, b in zip(row["detections"], want, strict=True):
-                assert max(abs(x - y) for x, y in zip(a["box"], b["box"], strict=True)) <= 0.1, \
-                    f"stream {i} frame {k}: {a} vs {b}"
 
+@pytest.mark.gpu
+def test_detect_hybrid_paced_on_the_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``detect --decode-processes 2 --hybrid --paced``: both sides measured, admission at the hybrid's headroom,
+    every stream's frames in order."""
+    from streamrt.cli.main import main
+
+    paths, frames = _gpu_clips(), 40
     paced = tmp_path / "paced.jsonl"
     code = main(["detect", *paths, "--decode-processes", "2", "--hybrid", "--paced", "--max-frames", str(frames),
-                 "--no-progress", "--jsonl", str(paced), "--cache-dir", str(tmp_path)])
+                 "--no-progress", "--jsonl", str(paced)])  # the plan the test above built, from the cache
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    assert "nvdec+cpu" in out and "at 85% headroom" in out
+    assert "nvdec+cpu" in out and "at 85% headroom" in out, out
     rows = [json.loads(line) for line in paced.read_text().splitlines()]
     for i in range(len(paths)):
         got = [r["frame"] for r in rows if r["source"] == i]
