@@ -256,8 +256,10 @@ def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: d
     if switch_ms is not None:  # how long a thread that wants the GIL waits for a busy holder to give it up
         sys.setswitchinterval(switch_ms / 1000)
     try:
-        with DecoderLoad() as load:
+        with DecoderLoad() as load, GcPauses() as pauses:
             report = run_detection(detector, sources, config, admission=plan)
+        if state is not None:  # the part's own line also counts the detector's build and the measurements
+            state.setdefault("run_gc", []).append(pauses.summary())
     finally:
         sys.setswitchinterval(before)
     report.admission["fit"] = fit
@@ -463,15 +465,17 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
-                streams: int | None = None, admission: str = "off") -> list[str]:
+                streams: int | None = None, admission: str = "off",
+                starts: tuple[str, ...] = ("lockstep",)) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
     The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
     the plan puts there (:func:`~streamrt.video.hybrid_capacity.measure_hybrid_capacity_for_plan`): on 2026-12-03
     each side delivered far less beside the other than alone (NVDEC 3,401 of 5,134 frames/s), and on 2026-12-06
     16 sessions over-stated what 139 paced streams got. With ``admission`` other than
-    ``off``, only the streams that fit 90% of their sum run (the rest are named as queued or refused); the
-    policy plans each side to the same 90%.
+    ``off``, only the streams that fit ``headroom`` of their sum run (the rest are named as queued or refused); the
+    policy plans each side to the same share. ``starts``: one run per mode over the same capacity (lockstep: every
+    looped clip from frame 0, so all sessions start over at once; staggered: spread over the clip).
 
     The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
@@ -530,16 +534,32 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     if not dec.cuda:
         return [f"- {admitted}", *_hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores,
                                                 state)]
-    policy = HybridPolicy(capacity, headroom=headroom)
-    with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
-                      decode_processes=dec.processes, cpu_processes=cpu_cores) as hybrid:
-        planned = dict(hybrid.summary()["assignment"])
-        report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick,
-                              decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]))
-        report.decode = hybrid.summary()
-    state["hybrid"] = {**report.to_dict(), "nvdec_util": util, "planned": planned, "asked": n, "fit": fit,
+    from streamrt.video.decoding import open_nv12
+
+    probe = open_nv12(paths[0])
+    clip_frames = probe.info.frames or int(4 * FPS)
+    probe.close()
+    rows = []
+    for mode in starts:
+        # lockstep: every looped clip ends, and every session starts over, at the same moment (clips of 4 s);
+        # staggered: stream i starts at frame i x clip / n, so the files' ends are spread over the clip's length
+        first = [i * clip_frames // len(paths) if mode == "staggered" else 0 for i in range(len(paths))]
+        policy = HybridPolicy(capacity, headroom=headroom)
+        with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
+                          decode_processes=dec.processes, cpu_processes=cpu_cores, start_frames=first) as hybrid:
+            planned = dict(hybrid.summary()["assignment"])
+            report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick,
+                                  decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]))
+            report.decode = hybrid.summary()
+        run_gc = state.get("run_gc", ["-"])[-1]
+        state.setdefault("hybrid_runs", {})[mode] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
+                                                    "gc_during_run": run_gc}
+        rows.append((mode, report, planned, run_gc))
+        print(f"  starts {mode}: {report.fps:.1f} frames/s, {report.dropped} dropped, p99 {_lat(report, 'p99')} ms; "
+              f"collections during the run: {run_gc}", flush=True)
+    mode, report, planned, _ = rows[0]
+    state["hybrid"] = {**state["hybrid_runs"][mode], "asked": n, "fit": fit,
                        "cpu_capacity": {"one_decoder_fps": cpu_rate, "together_fps": together, "decoders": cpu_cores}}
-    pools = report.decode["pools"]
     where = (f"in {cpu_cores} CPU decoder processes" if dec.processes else
              f"on threads of the consumer ({cpu_cores} cores planned; they share its GIL)")
     alone = state.get("nvdec_bound_fps")
@@ -550,14 +570,24 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
             f"{f'{alone:.0f}' if alone else 'not measured'}), CPU {capacity['cpu']:.0f} frames/s ({cpu_cores} "
             f"decoders; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; {cores} cores "
             f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
-            f"{where}. {admitted}.", "",
-            "| streams (asked / ran) | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | achieved FPS | "
-            "dropped | p99 ms | sustained | binding |", "|---|---|---|---:|---:|---:|---:|---|---|",
-            f"| {n} / {ran} | {planned['nvdec']} / {planned['cpu']} | {report.decode['assignment']['nvdec']} / "
-            f"{report.decode['assignment']['cpu']} | {report.decode['moves']} | {report.fps:.1f} | {report.dropped} | "
-            f"{_lat(report, 'p99')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
+            f"{where}. {admitted}. Clips of {clip_frames} frames, looped; starts: lockstep = every stream at frame "
+            f"0 (all files end at once), staggered = spread over the clip.", "",
+            "| streams (asked / ran) | starts | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | "
+            "achieved FPS | dropped (streams) | p99 / max ms | sustained | binding | collections during the run |",
+            "|---|---|---|---|---:|---:|---:|---:|---|---|---|",
+            *(hybrid_row(n, ran, *row) for row in rows)]
+
+
+def hybrid_row(asked: int, ran: int, starts: str, report: RunReport, planned: dict[str, int], gc_line: str) -> str:
+    """One row of part 5's table (a run over a HybridDecode: ``report.decode`` is its summary)."""
+    pools = report.decode["pools"]
+    streams = sum(1 for p in report.per_source if p.get("dropped"))
+    return (f"| {asked} / {ran} | {starts} | {planned['nvdec']} / {planned['cpu']} | "
+            f"{report.decode['assignment']['nvdec']} / {report.decode['assignment']['cpu']} | "
+            f"{report.decode['moves']} | {report.fps:.1f} | {report.dropped} ({streams}) | {_lat(report, 'p99')} / "
+            f"{_lat(report, 'max')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
             f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
-            f"trace: {report.bottleneck[0] if report.bottleneck else '-'} |"]
+            f"trace: {report.bottleneck[0] if report.bottleneck else '-'} | {gc_line} |")
 
 
 def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes: int, cpu_processes: int,
@@ -590,6 +620,14 @@ def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes
             f"{capacity['cpu']:.0f} frames/s: assignment {summary['assignment']}, in {nvdec_processes} + "
             f"{cpu_processes} decoder processes; frames read per stream through one live group {read}; consumer "
             f"threads {', '.join(threads)} (detection needs a CUDA engine for NV12)."]
+
+
+def starts_modes(text: str) -> tuple[str, ...]:
+    """``--hybrid-starts``: lockstep and/or staggered, in order."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not modes or any(m not in ("lockstep", "staggered") for m in modes):
+        raise SystemExit(f"--hybrid-starts takes lockstep and/or staggered, got {text!r}")
+    return modes
 
 
 def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
@@ -636,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"part 5: the share of each side's measured capacity the hybrid plans and admits up to "
                              f"(default {DEFAULT_HEADROOM}, `streamrt detect --hybrid`'s)")
+    parser.add_argument("--hybrid-starts", default="lockstep", metavar="MODE,..",
+                        help="part 5, one run per mode with the same capacity: lockstep (every stream at frame 0 "
+                             "of its looped clip: all end at once) and/or staggered (spread over the clip)")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
@@ -688,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
-                                  args.admission)),
+                                  args.admission, starts_modes(args.hybrid_starts))),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -119,3 +120,46 @@ def test_a_case_with_a_switch_interval_runs_under_it_and_puts_it_back(detector: 
     report, found = bench._measure(detector, frames, case, items=4, warmup=1, trace=False)
     assert seen == [pytest.approx(0.0005)] and sys.getswitchinterval() == before
     assert report.frames >= 4 and len(found) == 2
+
+
+def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
+        clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Part 5's CUDA branch (the CPU smoke run takes another one: NV12 detection needs a CUDA engine) with the
+    decoder processes' CPU stand-in on both sides and the detection run replaced: one run per start mode over the
+    same capacity, each stream opened at its frame, a row each. (A GPU call must not die on the script itself.)"""
+    from streamrt.video import hybrid, hybrid_capacity
+    from streamrt.video.report import RunReport
+
+    check = _script("gpu_video_check")
+    real_hybrid, real_measure = hybrid.HybridDecode, hybrid_capacity.measure_hybrid_capacity_for_plan
+
+    class StandIn(real_hybrid):  # type: ignore[misc, valid-type]
+        def __init__(self, paths: Any, **kwargs: Any) -> None:
+            super().__init__(paths, **{**kwargs, "process_kind": "cpu", "upload": False})
+
+    monkeypatch.setattr(hybrid, "HybridDecode", StandIn)
+    monkeypatch.setattr(hybrid_capacity, "measure_hybrid_capacity_for_plan",
+                        lambda *a, **kw: real_measure(*a, **{**kw, "process_kind": "cpu"}))
+    firsts: list[list[int]] = []
+
+    def paced(detector: Any, sources: list[Any], seconds: float, state: dict[str, Any], *args: Any,
+              **kwargs: Any) -> tuple[RunReport, float]:
+        firsts.append([s.first for s in sources])
+        state.setdefault("run_gc", []).append("full collections: 0")
+        report = RunReport("x", "m", "b", "cuda", len(sources), "320x180", 1, 30, 1.0,
+                           latency_ms={"p99": 20.0, "max": 30.0}, per_source=[{"dropped": 0}] * len(sources))
+        return report, 0.5
+
+    monkeypatch.setattr(check, "_paced", paced)
+    monkeypatch.setattr(check, "_detector", lambda state: None)
+    dec = SimpleNamespace(cuda=True, quick=True, processes=1)
+    state: dict[str, Any] = {}
+    lines = check.part_hybrid(clips, 1.0, state, dec, 0.85, 3, "queue", ("lockstep", "staggered"))
+    rows = [line for line in lines if line.startswith("| 3 / ")]
+    assert len(rows) == 2 and "| lockstep |" in rows[0] and "| staggered |" in rows[1], lines
+    ran = len(firsts[0])
+    assert firsts == [[0] * ran, [i * 20 // ran for i in range(ran)]]  # the smoke clips have 20 frames
+    assert set(state["hybrid_runs"]) == {"lockstep", "staggered"} and state["hybrid"]["asked"] == 3
+    assert check.starts_modes("staggered, lockstep") == ("staggered", "lockstep")
+    with pytest.raises(SystemExit):
+        check.starts_modes("both")

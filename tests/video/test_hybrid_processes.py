@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("av")
 
+from streamrt.errors import ConfigError  # noqa: E402
 from streamrt.video.hybrid import HybridDecode  # noqa: E402
 from streamrt.video.hybrid_capacity import cpu_decoder_processes  # noqa: E402
 from streamrt.video.hybrid_policy import HybridPolicy  # noqa: E402
@@ -96,6 +97,26 @@ def test_a_move_while_the_stream_is_read_keeps_its_order(clips: list[Path]) -> N
     assert len(got) >= reads
     for k, picture in enumerate(got):
         np.testing.assert_array_equal(picture, ref[k % FRAMES], err_msg=f"frame {k} (drops {stats['move_drops']})")
+
+
+def test_streams_start_at_their_own_frames_and_a_move_keeps_the_offset(clips: list[Path]) -> None:
+    """``start_frames``: each stream's first picture is its file's frame ``start`` (looped files that all start at 0
+    start over at the same moment); a stream moved to the other side goes on from its own frame."""
+    ref = decoded_nv12(clips[0])
+    starts = [0, 7, 13, 19]
+    with _hybrid([clips[0]] * 4, nvdec_fps=60.0, loop=True, start_frames=starts) as hybrid:
+        assert hybrid.assignment == ["nvdec", "nvdec", "cpu", "cpu"]
+        got = [_read_all(hybrid, i, 4) for i in range(4)]
+        source = hybrid.sources()[1]
+        source.switch("cpu")
+        moved = _read_all(hybrid, 1, 6)
+    for i, start in enumerate(starts):
+        for k, picture in enumerate(got[i]):
+            np.testing.assert_array_equal(picture, ref[(start + k) % FRAMES], err_msg=f"stream {i} frame {k}")
+    for k, picture in enumerate(moved):  # stream 1 read 4 pictures before its move
+        np.testing.assert_array_equal(picture, ref[(7 + 4 + k) % FRAMES], err_msg=f"after the move, frame {k}")
+    with pytest.raises(ConfigError, match="one frame >= 0 per stream"):
+        _hybrid([clips[0]] * 2, nvdec_fps=60.0, start_frames=[0])
 
 
 def test_a_move_between_reads_keeps_the_order(clips: list[Path]) -> None:

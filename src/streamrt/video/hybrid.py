@@ -76,8 +76,9 @@ class HybridSource:
 
     frame_format = "nv12"
 
-    def __init__(self, owner: HybridDecode, index: int, path: Path, decoder: str, impl: Any) -> None:
+    def __init__(self, owner: HybridDecode, index: int, path: Path, decoder: str, impl: Any, first: int = 0) -> None:
         self._owner, self.index, self.path = owner, index, path
+        self.first = first  # the file's frame the stream started at
         self.decoder = decoder
         self._impl: Any = impl
         self._pending: str | None = None
@@ -122,7 +123,7 @@ class HybridSource:
             if decoder == self.decoder:
                 return
             start = self.read_count
-        lane = self._owner._open_lanes(decoder, [(self.path, start)])[0]
+        lane = self._owner._open_lanes(decoder, [(self.path, self.first + start)])[0]
         with self._owner._moving:
             self._incoming = (decoder, lane, start)
 
@@ -132,7 +133,7 @@ class HybridSource:
             self._impl.close()
             self._owner._closed(self.index, self.decoder)
             self.decoder, self._pending = self._pending, None
-            self._impl = self._owner._open(self.index, self.path, self.decoder, skip=self.read_count)
+            self._impl = self._owner._open(self.index, self.path, self.decoder, skip=self.first + self.read_count)
             self.moves += 1
             return
         if self._incoming is None:
@@ -218,6 +219,8 @@ class HybridDecode:
         interval_s: how often measurements feed the policy (0: never re-balance).
         headroom: the share of each side's capacity the plan fills (the policy's, and the measurement's plan);
             ignored with ``policy``.
+        start_frames: the frame of its file each stream starts at (decoded and dropped first); None: 0 for all.
+            Looped files that all start at frame 0 end at once, and every session starts over at the same moment.
         clock: monotonic seconds (tests).
     """
 
@@ -226,11 +229,14 @@ class HybridDecode:
                  cpu_threads: int = 1, nvdec_workers: int = 4, depth: int = 4, interval_s: float = 1.0,
                  decode_processes: int = 0, cpu_processes: int | None = None, process_kind: str = "nvdec",
                  upload: bool | None = None, headroom: float = DEFAULT_HEADROOM,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 start_frames: Sequence[int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if decode_processes < 0 or (cpu_processes is not None and cpu_processes < 1):
             raise ConfigError(f"decode_processes must be >= 0 and cpu_processes >= 1 (or None), got "
                               f"{decode_processes}, {cpu_processes}")
         self.paths = [Path(p) for p in paths]
+        self._starts = [0] * len(self.paths) if start_frames is None else [int(k) for k in start_frames]
+        if len(self._starts) != len(self.paths) or min(self._starts, default=0) < 0:
+            raise ConfigError(f"start_frames needs one frame >= 0 per stream ({len(self.paths)}), got {start_frames}")
         self._processes, self._process_kind = decode_processes, process_kind
         self.upload = cuda_available() if upload is None else upload
         self.cpu_processes = cpu_processes or cpu_decoder_processes(decode_processes)
@@ -286,15 +292,15 @@ class HybridDecode:
 
     def _open_all(self) -> list[HybridSource]:
         if not self.grouped:
-            return [HybridSource(self, i, p, d, self._open(i, p, d, skip=0))
+            return [HybridSource(self, i, p, d, self._open(i, p, d, skip=self._starts[i]), self._starts[i])
                     for i, (p, d) in enumerate(zip(self.paths, self.assignment, strict=True))]
         lanes: dict[int, Any] = {}
         for name in ("nvdec", "cpu"):  # each pool opens its share in parallel
             mine = [i for i, d in enumerate(self.assignment) if d == name]
             if mine:
-                opened = self._open_lanes(name, [(self.paths[i], 0) for i in mine])
+                opened = self._open_lanes(name, [(self.paths[i], self._starts[i]) for i in mine])
                 lanes.update(zip(mine, opened, strict=True))
-        return [HybridSource(self, i, p, d, lanes[i])
+        return [HybridSource(self, i, p, d, lanes[i], self._starts[i])
                 for i, (p, d) in enumerate(zip(self.paths, self.assignment, strict=True))]
 
     def _pool(self, decoder: str) -> Any:
