@@ -55,9 +55,9 @@ __all__ = ["add_detect_arguments", "register", "run"]
 ADMISSION_HEADROOM = 0.9
 """``--headroom``'s default: the share of the measured capacity admission plans up to (``AdmissionConfig``'s)."""
 HYBRID_HEADROOM = DEFAULT_HEADROOM
-"""``--headroom``'s default with ``--hybrid``, the hybrid policy's: two kinds of decoders measured at once on
-shared cores vary more; at 0.9 an H100 dropped 2-7 frames of ~20,000 at 162-167 streams
-(docs/benchmarks/2026-12-06-h100-s3.md, 2026-12-06-h100-s4.md)."""
+"""``--headroom``'s default with ``--hybrid``: the hybrid policy's own (two kinds of decoders measured at once on
+shared cores vary more than one). Not shown to be enough yet: at 0.9 an H100 dropped 2-7 frames of ~20,000 in 4 s
+runs of 162-167 streams, at 0.85 an H200 dropped 422 in a 15 s run of 159 (docs/benchmarks/2026-12-06-s4.md)."""
 
 # detect's pipeline flags. With none given, the demo's choice for this machine (pipeline_config);
 # with some, the others default to a stream per stage and 4 frames in flight. Traced for the report.
