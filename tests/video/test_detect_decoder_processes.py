@@ -78,13 +78,15 @@ def test_hybrid_plans_and_admits_within_its_headroom(
     assert len(stand_in) == 2 and all(s.pool_lane is not None and s.frame_format == "nv12" for s in stand_in)
 
 
-def test_hybrid_needs_decoder_processes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_hybrid_needs_decoder_processes_and_a_headroom_is_checked_first(capsys: pytest.CaptureFixture[str]) -> None:
     from streamrt.cli.main import main
 
     assert main(["detect", "synthetic", "--hybrid"]) == 2
     err = capsys.readouterr().err
     assert "--hybrid spreads streams over NVDEC and CPU decoder processes" in err
     assert "add --decode-processes N" in err
+    assert main(["detect", "synthetic", "--paced", "--headroom", "1.5"]) == 2
+    assert "admission headroom must be in (0, 1], got 1.5" in capsys.readouterr().err
 
 
 def _gpu_clips() -> list[str]:

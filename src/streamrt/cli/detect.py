@@ -211,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("--hybrid spreads streams over NVDEC and CPU decoder processes",
                           hint="add --decode-processes N (4 reach NVDEC's bound on an H200)")
+    if args.headroom is not None:  # refused now, not after the decoders are opened and measured
+        from streamrt.video.admission import AdmissionConfig
+
+        AdmissionConfig(args.admission, args.headroom)
     decoders = _decoder_processes(args) if args.decode_processes else None
     try:
         return _open_and_detect(args, config, decoders)
@@ -238,7 +242,7 @@ def _open_and_detect(args: argparse.Namespace, config: DetectConfig, decoders: A
     return _detect(args, detector, sources, config, decoders)
 
 
-def headroom(args: argparse.Namespace) -> float:
+def _headroom(args: argparse.Namespace) -> float:
     """``--headroom``, or its default for this run's decoders."""
     if args.headroom is not None:
         return float(args.headroom)
@@ -270,7 +274,7 @@ def _decoder_processes(args: argparse.Namespace) -> Any:
     if args.hybrid:
         from streamrt.video.hybrid import HybridDecode
 
-        return HybridDecode(args.sources, fps=args.fps, decode_processes=n, headroom=headroom(args))
+        return HybridDecode(args.sources, fps=args.fps, decode_processes=n, headroom=_headroom(args))
     return ProcessDecodePool(args.sources, processes=n)
 
 
@@ -411,7 +415,7 @@ def _admit(args: argparse.Namespace, detector: DetectorModel, sources: list[Fram
     record = capacity_for(detector, args.sources[0], first.width, first.height, batch=batch,
                           cache_dir=CacheArgs.cache_dir(args), remeasure=remeasure, decoder=decoder,
                           measure_decode=measure)
-    plan = plan_admission([fps] * len(sources), record, AdmissionConfig(args.admission, headroom(args)))
+    plan = plan_admission([fps] * len(sources), record, AdmissionConfig(args.admission, _headroom(args)))
     print(f"capacity: decode {record.decode_fps:,.0f} frames/s ({record.decoder}), engine {record.engine_fps:,.0f} "
           f"frames/s (batch {record.batch}), measured {record.age_s:,.0f} s ago; --remeasure to measure again")
     print(plan.message)
