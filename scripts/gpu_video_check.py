@@ -466,7 +466,7 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off",
-                starts: tuple[str, ...] = ("lockstep",)) -> list[str]:
+                starts: tuple[str, ...] = ("lockstep",), cpu_decoders: int = 0) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
     The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
@@ -508,7 +508,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     cpu_rate = measure_cpu_decode(clips[0], seconds=seconds_cpu)
     cores = len(os.sched_getaffinity(0))
     nvdec_processes = dec.processes if dec.cuda else max(1, dec.processes)
-    cpu_cores = 1 if dec.quick and not dec.cuda else cpu_decoder_processes(nvdec_processes, cores)
+    cpu_cores = cpu_decoders or (1 if dec.quick and not dec.cuda else cpu_decoder_processes(nvdec_processes, cores))
     # the CPU decoder processes' cores all decoding at once, not one decoder x cores (for the report)
     together = measure_cpu_decode_together(clips[0], cpu_cores, seconds=seconds_cpu)
     # the plan's capacities: both sides decoding at once, read as the detector reads them
@@ -677,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hybrid-starts", default="lockstep", metavar="MODE,..",
                         help="part 5, one run per mode with the same capacity: lockstep (every stream at frame 0 "
                              "of its looped clip: all end at once) and/or staggered (spread over the clip)")
+    parser.add_argument("--cpu-decoders", type=int, default=0, metavar="N",
+                        help="part 5: CPU decoder processes (0: the cores less 2 for the consumer and one per NVDEC "
+                             "process)")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
@@ -729,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
-                                  args.admission, starts_modes(args.hybrid_starts))),
+                                  args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

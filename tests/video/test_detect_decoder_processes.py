@@ -71,10 +71,10 @@ def test_hybrid_plans_and_admits_within_its_headroom(
     from streamrt.cli.main import main
 
     code = main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "1", "--hybrid", "--paced",
-                 "--fps", "30", "--no-progress", "--cache-dir", str(tmp_path)])
+                 "--fps", "30", "--no-progress", "--cache-dir", str(tmp_path), "--cpu-decoders", "1"])
     out, err = capsys.readouterr()
     assert code == 2, out + err
-    assert "(nvdec+cpu (1 NVDEC + " in out and "at 85% headroom" in out
+    assert "(nvdec+cpu (1 NVDEC + 1 CPU decoder processes)" in out and "at 85% headroom" in out
     assert len(stand_in) == 2 and all(s.pool_lane is not None and s.frame_format == "nv12" for s in stand_in)
 
 
@@ -87,6 +87,8 @@ def test_hybrid_needs_decoder_processes_and_a_headroom_is_checked_first(capsys: 
     assert "add --decode-processes N" in err
     assert main(["detect", "synthetic", "--paced", "--headroom", "1.5"]) == 2
     assert "admission headroom must be in (0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["detect", "synthetic", "--cpu-decoders", "2"]) == 2
+    assert "--cpu-decoders sets the CPU decoder processes of --hybrid (>= 1), got 2" in capsys.readouterr().err
 
 
 def _gpu_clips() -> list[str]:

@@ -121,6 +121,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--hybrid", action="store_true",
                         help="with --decode-processes: CPU decoder processes take the streams NVDEC cannot "
                              "(both sides measured at once, streams planned within --headroom of each)")
+    parser.add_argument("--cpu-decoders", type=int, default=0, metavar="M",
+                        help="with --hybrid: CPU decoder processes, one core each (default 0: the cores less 2 for "
+                             "this process and one per NVDEC decoder process)")
     parser.add_argument("--gpus", default=None, metavar="0,1",
                         help="spread the sources round-robin over these GPUs: a detector and a pipeline on each")
     add_detect_arguments(parser)
@@ -205,16 +208,19 @@ def run(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_output(args.report, directory=True, flag="--report")
     config = detect_config(args, paced=args.paced)
-    # Sources next: a missing or unreadable video must fail before minutes of building.
-    if args.hybrid and not args.decode_processes:
-        from streamrt.errors import ConfigError
+    from streamrt.errors import ConfigError
 
+    if args.hybrid and not args.decode_processes:
         raise ConfigError("--hybrid spreads streams over NVDEC and CPU decoder processes",
                           hint="add --decode-processes N (4 reach NVDEC's bound on an H200)")
+    if (args.cpu_decoders and not args.hybrid) or args.cpu_decoders < 0:
+        raise ConfigError(f"--cpu-decoders sets the CPU decoder processes of --hybrid (>= 1), got {args.cpu_decoders}",
+                          hint="add --hybrid, or drop --cpu-decoders")
     if args.headroom is not None:  # refused now, not after the decoders are opened and measured
         from streamrt.video.admission import AdmissionConfig
 
         AdmissionConfig(args.admission, args.headroom)
+    # Sources next: a missing or unreadable video must fail before minutes of building.
     decoders = _decoder_processes(args) if args.decode_processes else None
     try:
         return _open_and_detect(args, config, decoders)
@@ -274,7 +280,8 @@ def _decoder_processes(args: argparse.Namespace) -> Any:
     if args.hybrid:
         from streamrt.video.hybrid import HybridDecode
 
-        return HybridDecode(args.sources, fps=args.fps, decode_processes=n, headroom=_headroom(args))
+        return HybridDecode(args.sources, fps=args.fps, decode_processes=n, headroom=_headroom(args),
+                            cpu_processes=args.cpu_decoders or None)
     return ProcessDecodePool(args.sources, processes=n)
 
 
