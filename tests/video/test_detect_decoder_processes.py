@@ -60,9 +60,10 @@ def test_paced_decoder_processes_are_admitted_from_their_own_measurement(
                  "--no-progress", "--cache-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 2, out + err
-    assert "(nvdec in 1 decoder processes)" in out and "at 90% headroom" in out
+    assert "(nvdec in 1 decoder processes, 2 sessions)" in out and "at 90% headroom" in out
     records = list((tmp_path / "capacity").glob("*.json"))
-    assert len(records) == 1 and json.loads(records[0].read_text())["decoder"] == "nvdec in 1 decoder processes"
+    assert len(records) == 1
+    assert json.loads(records[0].read_text())["decoder"] == "nvdec in 1 decoder processes, 2 sessions"
     assert len(stand_in) == 2 and all(s.pool_lane is not None for s in stand_in)
 
 

@@ -443,6 +443,6 @@ def _decode_measurement(args: argparse.Namespace, decoders: Any,
         return name, lambda: float(measured["nvdec"] + measured["cpu"]), True
     from streamrt.video.hybrid_capacity import measure_process_decode
 
-    n = args.decode_processes
-    return (f"nvdec in {n} decoder processes",
-            lambda: measure_process_decode(args.sources[0], processes=n, sessions=min(streams, 16)), args.remeasure)
+    n, sessions = args.decode_processes, min(streams, 16)  # (a record of 3 sessions would under-state 150 streams)
+    return (f"nvdec in {n} decoder processes, {sessions} sessions",
+            lambda: measure_process_decode(args.sources[0], processes=n, sessions=sessions), args.remeasure)
