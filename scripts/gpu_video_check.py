@@ -555,6 +555,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         state.setdefault("hybrid_runs", {})[mode] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
                                                     "gc_during_run": run_gc}
         rows.append((mode, report, planned, run_gc))
+        state.get("checkpoint", lambda: None)()
         print(f"  starts {mode}: {report.fps:.1f} frames/s, {report.dropped} dropped, p99 {_lat(report, 'p99')} ms; "
               f"collections during the run: {run_gc}", flush=True)
     mode, report, planned, _ = rows[0]
@@ -739,6 +740,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown parts {unknown}; parts are {', '.join(parts)}", file=sys.stderr)
         return 2
     sections = []
+
+    def save_state() -> None:
+        saved = {k: v for k, v in state.items() if k not in ("detector", "checkpoint")}
+        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
+                                                                  default=str) + "\n")
+
+    state["checkpoint"] = save_state  # a part of several runs saves after each (the call's limit may come first)
     for key in ints(args.parts):
         title, needs, fn = parts[str(key)]
         print(f"\n== {title}", flush=True)
@@ -763,9 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "gpu_video_check.md").write_text(
             "\n".join(["# GPU video check (decode included)", "", *(f"- {k}: {v}" for k, v in env.items()), "",
                        *sections]) + "\n")
-        saved = {k: v for k, v in state.items() if k != "detector"}  # after every part: a kill keeps what was done
-        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
-                                                                  default=str) + "\n")
+        save_state()  # after every part: a kill keeps what was done
     print(f"\nwrote {args.out}/gpu_video_check.md")
     return 1 if state.get("failed") else 0
 

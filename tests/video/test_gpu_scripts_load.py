@@ -153,7 +153,9 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
     monkeypatch.setattr(check, "_paced", paced)
     monkeypatch.setattr(check, "_detector", lambda state: None)
     dec = SimpleNamespace(cuda=True, quick=True, processes=1)
+    saved: list[list[str]] = []
     state: dict[str, Any] = {}
+    state["checkpoint"] = lambda: saved.append(sorted(state.get("hybrid_runs", {})))
     lines = check.part_hybrid(clips, 1.0, state, dec, 0.85, 3, "queue", ("lockstep", "staggered"), 1)
     rows = [line for line in lines if line.startswith("| 3 / ")]
     assert len(rows) == 2 and "| lockstep |" in rows[0] and "| staggered |" in rows[1], lines
@@ -161,6 +163,7 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
     assert firsts == [[0] * ran, [i * 20 // ran for i in range(ran)]]  # the smoke clips have 20 frames
     assert set(state["hybrid_runs"]) == {"lockstep", "staggered"} and state["hybrid"]["asked"] == 3
     assert state["hybrid"]["cpu_capacity"]["decoders"] == 1  # --cpu-decoders
+    assert saved == [["lockstep"], ["lockstep", "staggered"]]  # saved after each run, not only at the part's end
     assert check.starts_modes("staggered, lockstep") == ("staggered", "lockstep")
     with pytest.raises(SystemExit):
         check.starts_modes("both")
