@@ -644,7 +644,8 @@ def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
         return ["tests stopped at the time budget"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's arguments (the runbook's VIDEO_ARGS are checked against it on the CPU)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -688,7 +689,11 @@ def main(argv: list[str] | None = None) -> int:
                              "decoder processes), for admission and the hybrid plan when part 1 does not run")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check")
     parser.add_argument("--parts", default="1,2,3,4,6,5", help="in this order; parts that do not fit are skipped")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     budget = Budget(args.budget)
     dec = Decoders(args.device, args.quick, args.nvdec, args.decode_processes)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):

@@ -62,3 +62,20 @@ def test_the_runbooks_next_calls_parse(tmp_path: Path) -> None:
         else:
             serving.parse_args([str(tmp_path / "serving"), *words])
     assert not any(tmp_path.iterdir())  # parsing creates nothing
+
+
+def test_the_runbooks_next_video_calls_parse() -> None:
+    """Every VIDEO_ARGS of the runbook's latest section is accepted by scripts/gpu_video_check.py's parser (the
+    video call adds --decode-processes 4 --admission queue itself), and every DETECT_ARGS by ``streamrt detect``."""
+    from streamrt.cli.main import _parser
+
+    root = Path(__file__).resolve().parents[1]
+    section = _latest_runbook_section()
+    video = _load(root / "scripts" / "gpu_video_check.py", "_gpu_video_check_runbook").build_parser()
+    found = re.findall(r'\bVIDEO_ARGS="([^"]*)"', section)
+    for value in found:
+        video.parse_args(["out", "--decode-processes", "4", "--admission", "queue", *value.split()])
+    detect = _parser()
+    given = re.findall(r'\bDETECT_ARGS="([^"]*)"', section)
+    for value in given:
+        detect.parse_args(["detect", "clip.mp4", *value.split()])
