@@ -110,3 +110,20 @@ def test_the_plan_s_count_on_the_stand_in(clips: list[Path]) -> None:
                                            process_kind="cpu", upload=False)
     assert got["first"]["nvdec_sessions"] == 1 and got["planned_nvdec"] == 3 and got["nvdec_sessions"] == 3, got
     assert got["nvdec"] > 0 and got["cpu"] > 0
+
+
+def test_the_codec_is_read_without_pyav_too(clips: list[Path], monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """Where PyAV is missing (the H200 image) the codec comes from OpenCV's FourCC: an H.264 file was keyed ``raw``
+    in the capacity cache there. Not a video: ``raw`` either way."""
+    import sys
+
+    pytest.importorskip("cv2")
+    from streamrt.video.capacity import probe_codec
+
+    assert probe_codec(clips[0]) == "h264"
+    monkeypatch.setitem(sys.modules, "av", None)  # import av raises ImportError
+    assert probe_codec(clips[0]) == "h264"
+    text = tmp_path / "notes.txt"
+    text.write_text("not a video")
+    assert probe_codec(text) == "raw" and probe_codec(tmp_path / "missing.mp4") == "raw"

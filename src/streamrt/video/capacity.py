@@ -142,18 +142,39 @@ def capacity_path(key: str, cache_dir: str | Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / "capacity" / f"{key}.json"
 
 
+_FOURCC_CODECS = {"avc1": "h264", "h264": "h264", "x264": "h264", "hev1": "hevc", "hvc1": "hevc", "hevc": "hevc",
+                  "h265": "hevc", "av01": "av1", "vp09": "vp9", "vp80": "vp8", "mp4v": "mpeg4", "mjpg": "mjpeg"}
+
+
 def probe_codec(path: str | Path) -> str:
-    """The video codec of a file (``h264``, ``hevc``...), ``raw`` for anything that is not a video file."""
+    """The video codec of a file (``h264``, ``hevc``...), ``raw`` for anything that is not a video file. PyAV
+    reads it; where PyAV is missing (the H200 image), OpenCV's FourCC (an H.264 file was keyed ``raw`` there)."""
     p = Path(path)
     if not p.is_file():
         return "raw"
     try:
         import av
-
+    except ImportError:
+        return _fourcc_codec(p)
+    try:
         with av.open(str(p)) as container:
             return str(container.streams.video[0].codec_context.name)
-    except Exception:  # not a video PyAV reads (an image, or PyAV missing): treated as undecoded frames
+    except Exception:  # not a video PyAV reads (an image): treated as undecoded frames
         return "raw"
+
+
+def _fourcc_codec(path: Path) -> str:
+    try:
+        import cv2
+    except ImportError:
+        return "raw"
+    capture = cv2.VideoCapture(str(path))
+    try:
+        code = int(capture.get(cv2.CAP_PROP_FOURCC)) if capture.isOpened() else 0
+    finally:
+        capture.release()
+    fourcc = "".join(chr((code >> 8 * i) & 0xFF) for i in range(4)).strip("\x00 ").lower()
+    return _FOURCC_CODECS.get(fourcc, fourcc or "raw") if code else "raw"
 
 
 def measure_engine(model: DetectorModel, batch: int = 1, seconds: float = 1.0, max_calls: int = 200) -> float:
