@@ -67,6 +67,27 @@ def test_paced_decoder_processes_are_admitted_from_their_own_measurement(
     assert len(stand_in) == 2 and all(s.pool_lane is not None for s in stand_in)
 
 
+def test_refused_streams_stop_decoding_before_the_run(
+        clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream admission refuses never starts: its decoder-process lane is removed before the run (an NVDEC
+    session and its pictures each), the admitted one is not."""
+    from streamrt.cli.main import main
+    from streamrt.video import admission, decode_processes
+
+    monkeypatch.setattr(admission, "plan_admission",
+                        lambda fps, record, config: admission.Admission([0], refused=[1], message="one of two"))
+    removed: list[int] = []
+    real = decode_processes.ProcessDecodePool.remove
+    monkeypatch.setattr(decode_processes.ProcessDecodePool, "remove",
+                        lambda self, index: (removed.append(index), real(self, index))[1])
+    code = main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "1", "--paced", "--fps", "30",
+                 "--no-progress", "--cache-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "one of two" in out, out + err  # (then NV12 on a CPU engine stops the run)
+    assert removed == [1] and len(stand_in) == 2
+
+
 def test_hybrid_plans_and_admits_within_its_headroom(
         clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from streamrt.cli.main import main

@@ -367,6 +367,9 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
                 sink(frame, detections)
 
         admission = _admit(args, detector, sources, config, decoders) if config.paced and config.live else None
+        if admission is not None and decoders is not None and not args.hybrid:
+            for i in admission.refused:  # never started: their NVDEC sessions stop now, not at the end of the run
+                decoders.remove(i)
         bar = ProgressBar(not args.no_progress)
         try:
             # the detector, the sources and the sinks are open: frozen out of the run's collections
