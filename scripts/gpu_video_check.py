@@ -466,7 +466,8 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off",
-                starts: tuple[str, ...] = ("lockstep",), cpu_decoders: int = 0) -> list[str]:
+                starts: tuple[str, ...] = ("lockstep",), cpu_decoders: int = 0,
+                checkpoint: Callable[[], None] | None = None) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
     The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
@@ -475,7 +476,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     16 sessions over-stated what 139 paced streams got. With ``admission`` other than
     ``off``, only the streams that fit ``headroom`` of their sum run (the rest are named as queued or refused); the
     policy plans each side to the same share. ``starts``: one run per mode over the same capacity (lockstep: every
-    looped clip from frame 0, so all sessions start over at once; staggered: spread over the clip).
+    looped clip from frame 0, so all sessions start over at once; staggered: spread over the clip); ``checkpoint``
+    saves the state after each run (the call's limit may come before the part's end).
 
     The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
@@ -555,7 +557,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         state.setdefault("hybrid_runs", {})[mode] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
                                                     "gc_during_run": run_gc}
         rows.append((mode, report, planned, run_gc))
-        state.get("checkpoint", lambda: None)()
+        if checkpoint is not None:
+            checkpoint()
         print(f"  starts {mode}: {report.fps:.1f} frames/s, {report.dropped} dropped, p99 {_lat(report, 'p99')} ms; "
               f"collections during the run: {run_gc}", flush=True)
     mode, report, planned, _ = rows[0]
@@ -727,6 +730,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown_readers := [r for r in names(args.baselines) if r not in READERS]:
         print(f"unknown readers {unknown_readers}; readers are {', '.join(READERS)}", file=sys.stderr)
         return 2
+
+    def save_state() -> None:
+        saved = {k: v for k, v in state.items() if k != "detector"}
+        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
+                                                                  default=str) + "\n")
+
     parts: dict[str, tuple[str, float, Callable[[], list[str]]]] = {
         "1": ("1. NVDEC alone", 30, lambda: part_nvdec(clips, ints(args.decoders), state, dec)),
         "2": ("2. Decode-included camera-paced streams at 30 FPS (NVDEC -> fused NV12 pre -> engine -> NMS)", 120,
@@ -738,20 +747,14 @@ def main(argv: list[str] | None = None) -> int:
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
-                                  args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders)),
+                                  args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders,
+                                  save_state)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:
         print(f"unknown parts {unknown}; parts are {', '.join(parts)}", file=sys.stderr)
         return 2
     sections = []
-
-    def save_state() -> None:
-        saved = {k: v for k, v in state.items() if k not in ("detector", "checkpoint")}
-        (args.out / "gpu_video_check.json").write_text(json.dumps({"environment": env, **saved}, indent=2,
-                                                                  default=str) + "\n")
-
-    state["checkpoint"] = save_state  # a part of several runs saves after each (the call's limit may come first)
     for key in ints(args.parts):
         title, needs, fn = parts[str(key)]
         print(f"\n== {title}", flush=True)

@@ -155,8 +155,8 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
     dec = SimpleNamespace(cuda=True, quick=True, processes=1)
     saved: list[list[str]] = []
     state: dict[str, Any] = {}
-    state["checkpoint"] = lambda: saved.append(sorted(state.get("hybrid_runs", {})))
-    lines = check.part_hybrid(clips, 1.0, state, dec, 0.85, 3, "queue", ("lockstep", "staggered"), 1)
+    lines = check.part_hybrid(clips, 1.0, state, dec, 0.85, 3, "queue", ("lockstep", "staggered"), 1,
+                              lambda: saved.append(sorted(state.get("hybrid_runs", {}))))
     rows = [line for line in lines if line.startswith("| 3 / ")]
     assert len(rows) == 2 and "| lockstep |" in rows[0] and "| staggered |" in rows[1], lines
     ran = len(firsts[0])
