@@ -467,7 +467,7 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off",
                 starts: tuple[str, ...] = ("lockstep",), cpu_decoders: int = 0,
-                checkpoint: Callable[[], None] | None = None) -> list[str]:
+                checkpoint: Callable[[], None] | None = None, cpu_niceness: int | None = None) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
     The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
@@ -477,7 +477,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     ``off``, only the streams that fit ``headroom`` of their sum run (the rest are named as queued or refused); the
     policy plans each side to the same share. ``starts``: one run per mode over the same capacity (lockstep: every
     looped clip from frame 0, so all sessions start over at once; staggered: spread over the clip); ``checkpoint``
-    saves the state after each run (the call's limit may come before the part's end).
+    saves the state after each run (the call's limit may come before the part's end); ``cpu_niceness``: the CPU
+    decoder processes' (None: the hybrid's default, :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`).
 
     The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
@@ -493,6 +494,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     from streamrt.video.hybrid import HybridDecode
     from streamrt.video.hybrid_capacity import (
         CONSUMER_CORES,
+        CPU_DECODER_NICENESS,
         cpu_decoder_processes,
         measure_cpu_decode,
         measure_cpu_decode_together,
@@ -501,6 +503,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     from streamrt.video.hybrid_policy import HybridPolicy
 
     detector = _detector(state)
+    nice = CPU_DECODER_NICENESS if cpu_niceness is None else cpu_niceness
     sweep = [r for r in state.get("sweep", []) if r.get("reader", "auto") == "auto"]  # not the baselines
     failed = [r["sources"] for r in sweep if not r["sustained"]]
     n = streams or (min(failed) if failed else (max((r["sources"] for r in sweep), default=150) + 50))
@@ -519,7 +522,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     both = measure_hybrid_capacity_for_plan(
         clips[0], [FPS] * n, headroom=headroom, first_sessions=1 if dec.quick else 16,
         decode_processes=nvdec_processes, cpu_processes=cpu_cores, seconds=seconds_cpu + 1.0,
-        warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu")
+        warmup_s=0.3 if dec.quick else 1.0, process_kind="nvdec" if dec.cuda else "cpu", cpu_niceness=nice)
     print(f"  capacity at {both['first']['nvdec_sessions']} NVDEC sessions: {both['first']['nvdec']:.0f} + "
           f"{both['first']['cpu']:.0f} frames/s; the plan's {both['planned_nvdec']} NVDEC streams: measured at "
           f"{both['nvdec_sessions']} sessions, {both['nvdec']:.0f} + {both['cpu']:.0f}", flush=True)
@@ -535,7 +538,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     paths = [clips[i % len(clips)] for i in range(ran)]
     if not dec.cuda:
         return [f"- {admitted}", *_hybrid_smoke(paths, {**capacity, "nvdec": 1.5 * FPS}, nvdec_processes, cpu_cores,
-                                                state)]
+                                                state, cpu_niceness=nice)]
     from streamrt.video.decoding import open_nv12
 
     probe = open_nv12(paths[0])
@@ -548,7 +551,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
         first = [i * clip_frames // len(paths) if mode == "staggered" else 0 for i in range(len(paths))]
         policy = HybridPolicy(capacity, headroom=headroom)
         with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
-                          decode_processes=dec.processes, cpu_processes=cpu_cores, start_frames=first) as hybrid:
+                          decode_processes=dec.processes, cpu_processes=cpu_cores, start_frames=first,
+                          cpu_niceness=nice) as hybrid:
             planned = dict(hybrid.summary()["assignment"])
             report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick,
                                   decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]))
@@ -572,7 +576,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
             f"{capacity['nvdec']:.0f} frames/s ({both['nvdec_sessions']} sessions in {dec.processes} processes, the "
             f"plan's count; {both['first']['nvdec']:.0f} with {both['first']['nvdec_sessions']}; alone: "
             f"{f'{alone:.0f}' if alone else 'not measured'}), CPU {capacity['cpu']:.0f} frames/s ({cpu_cores} "
-            f"decoders; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; {cores} cores "
+            f"decoders at niceness +{nice}; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; "
+            f"{cores} cores "
             f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
             f"{where}. {admitted}. Clips of {clip_frames} frames, looped; starts: lockstep = every stream at frame "
             f"0 (all files end at once), staggered = spread over the clip.", "",
@@ -595,7 +600,7 @@ def hybrid_row(asked: int, ran: int, starts: str, report: RunReport, planned: di
 
 
 def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes: int, cpu_processes: int,
-                  state: dict[str, Any], frames: int = 5) -> list[str]:
+                  state: dict[str, Any], frames: int = 5, cpu_niceness: int = 0) -> list[str]:
     """Part 5 on the CPU: both sides in decoder processes (the CPU stand-in), ``frames`` of every stream read
     by one :class:`~streamrt.video.live_group.LiveGroup`, and the threads the consumer ran meanwhile."""
     import threading
@@ -604,7 +609,7 @@ def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes
     from streamrt.video.live_group import LiveGroup, shared_lanes
 
     with HybridDecode(paths, capacity=capacity, loop=True, interval_s=0, decode_processes=nvdec_processes,
-                      cpu_processes=cpu_processes, process_kind="cpu") as hybrid:
+                      cpu_processes=cpu_processes, process_kind="cpu", cpu_niceness=cpu_niceness) as hybrid:
         sources = hybrid.sources()
         shared = shared_lanes(sources)
         if shared is None:
@@ -620,7 +625,8 @@ def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes
         group.stop()
         summary = hybrid.summary()
     state["hybrid"] = {"summary": summary, "frames": read, "consumer_threads": threads}
-    return [f"{len(paths)} streams planned from capacities NVDEC (stand-in) {capacity['nvdec']:.0f}, CPU "
+    return [f"{len(paths)} streams (CPU decoders at niceness +{cpu_niceness}) planned from capacities NVDEC "
+            f"(stand-in) {capacity['nvdec']:.0f}, CPU "
             f"{capacity['cpu']:.0f} frames/s: assignment {summary['assignment']}, in {nvdec_processes} + "
             f"{cpu_processes} decoder processes; frames read per stream through one live group {read}; consumer "
             f"threads {', '.join(threads)} (detection needs a CUDA engine for NV12)."]
@@ -685,6 +691,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu-decoders", type=int, default=0, metavar="N",
                         help="part 5: CPU decoder processes (0: the cores less 2 for the consumer and one per NVDEC "
                              "process)")
+    parser.add_argument("--cpu-niceness", type=int, default=None, metavar="N",
+                        help="part 5: added to the CPU decoder processes' niceness (0-19; default: the hybrid's, "
+                             "so they yield cores to the NVDEC processes and the consumer)")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",
@@ -748,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
                                   args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders,
-                                  save_state)),
+                                  save_state, args.cpu_niceness)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

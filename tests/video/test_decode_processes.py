@@ -122,6 +122,23 @@ def test_a_file_that_cannot_be_decoded_fails_the_pool_and_leaves_no_process(tmp_
     assert procs and _gone(procs)
 
 
+def test_workers_run_at_the_niceness_asked_and_still_decode(clips: list[Path]) -> None:
+    """CPU decoders beside NVDEC processes yield the cores (HybridDecode's CPU pool asks +5): each worker's
+    niceness is the parent's plus the pool's, and it decodes as before."""
+    import os
+
+    from streamrt.video.decode_processes import ProcessDecodePool
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with ProcessDecodePool([clips[0]], processes=2, kind="cpu", slots=2, niceness=3) as pool:
+        (source,) = pool.sources()
+        assert source.read() is not None  # the workers are past their start by now
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pool.pids] == [min(19, base + 3)] * 2
+    with ProcessDecodePool([clips[0]], processes=1, kind="cpu", slots=2) as pool:
+        assert pool.sources()[0].read() is not None
+        assert os.getpriority(os.PRIO_PROCESS, pool.pids[0]) == base
+
+
 def test_bad_arguments_name_the_value() -> None:
     from streamrt.errors import ConfigError
     from streamrt.video.decode_processes import ProcessDecodePool
@@ -132,6 +149,8 @@ def test_bad_arguments_name_the_value() -> None:
         ProcessDecodePool([], kind="gpu")
     with pytest.raises(ConfigError, match="upload=True is for kind='cpu'"):
         ProcessDecodePool([], kind="nvdec", upload=True)
+    with pytest.raises(ConfigError, match=r"niceness must be within 0-19.*got 20"):
+        ProcessDecodePool([], kind="cpu", niceness=20)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
             ProcessDecodePool([], kind="cpu", upload=True)

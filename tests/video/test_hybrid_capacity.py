@@ -58,7 +58,7 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any]) -> None:
 def test_a_hybrid_in_decoder_processes_without_capacities_measures_both_sides_at_once(
         clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from streamrt.video import hybrid
-    from streamrt.video.hybrid_capacity import measure_hybrid_capacity_for_plan
+    from streamrt.video.hybrid_capacity import CPU_DECODER_NICENESS, measure_hybrid_capacity_for_plan
     from streamrt.video.hybrid_policy import DEFAULT_HEADROOM
 
     calls: list[tuple[list[float], dict[str, Any]]] = []
@@ -75,7 +75,8 @@ def test_a_hybrid_in_decoder_processes_without_capacities_measures_both_sides_at
         measured = decode.measured
     (demands, kwargs), = calls
     assert len(demands) == 3 and kwargs == {"headroom": DEFAULT_HEADROOM, "decode_processes": 1,
-                                            "cpu_processes": 1, "process_kind": "cpu", "upload": False}
+                                            "cpu_processes": 1, "process_kind": "cpu", "upload": False,
+                                            "cpu_niceness": CPU_DECODER_NICENESS}
     assert capacity["nvdec"] > 0 and capacity["cpu"] > 0, capacity
     assert measured is not None and measured["nvdec"] == capacity["nvdec"] and "first" in measured
 

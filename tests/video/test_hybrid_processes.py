@@ -7,6 +7,7 @@ thread, no decoding thread per stream in the consumer. The NVDEC side is the GPU
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ pytest.importorskip("av")
 
 from streamrt.errors import ConfigError  # noqa: E402
 from streamrt.video.hybrid import HybridDecode  # noqa: E402
-from streamrt.video.hybrid_capacity import cpu_decoder_processes  # noqa: E402
+from streamrt.video.hybrid_capacity import CPU_DECODER_NICENESS, cpu_decoder_processes  # noqa: E402
 from streamrt.video.hybrid_policy import HybridPolicy  # noqa: E402
 from video.detection_helpers import FakeCudaDevice, ImportedEngine, decoded_nv12  # noqa: E402
 
@@ -53,6 +54,11 @@ def test_both_sides_in_processes_deliver_every_stream_in_order_through_one_group
         got = [[frame.image.numpy().copy() for frame in iter(stream.take, None)] for stream in group.streams]
         group.stop()
         pids = hybrid._nvdec.pids + hybrid._cpu.pids
+        # the CPU decoders yield the cores to the NVDEC side and the consumer; the NVDEC side does not
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, hybrid._cpu.pids[0]) == min(19, base + CPU_DECODER_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, hybrid._nvdec.pids[0]) == base
+        assert hybrid.summary()["cpu_niceness"] == CPU_DECODER_NICENESS
     for i, path in enumerate(paths):
         assert len(got[i]) == FRAMES, i
         for k, picture in enumerate(got[i]):

@@ -101,6 +101,9 @@ class ProcessDecodePool:
         upload: ``kind="cpu"`` only: page-lock the shared rings in this process and deliver pictures on GPU
             ``gpu``, copied by DMA straight from their slots (where a ring cannot be locked, its copies are
             pageable and a warning says so).
+        niceness: added to each worker's scheduling niceness (0-19, POSIX ``nice``): CPU decoders beside NVDEC
+            decoder processes and the consumer yield their cores to them under contention (on 2026-12-06 the
+            NVDEC streams of a hybrid run starved 5x as often as the CPU ones, with 10 CPU decoders on 16 cores).
 
     Raises:
         ConfigError: a bad count or kind.
@@ -109,7 +112,10 @@ class ProcessDecodePool:
 
     def __init__(self, paths: Sequence[str | Path], *, processes: int = 4, kind: str = "nvdec", slots: int = 4,
                  loop: bool = False, gpu: int = 0, options: NvdecOptions | None = None, timeout_s: float = 30.0,
-                 start_timeout_s: float = 180.0, upload: bool = False) -> None:
+                 start_timeout_s: float = 180.0, upload: bool = False, niceness: int = 0) -> None:
+        if not 0 <= niceness <= 19:
+            raise ConfigError(f"a decoder-process pool's niceness must be within 0-19 (added to the workers' own), "
+                              f"got {niceness}")
         if processes < 1 or slots < 1:
             raise ConfigError(f"a decoder-process pool needs processes >= 1 and slots >= 1, got {processes}, {slots}")
         if kind not in KINDS:
@@ -123,6 +129,7 @@ class ProcessDecodePool:
             raise ConfigError("upload=True delivers pictures on the GPU, and torch sees no CUDA GPU here",
                               hint="leave upload off on a CPU-only machine")
         self.kind, self.processes, self._slots, self._loop, self._gpu = kind, processes, slots, loop, gpu
+        self.niceness = niceness
         self.options = options or NvdecOptions()
         self._timeout, self._start_timeout = timeout_s, start_timeout_s
         self._device = torch.device("cpu") if kind == "cpu" else torch.device("cuda", gpu)  # where the rings are
@@ -133,7 +140,7 @@ class ProcessDecodePool:
         pipes = [context.Pipe(duplex=True) for _ in range(processes)]
         self._links = [_Link(mine) for mine, _ in pipes]
         self._procs = [context.Process(target=_worker, name=f"decoder:{w}", daemon=True,
-                                       args=(w, kind, gpu, self.options, theirs))
+                                       args=(w, kind, gpu, self.options, theirs, niceness))
                        for w, (_, theirs) in enumerate(pipes)]
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # replies to opens; each stream has its own on this lock

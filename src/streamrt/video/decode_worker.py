@@ -160,7 +160,7 @@ class _Link:
         self.conn.close()
 
 
-def _worker(worker: int, kind: str, gpu: int, options: NvdecOptions, conn: Any) -> None:
+def _worker(worker: int, kind: str, gpu: int, options: NvdecOptions, conn: Any, niceness: int = 0) -> None:
     """A decoder process's entry: :func:`_worker_main` over its pipe, then ``os._exit``.
 
     The interpreter's own exit after the decoders close spends about a second in native teardown
@@ -171,7 +171,7 @@ def _worker(worker: int, kind: str, gpu: int, options: NvdecOptions, conn: Any) 
 
     code, link = 0, _Link(conn)
     try:
-        _worker_main(worker, kind, gpu, options, link, link)
+        _worker_main(worker, kind, gpu, options, link, link, niceness)
     except BaseException:  # the detector process reads the exit code
         traceback.print_exc()
         code = 1
@@ -179,9 +179,18 @@ def _worker(worker: int, kind: str, gpu: int, options: NvdecOptions, conn: Any) 
     os._exit(code)
 
 
-def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, commands: Any, events: Any) -> None:
-    """A decoder process: opens the sessions it is asked for, decodes into the slots it is handed."""
+def _worker_main(worker: int, kind: str, gpu: int, options: NvdecOptions, commands: Any, events: Any,
+                 niceness: int = 0) -> None:
+    """A decoder process: opens the sessions it is asked for, decodes into the slots it is handed.
+
+    ``niceness``: added to the process's scheduling niceness first (``os.nice``), so that under contention for
+    the cores it yields to the processes that must never wait (the consumer, the NVDEC decoder processes).
+    """
     import multiprocessing
+    import os
+
+    if niceness:
+        os.nice(niceness)
 
     import torch  # now, not inside the first ring's unpickling: that would look like a stall
 

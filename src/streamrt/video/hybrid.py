@@ -50,6 +50,7 @@ from streamrt.errors import ConfigError
 from streamrt.video.decoding import open_nv12
 from streamrt.video.hybrid_capacity import (
     CONSUMER_CORES,
+    CPU_DECODER_NICENESS,
     cpu_decoder_processes,
     measure_capacity,
     measure_cpu_decode,
@@ -62,8 +63,8 @@ from streamrt.video.live_group import ReadyPictures
 from streamrt.video.sources import Prefetch, SourceError, SourceInfo
 
 # the capacity measurements live in hybrid_capacity; their names are kept here, where they were first
-__all__ = ["CONSUMER_CORES", "HybridDecode", "HybridSource", "cpu_decoder_processes", "measure_capacity",
-           "measure_cpu_decode", "measure_cpu_decode_together", "measure_hybrid_capacity"]
+__all__ = ["CONSUMER_CORES", "CPU_DECODER_NICENESS", "HybridDecode", "HybridSource", "cpu_decoder_processes",
+           "measure_capacity", "measure_cpu_decode", "measure_cpu_decode_together", "measure_hybrid_capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +220,8 @@ class HybridDecode:
         interval_s: how often measurements feed the policy (0: never re-balance).
         headroom: the share of each side's capacity the plan fills (the policy's, and the measurement's plan);
             ignored with ``policy``.
+        cpu_niceness: added to the CPU decoder processes' niceness (decoder processes only), so the NVDEC
+            processes and the consumer win the cores when they contend; the capacity is measured with it.
         start_frames: the frame of its file each stream starts at (decoded and dropped first); None: 0 for all.
             Looped files that all start at frame 0 end at once, and every session starts over at the same moment.
         clock: monotonic seconds (tests).
@@ -229,7 +232,8 @@ class HybridDecode:
                  cpu_threads: int = 1, nvdec_workers: int = 4, depth: int = 4, interval_s: float = 1.0,
                  decode_processes: int = 0, cpu_processes: int | None = None, process_kind: str = "nvdec",
                  upload: bool | None = None, headroom: float = DEFAULT_HEADROOM,
-                 start_frames: Sequence[int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 start_frames: Sequence[int] | None = None, cpu_niceness: int = CPU_DECODER_NICENESS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if decode_processes < 0 or (cpu_processes is not None and cpu_processes < 1):
             raise ConfigError(f"decode_processes must be >= 0 and cpu_processes >= 1 (or None), got "
                               f"{decode_processes}, {cpu_processes}")
@@ -238,6 +242,7 @@ class HybridDecode:
         if len(self._starts) != len(self.paths) or min(self._starts, default=0) < 0:
             raise ConfigError(f"start_frames needs one frame >= 0 per stream ({len(self.paths)}), got {start_frames}")
         self._processes, self._process_kind = decode_processes, process_kind
+        self.cpu_niceness = cpu_niceness
         self.upload = cuda_available() if upload is None else upload
         self.cpu_processes = cpu_processes or cpu_decoder_processes(decode_processes)
         probe = open_nv12(self.paths[0])
@@ -276,7 +281,8 @@ class HybridDecode:
         if self._processes:  # at the NVDEC session count the plan gives (a few sessions over-state many)
             self.measured = measure_hybrid_capacity_for_plan(
                 self.paths[0], self.demands, headroom=self._headroom, decode_processes=self._processes,
-                cpu_processes=self.cpu_processes, process_kind=self._process_kind, upload=self.upload)
+                cpu_processes=self.cpu_processes, process_kind=self._process_kind, upload=self.upload,
+                cpu_niceness=self.cpu_niceness)
             return {"nvdec": self.measured["nvdec"], "cpu": self.measured["cpu"]}
         return measure_capacity(self.paths[0], cores=self.cpu_processes)
 
@@ -314,7 +320,7 @@ class HybridDecode:
                                                 upload=self.upload and self._process_kind == "cpu")
             elif decoder == "cpu" and self._cpu is None:
                 self._cpu = ProcessDecodePool([], processes=self.cpu_processes, kind="cpu", slots=self._depth,
-                                              loop=self._loop, upload=self.upload)
+                                              loop=self._loop, upload=self.upload, niceness=self.cpu_niceness)
             return self._nvdec if decoder == "nvdec" else self._cpu
 
     def _open_lanes(self, decoder: str, items: Sequence[tuple[Path, int]]) -> list[Any]:
@@ -424,6 +430,7 @@ class HybridDecode:
         out["assignment"] = {name: sum(1 for s in self._sources if s.decoder == name) for name in ("nvdec", "cpu")}
         if self.grouped:
             out["processes"] = {"nvdec": self._processes, "cpu": self.cpu_processes}
+            out["cpu_niceness"] = self.cpu_niceness
             cpu = self._cpu
             out["cpu_pictures"] = ("host" if not self.upload else
                                    f"uploaded from page-locked rings ({cpu.page_locked} locked)" if cpu is not None

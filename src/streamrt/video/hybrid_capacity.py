@@ -36,13 +36,18 @@ from streamrt._optional import available
 from streamrt.errors import ConfigError
 from streamrt.video.decoding import open_nv12
 
-__all__ = ["CONSUMER_CORES", "cpu_decoder_processes", "measure_capacity", "measure_cpu_decode",
+__all__ = ["CONSUMER_CORES", "CPU_DECODER_NICENESS", "cpu_decoder_processes", "measure_capacity", "measure_cpu_decode",
            "measure_cpu_decode_together", "measure_hybrid_capacity", "measure_hybrid_capacity_for_plan",
            "measure_process_decode"]
 
 CONSUMER_CORES = 2
 """Cores left to the consumer process: the thread feeding the engine, and the live group's and the pools'
 dispatcher threads beside it. Not given to CPU decoders."""
+
+CPU_DECODER_NICENESS = 5
+"""What the CPU decoder processes of a hybrid add to their niceness: under contention for the cores they yield to
+the NVDEC decoder processes and the consumer (a nice-5 process weighs about a third of a nice-0 one in Linux's
+scheduler), whose stalls drop frames on every stream, not just the CPU ones."""
 
 
 def cpu_decoder_processes(nvdec_processes: int = 0, cores: int | None = None) -> int:
@@ -119,7 +124,7 @@ def measure_capacity(path: str | Path, *, cores: int | None = None, nvdec_sessio
 def measure_hybrid_capacity(path: str | Path, *, decode_processes: int = 4, cpu_processes: int | None = None,
                             nvdec_sessions: int = 16, seconds: float = 3.0, warmup_s: float = 1.0,
                             process_kind: str = "nvdec", upload: bool | None = None,
-                            slots: int = 4) -> dict[str, Any]:
+                            slots: int = 4, cpu_niceness: int = CPU_DECODER_NICENESS) -> dict[str, Any]:
     """Frames/s of each side of hybrid decode over ``path`` (looped), both decoding at once.
 
     Args:
@@ -132,6 +137,8 @@ def measure_hybrid_capacity(path: str | Path, *, decode_processes: int = 4, cpu_
         process_kind: ``nvdec``, or ``cpu`` (the CI stand-in for the NVDEC side).
         upload: CPU pictures delivered on the GPU (``ProcessDecodePool(upload=True)``); None: when CUDA is available.
         slots: pictures decoded ahead per stream.
+        cpu_niceness: the CPU decoder processes' niceness (``ProcessDecodePool(niceness=...)``), as the hybrid
+            runs them.
 
     Returns:
         ``nvdec`` and ``cpu`` frames/s, and the sessions, decoders and window they were measured with.
@@ -147,10 +154,10 @@ def measure_hybrid_capacity(path: str | Path, *, decode_processes: int = 4, cpu_
     with ProcessDecodePool(paths * nvdec_sessions, processes=decode_processes, kind=process_kind, slots=slots,
                            loop=True, upload=upload and process_kind == "cpu") as nvdec, \
             ProcessDecodePool(paths * cpu_processes, processes=cpu_processes, kind="cpu", slots=slots, loop=True,
-                              upload=upload) as cpu:
+                              upload=upload, niceness=cpu_niceness) as cpu:
         counts = _drain_together({"nvdec": (nvdec, nvdec_sessions), "cpu": (cpu, cpu_processes)}, seconds, warmup_s)
     return {"nvdec": counts["nvdec"] / seconds, "cpu": counts["cpu"] / seconds, "nvdec_sessions": nvdec_sessions,
-            "cpu_decoders": cpu_processes, "seconds": seconds}
+            "cpu_decoders": cpu_processes, "cpu_niceness": cpu_niceness, "seconds": seconds}
 
 
 def measure_hybrid_capacity_for_plan(path: str | Path, demands: Sequence[float], *, headroom: float,
