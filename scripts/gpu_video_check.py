@@ -692,8 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="part 5: CPU decoder processes (0: the cores less 2 for the consumer and one per NVDEC "
                              "process)")
     parser.add_argument("--cpu-niceness", type=int, default=None, metavar="N",
-                        help="part 5: added to the CPU decoder processes' niceness (0-19; default: the hybrid's, "
-                             "so they yield cores to the NVDEC processes and the consumer)")
+                        help="part 5: added to the CPU decoder processes' niceness (0-19), so they yield contended "
+                             "cores to the NVDEC processes and the consumer; default: the hybrid's (0)")
     parser.add_argument("--hybrid-streams", type=int, default=None, metavar="N",
                         help="part 5's stream count (default: the first count part 2 did not sustain)")
     parser.add_argument("--nvdec-bound", type=float, default=None, metavar="FPS",

@@ -126,3 +126,20 @@ def test_a_fallback_entry_is_not_reused_by_a_build_without_a_budget(tmp_path: Pa
     cache.keep(ep, TUNED, b"LEVEL3", FALLBACK, 300.0)
     assert cache.find(ep, TUNED, 300.0) == (b"LEVEL3", FALLBACK) and cache.find(ep, TUNED, 120.0) is not None
     assert cache.find(ep, TUNED, 301.0) is None and cache.find(ep, TUNED, None) is None
+
+
+def test_the_plans_package_line_names_the_kind_of_fallback_it_reused() -> None:
+    """A warm rebuild of a plan whose first build kept the autotuned fallback reports that, not level 3
+    (the H100 run of 2026-12-06 said "reused (level-3 fallback)" for an autotuned package)."""
+    from streamrt.backends.torch_inductor.budget import REUSED, REUSED_FALLBACK, REUSED_TUNED_FALLBACK
+    from streamrt.backends.torch_inductor.cache import TimingCacheStats
+
+    def package(*kinds: str) -> str:
+        return TimingCacheStats("cache", packages=list(kinds)).package
+
+    assert package(REUSED_TUNED_FALLBACK) == "reused (autotuned fallback, coordinate descent off)"
+    assert package(REUSED_FALLBACK, REUSED_FALLBACK) == "reused (level-3 fallback)"
+    assert package(REUSED, REUSED) == "reused"
+    assert package(REUSED, REUSED_FALLBACK) == "reused (mixed: as asked; level-3 fallback)"
+    assert package(REUSED, "compiled") == "reused 1 of 2" and package("compiled") == "compiled"
+    assert package() == ""

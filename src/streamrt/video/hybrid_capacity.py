@@ -44,10 +44,12 @@ CONSUMER_CORES = 2
 """Cores left to the consumer process: the thread feeding the engine, and the live group's and the pools'
 dispatcher threads beside it. Not given to CPU decoders."""
 
-CPU_DECODER_NICENESS = 5
-"""What the CPU decoder processes of a hybrid add to their niceness: under contention for the cores they yield to
-the NVDEC decoder processes and the consumer (a nice-5 process weighs about a third of a nice-0 one in Linux's
-scheduler), whose stalls drop frames on every stream, not just the CPU ones."""
+CPU_DECODER_NICENESS = 0
+"""What the CPU decoder processes of a hybrid add to their niceness by default (``HybridDecode(cpu_niceness=)``).
+At +5 they would yield contended cores to the NVDEC decoder processes and the consumer (a nice-5 process weighs
+about a third of a nice-0 one in Linux's scheduler). Measured side by side on one H100 host on 2026-12-06
+(``gpu_video_check.py --parts 5 --cpu-niceness 0`` vs ``5``, ~160 streams): no fewer drops (staggered starts 0 and
+0, lockstep 5 and 9), and the CPU side measured 8-17% less beside NVDEC, so fewer streams admitted. So 0."""
 
 
 def cpu_decoder_processes(nvdec_processes: int = 0, cores: int | None = None) -> int:

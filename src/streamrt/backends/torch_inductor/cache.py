@@ -50,12 +50,15 @@ class TimingCacheStats:
 
     @property
     def package(self) -> str:
-        """``reused`` when every package came from the package cache, ``compiled`` when none did; "" without one."""
+        """``reused`` when every package came from the package cache (with the kind of fallback it reused, when
+        every one reused the same kind), ``compiled`` when none did; "" without one."""
         if not self.packages:
             return ""
         reused = [p for p in self.packages if p.startswith("reused")]
         if len(reused) == len(self.packages):
-            return "reused" if all(p == "reused" for p in reused) else "reused (level-3 fallback)"
+            kinds = sorted(set(reused))  # e.g. "reused (autotuned fallback, coordinate descent off)"
+            labels = [k.removeprefix("reused").strip()[1:-1] or "as asked" for k in kinds]
+            return kinds[0] if len(kinds) == 1 else f"reused (mixed: {'; '.join(labels)})"
         return "compiled" if not reused else f"reused {len(reused)} of {len(self.packages)}"
 
     def to_dict(self) -> dict[str, Any]:
