@@ -180,6 +180,10 @@ def test_report_lists_every_stream(slow_detector: Any, rng: np.random.Generator)
     assert table[0].split() == ["stream", "fps", "frames", "dropped", "p50", "ms", "p99", "ms", "state"]
     assert len(table) == 1 + STREAMS and table[7].split()[-1] == "refused"
     assert "admitted 6 of 8 streams" in report.format_text()
+    # the summary counts the streams that ran, not the ones asked (185 asked, 154 ran read "from 185 sources")
+    assert report.ran == 6 and data["ran"] == 6
+    assert " frames from 6 of 8 source(s) " in report.format_text()
+    assert "| sources | 6 of 8 x " in report.to_markdown()
 
 
 @pytest.mark.parametrize("mode", ["refuse", "queue"])

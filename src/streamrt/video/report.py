@@ -68,6 +68,16 @@ class RunReport:
         return self.frames / self.calls if self.calls else 0.0
 
     @property
+    def ran(self) -> int:
+        """Sources that ran (admission control may have refused or queued the rest of ``sources``)."""
+        if not self.per_source:
+            return self.sources
+        return sum(1 for p in self.per_source if p.get("state", "ran") == "ran")
+
+    def _sources_line(self) -> str:
+        return f"{self.sources}" if self.ran == self.sources else f"{self.ran} of {self.sources}"
+
+    @property
     def fps(self) -> float:
         """Frames per second over the measured window (all sources together)."""
         return self.frames / self.wall_s if self.wall_s > 0 else 0.0
@@ -80,14 +90,14 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("trace")
-        out.update(fps=self.fps, sustained=self.sustained, frames_per_call=self.frames_per_call)
+        out.update(fps=self.fps, sustained=self.sustained, frames_per_call=self.frames_per_call, ran=self.ran)
         return out
 
     def format_text(self) -> str:
         """A few lines for the terminal."""
         lat = self.latency_ms
         lines = [
-            f"{self.label}: {self.frames} frames from {self.sources} source(s) ({self.frame_size}) in "
+            f"{self.label}: {self.frames} frames from {self._sources_line()} source(s) ({self.frame_size}) in "
             f"{self.wall_s:.2f} s = {self.fps:.1f} FPS",
             f"  model {self.model} on {self.backend} ({self.device}), batch {self.batch}, {self.detections} detections",
             f"  latency per frame: p50 {lat.get('p50', float('nan')):.1f} ms, "
@@ -127,7 +137,7 @@ class RunReport:
     def to_markdown(self) -> str:
         lat = self.latency_ms
         rows = [("config", self.label), ("model", f"{self.model} ({self.backend}, {self.device})"),
-                ("sources", f"{self.sources} x {self.frame_size}, batch {self.batch}"),
+                ("sources", f"{self._sources_line()} x {self.frame_size}, batch {self.batch}"),
                 ("frames", str(self.frames)), ("throughput", f"{self.fps:.1f} FPS"),
                 ("latency p50 / p99 / max", f"{lat.get('p50', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} "
                                             f"/ {lat.get('max', float('nan')):.1f} ms"),
