@@ -366,3 +366,12 @@ def test_staging_copies_cuda_variants_run_on_a_torch_cpu_stand_in(tmp_path: Path
     finally:
         for lane in lanes:
             lane.close()
+
+
+def test_loop_restart_times_both_ways_of_starting_a_file_over(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    out = tmp_path / "loop.md"
+    _run(tmp_path, "loop_restart.py", "--rounds", "2", "--out", str(out))
+    rows = _rows(out.read_text())
+    assert [r[1] for r in rows[1:]] == ["reopen (close, open again)", "rewind (seek the same file)"], rows
+    assert all(float(r[2]) > 0 for r in rows[1:]) and rows[2][4].endswith("x faster"), rows

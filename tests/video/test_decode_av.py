@@ -140,3 +140,53 @@ def test_damaged_stretches_are_skipped_counted_and_quiet(tmp_path: Path, capfd: 
     assert 0 < decoded < 60 and source.bad_frames == 60 - decoded
     assert f"damaged.mp4: {60 - decoded} of 60 frames could not be decoded" in caplog.text
     assert "[h264 @" not in capfd.readouterr().err  # FFmpeg's own log stays off
+
+
+@pytest.mark.parametrize("codec", ["h264", "h265"])
+@pytest.mark.parametrize("output", ["bgr", "nv12"])
+def test_a_rewound_file_gives_the_same_frames_as_a_fresh_open(tmp_path: Path, codec: str, output: str) -> None:
+    """Looped streams start over with a seek (``rewind``) instead of a new open: every pass, rewound at the
+    end or halfway through, equals a fresh decoder's frames exactly, with times from 0 again (B-frames, so the
+    decoder's reordering buffer must not carry a frame of the old pass into the new)."""
+    from streamrt.video.decoding import start_over
+
+    seed = int(np.random.default_rng().integers(0, 10_000))
+    path = encode_clip(SyntheticClip(width=160, height=96, frames=18, fps=30.0, seed=seed),
+                       tmp_path / f"c-{codec}.mp4", codec=codec, bframes=2)
+    fresh = AvSource(path, output=output)
+    reference = []
+    while (frame := fresh.read()) is not None:
+        reference.append(frame)
+    fresh.close()
+    assert len(reference) == 18
+    source = AvSource(path, output=output)
+    for stop in (18, 7, 0, 18):  # to the end, then halfway, then at once, then to the end again
+        got = [source.read() for _ in range(stop)]
+        if stop == 18:
+            assert source.read() is None
+        for k, frame in enumerate(got):
+            np.testing.assert_array_equal(frame, reference[k], err_msg=f"frame {k} after stopping at {stop}")
+        same = start_over(source, lambda: pytest.fail("rewinding a file reopened it"))
+        assert same is source and source.frames_read == 0
+    first = source.read()
+    assert source.last_time == 0.0 and first is not None
+    np.testing.assert_array_equal(first, reference[0])
+    source.close()
+
+
+def test_start_over_reopens_what_cannot_seek() -> None:
+    from streamrt.video.decoding import start_over
+
+    class Plain:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    class Stream(Plain):
+        def rewind(self) -> bool:
+            return False  # a network stream
+
+    for old in (Plain(), Stream()):
+        new = start_over(old, lambda: "reopened")
+        assert new == "reopened" and old.closed

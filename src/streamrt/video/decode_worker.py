@@ -84,8 +84,9 @@ class _CpuDecoder:
     def _read(self) -> Any:
         frame = self._src.read()
         if frame is None and self.loop and self._k:
-            self._src.close()
-            self._src, self._k = self._open(self.path), 0
+            from streamrt.video.decoding import start_over
+
+            self._src, self._k = start_over(self._src, lambda: self._open(self.path)), 0
             frame = self._src.read()
         if frame is not None:
             self.pts, self._k = self._k, self._k + 1

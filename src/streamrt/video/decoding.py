@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from streamrt._optional import available
 from streamrt.errors import ConfigError
 from streamrt.video.sources import FrameSource, VideoFileSource, register_video_opener
 
-__all__ = ["DECODERS", "DecodeConfig", "OpenCvNv12Source", "open_decoded", "open_nv12"]
+__all__ = ["DECODERS", "DecodeConfig", "OpenCvNv12Source", "open_decoded", "open_nv12", "start_over"]
 
 DECODERS = ("auto", "pyav", "opencv")
 
@@ -122,6 +123,17 @@ def open_nv12(path: str | Path, threads: int = 1) -> Any:
 
         return AvSource(path, threads=threads, output="nv12")
     return OpenCvNv12Source(path, threads=threads)
+
+
+def start_over(source: Any, reopen: Callable[[], Any]) -> Any:
+    """A decoder at its file's first frame again, for a looped stream at the end of its file: ``source``
+    itself, rewound, where it can seek back (:meth:`~streamrt.video.decode_av.AvSource.rewind`), else
+    ``reopen()`` after closing it."""
+    rewind = getattr(source, "rewind", None)
+    if rewind is not None and rewind():
+        return source
+    source.close()
+    return reopen()
 
 
 register_video_opener(open_decoded)

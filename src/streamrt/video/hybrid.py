@@ -47,7 +47,7 @@ from typing import Any
 
 from streamrt._features import cuda_available
 from streamrt.errors import ConfigError
-from streamrt.video.decoding import open_nv12
+from streamrt.video.decoding import open_nv12, start_over
 from streamrt.video.hybrid_capacity import (
     CONSUMER_CORES,
     CPU_DECODER_NICENESS,
@@ -469,8 +469,7 @@ class _Looped:
     def read(self) -> Any:
         picture = self._src.read()
         if picture is None:
-            self._src.close()
-            self._src = open_nv12(self.path, self.threads)
+            self._src = start_over(self._src, lambda: open_nv12(self.path, self.threads))
             picture = self._src.read()
         return picture
 
