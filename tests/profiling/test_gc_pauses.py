@@ -18,6 +18,10 @@ def test_pauses_of_each_generation_from_any_thread_and_none_after_the_block() ->
     assert pauses.count(0) >= 1 and pauses.count(2) == 1, pauses.pauses
     assert pauses.longest_ms(2) > 0 and all(seconds >= 0 for _, seconds in pauses.pauses)
     assert pauses.summary().startswith("full collections: 1 (longest ")
+    # the young ones' longest pause is over both young generations (a 13 ms generation-0 pause on an H100 on
+    # 2026-12-06 read "longest in generation 1: 0.0 ms")
+    young = max(s for g, s in pauses.pauses if g < 2) * 1e3
+    assert f"(longest {young:.1f} ms); " in pauses.summary()
     assert pauses._callback not in gc.callbacks
 
 
@@ -31,4 +35,4 @@ def test_a_block_without_collections_says_so() -> None:
         if frozen:
             gc.enable()
     assert pauses.pauses == [] and pauses.summary() == (
-        "full collections: 0 (longest 0.0 ms); young ones: 0 (longest in generation 1: 0.0 ms); 0 ms paused in all")
+        "full collections: 0 (longest 0.0 ms); young ones: 0 (longest 0.0 ms); 0 ms paused in all")

@@ -52,8 +52,9 @@ class GcPauses:
         return max((s for g, s in self.pauses if generation is None or g == generation), default=0.0) * 1e3
 
     def summary(self) -> str:
-        """One line: full collections and their longest pause, then every generation's total."""
+        """One line: full collections and their longest pause, the young ones (generations 0 and 1) and theirs,
+        then every generation's total."""
         total = sum(s for _, s in self.pauses) * 1e3
+        young = max(self.longest_ms(0), self.longest_ms(1))
         return (f"full collections: {self.count(2)} (longest {self.longest_ms(2):.1f} ms); young ones: "
-                f"{self.count(0) + self.count(1)} (longest in generation 1: {self.longest_ms(1):.1f} ms); "
-                f"{total:.0f} ms paused in all")
+                f"{self.count(0) + self.count(1)} (longest {young:.1f} ms); {total:.0f} ms paused in all")
