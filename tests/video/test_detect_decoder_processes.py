@@ -88,6 +88,27 @@ def test_refused_streams_stop_decoding_before_the_run(
     assert removed == [1] and len(stand_in) == 2
 
 
+def test_hybrid_refused_streams_stop_decoding_before_the_run(
+        clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--hybrid`` too (until 2026-12-06 a refused stream kept its decoder and its place in the plan to the
+    end: 31 of 185 on an H100): the hybrid removes it, the admitted one keeps decoding."""
+    from streamrt.cli.main import main
+    from streamrt.video import admission
+    from streamrt.video.hybrid import HybridDecode
+
+    monkeypatch.setattr(admission, "plan_admission",
+                        lambda fps, record, config: admission.Admission([0], refused=[1], message="one of two"))
+    removed: list[int] = []
+    real = HybridDecode.remove
+    monkeypatch.setattr(HybridDecode, "remove", lambda self, index: (removed.append(index), real(self, index))[1])
+    code = main(["detect", str(clips[0]), str(clips[1]), "--decode-processes", "1", "--hybrid", "--paced",
+                 "--fps", "30", "--no-progress", "--cache-dir", str(tmp_path), "--cpu-decoders", "1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "one of two" in out, out + err
+    assert removed == [1] and [s.removed for s in stand_in] == [False, True]
+
+
 def test_hybrid_plans_and_admits_within_its_headroom(
         clips: list[Path], stand_in: list[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from streamrt.cli.main import main

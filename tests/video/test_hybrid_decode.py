@@ -45,6 +45,18 @@ def _detect(model: Any, sources: list[Any]) -> tuple[Any, list[Detections]]:
     return report, sorted(out, key=lambda d: (d.source, d.index))
 
 
+def test_an_in_process_stream_removed_closes_its_decoder_and_reads_as_ended(paths: list[Path]) -> None:
+    with HybridDecode(paths, capacity={"cpu": 500.0}, interval_s=0) as hybrid:
+        first = hybrid.sources()[0]
+        closed: list[bool] = []
+        real_close = first._impl.close
+        first._impl.close = lambda: (closed.append(True), real_close())[1]
+        hybrid.remove(0)
+        assert closed == [True] and first.read() is None and hybrid.summary()["assignment"]["cpu"] == 2
+        assert hybrid.sources()[1].read() is not None
+    assert closed == [True]  # not closed a second time with the hybrid
+
+
 def test_cpu_only_hybrid_gives_the_plain_decoder_detections(detector: Any, paths: list[Path]) -> None:
     model = dataclasses.replace(detector, engine=ImportedEngine("cpu"), device="cuda", backend="torch", max_batch=4)
     with HybridDecode(paths, capacity={"cpu": 500.0}, interval_s=0) as hybrid:

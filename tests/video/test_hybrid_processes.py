@@ -125,6 +125,32 @@ def test_streams_start_at_their_own_frames_and_a_move_keeps_the_offset(clips: li
         _hybrid([clips[0]] * 2, nvdec_fps=60.0, start_frames=[0])
 
 
+def test_a_removed_stream_stops_decoding_leaves_the_plan_and_never_moves(clips: list[Path]) -> None:
+    """``HybridDecode.remove`` (admission refused the stream): its lane leaves its pool, it reads as ended, the
+    summary no longer counts it, the policy's rebalance never moves it; the others read on in order."""
+    paths = [clips[0], clips[1], clips[0]]
+    refs = {p: decoded_nv12(p) for p in clips}
+    with _hybrid(paths, nvdec_fps=60.0) as hybrid:  # 2 on NVDEC's stand-in, 1 on the CPU side
+        assert hybrid.assignment == ["nvdec", "nvdec", "cpu"]
+        _, lane = hybrid.sources()[1]._impl.pool_lane
+        hybrid.remove(1)
+        hybrid.remove(1)  # twice is once
+        assert hybrid.sources()[1].read() is None and hybrid.demands[1] == 0.0
+        ready = hybrid.take_ready([1])
+        assert ready.ended == [1] and not ready.taken
+        assert hybrid.summary()["assignment"] == {"nvdec": 1, "cpu": 1} and hybrid.summary()["removed"] == 1
+        assert hybrid._nvdec._lanes[lane].finished  # its worker was told to stop decoding it
+        # the CPU side over its plan: only a stream with demand may move back to NVDEC's freed room
+        hybrid.policy.capacity["cpu"] = 1.0
+        hybrid.policy.hold_s = 0.0
+        moves = hybrid.policy.rebalance(list(hybrid.assignment), hybrid.demands)
+        assert all(m.stream != 1 for m in moves) and any(m.stream == 2 for m in moves), moves
+        for i in (0, 2):
+            got = _read_all(hybrid, i, 5)
+            for k, picture in enumerate(got):
+                np.testing.assert_array_equal(picture, refs[paths[i]][k], err_msg=f"stream {i} frame {k}")
+
+
 def test_a_move_between_reads_keeps_the_order(clips: list[Path]) -> None:
     ref = decoded_nv12(clips[1])
     with _hybrid([clips[1]], nvdec_fps=60.0) as hybrid:

@@ -367,8 +367,8 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
                 sink(frame, detections)
 
         admission = _admit(args, detector, sources, config, decoders) if config.paced and config.live else None
-        if admission is not None and decoders is not None and not args.hybrid:
-            for i in admission.refused:  # never started: their NVDEC sessions stop now, not at the end of the run
+        if admission is not None and decoders is not None:
+            for i in admission.refused:  # never started: their decoders stop now, not at the end of the run
                 decoders.remove(i)
         bar = ProgressBar(not args.no_progress)
         try:

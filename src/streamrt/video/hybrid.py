@@ -90,6 +90,7 @@ class HybridSource:
         self._info = SourceInfo(path.name, impl.info.width, impl.info.height, impl.info.fps, None)
         self.read_count = 0
         self.starved = 0
+        self.removed = False  # HybridDecode.remove: no longer decoded
         self.moves = 0
         self.move_drops = 0  # pictures decoded twice because of a move (the new lane's, before the frame reached)
 
@@ -151,6 +152,8 @@ class HybridSource:
         self.moves += 1
 
     def read(self) -> Any:
+        if self.removed:
+            return None
         self._arrive()
         started = time.perf_counter()
         while self._behind > 0:
@@ -177,7 +180,8 @@ class HybridSource:
                        "move_drops": self.move_drops})
 
     def close(self) -> None:
-        self._impl.close()
+        if not self.removed:  # a removed stream's decoder is closed (in-process) or gone (decoder processes)
+            self._impl.close()
 
 
 class _Stats:
@@ -327,6 +331,25 @@ class HybridDecode:
         """Streams opened in ``decoder``'s processes, each at its frame (decoder processes)."""
         return list(self._pool(decoder).add_many(list(items)))
 
+    def remove(self, index: int) -> None:
+        """Stop decoding stream ``index`` for good (admission refused it): its decoder closes (its NVDEC session
+        and pictures freed), its demand leaves the plan and the policy never moves it; reading it gives None.
+        The other streams keep their decoders."""
+        source = self._sources[index]
+        with self._moving:
+            if source.removed:
+                return
+            source.removed = True
+            self.demands[index] = 0.0
+            incoming, source._incoming = source._incoming, None
+        if incoming is not None:
+            self._remove(incoming[1])
+        if self.grouped:
+            self._remove(source._impl)
+        else:
+            source._impl.close()
+            self._closed(index, source.decoder)
+
     def _remove(self, lane: Any) -> None:
         """Stop decoding a lane of the decoder processes (its pool stays open)."""
         pool, index = lane.pool_lane
@@ -363,15 +386,19 @@ class HybridDecode:
             raise ConfigError("take_ready needs the streams in decoder processes",
                               hint="HybridDecode(..., decode_processes=N) with N >= 1")
         asks: dict[int, tuple[Any, list[int], list[HybridSource]]] = {}
+        out = ReadyPictures()
         for index in indices:
             source = self._sources[index]
+            if source.removed:
+                out.ended.append(index)
+                continue
             source._arrive()
             pool, lane = source._impl.pool_lane
             entry = asks.setdefault(id(pool), (pool, [], []))
             for _ in range(source._behind + 1):
                 entry[1].append(lane)
                 entry[2].append(source)
-        out, now = ReadyPictures(), time.perf_counter()
+        now = time.perf_counter()
         for pool, lanes, owners in asks.values():
             by_lane = {lane: source for lane, source in zip(lanes, owners, strict=True)}
             ready = pool.take_ready(lanes)
@@ -402,7 +429,7 @@ class HybridDecode:
         span = max(now - self._last_t, 1e-9)
         self._last_t = now
         for name in ("nvdec", "cpu"):
-            mine = [s for s in self._sources if s.decoder == name]
+            mine = [s for s in self._sources if s.decoder == name and not s.removed]
             reads, starved = sum(s.read_count for s in mine), sum(s.starved for s in mine)
             last_reads, last_starved = self._last.get(name, (reads, starved))
             self._last[name] = (reads, starved)
@@ -426,8 +453,11 @@ class HybridDecode:
 
     def summary(self) -> dict[str, Any]:
         """The plan, the capacities, the moves made: for the run report."""
-        out = self.policy.summary(self.assignment, self.demands)
-        out["assignment"] = {name: sum(1 for s in self._sources if s.decoder == name) for name in ("nvdec", "cpu")}
+        live = [i for i, source in enumerate(self._sources) if not source.removed]
+        out = self.policy.summary([self.assignment[i] for i in live], [self.demands[i] for i in live])
+        out["assignment"] = {name: sum(1 for s in self._sources if s.decoder == name and not s.removed)
+                             for name in ("nvdec", "cpu")}
+        out["removed"] = sum(1 for s in self._sources if s.removed)
         if self.grouped:
             out["processes"] = {"nvdec": self._processes, "cpu": self.cpu_processes}
             out["cpu_niceness"] = self.cpu_niceness

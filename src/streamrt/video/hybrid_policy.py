@@ -111,7 +111,8 @@ class HybridPolicy:
             self.capacity[name] = max(self.capacity[name], float(decoded_fps))
 
     def rebalance(self, assignment: list[str], demands: Sequence[float]) -> list[Move]:
-        """Moves that bring every pool within its planned capacity (rule 3); ``assignment`` is updated."""
+        """Moves that bring every pool within its planned capacity (rule 3); ``assignment`` is updated. A stream
+        of no demand (one removed from the run) never moves: it would open a decoder for nothing."""
         now = self._clock()
         if now - self._last_moves < self.hold_s:
             return []
@@ -131,10 +132,11 @@ class HybridPolicy:
             for i in reversed(range(len(assignment))):
                 if self._room(src, load[src]) >= 0:
                     break
-                if assignment[i] == src and self.capacity[dst] > 0 and self._room(dst, load[dst]) >= demands[i]:
+                if assignment[i] == src and demands[i] > 0 and self.capacity[dst] > 0 and \
+                        self._room(dst, load[dst]) >= demands[i]:
                     move(i, dst)
         for i in range(len(assignment)):  # return to NVDEC what fits there again
-            if assignment[i] == "cpu" and self.capacity["nvdec"] > 0 and \
+            if assignment[i] == "cpu" and demands[i] > 0 and self.capacity["nvdec"] > 0 and \
                     self._room("nvdec", load["nvdec"]) >= demands[i]:
                 move(i, "nvdec")
         if moves:
