@@ -143,3 +143,55 @@ def test_the_plans_package_line_names_the_kind_of_fallback_it_reused() -> None:
     assert package(REUSED, REUSED_FALLBACK) == "reused (mixed: as asked; level-3 fallback)"
     assert package(REUSED, "compiled") == "reused 1 of 2" and package("compiled") == "compiled"
     assert package() == ""
+
+
+class TimedChildBudget(BuildBudget):
+    """A budget whose child finishes (or not, ``finishes=False``) at once, recording its deadline."""
+
+    finishes = True
+
+    def _in_child(self, ep: Any, stages: list[dict[str, Any]], label: str,
+                  ends_at: float) -> tuple[bytes | None, str, int]:
+        self.child_compiles += 1
+        self.deadline_s = ends_at - self.started
+        if not self.finishes:
+            return None, "autotuning passed its deadline", 0
+        return b"TUNED", "", len(stages)
+
+
+def test_the_structure_digest_ignores_the_weights_values_only() -> None:
+    from streamrt.backends.torch_inductor.package_cache import structure_digest
+
+    assert structure_digest(_export(seed=1)) == structure_digest(_export())  # retrained: same kernels
+    assert structure_digest(_export(batch=3)) != structure_digest(_export())  # another static shape
+
+
+def test_a_rebuild_with_new_weights_autotunes_first_and_compiles_level_3_only_if_that_does_not_finish(
+        tmp_path: Path) -> None:
+    """The retrained model's rebuild (2026-12-05, H100: ResNet-50 96 s, 38 of them the level-3 compile made first
+    although the timing cache answered every choice) skips the level-3 compile when its autotuning finishes."""
+    compiler, lines = RecordingCompiler(), []
+
+    def budget(**kwargs: Any) -> TimedChildBudget:
+        return TimedChildBudget(300.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY), **kwargs)
+
+    first = budget()
+    assert first.compile(_export(), TUNED, label="p1") == b"TUNED" and len(compiler.calls) == 1  # level 3 first
+    assert PackageCache(tmp_path, IDENTITY).autotuned_before(_export(seed=5), TUNED) is not None
+    PackageCache(tmp_path, IDENTITY).note_autotuned(_export(), TUNED, 40.0)  # as if its level-3 compile took 40 s
+
+    retrained = budget()
+    assert retrained.compile(_export(seed=1), TUNED, label="p1") == b"TUNED"
+    assert len(compiler.calls) == 1 and retrained.outcomes == ["compiled"] and not retrained.events
+    assert retrained.deadline_s == pytest.approx(300.0 - retrained.finish_reserve_s - 1.5 * 40.0)
+    assert any("autotuning first from the timing cache, 60 s kept for the level-3 recipe" in line for line in lines)
+
+    stuck = budget()
+    stuck.finishes = False
+    assert stuck.compile(_export(seed=2), TUNED, label="p1") == b"PK-2"  # the level-3 recipe, compiled after
+    assert compiler.calls[-1] == fallback_configs(TUNED) and stuck.outcomes == ["compiled (level-3 fallback)"]
+    assert stuck.events[0]["to"].startswith("level-3 recipe") and "deadline" in stuck.events[0]["why"]
+
+    other = budget()  # another shape, or another device: the level-3 recipe first, as before
+    assert other.compile(_export(batch=3), TUNED, label="p1") == b"TUNED" and len(compiler.calls) == 3
+    assert PackageCache(tmp_path, {**IDENTITY, "device": "NVIDIA H200"}).autotuned_before(_export(), TUNED) is None

@@ -32,6 +32,12 @@ cache then keeps; in sequence each gets the machine to itself and the level-3 ti
 before the autotuning deadline is set. The cost: autotuning gets the budget minus the level-3
 compile (about 226 s of 300 s for ResNet-50 on the H200, whose level-3 compile took 74 s).
 
+A **rebuild with new weights** (a retrained model: the package misses, the timing cache has every choice) compiled
+the level-3 recipe first all the same: 38 of ResNet-50's 96 s on an H100 on 2026-12-05. So a program whose
+*structure* (weights aside) was autotuned to the end before (:meth:`.PackageCache.autotuned_before`) is autotuned
+first, alone on the machine as before, and the level-3 compile is made only if that does not finish, in time kept
+for it: :data:`WARM_LEVEL3_MARGIN` times the level-3 time that build recorded.
+
 Once a child has been killed (or the budget is spent) the rest of the build compiles with the
 level-3 recipe only, and an optional compile (level 5's second memory-format candidate) is
 skipped. If the level-3 compile alone takes longer than the budget, a warning says that the
@@ -90,6 +96,9 @@ _REUSED_AS = {COMPILED: REUSED, FALLBACK: REUSED_FALLBACK, TUNED_FALLBACK: REUSE
 _COMPILED_AS = {COMPILED: COMPILED, FALLBACK: "compiled (level-3 fallback)",
                 TUNED_FALLBACK: "compiled (autotuned fallback, coordinate descent off)"}
 """Each package kind as the timing cache's report names it (``BuildBudget.outcomes``)."""
+WARM_LEVEL3_MARGIN = 1.5
+"""An autotuned-first compile (its structure autotuned before) keeps this many times the recorded level-3 compile
+time after its deadline, for the level-3 compile should it not finish."""
 FINISH_RESERVE_S = 5.0
 """What the build does after a killed child: reap it, pack the payload, write the manifest, verify the
 plan (load its package, run it at the profile's corners against the module) and write it. On the H200
@@ -144,6 +153,8 @@ class BuildBudget:
     packages: PackageCache | None = None
     outcomes: list[str] = field(default_factory=list)
     """Per package of the plan: compiled, reused, ... (:meth:`compile`); the timing cache's report shows them."""
+    _level3_took: float | None = field(default=None, repr=False)
+    """The current compile's level-3 compile time, when it compiled one (recorded with a finished autotuning)."""
 
     @property
     def spent_s(self) -> float:
@@ -199,16 +210,23 @@ class BuildBudget:
                 return None, FALLBACK
             return self._fallback(ep, configs, label, "the budget was already spent"), FALLBACK
         stages = autotune_stages(configs)
+        self._level3_took = None
+        warm = None  # autotuned first: the level-3 compile's time (kept in reserve), when this structure was tuned
         fallback, kind = self._cached_first_stage(ep, stages, label), TUNED_FALLBACK
         if fallback is not None:
             stages = stages[1:]
+        elif not optional and (warm := self._autotuned_before(ep, configs, label)) is not None:
+            kind = FALLBACK  # compiled after the child, only if the child does not finish
         else:
             fallback, kind = (None if optional else self._fallback_first(ep, configs, label)), FALLBACK
             if self.exhausted:  # the level-3 compile alone used the budget up
                 return fallback, FALLBACK
-        ends_at = self.started + self.seconds - later * self.fallback_each_s - self.finish_reserve_s
+        reserve = 0.0 if warm is None else WARM_LEVEL3_MARGIN * warm
+        ends_at = self.started + self.seconds - later * self.fallback_each_s - self.finish_reserve_s - reserve
         package, why, finished = self._in_child(ep, stages, label, ends_at)
         if package is not None and finished == len(stages):
+            if self.packages is not None and self._level3_took is not None:
+                self.packages.note_autotuned(ep, configs, self._level3_took)
             return package, COMPILED
         if package is not None:  # the first stage finished, coordinate descent did not
             fallback, kind = package, TUNED_FALLBACK
@@ -224,10 +242,27 @@ class BuildBudget:
             self._event(label, "skipped", why)
             self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label} skipped")
             return None, FALLBACK
+        if fallback is None:  # autotuned first: the level-3 recipe now, in the time kept for it
+            return self._fallback(ep, configs, label, why), FALLBACK
         self._event(label, FALLBACK_TO, why)
         self.progress(f"build budget {self.seconds:g} s: {why} ({self.spent_s:.0f} s spent); {label}: keeping the "
                       "level-3 recipe compiled first (no autotuning), no further compile")
         return fallback, FALLBACK
+
+    def _autotuned_before(self, ep: Any, configs: Mapping[str, Any], label: str) -> float | None:
+        """The level-3 compile time recorded when an earlier build autotuned this program's structure to the end
+        (the package cache's record; its choices are in the timing cache), or ``None``. With one, the autotuned
+        compile runs first and that time (x :data:`WARM_LEVEL3_MARGIN`) is kept after its deadline."""
+        if self.packages is None:
+            return None
+        level3 = self.packages.autotuned_before(ep, configs)
+        if level3 is None:
+            return None
+        self.fallback_each_s = max(self.fallback_each_s, level3)  # what later profiles are still expected to need
+        self.progress(f"{label}: this program's structure was autotuned to the end before (other weights allowed): "
+                      f"autotuning first from the timing cache, {WARM_LEVEL3_MARGIN * level3:.0f} s kept for the "
+                      "level-3 recipe should it not finish")
+        return level3
 
     def _cached_first_stage(self, ep: Any, stages: list[dict[str, Any]], label: str) -> bytes | None:
         """A two-stage compile's first stage, finished by an earlier build, from the package cache; else ``None``.
@@ -264,6 +299,7 @@ class BuildBudget:
         self.fallback_s += took
         self.fallback_each_s = max(self.fallback_each_s, took)
         self.progress(f"{label}: level-3 recipe compiled in {took:.0f} s")
+        self._level3_took = took
         assert self.seconds is not None
         if self.spent_s >= self.seconds - self.finish_reserve_s:
             self.exhausted = True

@@ -29,6 +29,11 @@ build whose budget is not larger: one with more time tries autotuning again, and
 level-3 package itself under the level-3 configs' key, so it skips that compile and gives the whole
 budget to autotuning. An entry that cannot be read, whose package's sha256 or identity does not
 match, is ignored with one warning per build; the cache never fails a build.
+
+Beside the packages, ``structures/<key>.json`` records each program *structure* (:func:`structure_digest`: the
+program without its weights' values) and configs that a build autotuned to the end, with its level-3 compile time:
+a rebuild of that structure with new weights (a retrained model) misses the package but finds every autotuning
+choice in the timing cache, so :mod:`.budget` autotunes it first instead of compiling the level-3 recipe first.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from typing import Any
 
 from streamrt.plan import atomic_write
 
-__all__ = ["COMPILED", "FALLBACK", "PACKAGES_DIR", "TUNED_FALLBACK", "PackageCache", "program_digest"]
+__all__ = ["COMPILED", "FALLBACK", "PACKAGES_DIR", "TUNED_FALLBACK", "PackageCache", "program_digest",
+           "structure_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,8 @@ COMPILED = "compiled"
 FALLBACK = "fallback"
 TUNED_FALLBACK = "fallback-tuned"
 _KINDS = (COMPILED, FALLBACK, TUNED_FALLBACK)
+STRUCTURES_DIR = "structures"
+"""Under the packages: one record per program structure (weights aside) and configs autotuned to the end."""
 
 
 def _value_text(value: Any) -> str:
@@ -78,6 +86,16 @@ def _tensor_bytes(digest: Any, name: str, tensor: Any) -> None:
 
 def program_digest(ep: Any) -> str:
     """sha256 of what an exported program compiles to: graph, shapes, example shapes and weights."""
+    return _digest(ep, weights=True)
+
+
+def structure_digest(ep: Any) -> str:
+    """:func:`program_digest` without the weights' values (their names, shapes and dtypes only): what the
+    program's kernels, and so their autotuning, depend on. The same model retrained has the same structure."""
+    return _digest(ep, weights=False)
+
+
+def _digest(ep: Any, weights: bool) -> str:
     import torch
 
     digest = hashlib.sha256()
@@ -88,10 +106,12 @@ def program_digest(ep: Any) -> str:
         digest.update(f"{node.name}={_value_text(node.meta.get('val'))};".encode())
     leaves = torch.utils._pytree.tree_leaves(ep.example_inputs)
     digest.update(_value_text(tuple(leaves)).encode())
-    for name, tensor in sorted(ep.state_dict.items()):
-        _tensor_bytes(digest, "w:" + name, tensor)
-    for name, tensor in sorted(ep.constants.items()):
-        _tensor_bytes(digest, "c:" + name, tensor)
+    for prefix, tensors in (("w:", ep.state_dict), ("c:", ep.constants)):
+        for name, tensor in sorted(tensors.items()):
+            if weights:
+                _tensor_bytes(digest, prefix + name, tensor)
+            else:
+                digest.update(f"{prefix}{name}={_value_text(tensor)};".encode())
     return digest.hexdigest()
 
 
@@ -162,6 +182,36 @@ class PackageCache:
                 f.write(json.dumps(entry, indent=2, sort_keys=True).encode())
         except OSError as exc:
             log.warning("package cache %s: could not store a package (%s: %s); the build goes on",
+                        self.root, type(exc).__name__, exc)
+
+    def _structure_path(self, ep: Any, configs: Mapping[str, Any]) -> Path:
+        text = json.dumps({"structure": structure_digest(ep), "configs": dict(configs), "flags": dict(self.flags),
+                           "identity": dict(self.identity)}, sort_keys=True, default=str)
+        return self.root / STRUCTURES_DIR / f"{hashlib.sha256(text.encode()).hexdigest()}.json"
+
+    def autotuned_before(self, ep: Any, configs: Mapping[str, Any]) -> float | None:
+        """Seconds the level-3 compile took when an earlier build autotuned a program of ``ep``'s structure (other
+        weights allowed) with ``configs`` to the end here; ``None`` if none did. Its autotuning choices are then
+        in the timing cache."""
+        path = self._structure_path(ep, configs)
+        try:
+            entry = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("identity") != dict(self.identity):
+            return None
+        level3 = entry.get("level3_s")
+        return float(level3) if isinstance(level3, (int, float)) and level3 >= 0 else None
+
+    def note_autotuned(self, ep: Any, configs: Mapping[str, Any], level3_s: float) -> None:
+        """Record that ``ep``'s structure was autotuned to the end with ``configs``, its level-3 compile taking
+        ``level3_s`` (what :meth:`autotuned_before` returns); a failure to write is a warning."""
+        entry = {"level3_s": round(float(level3_s), 2), "identity": dict(self.identity)}
+        try:
+            with atomic_write(self._structure_path(ep, configs)) as f:
+                f.write(json.dumps(entry, indent=2, sort_keys=True).encode())
+        except OSError as exc:
+            log.warning("package cache %s: could not record an autotuned structure (%s: %s); the build goes on",
                         self.root, type(exc).__name__, exc)
 
     def _ignore(self, key: str, why: str) -> tuple[bytes, str] | None:
