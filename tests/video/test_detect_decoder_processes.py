@@ -176,6 +176,7 @@ def test_detect_hybrid_paced_on_the_gpu(tmp_path: Path, capsys: pytest.CaptureFi
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert "nvdec+cpu" in out and "at 85% headroom" in out, out
+    assert "  decode: nvdec " in out and "binding " in out, out  # the hybrid's split, in the run's summary
     rows = [json.loads(line) for line in paced.read_text().splitlines()]
     for i in range(len(paths)):
         got = [r["frame"] for r in rows if r["source"] == i]

@@ -391,6 +391,9 @@ def _detect(args: argparse.Namespace, detector: DetectorModel, sources: list[Fra
                 source.close()
     for sink in sinks:
         sink.close()
+    summary = getattr(decoders, "summary", None)
+    if callable(summary):  # --hybrid: each side's streams and capacity, the binding side, the moves made
+        report.decode = summary()
     print(report.format_text())
     if config.paced:
         from streamrt.video.report import per_stream_table
