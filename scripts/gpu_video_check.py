@@ -466,7 +466,7 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off",
-                starts: tuple[str, ...] = ("lockstep",), cpu_decoders: int = 0,
+                starts: tuple[str, ...] = ("staggered",), cpu_decoders: int = 0,
                 checkpoint: Callable[[], None] | None = None, cpu_niceness: int | None = None) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
@@ -476,7 +476,9 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     16 sessions over-stated what 139 paced streams got. With ``admission`` other than
     ``off``, only the streams that fit ``headroom`` of their sum run (the rest are named as queued or refused); the
     policy plans each side to the same share. ``starts``: one run per mode over the same capacity (lockstep: every
-    looped clip from frame 0, so all sessions start over at once; staggered: spread over the clip); ``checkpoint``
+    looped clip from frame 0, so all sessions start over at once; staggered, the default: spread over the clip, as
+    independent cameras; on an H100 on 2026-12-06 staggered runs dropped nothing and lockstep ones 5-9 frames at the
+    restart); ``checkpoint``
     saves the state after each run (the call's limit may come before the part's end); ``cpu_niceness``: the CPU
     decoder processes' (None: the hybrid's default, :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`).
 
@@ -546,7 +548,7 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     probe.close()
     rows = []
     for mode in starts:
-        # lockstep: every looped clip ends, and every session starts over, at the same moment (clips of 4 s);
+        # lockstep: every looped clip ends, and every session starts over, at the same moment (the clips of 10 s);
         # staggered: stream i starts at frame i x clip / n, so the files' ends are spread over the clip's length
         first = [i * clip_frames // len(paths) if mode == "staggered" else 0 for i in range(len(paths))]
         policy = HybridPolicy(capacity, headroom=headroom)
@@ -685,9 +687,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"part 5: the share of each side's measured capacity the hybrid plans and admits up to "
                              f"(default {DEFAULT_HEADROOM}, `streamrt detect --hybrid`'s)")
-    parser.add_argument("--hybrid-starts", default="lockstep", metavar="MODE,..",
-                        help="part 5, one run per mode with the same capacity: lockstep (every stream at frame 0 "
-                             "of its looped clip: all end at once) and/or staggered (spread over the clip)")
+    parser.add_argument("--hybrid-starts", default="staggered", metavar="MODE,..",
+                        help="part 5, one run per mode with the same capacity: staggered (the default: stream i "
+                             "starts at frame i x clip / n, so the looped files end at different moments, as "
+                             "independent cameras do) and/or lockstep (every stream at frame 0: all files end and "
+                             "restart at once, a burst of reopened decoders no camera fleet has)")
     parser.add_argument("--cpu-decoders", type=int, default=0, metavar="N",
                         help="part 5: CPU decoder processes (0: the cores less 2 for the consumer and one per NVDEC "
                              "process)")
