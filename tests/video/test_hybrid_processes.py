@@ -140,6 +140,9 @@ def test_a_removed_stream_stops_decoding_leaves_the_plan_and_never_moves(clips: 
         assert ready.ended == [1] and not ready.taken
         assert hybrid.summary()["assignment"] == {"nvdec": 1, "cpu": 1} and hybrid.summary()["removed"] == 1
         assert hybrid._nvdec._lanes[lane].finished  # its worker was told to stop decoding it
+        cpu_lanes = len(hybrid._cpu._lanes)
+        hybrid.sources()[1].switch("cpu")  # a move asked for a removed stream opens nothing
+        assert hybrid.sources()[1]._incoming is None and len(hybrid._cpu._lanes) == cpu_lanes
         # the CPU side over its plan: only a stream with demand may move back to NVDEC's freed room
         hybrid.policy.capacity["cpu"] = 1.0
         hybrid.policy.hold_s = 0.0

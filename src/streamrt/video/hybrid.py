@@ -117,7 +117,7 @@ class HybridSource:
             return
         with self._owner._moving:
             incoming = self._incoming
-            if incoming is not None and incoming[0] == decoder:
+            if self.removed or (incoming is not None and incoming[0] == decoder):
                 return
             if incoming is not None:  # moved back before it arrived: that lane is not needed
                 self._incoming = None
@@ -127,7 +127,11 @@ class HybridSource:
             start = self.read_count
         lane = self._owner._open_lanes(decoder, [(self.path, self.first + start)])[0]
         with self._owner._moving:
-            self._incoming = (decoder, lane, start)
+            removed = self.removed  # removed while its new lane opened: that lane is not needed either
+            if not removed:
+                self._incoming = (decoder, lane, start)
+        if removed:
+            self._owner._remove(lane)
 
     def _arrive(self) -> None:
         """Take over a lane opened by :meth:`switch` (the reader's thread)."""
