@@ -163,3 +163,34 @@ def test_a_rebuild_into_the_same_timing_cache_reuses_the_package_and_a_changed_m
     elsewhere, _ = build(net, 4, "f.plan", foreign)
     stats = elsewhere.manifest.build_settings["backend"]["timing_cache"]
     assert "NVIDIA A100" in stats["ignored"] and "package" not in stats  # ignored: compiled, nothing reused
+
+
+def test_a_retrained_models_level_4_rebuild_autotunes_first_from_the_timing_cache(tmp_path: Path) -> None:
+    """New weights, same structure: the package misses and the timing cache answers every autotuning lookup, so the
+    build skips the level-3 compile it used to make first (38 of ResNet-50's 96 s on an H100 on 2026-12-05) and
+    the plan still computes the retrained module."""
+    import torch
+
+    from streamrt.building.module_builder import build_module
+
+    cache = tmp_path / "timings"
+    config = BuildConfig(backend="torch_inductor", optimization_level=4, timing_cache=cache, backend_options=CPU,
+                         verify_shapes=False)
+
+    def build(net: Any, name: str) -> tuple[Any, list[str]]:
+        lines: list[str] = []
+        return build_module(net, [torch.randn(4, 16)], tmp_path / name, config, progress=lines.append,
+                            cache_dir=tmp_path / "c"), lines
+
+    _, first_lines = build(_mlp(0), "a.plan")
+    assert any("compiling the level-3 recipe first" in line for line in first_lines), first_lines
+    retrained = _mlp(7)
+    second, lines = build(retrained, "b.plan")
+    assert any("autotuning first from the timing cache" in line for line in lines), lines
+    assert not any("level-3 recipe" in line and "compil" in line and "kept for" not in line for line in lines), lines
+    stats = second.manifest.build_settings["backend"]["timing_cache"]
+    assert stats["package"] == "compiled" and stats["misses"] == 0, stats
+    assert second.manifest.build_settings["backend"]["build_budget"]["fallback_s"] == 0.0
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(_infer(second.path, x), retrained(x), rtol=1e-4, atol=1e-4)
