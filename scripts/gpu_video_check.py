@@ -478,9 +478,9 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     policy plans each side to the same share. ``starts``: one run per mode over the same capacity (lockstep: every
     looped clip from frame 0, so all sessions start over at once; staggered, the default: spread over the clip, as
     independent cameras; on an H100 on 2026-12-06 staggered runs dropped nothing and lockstep ones 5-9 frames at the
-    restart); ``checkpoint``
-    saves the state after each run (the call's limit may come before the part's end); ``cpu_niceness``: the CPU
-    decoder processes' (None: the hybrid's default, :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`).
+    restart); ``checkpoint`` saves the state after each run (the call's limit may come before the part's end);
+    ``cpu_niceness``: the CPU decoder processes' (None: the hybrid's default,
+    :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`).
 
     The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
@@ -579,8 +579,8 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
             f"plan's count; {both['first']['nvdec']:.0f} with {both['first']['nvdec_sessions']}; alone: "
             f"{f'{alone:.0f}' if alone else 'not measured'}), CPU {capacity['cpu']:.0f} frames/s ({cpu_cores} "
             f"decoders at niceness +{nice}; alone together {together:.0f}, one decoder alone {cpu_rate:.0f}; "
-            f"{cores} cores "
-            f"less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); CPU streams "
+            f"{cores} cores less {CONSUMER_CORES} for the consumer and {dec.processes} for the NVDEC processes); "
+            f"CPU streams "
             f"{where}. {admitted}. Clips of {clip_frames} frames, looped; starts: lockstep = every stream at frame "
             f"0 (all files end at once), staggered = spread over the clip.", "",
             "| streams (asked / ran) | starts | on NVDEC / CPU (planned) | on NVDEC / CPU (end) | moves | "
@@ -628,8 +628,8 @@ def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes
         summary = hybrid.summary()
     state["hybrid"] = {"summary": summary, "frames": read, "consumer_threads": threads}
     return [f"{len(paths)} streams (CPU decoders at niceness +{cpu_niceness}) planned from capacities NVDEC "
-            f"(stand-in) {capacity['nvdec']:.0f}, CPU "
-            f"{capacity['cpu']:.0f} frames/s: assignment {summary['assignment']}, in {nvdec_processes} + "
+            f"(stand-in) {capacity['nvdec']:.0f}, CPU {capacity['cpu']:.0f} frames/s: assignment "
+            f"{summary['assignment']}, in {nvdec_processes} + "
             f"{cpu_processes} decoder processes; frames read per stream through one live group {read}; consumer "
             f"threads {', '.join(threads)} (detection needs a CUDA engine for NV12)."]
 

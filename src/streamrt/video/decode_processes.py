@@ -130,7 +130,6 @@ class ProcessDecodePool:
             raise ConfigError("upload=True delivers pictures on the GPU, and torch sees no CUDA GPU here",
                               hint="leave upload off on a CPU-only machine")
         self.kind, self.processes, self._slots, self._loop, self._gpu = kind, processes, slots, loop, gpu
-        self.niceness = niceness
         self.options = options or NvdecOptions()
         self._timeout, self._start_timeout = timeout_s, start_timeout_s
         self._device = torch.device("cpu") if kind == "cpu" else torch.device("cuda", gpu)  # where the rings are
