@@ -83,7 +83,20 @@ mapfile -t found < <(compgen -G "$clips/*.mp4" | sort)
 streams=()
 for ((i = 0; i < detect_streams; i++)); do streams+=("${found[i % ${#found[@]}]}"); done
 # shellcheck disable=SC2086  # DETECT_ARGS is a list of arguments
-run detectcli "${DETECTCLI_TIMEOUT:-200}" python3 -m streamrt detect "${streams[@]}" \
+#     DETECT_PROFILE=1: under py-spy (its wheel carried in .whl-video/), every thread of the consumer process sampled
+#     100 times a second without pausing it, waits included, as folded stacks in $out/detectcli/py-spy.txt: what
+#     the consumer's threads do between engine calls
+profiler=()
+if [ -n "${DETECT_PROFILE:-}" ]; then
+    spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+    if [ -n "$dry" ] || [ -x "$spy" ]; then
+        profiler=("$spy" record --threads --idle --nonblocking --nolineno --rate 100 --format raw
+                  --output "$out/detectcli/py-spy.txt" --)
+    else
+        echo "DETECT_PROFILE: no py-spy here (carry its wheel in .whl-video/); the CLI runs unprofiled"
+    fi
+fi
+run detectcli "${DETECTCLI_TIMEOUT:-200}" "${profiler[@]}" python3 -m streamrt detect "${streams[@]}" \
     ${DETECT_ARGS:---decode-processes 4 --hybrid --paced --no-progress} --report "$out/detectcli/report"
 # 5. (not by default) the AOTInductor runner without the GIL on the GPU: its backend tests and the detector's
 run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \

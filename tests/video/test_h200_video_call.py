@@ -25,6 +25,19 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, s
         assert_runnable(command)
 
 
+def test_detect_profile_runs_the_cli_under_py_spy_with_every_thread_sampled(tmp_path: Path) -> None:
+    """DETECT_PROFILE=1 (issue 27: what the consumer does in the 20-70 ms gaps between engine calls at 156 streams)
+    wraps the CLI in ``py-spy record``: all threads, waits included, folded stacks under detectcli/."""
+    commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), STEPS="detectcli",
+                                DETECT_PROFILE="1")
+    assert len(commands) == 1, commands
+    spy, _, cli = commands[0].partition(" -- ")
+    assert spy.split()[1:] == ["record", "--threads", "--idle", "--nonblocking", "--nolineno", "--rate", "100",
+                               "--format", "raw", "--output", f"{tmp_path}/detectcli/py-spy.txt"], spy
+    assert cli.startswith("python3 -m streamrt detect ")
+    assert_runnable(cli)
+
+
 def test_a_machine_where_streamrt_does_not_import_stops_the_call_in_one_line(tmp_path: Path) -> None:
     """2026-12-04: a call without .whl-video/ (cattrs is not on the H200 image) ran every step into the same
     ModuleNotFoundError; the script now stops before its first step and says what to carry."""
