@@ -190,3 +190,33 @@ def test_start_over_reopens_what_cannot_seek() -> None:
     for old in (Plain(), Stream()):
         new = start_over(old, lambda: "reopened")
         assert new == "reopened" and old.closed
+
+
+@pytest.mark.parametrize("codec", ["h264", "h265"])
+@pytest.mark.parametrize("output", ["bgr", "nv12"])
+def test_a_rewound_opencv_file_gives_the_same_frames_as_a_fresh_open(tmp_path: Path, codec: str, output: str) -> None:
+    """OpenCV's decoders (the CPU side where PyAV is not installed, as on the H200 image) start over by a seek
+    too: every pass, rewound at the end, halfway or at once, equals a fresh capture's frames exactly."""
+    pytest.importorskip("cv2")
+    from streamrt.video.decoding import OpenCvNv12Source, start_over
+
+    opener = VideoFileSource if output == "bgr" else OpenCvNv12Source
+    seed = int(np.random.default_rng().integers(0, 10_000))
+    path = encode_clip(SyntheticClip(width=160, height=96, frames=18, fps=30.0, seed=seed),
+                       tmp_path / f"c-{codec}.mp4", codec=codec, bframes=2)
+    fresh = opener(path)
+    reference = []
+    while (frame := fresh.read()) is not None:
+        reference.append(frame)
+    fresh.close()
+    assert len(reference) == 18
+    source = opener(path)
+    for stop in (18, 7, 0, 18):
+        got = [source.read() for _ in range(stop)]
+        if stop == 18:
+            assert source.read() is None
+        for k, frame in enumerate(got):
+            np.testing.assert_array_equal(frame, reference[k], err_msg=f"frame {k} after stopping at {stop}")
+        assert start_over(source, lambda: pytest.fail("rewinding a file reopened it")) is source
+    np.testing.assert_array_equal(source.read(), reference[0])
+    source.close()

@@ -111,6 +111,10 @@ class OpenCvNv12Source:
     def skip(self, count: int) -> int:
         return self._src.skip(count)
 
+    def rewind(self) -> bool:
+        """The file from its first frame again, by a seek (:meth:`VideoFileSource.rewind`)."""
+        return self._src.rewind()
+
     def close(self) -> None:
         self._src.close()
 
@@ -127,8 +131,8 @@ def open_nv12(path: str | Path, threads: int = 1) -> Any:
 
 def start_over(source: Any, reopen: Callable[[], Any]) -> Any:
     """A decoder at its file's first frame again, for a looped stream at the end of its file: ``source``
-    itself, rewound, where it can seek back (:meth:`~streamrt.video.decode_av.AvSource.rewind`), else
-    ``reopen()`` after closing it."""
+    itself, rewound, where it can seek back (:meth:`~streamrt.video.decode_av.AvSource.rewind`, OpenCV's
+    :meth:`~streamrt.video.sources.VideoFileSource.rewind`), else ``reopen()`` after closing it."""
     rewind = getattr(source, "rewind", None)
     if rewind is not None and rewind():
         return source
