@@ -195,3 +195,46 @@ def test_a_rebuild_with_new_weights_autotunes_first_and_compiles_level_3_only_if
     other = budget()  # another shape, or another device: the level-3 recipe first, as before
     assert other.compile(_export(batch=3), TUNED, label="p1") == b"TUNED" and len(compiler.calls) == 3
     assert PackageCache(tmp_path, {**IDENTITY, "device": "NVIDIA H200"}).autotuned_before(_export(), TUNED) is None
+
+
+class FirstStageChildBudget(TimedChildBudget):
+    """A two-stage child that finishes its first stage (autotuned without coordinate descent) and runs out of time
+    in coordinate descent, as ResNet-50's did at a 200 s budget on an H100 on 2026-12-06."""
+
+    def _in_child(self, ep: Any, stages: list[dict[str, Any]], label: str,
+                  ends_at: float) -> tuple[bytes | None, str, int]:
+        self.child_compiles += 1
+        self.deadline_s = ends_at - self.started
+        self.stages_asked = [dict(stage) for stage in stages]
+        return b"FIRST-STAGE", "coordinate descent passed its deadline", 1
+
+
+def test_a_rebuild_with_new_weights_autotunes_first_where_only_the_first_stage_finished_before(
+        tmp_path: Path) -> None:
+    """2026-12-06, H100: level 5 at 200 s kept ResNet-50's first stage (coordinate descent did not finish), so no
+    structure was recorded and the rebuild with new weights compiled level 3 first again (64 s of a 120 s
+    deadline). The first stage's finish now records the structure for that stage: the rebuild autotunes first."""
+    compiler, lines = RecordingCompiler(), []
+    level5 = {**TUNED, "coordinate_descent_tuning": True}
+    first_stage = {**level5, "coordinate_descent_tuning": False}
+
+    def budget() -> FirstStageChildBudget:
+        return FirstStageChildBudget(200.0, lines.append, compiler, packages=PackageCache(tmp_path, IDENTITY))
+
+    first = budget()
+    assert first.compile(_export(), level5, label="p1") == b"FIRST-STAGE"
+    assert compiler.calls == [fallback_configs(level5)]  # level 3 first, then the child
+    assert first.outcomes == ["compiled (autotuned fallback, coordinate descent off)"]
+    cache = PackageCache(tmp_path, IDENTITY)
+    assert cache.autotuned_before(_export(seed=3), level5) is None  # not to the end
+    assert cache.autotuned_before(_export(seed=3), first_stage) is not None
+
+    retrained = budget()
+    assert retrained.compile(_export(seed=1), level5, label="p1") == b"FIRST-STAGE"
+    assert len(compiler.calls) == 1, compiler.calls  # no level-3 compile this time
+    assert retrained.stages_asked == [first_stage, level5]  # both stages, the first from the timing cache
+    level3_s = cache.autotuned_before(_export(), first_stage)
+    assert level3_s is not None
+    assert retrained.deadline_s == pytest.approx(200.0 - retrained.finish_reserve_s - 1.5 * level3_s)
+    assert any("autotuned without coordinate descent before (other weights allowed): autotuning first" in line
+               for line in lines), lines

@@ -36,7 +36,9 @@ A **rebuild with new weights** (a retrained model: the package misses, the timin
 the level-3 recipe first all the same: 38 of ResNet-50's 96 s on an H100 on 2026-12-05. So a program whose
 *structure* (weights aside) was autotuned to the end before (:meth:`.PackageCache.autotuned_before`) is autotuned
 first, alone on the machine as before, and the level-3 compile is made only if that does not finish, in time kept
-for it: :data:`WARM_LEVEL3_MARGIN` times the level-3 time that build recorded.
+for it: :data:`WARM_LEVEL3_MARGIN` times the level-3 time that build recorded. A build whose first stage finished
+and whose coordinate descent ran out of budget records its structure too (for that stage): ResNet-50 at 200 s on an
+H100 on 2026-12-06 did, and its rebuild with new weights, lacking the record, compiled level 3 first again (64 s).
 
 Once a child has been killed (or the budget is spent) the rest of the build compiles with the
 level-3 recipe only, and an optional compile (level 5's second memory-format candidate) is
@@ -215,7 +217,7 @@ class BuildBudget:
         fallback, kind = self._cached_first_stage(ep, stages, label), TUNED_FALLBACK
         if fallback is not None:
             stages = stages[1:]
-        elif not optional and (warm := self._autotuned_before(ep, configs, label)) is not None:
+        elif not optional and (warm := self._autotuned_before(ep, configs, stages, label)) is not None:
             kind = FALLBACK  # compiled after the child, only if the child does not finish
         else:
             fallback, kind = (None if optional else self._fallback_first(ep, configs, label)), FALLBACK
@@ -224,14 +226,17 @@ class BuildBudget:
         reserve = 0.0 if warm is None else WARM_LEVEL3_MARGIN * warm
         ends_at = self.started + self.seconds - later * self.fallback_each_s - self.finish_reserve_s - reserve
         package, why, finished = self._in_child(ep, stages, label, ends_at)
+        level3_s = self._level3_took if self._level3_took is not None else warm  # measured here, or recorded
         if package is not None and finished == len(stages):
-            if self.packages is not None and self._level3_took is not None:
-                self.packages.note_autotuned(ep, configs, self._level3_took)
+            if self.packages is not None and level3_s is not None:
+                self.packages.note_autotuned(ep, configs, level3_s)
             return package, COMPILED
         if package is not None:  # the first stage finished, coordinate descent did not
             fallback, kind = package, TUNED_FALLBACK
             if self.packages is not None:
                 self.packages.keep(ep, stages[0], package, COMPILED)
+                if level3_s is not None:  # a rebuild with new weights autotunes this stage first
+                    self.packages.note_autotuned(ep, stages[0], level3_s)
         self.exhausted = True
         if kind == TUNED_FALLBACK:
             self._event(label, TUNED_FALLBACK_TO, why)
@@ -249,17 +254,22 @@ class BuildBudget:
                       "level-3 recipe compiled first (no autotuning), no further compile")
         return fallback, FALLBACK
 
-    def _autotuned_before(self, ep: Any, configs: Mapping[str, Any], label: str) -> float | None:
-        """The level-3 compile time recorded when an earlier build autotuned this program's structure to the end
-        (the package cache's record; its choices are in the timing cache), or ``None``. With one, the autotuned
-        compile runs first and that time (x :data:`WARM_LEVEL3_MARGIN`) is kept after its deadline."""
+    def _autotuned_before(self, ep: Any, configs: Mapping[str, Any], stages: list[dict[str, Any]],
+                          label: str) -> float | None:
+        """The level-3 compile time recorded when an earlier build autotuned this program's structure to the end,
+        or finished its first stage (autotuned without coordinate descent, kept when coordinate descent ran out of
+        budget: ResNet-50 at 200 s on an H100 on 2026-12-06); the package cache's record, whose choices are in the
+        timing cache. ``None`` if neither. With one, the autotuned compile runs first and that time
+        (x :data:`WARM_LEVEL3_MARGIN`) is kept after its deadline."""
         if self.packages is None:
             return None
-        level3 = self.packages.autotuned_before(ep, configs)
+        what, level3 = "to the end", self.packages.autotuned_before(ep, configs)
+        if level3 is None and len(stages) > 1:
+            what, level3 = "without coordinate descent", self.packages.autotuned_before(ep, stages[0])
         if level3 is None:
             return None
         self.fallback_each_s = max(self.fallback_each_s, level3)  # what later profiles are still expected to need
-        self.progress(f"{label}: this program's structure was autotuned to the end before (other weights allowed): "
+        self.progress(f"{label}: this program's structure was autotuned {what} before (other weights allowed): "
                       f"autotuning first from the timing cache, {WARM_LEVEL3_MARGIN * level3:.0f} s kept for the "
                       "level-3 recipe should it not finish")
         return level3
