@@ -375,3 +375,13 @@ def test_loop_restart_times_both_ways_of_starting_a_file_over(tmp_path: Path) ->
     rows = _rows(out.read_text())
     assert [r[1] for r in rows[1:]] == ["reopen (close, open again)", "rewind (seek the same file)"], rows
     assert all(float(r[2]) > 0 for r in rows[1:]) and rows[2][4].endswith("x faster"), rows
+
+
+def test_live_consumer_measures_the_host_cost_per_frame(tmp_path: Path) -> None:
+    _run(tmp_path, "live_consumer.py", "--streams", "4,16", "--seconds", "0.5", "--rounds", "1", "--out",
+         str(tmp_path))
+    (report,) = tmp_path.glob("*-live-consumer-cpu.md")
+    rows = _rows(report.read_text())
+    assert rows[0][:4] == ["streams", "frames/s (asked)", "dropped", "CPU ms per 1,000 frames"], rows
+    assert [r[0] for r in rows[1:]] == ["4", "16"], rows
+    assert all(float(r[3]) > 0 and float(r[1].split()[0]) > 0 for r in rows[1:]), rows
