@@ -238,16 +238,17 @@ def _admission(detector: DetectorModel, sources: list[Any], batch: int, state: d
 
 def _paced(detector: DetectorModel, sources: list[Any], seconds: float, state: dict[str, Any] | None = None,
            admission: str = "off", quick: bool = False, reader: str = "auto",
-           decode: tuple[str, float] | None = None) -> tuple[RunReport, float | None]:
+           decode: tuple[str, float] | None = None, queue_depth: int = 2) -> tuple[RunReport, float | None]:
     """Camera-paced live streams (each on its own thread behind a drop-oldest queue, served round-robin:
     under overload every stream drops evenly and latency stays bounded), admitted from measured capacity
-    (``decode``: the decoder's name and frames/s, when not part 1's NVDEC bound)."""
+    (``decode``: the decoder's name and frames/s, when not part 1's NVDEC bound); ``queue_depth``: frames each
+    stream's live queue holds (the CLI's ``--queue-depth``)."""
     live_reader, ahead, switch_ms = READERS[reader]
     calls = -(-len(sources) // detector.max_batch)
     batch = -(-len(sources) // calls)
     config = DetectConfig(pipeline=PipelineConfig(topology=Topology.STREAMS, ring_size=4, trace=True,
                                                   cuda_graphs=True),
-                          batch=batch, paced=True, live=True, queue_depth=2, fps=FPS, live_reader=live_reader,
+                          batch=batch, paced=True, live=True, queue_depth=queue_depth, fps=FPS, live_reader=live_reader,
                           calls_ahead=ahead,
                           max_frames=int(seconds * FPS) + 15, warmup_frames=15)
     plan, fit = _admission(detector, sources, batch, {} if state is None else state, admission, quick, decode)
@@ -467,7 +468,8 @@ def part_fair(state: dict[str, Any], out: Path, dec: Decoders, key: str = "fair"
 def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: Decoders, headroom: float,
                 streams: int | None = None, admission: str = "off",
                 starts: tuple[str, ...] = ("staggered",), cpu_decoders: int = 0,
-                checkpoint: Callable[[], None] | None = None, cpu_niceness: int | None = None) -> list[str]:
+                checkpoint: Callable[[], None] | None = None, cpu_niceness: int | None = None,
+                queue_depths: tuple[int, ...] = (2,)) -> list[str]:
     """Part 5: ``streams`` (default: the first count part 2 did not sustain) over NVDEC and CPU decoders.
 
     The plan's capacities are both sides measured **decoding at once**, the NVDEC side with as many sessions as
@@ -480,7 +482,10 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     independent cameras; on an H100 on 2026-12-06 staggered runs dropped nothing and lockstep ones 5-9 frames at the
     restart); ``checkpoint`` saves the state after each run (the call's limit may come before the part's end);
     ``cpu_niceness``: the CPU decoder processes' (None: the hybrid's default,
-    :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`).
+    :data:`~streamrt.video.hybrid_capacity.CPU_DECODER_NICENESS`); ``queue_depths``: one run per start mode and live
+    queue depth (on an H100 on 2026-12-06 every stream dropped 1-8 frames alike at depth 2, the 2-frame queues
+    overflowing while the consumer process stalled up to ~70 ms: a deeper queue tells a short stall, whose drops it
+    absorbs, from an overload, where it only adds latency).
 
     The CPU decoders are :func:`~streamrt.video.hybrid.cpu_decoder_processes`: it leaves
     :data:`~streamrt.video.hybrid.CONSUMER_CORES` to the consumer (the thread feeding the engine, the live
@@ -547,25 +552,26 @@ def part_hybrid(clips: list[Path], seconds: float, state: dict[str, Any], dec: D
     clip_frames = probe.info.frames or int(4 * FPS)
     probe.close()
     rows = []
-    for mode in starts:
+    for mode, depth in [(mode, depth) for mode in starts for depth in queue_depths]:
         # lockstep: every looped clip ends, and every session starts over, at the same moment (the clips of 10 s);
         # staggered: stream i starts at frame i x clip / n, so the files' ends are spread over the clip's length
         first = [i * clip_frames // len(paths) if mode == "staggered" else 0 for i in range(len(paths))]
+        label = mode if queue_depths == (2,) else f"{mode}, queue {depth}"
         policy = HybridPolicy(capacity, headroom=headroom)
         with HybridDecode(paths, policy=policy, loop=True, nvdec_workers=8, interval_s=1.0,
                           decode_processes=dec.processes, cpu_processes=cpu_cores, start_frames=first,
                           cpu_niceness=nice) as hybrid:
             planned = dict(hybrid.summary()["assignment"])
             report, util = _paced(detector, list(hybrid.sources()), seconds, state, "off", dec.quick,
-                                  decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]))
+                                  decode=("nvdec+cpu", capacity["nvdec"] + capacity["cpu"]), queue_depth=depth)
             report.decode = hybrid.summary()
         run_gc = state.get("run_gc", ["-"])[-1]
-        state.setdefault("hybrid_runs", {})[mode] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
-                                                    "gc_during_run": run_gc}
-        rows.append((mode, report, planned, run_gc))
+        state.setdefault("hybrid_runs", {})[label] = {**report.to_dict(), "nvdec_util": util, "planned": planned,
+                                                     "gc_during_run": run_gc, "queue_depth": depth}
+        rows.append((label, report, planned, run_gc))
         if checkpoint is not None:
             checkpoint()
-        print(f"  starts {mode}: {report.fps:.1f} frames/s, {report.dropped} dropped, p99 {_lat(report, 'p99')} ms; "
+        print(f"  starts {label}: {report.fps:.1f} frames/s, {report.dropped} dropped, p99 {_lat(report, 'p99')} ms; "
               f"collections during the run: {run_gc}", flush=True)
     mode, report, planned, _ = rows[0]
     state["hybrid"] = {**state["hybrid_runs"][mode], "asked": n, "fit": fit,
@@ -642,6 +648,17 @@ def starts_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def queue_depths(text: str) -> tuple[int, ...]:
+    """``--queue-depths``: live queue depths of at least one frame, in order."""
+    try:
+        depths = tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        depths = ()
+    if not depths or min(depths) < 1:
+        raise SystemExit(f"--queue-depths takes frame counts of at least 1, comma-separated, got {text!r}")
+    return depths
+
+
 def part_tests(budget: Budget, clips_folder: Path, dec: Decoders) -> list[str]:
     run = ["-m", "gpu"] if dec.cuda else ["--collect-only"]  # on the CPU: the tests exist and import
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *run, "tests/video/test_nvdec.py",
@@ -692,6 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "starts at frame i x clip / n, so the looped files end at different moments, as "
                              "independent cameras do) and/or lockstep (every stream at frame 0: all files end and "
                              "restart at once, a burst of reopened decoders no camera fleet has)")
+    parser.add_argument("--queue-depths", default="2", metavar="N,..",
+                        help="part 5: one run per start mode and depth of each stream's live queue (frames; the "
+                             "CLI's --queue-depth, default 2): a deeper queue absorbs a short stall of the consumer "
+                             "and adds latency under overload")
     parser.add_argument("--cpu-decoders", type=int, default=0, metavar="N",
                         help="part 5: CPU decoder processes (0: the cores less 2 for the consumer and one per NVDEC "
                              "process)")
@@ -710,6 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    starts_modes(args.hybrid_starts)  # a bad list fails here, before any part runs, not at part 5
+    queue_depths(args.queue_depths)
     budget = Budget(args.budget)
     dec = Decoders(args.device, args.quick, args.nvdec, args.decode_processes)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):
@@ -761,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
                                   args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders,
-                                  save_state, args.cpu_niceness)),
+                                  save_state, args.cpu_niceness, queue_depths(args.queue_depths))),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:

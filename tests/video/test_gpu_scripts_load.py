@@ -167,3 +167,44 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
     assert check.starts_modes("staggered, lockstep") == ("staggered", "lockstep")
     with pytest.raises(SystemExit):
         check.starts_modes("both")
+
+
+def test_video_check_part5_runs_each_live_queue_depth_asked(clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--queue-depths 2,4`` (2026-12-06, H100: every stream dropped alike at depth 2 while the consumer process
+    stalled): one run per depth over the same capacity, each run's detection given its depth, a row each."""
+    from streamrt.video import hybrid, hybrid_capacity
+    from streamrt.video.report import RunReport
+
+    check = _script("gpu_video_check")
+    real_hybrid, real_measure = hybrid.HybridDecode, hybrid_capacity.measure_hybrid_capacity_for_plan
+
+    class StandIn(real_hybrid):  # type: ignore[misc, valid-type]
+        def __init__(self, paths: Any, **kwargs: Any) -> None:
+            super().__init__(paths, **{**kwargs, "process_kind": "cpu", "upload": False})
+
+    monkeypatch.setattr(hybrid, "HybridDecode", StandIn)
+    monkeypatch.setattr(hybrid_capacity, "measure_hybrid_capacity_for_plan",
+                        lambda *a, **kw: real_measure(*a, **{**kw, "process_kind": "cpu"}))
+    depths: list[int] = []
+
+    def paced(detector: Any, sources: list[Any], seconds: float, state: dict[str, Any], *args: Any,
+              queue_depth: int = 2, **kwargs: Any) -> tuple[RunReport, float]:
+        depths.append(queue_depth)
+        state.setdefault("run_gc", []).append("full collections: 0")
+        return RunReport("x", "m", "b", "cuda", len(sources), "320x180", 1, 30, 1.0,
+                         latency_ms={"p99": 20.0, "max": 30.0}, per_source=[{"dropped": 0}] * len(sources)), 0.5
+
+    monkeypatch.setattr(check, "_paced", paced)
+    monkeypatch.setattr(check, "_detector", lambda state: None)
+    dec = SimpleNamespace(cuda=True, quick=True, processes=1)
+    state: dict[str, Any] = {}
+    lines = check.part_hybrid(clips, 1.0, state, dec, 0.85, 3, "queue", ("staggered",), 1, None, None, (2, 4))
+    rows = [line for line in lines if line.startswith("| 3 / ")]
+    assert len(rows) == 2 and "| staggered, queue 2 |" in rows[0] and "| staggered, queue 4 |" in rows[1], lines
+    assert depths == [2, 4]
+    assert {k: v["queue_depth"] for k, v in state["hybrid_runs"].items()} == {"staggered, queue 2": 2,
+                                                                             "staggered, queue 4": 4}
+    assert check.queue_depths("2, 4") == (2, 4)
+    for bad in ("0", "two", ""):
+        with pytest.raises(SystemExit):
+            check.queue_depths(bad)
