@@ -22,7 +22,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import threading
 import time
 from collections import deque
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrt.profiling.provenance import git_commit
 from streamrt.video.live_group import LiveGroup, ReadyPictures
 from streamrt.video.runner import _live, _Tally
 from streamrt.video.sources import SourceInfo
@@ -119,14 +119,6 @@ def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: fl
             "p99_ms": lat[int(0.99 * (len(lat) - 1))] if lat else float("nan")}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("STREAMRT_COMMIT", "unknown")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="40,160", help="comma-separated stream counts")
@@ -158,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / f"{stamp:%Y-%m-%d}-live-consumer-cpu.md"
         path.write_text("\n".join([
             "# The live consumer's host cost per frame (LiveGroup + round-robin consumer, no decoding, no GPU)", "",
-            f"- date: {stamp:%Y-%m-%d %H:%M} UTC", f"- commit: {_commit()}",
+            f"- date: {stamp:%Y-%m-%d %H:%M} UTC", f"- commit: {git_commit()}",
             f"- device: {platform.machine()}, {os.cpu_count()} cores (CPU machine)",
             "- command: python benchmarks/live_consumer.py " + " ".join(argv or []),
             f"- {args.fps:g} FPS per stream, stand-in engine {args.engine_ms:g} ms per call, batch <= {args.batch}, "

@@ -122,13 +122,9 @@ def test_a_case_with_a_switch_interval_runs_under_it_and_puts_it_back(detector: 
     assert report.frames >= 4 and len(found) == 2
 
 
-def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
-        clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Part 5's CUDA branch (the CPU smoke run takes another one: NV12 detection needs a CUDA engine) with the
-    decoder processes' CPU stand-in on both sides and the detection run replaced: one run per start mode over the
-    same capacity, each stream opened at its frame, a row each. (A GPU call must not die on the script itself.)"""
+def _part5_on_the_cpu_stand_in(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """gpu_video_check with part 5's hybrid and its capacity measurement on the decoder processes' CPU stand-in."""
     from streamrt.video import hybrid, hybrid_capacity
-    from streamrt.video.report import RunReport
 
     check = _script("gpu_video_check")
     real_hybrid, real_measure = hybrid.HybridDecode, hybrid_capacity.measure_hybrid_capacity_for_plan
@@ -140,6 +136,17 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
     monkeypatch.setattr(hybrid, "HybridDecode", StandIn)
     monkeypatch.setattr(hybrid_capacity, "measure_hybrid_capacity_for_plan",
                         lambda *a, **kw: real_measure(*a, **{**kw, "process_kind": "cpu"}))
+    return check
+
+
+def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
+        clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Part 5's CUDA branch (the CPU smoke run takes another one: NV12 detection needs a CUDA engine) with the
+    decoder processes' CPU stand-in on both sides and the detection run replaced: one run per start mode over the
+    same capacity, each stream opened at its frame, a row each. (A GPU call must not die on the script itself.)"""
+    from streamrt.video.report import RunReport
+
+    check = _part5_on_the_cpu_stand_in(monkeypatch)
     firsts: list[list[int]] = []
 
     def paced(detector: Any, sources: list[Any], seconds: float, state: dict[str, Any], *args: Any,
@@ -172,19 +179,9 @@ def test_video_check_part5_gpu_branch_runs_each_start_mode_on_the_cpu_stand_in(
 def test_video_check_part5_runs_each_live_queue_depth_asked(clips: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """``--queue-depths 2,4`` (2026-12-06, H100: every stream dropped alike at depth 2 while the consumer process
     stalled): one run per depth over the same capacity, each run's detection given its depth, a row each."""
-    from streamrt.video import hybrid, hybrid_capacity
     from streamrt.video.report import RunReport
 
-    check = _script("gpu_video_check")
-    real_hybrid, real_measure = hybrid.HybridDecode, hybrid_capacity.measure_hybrid_capacity_for_plan
-
-    class StandIn(real_hybrid):  # type: ignore[misc, valid-type]
-        def __init__(self, paths: Any, **kwargs: Any) -> None:
-            super().__init__(paths, **{**kwargs, "process_kind": "cpu", "upload": False})
-
-    monkeypatch.setattr(hybrid, "HybridDecode", StandIn)
-    monkeypatch.setattr(hybrid_capacity, "measure_hybrid_capacity_for_plan",
-                        lambda *a, **kw: real_measure(*a, **{**kw, "process_kind": "cpu"}))
+    check = _part5_on_the_cpu_stand_in(monkeypatch)
     depths: list[int] = []
 
     def paced(detector: Any, sources: list[Any], seconds: float, state: dict[str, Any], *args: Any,
