@@ -51,6 +51,24 @@ def test_summary_numbers_on_known_spans() -> None:
     assert json.dumps(s.to_dict())
 
 
+def test_compute_gaps_count_the_idle_stretches_between_calls() -> None:
+    """What the 2026-12-06 H100 trace of 156 camera streams showed and its report did not: the GPU idle between
+    calls while frames waited (the busiest resource read "GPU compute 67%")."""
+    from streamrt.profiling.pipeline_summary import compute_gaps
+    from streamrt.video.report import RunReport
+
+    assert summarize(synthetic()).compute_gaps == {}  # back-to-back kernels: one busy stretch, no gap
+    calls = [(0.0, 7.0), (8.0, 15.0), (60.0, 67.0), (68.0, 75.0), (100.0, 107.0)]  # idle 1, 45, 1, 25 ms
+    gaps = compute_gaps(calls)
+    assert gaps == pytest.approx({"idle_share": 72 / 107, "over": 2.0, "over_ms": 20.0, "longest_ms": 45.0})
+    assert compute_gaps(calls[:1]) == {} and compute_gaps([]) == {}
+    report = RunReport("streams", "m", "torch_inductor", "cuda", 156, "1920x1080", 128, 100, 1.0, compute_gaps=gaps)
+    assert "  compute idle between calls: 67% of the run, 2 stretches over 20 ms, longest 45.0 ms" in \
+        report.format_text()
+    assert "| compute idle between calls | 67% of the run" in report.to_markdown()
+    assert report.to_dict()["compute_gaps"]["longest_ms"] == 45.0
+
+
 def test_comparison_table() -> None:
     s = summarize(synthetic())
     untraced = summarize(PipelineTrace("sync", latencies_ms=[1.0] * 4, items=4, start_ms=0.0, end_ms=40.0))

@@ -61,6 +61,7 @@ class RunReport:
     decode: dict[str, Any] = field(default_factory=dict)  # hybrid decode: pools, capacities, moves
     admission: dict[str, Any] = field(default_factory=dict)  # admission control: the line, counts, capacity
     calls: int = 0  # engine calls while measuring (frames / calls: how full the batches were)
+    compute_gaps: dict[str, float] = field(default_factory=dict)  # compute-idle stretches (pipeline_summary)
 
     @property
     def frames_per_call(self) -> float:
@@ -132,7 +133,14 @@ class RunReport:
             lines.append("  stage ms/item: " + ", ".join(f"{k} {v:.2f}" for k, v in self.stage_ms.items()))
         if self.bottleneck:
             lines.append(f"  busiest resource: {self.bottleneck[0]} ({100 * self.bottleneck[1]:.0f}% busy)")
+        if self.compute_gaps:
+            lines.append(f"  compute idle between calls: {self._gaps_text()}")
         return "\n".join(lines)
+
+    def _gaps_text(self) -> str:
+        gaps = self.compute_gaps
+        return (f"{100 * gaps['idle_share']:.0f}% of the run, {gaps['over']:.0f} stretches over "
+                f"{gaps['over_ms']:g} ms, longest {gaps['longest_ms']:.1f} ms")
 
     def to_markdown(self) -> str:
         lat = self.latency_ms
@@ -145,6 +153,8 @@ class RunReport:
         rows += [(f"stage {k}", f"{v:.3f} ms/item") for k, v in self.stage_ms.items()]
         if self.bottleneck:
             rows.append(("busiest resource", f"{self.bottleneck[0]} ({100 * self.bottleneck[1]:.0f}% busy)"))
+        if self.compute_gaps:
+            rows.append(("compute idle between calls", self._gaps_text()))
         return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 

@@ -382,6 +382,7 @@ def run_detection(
         device=model.device, sources=len(sources), frame_size=f"{w}x{h}", batch=batch, frames=tally.frames,
         wall_s=wall, latency_ms=latency_stats(tally.latencies_ms), dropped=dropped, paced=config.paced,
         target_fps=fps if config.paced else None, stage_ms=summary.stage_ms, bottleneck=summary.bottleneck,
+        compute_gaps=summary.compute_gaps,
         detections=tally.detections, trace=trace if trace.spans else None, per_source=per_source, calls=tally.calls,
         window_fps=window_rates(tally.done_s),
         admission={} if admission is None else {"message": admission.message, "admitted": len(admission.admitted),
