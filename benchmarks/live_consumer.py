@@ -1,15 +1,15 @@
 """Benchmark: the host cost of the live consumer per frame at many camera-paced streams, no decoding, no GPU.
 
-At 156 decode-included 1080p30 streams on an H100 (2026-12-06, ``streamrt detect --hybrid``) the GPU idled
-20-70 ms between engine calls 113 times in 10 s while the consumer thread was outside every traced stage, and
-frames were dropped; GPU compute was 67% busy. What the consumer process does per frame besides the engine is
-the :class:`~streamrt.video.live_group.LiveGroup` thread (pacing every stream, taking due pictures from the
-decoder pool) and the round-robin consumer (:func:`streamrt.video.runner._live`: taking one frame per stream
-per turn, submitting, handling results). This benchmark runs exactly those two with a pool whose pictures are
-always ready (a small array each) and a stand-in pipeline whose calls finish ``--engine-ms`` after submission,
-and reports the process's CPU time per frame (both threads), frames/s, drops and latency, at each
-``--streams`` count, for the current code. Its CPU seconds per 1,000 frames is the figure to compare between
-commits (side by side in one run with ``--variants`` where more than one exists).
+At 156 decode-included 1080p30 streams on an H100 (2026-12-06, ``streamrt detect --hybrid``) the GPU idled more than
+20 ms between engine calls 34 times in 10 s (up to 63 ms) while the consumer thread was outside every traced stage,
+and frames were dropped; GPU compute was 67% busy. What the consumer process does per frame besides the engine is
+the :class:`~streamrt.video.live_group.LiveGroup` thread (pacing every stream, taking due pictures from the decoder
+pool) and the round-robin consumer (:func:`streamrt.video.runner._live`: taking one frame per stream per turn,
+submitting, handling results). This benchmark runs exactly those two with a pool whose pictures are always ready (a
+small array each) and a stand-in pipeline whose calls finish ``--engine-ms`` after submission, and reports the
+process's CPU time per frame (both threads), frames/s, drops and latency, at each ``--streams`` count, for the
+current code. Its CPU seconds per 1,000 frames is the figure to compare between commits (side by side in one run
+with ``--variants`` where more than one exists).
 
 Usage::
 

@@ -26,7 +26,7 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, s
 
 
 def test_detect_profile_runs_the_cli_under_py_spy_with_every_thread_sampled(tmp_path: Path) -> None:
-    """DETECT_PROFILE=1 (issue 27: what the consumer does in the 20-70 ms gaps between engine calls at 156 streams)
+    """DETECT_PROFILE=1 (issue 27: what the consumer does while the GPU idles 20-63 ms between calls at 156 streams)
     wraps the CLI in ``py-spy record``: all threads, waits included, folded stacks under detectcli/."""
     commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), STEPS="detectcli",
                                 DETECT_PROFILE="1")
