@@ -8,8 +8,7 @@ pool) and the round-robin consumer (:func:`streamrt.video.runner._live`: taking 
 submitting, handling results). This benchmark runs exactly those two with a pool whose pictures are always ready (a
 small array each) and a stand-in pipeline whose calls finish ``--engine-ms`` after submission, and reports the
 process's CPU time per frame (both threads), frames/s, drops and latency, at each ``--streams`` count, for the
-current code. Its CPU seconds per 1,000 frames is the figure to compare between commits (side by side in one run
-with ``--variants`` where more than one exists).
+current code. Its CPU ms per 1,000 frames is the figure to compare between commits.
 
 Usage::
 
