@@ -82,22 +82,33 @@ mapfile -t found < <(compgen -G "$clips/*.mp4" | sort)
 [ ${#found[@]} -gt 0 ] || found=("$clips/clip0.mp4")  # (the dry run, without clips)
 streams=()
 for ((i = 0; i < detect_streams; i++)); do streams+=("${found[i % ${#found[@]}]}"); done
-# shellcheck disable=SC2086  # DETECT_ARGS is a list of arguments
-#     DETECT_PROFILE=1: under py-spy (its wheel carried in .whl-video/), every thread of the consumer process sampled
-#     100 times a second without pausing it, waits included, as folded stacks in $out/detectcli/py-spy.txt: what
-#     the consumer's threads do between engine calls
-profiler=()
-if [ -n "${DETECT_PROFILE:-}" ]; then
-    spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
-    if [ -n "$dry" ] || [ -x "$spy" ]; then
-        profiler=("$spy" record --threads --idle --nonblocking --nolineno --rate 100 --format raw
-                  --output "$out/detectcli/py-spy.txt" --)
-    else
-        echo "DETECT_PROFILE: no py-spy here (carry its wheel in .whl-video/); the CLI runs unprofiled"
-    fi
-fi
-run detectcli "${DETECTCLI_TIMEOUT:-200}" "${profiler[@]}" python3 -m streamrt detect "${streams[@]}" \
-    ${DETECT_ARGS:---decode-processes 4 --hybrid --paced --no-progress} --report "$out/detectcli/report"
+#     DETECT_PROFILE=threads,gil: the CLI once per mode under py-spy (its wheel carried in .whl-video/), the consumer
+#     process sampled 100 times a second without pausing it, as folded stacks in $out/detectcli/py-spy-MODE.txt:
+#     threads = every thread, waits included (what each does between engine calls), gil = only the thread holding
+#     the GIL (who keeps the others waiting). Without it: one run, unprofiled.
+spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+profiles=${DETECT_PROFILE:-none}
+for mode in ${profiles//,/ }; do
+    profiler=()
+    report="$out/detectcli/report"
+    case $mode in
+        none) ;;
+        threads | gil)
+            if [ -z "$dry" ] && [ ! -x "$spy" ]; then
+                echo "DETECT_PROFILE: no py-spy here (carry its wheel in .whl-video/); the CLI runs unprofiled"
+            else
+                sampled=--idle
+                [ "$mode" = gil ] && sampled=--gil
+                profiler=("$spy" record --threads "$sampled" --nonblocking --nolineno --rate 100 --format raw
+                          --output "$out/detectcli/py-spy-$mode.txt" --)
+                report="$out/detectcli/report-$mode"
+            fi ;;
+        *) echo "DETECT_PROFILE takes threads and/or gil, not $mode"; continue ;;
+    esac
+    # shellcheck disable=SC2086  # DETECT_ARGS is a list of arguments
+    run detectcli "${DETECTCLI_TIMEOUT:-200}" "${profiler[@]}" python3 -m streamrt detect "${streams[@]}" \
+        ${DETECT_ARGS:---decode-processes 4 --hybrid --paced --no-progress} --report "$report"
+done
 # 5. (not by default) the AOTInductor runner without the GIL on the GPU: its backend tests and the detector's
 run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
     tests/backends/test_torch_inductor_gpu.py -k "nogil or replay or steady or fresh" tests/video/test_gpu_detection.py

@@ -25,17 +25,21 @@ def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, s
         assert_runnable(command)
 
 
-def test_detect_profile_runs_the_cli_under_py_spy_with_every_thread_sampled(tmp_path: Path) -> None:
-    """DETECT_PROFILE=1 (issue 27: what the consumer does while the GPU idles 20-63 ms between calls at 156 streams)
-    wraps the CLI in ``py-spy record``: all threads, waits included, folded stacks under detectcli/."""
+def test_detect_profile_runs_the_cli_under_py_spy_once_per_mode(tmp_path: Path) -> None:
+    """DETECT_PROFILE=threads,gil (issue 27: what the consumer does while the GPU idles 20-63 ms between calls at 156
+    streams) runs the CLI under ``py-spy record`` twice: every thread with its waits, then the GIL's holder only;
+    folded stacks and a report per mode under detectcli/."""
     commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), STEPS="detectcli",
-                                DETECT_PROFILE="1")
-    assert len(commands) == 1, commands
-    spy, _, cli = commands[0].partition(" -- ")
-    assert spy.split()[1:] == ["record", "--threads", "--idle", "--nonblocking", "--nolineno", "--rate", "100",
-                               "--format", "raw", "--output", f"{tmp_path}/detectcli/py-spy.txt"], spy
-    assert cli.startswith("python3 -m streamrt detect ")
-    assert_runnable(cli)
+                                DETECT_PROFILE="threads,gil")
+    assert len(commands) == 2, commands
+    for command, mode, sampled in zip(commands, ("threads", "gil"), ("--idle", "--gil"), strict=True):
+        spy, _, cli = command.partition(" -- ")
+        assert spy.split()[1:] == ["record", "--threads", sampled, "--nonblocking", "--nolineno", "--rate", "100",
+                                   "--format", "raw", "--output", f"{tmp_path}/detectcli/py-spy-{mode}.txt"], spy
+        assert cli.startswith("python3 -m streamrt detect ") and cli.endswith(f"/detectcli/report-{mode}")
+        assert_runnable(cli)
+    (plain,) = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), STEPS="detectcli")
+    assert plain.startswith("python3 -m streamrt detect ") and plain.endswith("/detectcli/report")
 
 
 def test_a_machine_where_streamrt_does_not_import_stops_the_call_in_one_line(tmp_path: Path) -> None:
