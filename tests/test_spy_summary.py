@@ -1,0 +1,46 @@
+"""scripts/spy_summary.py on folded stacks as ``py-spy record --threads --format raw`` writes them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MAIN = "thread (11): MainThread;<module> (streamrt/__main__.py);run_detection (streamrt/video/runner.py)"
+LOOP = f"{MAIN};_live (streamrt/video/runner.py)"
+GROUP = "thread (12): live-group;Thread.run (threading.py);LiveGroup._run (streamrt/video/live_group.py)"
+FOLDED = "\n".join([
+    f"{LOOP};Condition.wait (threading.py) 30",
+    f"{LOOP};_Tally.handle (streamrt/video/runner.py) 50",
+    f"{MAIN};open_detector (streamrt/video/model.py) 20",
+    f"{GROUP};ProcessDecodePool.take_ready (streamrt/video/decode_processes.py) 40",
+    "not a stack line",
+])
+
+
+def _summary(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "py-spy-threads.txt"
+    path.write_text(FOLDED)
+    return subprocess.run([sys.executable, str(ROOT / "scripts/spy_summary.py"), str(path), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_each_threads_time_by_innermost_frame_with_waits_named(tmp_path: Path) -> None:
+    done = _summary(tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "140 samples over 2 threads" in out
+    assert "## MainThread: 100 samples (71.4% of all), 30% in a wait" in out
+    assert "| _Tally.handle (streamrt/video/runner.py) | 50 | 50% |" in out
+    assert "## live-group: 40 samples (28.6% of all), 0% in a wait" in out
+    assert out.index("## MainThread") < out.index("## live-group")  # the busiest first
+
+
+def test_under_keeps_the_run_loop_and_skip_waits_its_work(tmp_path: Path) -> None:
+    out = _summary(tmp_path, "--under", "_live", "--skip-waits").stdout
+    assert "## MainThread: 80 samples" in out and "live-group" not in out and "open_detector" not in out
+    assert "Condition.wait" not in out and "| _Tally.handle (streamrt/video/runner.py) | 50 | 62% |" in out
+    missing = _summary(tmp_path, "--under", "no_such_function")
+    assert missing.returncode == 2 and "no sample has a frame containing 'no_such_function'" in missing.stderr
