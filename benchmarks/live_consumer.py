@@ -96,8 +96,8 @@ class StandInPipeline:
         return _Result(frames)
 
 
-def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: float) -> dict[str, Any]:
-    pool = ReadyPool()
+def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: float, pool: Any) -> dict[str, Any]:
+    """One run of ``streams`` paced streams of ``pool`` (a :class:`ReadyPool`, or a decoder pool already open)."""
     infos = [SourceInfo(f"cam{i}", 8, 8, fps, None) for i in range(streams)]
     frames = int(seconds * fps)
     group = LiveGroup(pool, list(range(streams)), infos, fps=fps, depth=4, wake=threading.Condition(),
@@ -118,6 +118,34 @@ def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: fl
             "p99_ms": lat[int(0.99 * (len(lat) - 1))] if lat else float("nan")}
 
 
+def _decoder_pool(streams: int, folder: Path) -> Any:
+    """``streams`` looped 64x64 H.264 clips in one CPU decoder process (the decoder processes' hand-over: announce
+    messages to the consumer's event thread, shared-memory slots, ``take_ready``, ``free_many``), decoding far
+    faster than it is read, so the consumer's side is what is measured."""
+    from streamrt.video.clips import encode_clip
+    from streamrt.video.decode_processes import ProcessDecodePool
+    from streamrt.video.synthetic import SyntheticClip
+
+    clip = encode_clip(SyntheticClip(width=64, height=64, frames=60, fps=30.0), folder / "tiny.mp4")
+    return ProcessDecodePool([clip] * streams, processes=1, kind="cpu", slots=4, loop=True)
+
+
+def measure(pool_kind: str, streams: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Medians of ``args.rounds`` runs at ``streams`` over a pool of ``pool_kind`` (ready or processes)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        pool: Any = ReadyPool() if pool_kind == "ready" else _decoder_pool(streams, Path(folder))
+        try:
+            runs = [run_once(streams, args.fps, args.seconds, args.batch, args.engine_ms, pool)
+                    for _ in range(args.rounds)]
+        finally:
+            if pool_kind != "ready":
+                pool.close()
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return {**row, "pool": pool_kind}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="40,160", help="comma-separated stream counts")
@@ -126,20 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs per stream count (medians reported)")
     parser.add_argument("--batch", type=int, default=128, help="largest engine call")
     parser.add_argument("--engine-ms", type=float, default=7.0, help="the stand-in engine's time per call")
+    parser.add_argument("--pools", default="ready", metavar="KIND,..",
+                        help="ready: pictures always there (the live group and consumer alone); processes: a CPU "
+                             "decoder process of tiny clips (its hand-over too; needs PyAV)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as a markdown file here")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.streams.split(",")]
+    pools = [p.strip() for p in args.pools.split(",") if p.strip()]
+    if not pools or any(p not in ("ready", "processes") for p in pools):
+        parser.error(f"--pools takes ready and/or processes, got {args.pools!r}")
     rows = []
-    for n in counts:
-        runs = [run_once(n, args.fps, args.seconds, args.batch, args.engine_ms) for _ in range(args.rounds)]
-        row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    for n, pool_kind in [(n, p) for n in counts for p in pools]:
+        row = measure(pool_kind, n, args)
         rows.append(row)
-        print(f"{n} streams: {row['fps']:.0f} of {row['asked_fps']:.0f} frames/s, {row['dropped']:.0f} dropped, "
+        print(f"{n} streams, {pool_kind} pool: {row['fps']:.0f} of {row['asked_fps']:.0f} frames/s, "
+              f"{row['dropped']:.0f} dropped, "
               f"CPU {row['cpu_ms_per_1000']:.1f} ms per 1,000 frames ({100 * row['cpu_busy']:.0f}% of a core), "
               f"{row['frames_per_call']:.1f} frames per call, p99 {row['p99_ms']:.1f} ms", flush=True)
-    table = ["| streams | frames/s (asked) | dropped | CPU ms per 1,000 frames | CPU busy | frames per call | p99 ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    table += [f"| {r['streams']:.0f} | {r['fps']:.0f} ({r['asked_fps']:.0f}) | {r['dropped']:.0f} "
+    table = ["| streams | pool | frames/s (asked) | dropped | CPU ms per 1,000 frames | CPU busy | frames per call "
+             "| p99 ms |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    table += [f"| {r['streams']:.0f} | {r['pool']} | {r['fps']:.0f} ({r['asked_fps']:.0f}) | {r['dropped']:.0f} "
               f"| {r['cpu_ms_per_1000']:.1f} | {100 * r['cpu_busy']:.0f}% | {r['frames_per_call']:.1f} "
               f"| {r['p99_ms']:.1f} |" for r in rows]
     print("\n".join(table))

@@ -382,6 +382,15 @@ def test_live_consumer_measures_the_host_cost_per_frame(tmp_path: Path) -> None:
          str(tmp_path))
     (report,) = tmp_path.glob("*-live-consumer-cpu.md")
     rows = _rows(report.read_text())
-    assert rows[0][:4] == ["streams", "frames/s (asked)", "dropped", "CPU ms per 1,000 frames"], rows
-    assert [r[0] for r in rows[1:]] == ["4", "16"], rows
-    assert all(float(r[3]) > 0 and float(r[1].split()[0]) > 0 for r in rows[1:]), rows
+    assert rows[0][:5] == ["streams", "pool", "frames/s (asked)", "dropped", "CPU ms per 1,000 frames"], rows
+    assert [r[:2] for r in rows[1:]] == [["4", "ready"], ["16", "ready"]], rows
+    assert all(float(r[4]) > 0 and float(r[2].split()[0]) > 0 for r in rows[1:]), rows
+
+
+def test_live_consumer_through_a_cpu_decoder_process(tmp_path: Path) -> None:
+    pytest.importorskip("av")
+    _run(tmp_path, "live_consumer.py", "--streams", "4", "--seconds", "0.5", "--rounds", "1", "--pools",
+         "processes", "--out", str(tmp_path))
+    (report,) = tmp_path.glob("*-live-consumer-cpu.md")
+    (row,) = _rows(report.read_text())[1:]
+    assert row[:2] == ["4", "processes"] and float(row[2].split()[0]) > 0 and float(row[4]) > 0, row
