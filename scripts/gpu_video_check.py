@@ -604,7 +604,16 @@ def hybrid_row(asked: int, ran: int, starts: str, report: RunReport, planned: di
             f"{report.decode['moves']} | {report.fps:.1f} | {report.dropped} ({streams}) | {_lat(report, 'p99')} / "
             f"{_lat(report, 'max')} | {'yes' if report.sustained else 'no'} | {report.decode['binding']} pool "
             f"(NVDEC {pools['nvdec']['utilisation']}, CPU {pools['cpu']['utilisation']} of planned capacity); "
-            f"trace: {report.bottleneck[0] if report.bottleneck else '-'} | {gc_line} |")
+            f"trace: {report.bottleneck[0] if report.bottleneck else '-'}{_idle_text(report)} | {gc_line} |")
+
+
+def _idle_text(report: RunReport) -> str:
+    """The trace's compute-idle stretches between calls (a stalled consumer idles the GPU while frames wait)."""
+    gaps = report.compute_gaps
+    if not gaps:
+        return ""
+    return (f", GPU compute idle {100 * gaps['idle_share']:.0f}%, {gaps['over']:.0f} stretches over "
+            f"{gaps['over_ms']:g} ms (longest {gaps['longest_ms']:.0f} ms)")
 
 
 def _hybrid_smoke(paths: list[Path], capacity: dict[str, float], nvdec_processes: int, cpu_processes: int,

@@ -188,8 +188,10 @@ def test_video_check_part5_runs_each_live_queue_depth_asked(clips: list[Path], m
               queue_depth: int = 2, **kwargs: Any) -> tuple[RunReport, float]:
         depths.append(queue_depth)
         state.setdefault("run_gc", []).append("full collections: 0")
+        gaps = {"idle_share": 0.3, "over": 34.0, "over_ms": 20.0, "longest_ms": 63.0}
         return RunReport("x", "m", "b", "cuda", len(sources), "320x180", 1, 30, 1.0,
-                         latency_ms={"p99": 20.0, "max": 30.0}, per_source=[{"dropped": 0}] * len(sources)), 0.5
+                         latency_ms={"p99": 20.0, "max": 30.0}, per_source=[{"dropped": 0}] * len(sources),
+                         compute_gaps=gaps), 0.5
 
     monkeypatch.setattr(check, "_paced", paced)
     monkeypatch.setattr(check, "_detector", lambda state: None)
@@ -199,6 +201,7 @@ def test_video_check_part5_runs_each_live_queue_depth_asked(clips: list[Path], m
     rows = [line for line in lines if line.startswith("| 3 / ")]
     assert len(rows) == 2 and "| staggered, queue 2 |" in rows[0] and "| staggered, queue 4 |" in rows[1], lines
     assert depths == [2, 4]
+    assert all("GPU compute idle 30%, 34 stretches over 20 ms (longest 63 ms)" in row for row in rows), rows
     assert {k: v["queue_depth"] for k, v in state["hybrid_runs"].items()} == {"staggered, queue 2": 2,
                                                                              "staggered, queue 4": 4}
     assert check.queue_depths("2, 4") == (2, 4)
