@@ -21,6 +21,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -96,12 +97,41 @@ class StandInPipeline:
         return _Result(frames)
 
 
-def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: float, pool: Any) -> dict[str, Any]:
-    """One run of ``streams`` paced streams of ``pool`` (a :class:`ReadyPool`, or a decoder pool already open)."""
+class ScanningLiveGroup(LiveGroup):
+    """The live group's loop before 2026-12-06 (``--groups scan``): every pass scanned all streams three times
+    (due ones, live ones, the earliest next due) and passed every millisecond while a due picture was missing."""
+
+    def _run(self) -> None:
+        period = 1.0 / self.fps if self.fps > 0 else 0.0
+        while not self._stop.is_set():
+            with self.wake:
+                now = time.perf_counter()
+                due = [s.lane for s in self.streams if s.started and not s.finished and s.next_due(period) <= now]
+            if due:
+                self._take(due)
+            with self.wake:
+                live = [s for s in self.streams if s.started and not s.finished]
+                if not live and all(s.started for s in self.streams):
+                    return
+                nxt = min((s.next_due(period) for s in live), default=None)
+            delay = 0.001 if nxt is None else nxt - time.perf_counter()
+            if due:
+                delay = min(delay, 0.001)
+            if delay > 0:
+                self._stop.wait(delay)
+
+
+GROUPS = {"heap": LiveGroup, "scan": ScanningLiveGroup}
+
+
+def run_once(streams: int, fps: float, seconds: float, batch: int, engine_ms: float, pool: Any,
+             group_kind: str = "heap") -> dict[str, Any]:
+    """One run of ``streams`` paced streams of ``pool`` (a :class:`ReadyPool`, or a decoder pool already open),
+    read by a live group of ``group_kind`` (:data:`GROUPS`)."""
     infos = [SourceInfo(f"cam{i}", 8, 8, fps, None) for i in range(streams)]
     frames = int(seconds * fps)
-    group = LiveGroup(pool, list(range(streams)), infos, fps=fps, depth=4, wake=threading.Condition(),
-                      max_frames=[frames] * streams)
+    group = GROUPS[group_kind](pool, list(range(streams)), infos, fps=fps, depth=4, wake=threading.Condition(),
+                               max_frames=[frames] * streams)
     tally = _Tally(None, None, None)
     pipe = StandInPipeline(engine_ms / 1e3)
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -130,20 +160,25 @@ def _decoder_pool(streams: int, folder: Path) -> Any:
     return ProcessDecodePool([clip] * streams, processes=1, kind="cpu", slots=4, loop=True)
 
 
-def measure(pool_kind: str, streams: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Medians of ``args.rounds`` runs at ``streams`` over a pool of ``pool_kind`` (ready or processes)."""
+def measure(pool_kind: str, streams: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per live group of ``args.groups``, medians of ``args.rounds`` runs at ``streams`` over a pool of ``pool_kind``
+    (ready or processes); the groups' runs interleaved over one pool."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         pool: Any = ReadyPool() if pool_kind == "ready" else _decoder_pool(streams, Path(folder))
         try:
-            runs = [run_once(streams, args.fps, args.seconds, args.batch, args.engine_ms, pool)
-                    for _ in range(args.rounds)]
+            runs = [(g, run_once(streams, args.fps, args.seconds, args.batch, args.engine_ms, pool, g))
+                    for _ in range(args.rounds) for g in args.groups]
         finally:
             if pool_kind != "ready":
                 pool.close()
-    row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    return {**row, "pool": pool_kind}
+    rows = []
+    for group in args.groups:
+        mine = [r for g, r in runs if g == group]
+        rows.append({**{k: statistics.median(r[k] for r in mine) for k in mine[0]}, "pool": pool_kind,
+                     "group": group})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,25 +192,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", default="ready", metavar="KIND,..",
                         help="ready: pictures always there (the live group and consumer alone); processes: a CPU "
                              "decoder process of tiny clips (its hand-over too; needs PyAV)")
+    parser.add_argument("--groups", default="heap", metavar="KIND,..",
+                        help="live group loops side by side: heap (the current one), scan (before 2026-12-06)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as a markdown file here")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.streams.split(",")]
     pools = [p.strip() for p in args.pools.split(",") if p.strip()]
     if not pools or any(p not in ("ready", "processes") for p in pools):
         parser.error(f"--pools takes ready and/or processes, got {args.pools!r}")
+    args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    if not args.groups or any(g not in GROUPS for g in args.groups):
+        parser.error(f"--groups takes {' and/or '.join(GROUPS)}")
     rows = []
     for n, pool_kind in [(n, p) for n in counts for p in pools]:
-        row = measure(pool_kind, n, args)
-        rows.append(row)
-        print(f"{n} streams, {pool_kind} pool: {row['fps']:.0f} of {row['asked_fps']:.0f} frames/s, "
-              f"{row['dropped']:.0f} dropped, "
-              f"CPU {row['cpu_ms_per_1000']:.1f} ms per 1,000 frames ({100 * row['cpu_busy']:.0f}% of a core), "
-              f"{row['frames_per_call']:.1f} frames per call, p99 {row['p99_ms']:.1f} ms", flush=True)
-    table = ["| streams | pool | frames/s (asked) | dropped | CPU ms per 1,000 frames | CPU busy | frames per call "
-             "| p99 ms |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
-    table += [f"| {r['streams']:.0f} | {r['pool']} | {r['fps']:.0f} ({r['asked_fps']:.0f}) | {r['dropped']:.0f} "
-              f"| {r['cpu_ms_per_1000']:.1f} | {100 * r['cpu_busy']:.0f}% | {r['frames_per_call']:.1f} "
-              f"| {r['p99_ms']:.1f} |" for r in rows]
+        for row in measure(pool_kind, n, args):
+            rows.append(row)
+            print(f"{n} streams, {pool_kind} pool, {row['group']} group: {row['fps']:.0f} of {row['asked_fps']:.0f} "
+                  f"frames/s, {row['dropped']:.0f} dropped, CPU {row['cpu_ms_per_1000']:.1f} ms per 1,000 frames "
+                  f"({100 * row['cpu_busy']:.0f}% of a core), {row['frames_per_call']:.1f} frames per call, "
+                  f"p99 {row['p99_ms']:.1f} ms", flush=True)
+    table = ["| streams | pool | live group | frames/s (asked) | dropped | CPU ms per 1,000 frames | CPU busy "
+             "| frames per call | p99 ms |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    table += [f"| {r['streams']:.0f} | {r['pool']} | {r['group']} | {r['fps']:.0f} ({r['asked_fps']:.0f}) "
+              f"| {r['dropped']:.0f} | {r['cpu_ms_per_1000']:.1f} | {100 * r['cpu_busy']:.0f}% "
+              f"| {r['frames_per_call']:.1f} | {r['p99_ms']:.1f} |" for r in rows]
+    if len(args.groups) > 1:  # the consumer process's CPU per frame, each group against the first
+        table.append("")
+        base = args.groups[0]
+        for n, pool_kind in [(n, p) for n in counts for p in pools]:
+            same = {r["group"]: r for r in rows if r["streams"] == n and r["pool"] == pool_kind}
+            ratios = ", ".join(f"{g} {same[g]['cpu_ms_per_1000'] / same[base]['cpu_ms_per_1000']:.2f}x"
+                               for g in args.groups[1:])
+            table.append(f"- {n} streams, {pool_kind} pool: CPU per frame against {base}: {ratios}")
     print("\n".join(table))
     if args.out is not None:
         stamp = datetime.now(timezone.utc)
@@ -185,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "# The live consumer's host cost per frame (LiveGroup + round-robin consumer, no decoding, no GPU)", "",
             f"- date: {stamp:%Y-%m-%d %H:%M} UTC", f"- commit: {git_commit()}",
             f"- device: {platform.machine()}, {os.cpu_count()} cores (CPU machine)",
-            "- command: python benchmarks/live_consumer.py " + " ".join(argv or []),
+            "- command: python benchmarks/live_consumer.py " + " ".join(sys.argv[1:] if argv is None else argv),
             f"- {args.fps:g} FPS per stream, stand-in engine {args.engine_ms:g} ms per call, batch <= {args.batch}, "
             f"medians of {args.rounds} runs of {args.seconds:g} s", "", *table, ""]))
         print(f"wrote {path}")

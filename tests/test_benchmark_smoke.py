@@ -378,13 +378,15 @@ def test_loop_restart_times_both_ways_of_starting_a_file_over(tmp_path: Path) ->
 
 
 def test_live_consumer_measures_the_host_cost_per_frame(tmp_path: Path) -> None:
-    _run(tmp_path, "live_consumer.py", "--streams", "4,16", "--seconds", "0.5", "--rounds", "1", "--out",
-         str(tmp_path))
+    _run(tmp_path, "live_consumer.py", "--streams", "4,16", "--seconds", "0.5", "--rounds", "1", "--groups",
+         "heap,scan", "--out", str(tmp_path))
     (report,) = tmp_path.glob("*-live-consumer-cpu.md")
     rows = _rows(report.read_text())
-    assert rows[0][:5] == ["streams", "pool", "frames/s (asked)", "dropped", "CPU ms per 1,000 frames"], rows
-    assert [r[:2] for r in rows[1:]] == [["4", "ready"], ["16", "ready"]], rows
-    assert all(float(r[4]) > 0 and float(r[2].split()[0]) > 0 for r in rows[1:]), rows
+    assert rows[0][:6] == ["streams", "pool", "live group", "frames/s (asked)", "dropped", "CPU ms per 1,000 frames"]
+    assert [r[:3] for r in rows[1:]] == [["4", "ready", "heap"], ["4", "ready", "scan"], ["16", "ready", "heap"],
+                                         ["16", "ready", "scan"]], rows
+    assert all(float(r[5]) > 0 and float(r[3].split()[0]) > 0 for r in rows[1:]), rows
+    assert "- 16 streams, ready pool: CPU per frame against heap: scan " in report.read_text()
 
 
 def test_live_consumer_through_a_cpu_decoder_process(tmp_path: Path) -> None:
@@ -393,4 +395,4 @@ def test_live_consumer_through_a_cpu_decoder_process(tmp_path: Path) -> None:
          "processes", "--out", str(tmp_path))
     (report,) = tmp_path.glob("*-live-consumer-cpu.md")
     (row,) = _rows(report.read_text())[1:]
-    assert row[:2] == ["4", "processes"] and float(row[2].split()[0]) > 0 and float(row[4]) > 0, row
+    assert row[:3] == ["4", "processes", "heap"] and float(row[3].split()[0]) > 0 and float(row[5]) > 0, row

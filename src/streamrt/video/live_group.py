@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Sequence
@@ -101,6 +102,8 @@ class GroupedStream(LiveQueue):
 
     def start(self) -> None:
         with self.wake:
+            if self.t0 is None:  # one heap entry per stream
+                self._group.starting.append(self.lane)
             self.t0 = time.perf_counter()
         self._group.started()
 
@@ -122,8 +125,10 @@ class GroupedStream(LiveQueue):
         if self.max_frames is not None and self.produced >= self.max_frames:
             self._finish()
 
-    def _due(self, now: float, period: float) -> bool:  # the wake lock held
-        return self.t0 is not None and not self.finished and self.t0 + self.produced * period <= now
+    def next_due(self, period: float) -> float:  # the wake lock held, once started
+        """When this stream's next frame is due (``t0`` plus its frames so far at ``period``)."""
+        assert self.t0 is not None
+        return self.t0 + self.produced * period
 
 
 class LiveGroup:
@@ -150,6 +155,7 @@ class LiveGroup:
         self.streams = [GroupedStream(self, lane, info, first, limit)
                         for lane, info, first, limit in zip(indices, infos, firsts, limits, strict=True)]
         self._by_lane = {s.lane: s for s in self.streams}
+        self.starting: list[int] = []  # lanes started since the thread last looked (the wake lock held)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-group", daemon=True)
 
@@ -176,22 +182,39 @@ class LiveGroup:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        """Release each stream's frames on time, visiting only the streams that are due.
+
+        A heap of (next due time, lane) holds the started streams; a stream whose due picture was not decoded yet
+        is looked at again :data:`_POLL_S` later. Until 2026-12-06 every pass scanned all streams three times (due
+        ones, live ones, the earliest next) and passed every millisecond while any due picture was missing: at 160
+        streams behind a CPU decoder process that kept this thread busy all the time, 45% of it in those scans
+        (``benchmarks/live_consumer.py --pools processes``), beside the thread that feeds the engine.
+        """
         period = 1.0 / self.fps if self.fps > 0 else 0.0
+        heap: list[tuple[float, int]] = []
         try:
             while not self._stop.is_set():
                 with self.wake:
+                    for lane in self.starting:
+                        heapq.heappush(heap, (self._by_lane[lane].next_due(period), lane))
+                    self.starting.clear()
                     now = time.perf_counter()
-                    due = [s.lane for s in self.streams if s._due(now, period)]
-                if due:
-                    self._take(due)
+                    due = []
+                    while heap and heap[0][0] <= now:
+                        lane = heapq.heappop(heap)[1]
+                        if not self._by_lane[lane].finished:
+                            due.append(lane)
+                taken = self._take(due) if due else set()
                 with self.wake:
-                    live = [s for s in self.streams if s.started and not s.finished]
-                    if not live and all(s.started for s in self.streams):
+                    now = time.perf_counter()
+                    for lane in due:
+                        stream = self._by_lane[lane]
+                        if not stream.finished:  # not decoded yet: look again soon
+                            later = stream.next_due(period) if lane in taken else now + _POLL_S
+                            heapq.heappush(heap, (later, lane))
+                    if not heap and not self.starting and all(s.started for s in self.streams):
                         return  # every stream ended
-                    nxt = min((s.t0 + s.produced * period for s in live if s.t0 is not None), default=None)
-                delay = _POLL_S if nxt is None else nxt - time.perf_counter()
-                if due:  # some due stream may have had no picture decoded yet: look again soon
-                    delay = min(delay, _POLL_S)
+                    delay = heap[0][0] - now if heap else _POLL_S
                 if delay > 0:
                     self._stop.wait(delay)
         except BaseException as exc:  # handed to every stream's consumer by take()
@@ -200,7 +223,8 @@ class LiveGroup:
                     s._finish(exc)
                 self.wake.notify_all()
 
-    def _take(self, due: list[int]) -> None:
+    def _take(self, due: list[int]) -> set[int]:
+        """One picture of each ``due`` stream that has one, queued; the lanes that got one."""
         ready = self.lanes.take_ready(due)
         with self.wake:
             for lane, picture, _pts in ready.taken:
@@ -212,3 +236,4 @@ class LiveGroup:
             for lane, message in ready.failed.items():
                 self._by_lane[lane]._finish(SourceError(message))
             self.wake.notify_all()
+        return {lane for lane, _, _ in ready.taken}
