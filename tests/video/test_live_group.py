@@ -112,6 +112,48 @@ def test_a_failed_stream_raises_in_its_consumer_and_the_others_go_on() -> None:
     group.stop()
 
 
+def test_a_stream_started_later_is_paced_from_its_own_start_and_a_late_picture_is_looked_for_again() -> None:
+    """The group's heap of due times (2026-12-06): a stream started after the others (admission's queue) joins
+    with its own clock, a due picture the decoder has not made yet is asked for again until it comes (not
+    skipped, not taken twice), each stream's frames come in order and none before its time."""
+    from streamrt.video.live_group import LiveGroup, ReadyPictures
+    from streamrt.video.sources import SourceInfo
+
+    fps, frames = 50.0, 6
+
+    class LateLanes:  # stream 1's decoder has nothing for its first 5 asks
+        def __init__(self) -> None:
+            self.sent, self.asked = [0, 0], [0, 0]
+
+        def take_ready(self, indices: list[int]) -> ReadyPictures:
+            taken = []
+            for i in indices:
+                self.asked[i] += 1
+                if i == 1 and self.asked[i] <= 5:
+                    continue
+                taken.append((i, (i, self.sent[i], time.perf_counter()), None))
+                self.sent[i] += 1
+            return ReadyPictures(taken, [], {})
+
+    lanes = LateLanes()
+    infos = [SourceInfo(n, 8, 8, fps, None) for n in ("early", "late")]
+    group = LiveGroup(lanes, [0, 1], infos, fps=fps, depth=frames, max_frames=[frames, frames])
+    early, late = group.streams
+    early.start()
+    time.sleep(0.1)
+    late.start()
+    assert early.wait_finished(5) and late.wait_finished(5)
+    for stream, lane in ((early, 0), (late, 1)):
+        got = [f.image for f in iter(stream.take, None)]
+        assert [(i, k) for i, k, _ in got] == [(lane, k) for k in range(frames)], got
+        assert stream.t0 is not None
+        # frame k no earlier than k / fps after the stream's own start (a little slack for the clock)
+        assert all(t >= stream.t0 + k / fps - 1e-3 for k, (_, _, t) in enumerate(got)), (stream.t0, got)
+    assert late.t0 is not None and early.t0 is not None and late.t0 - early.t0 >= 0.09
+    assert lanes.asked[1] >= 5 + frames and lanes.sent == [frames, frames]
+    group.stop()
+
+
 class _FramePool:
     """Streams of BGR frames in memory behind the pool interface (a CPU engine takes no NV12, so the decoder
     processes' NV12 stand-in cannot feed it): ``take_ready`` hands out each stream's next frame."""
