@@ -209,7 +209,7 @@ class LiveGroup:
                     now = time.perf_counter()
                     for lane in due:
                         stream = self._by_lane[lane]
-                        if not stream.finished:  # not decoded yet: look again soon
+                        if not stream.finished:  # its next frame's time; with no picture decoded yet, soon again
                             later = stream.next_due(period) if lane in taken else now + _POLL_S
                             heapq.heappush(heap, (later, lane))
                     if not heap and not self.starting and all(s.started for s in self.streams):
