@@ -740,8 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    starts_modes(args.hybrid_starts)  # a bad list fails here, before any part runs, not at part 5
-    queue_depths(args.queue_depths)
+    # parsed once, before any part runs: a bad list fails here, not at part 5
+    starts, depths = starts_modes(args.hybrid_starts), queue_depths(args.queue_depths)
     budget = Budget(args.budget)
     dec = Decoders(args.device, args.quick, args.nvdec, args.decode_processes)
     if dec.cuda and (not torch.cuda.is_available() or not nvdec_available()):
@@ -792,8 +792,8 @@ def main(argv: list[str] | None = None) -> int:
               lambda: part_fair_runners(state, args.out, dec, names(args.aoti_runners))),
         "5": ("5. Hybrid decode: NVDEC + CPU decoders past the NVDEC-only capacity", 60,
               lambda: part_hybrid(clips, args.duration, state, dec, args.headroom, args.hybrid_streams,
-                                  args.admission, starts_modes(args.hybrid_starts), args.cpu_decoders,
-                                  save_state, args.cpu_niceness, queue_depths(args.queue_depths))),
+                                  args.admission, starts, args.cpu_decoders, save_state, args.cpu_niceness,
+                                  depths)),
         "6": ("6. GPU tests of decoding and the NV12 kernel", 45, lambda: part_tests(budget, args.clips, dec)),
     }
     if unknown := [k for k in ints(args.parts) if str(k) not in parts]:
