@@ -183,8 +183,9 @@ class VideoFileSource(_SkipByReading):
     def rewind(self) -> bool:
         """Start the file over from its first frame in the same capture (a seek to frame 0, not a new open: what
         a looped stream does at every end, :func:`~streamrt.video.decoding.start_over`). False where OpenCV
-        cannot seek: the caller reopens the file then."""
-        if not self._cap.set(import_cv2().CAP_PROP_POS_FRAMES, 0):
+        cannot seek, or lands elsewhere than frame 0: the caller reopens the file then."""
+        cv2 = import_cv2()
+        if not self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0) or self._cap.get(cv2.CAP_PROP_POS_FRAMES) != 0:
             return False
         self._first, self._read = None, 0
         return True
