@@ -81,9 +81,13 @@ def test_a_case_sets_its_environment_only_while_it_runs(monkeypatch: pytest.Monk
 
     bench = _script("gpu_detection_check")._load_benchmark()
     monkeypatch.delenv("STREAMRT_FUSED_POSTPROCESS", raising=False)
-    seen = []
-    monkeypatch.setattr(bench, "run_detection", lambda *a, **k: seen.append(
-        os.environ.get("STREAMRT_FUSED_POSTPROCESS")) or "report")
+    seen: list[str | None] = []
+
+    def run_detection(*args: object, **kwargs: object) -> str:
+        seen.append(os.environ.get("STREAMRT_FUSED_POSTPROCESS"))
+        return "report"
+
+    monkeypatch.setattr(bench, "run_detection", run_detection)
     case = bench.Case("x", PipelineConfig(topology=Topology.SYNC), env=(("STREAMRT_FUSED_POSTPROCESS", "0"),))
     frame = np.zeros((8, 8, 3), np.uint8)
     assert bench._measure(None, [frame], case, 1, 0, trace=False) == ("report", [])
