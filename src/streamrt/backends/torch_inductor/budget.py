@@ -217,8 +217,11 @@ class BuildBudget:
         fallback, kind = self._cached_first_stage(ep, stages, label), TUNED_FALLBACK
         if fallback is not None:
             stages = stages[1:]
-        elif not optional and (warm := self._autotuned_before(ep, configs, stages, label)) is not None:
+        elif not optional and (before := self._autotuned_before(ep, configs, stages, label)) is not None:
             kind = FALLBACK  # compiled after the child, only if the child does not finish
+            warm, to_the_end = before
+            if to_the_end:  # every choice is in the timing cache: the full recipe alone (a first stage would compile
+                stages = stages[-1:]  # the program once more: 49 of ResNet-50's 70 s on an H100, 2026-12-06)
         else:
             fallback, kind = (None if optional else self._fallback_first(ep, configs, label)), FALLBACK
             if self.exhausted:  # the level-3 compile alone used the budget up
@@ -255,15 +258,16 @@ class BuildBudget:
         return fallback, FALLBACK
 
     def _autotuned_before(self, ep: Any, configs: Mapping[str, Any], stages: list[dict[str, Any]],
-                          label: str) -> float | None:
+                          label: str) -> tuple[float, bool] | None:
         """The level-3 compile time recorded when an earlier build autotuned this program's structure to the end,
         or finished its first stage (autotuned without coordinate descent, kept when coordinate descent ran out of
-        budget: ResNet-50 at 200 s on an H100 on 2026-12-06); the package cache's record, whose choices are in the
-        timing cache. ``None`` if neither. With one, the autotuned compile runs first and that time
-        (x :data:`WARM_LEVEL3_MARGIN`) is kept after its deadline."""
+        budget: ResNet-50 at 200 s on an H100 on 2026-12-06), and whether it was to the end; the package cache's
+        record, whose choices are in the timing cache. ``None`` if neither. With one, the autotuned compile runs
+        first and that time (x :data:`WARM_LEVEL3_MARGIN`) is kept after its deadline."""
         if self.packages is None:
             return None
         what, level3 = "to the end", self.packages.autotuned_before(ep, configs)
+        to_the_end = level3 is not None
         if level3 is None and len(stages) > 1:
             what, level3 = "without coordinate descent", self.packages.autotuned_before(ep, stages[0])
         if level3 is None:
@@ -271,8 +275,9 @@ class BuildBudget:
         self.fallback_each_s = max(self.fallback_each_s, level3)  # what later profiles are still expected to need
         self.progress(f"{label}: this program's structure was autotuned {what} before (other weights allowed): "
                       f"autotuning first from the timing cache, {WARM_LEVEL3_MARGIN * level3:.0f} s kept for the "
-                      "level-3 recipe should it not finish")
-        return level3
+                      "level-3 recipe should it not finish" + ("; the full recipe alone, no first stage" if to_the_end
+                                                                 and len(stages) > 1 else ""))
+        return level3, to_the_end
 
     def _cached_first_stage(self, ep: Any, stages: list[dict[str, Any]], label: str) -> bytes | None:
         """A two-stage compile's first stage, finished by an earlier build, from the package cache; else ``None``.
