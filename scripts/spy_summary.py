@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ def read(path: Path, skip_waits: bool = False, under: str = "") -> dict[str, Thr
     """Threads by name (``id`` where py-spy gave none) from a folded-stack file; with ``under``, only the samples
     with a frame containing it (``_live``: the detector's run loop, not its start)."""
     threads: dict[str, Thread] = {}
-    for raw in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for raw in text.splitlines():
         match = _LINE.match(raw.strip())
         if match is None:
             continue

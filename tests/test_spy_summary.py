@@ -44,3 +44,13 @@ def test_under_keeps_the_run_loop_and_skip_waits_its_work(tmp_path: Path) -> Non
     assert "Condition.wait" not in out and "| _Tally.handle (streamrt/video/runner.py) | 50 | 62% |" in out
     missing = _summary(tmp_path, "--under", "no_such_function")
     assert missing.returncode == 2 and "no sample has a frame containing 'no_such_function'" in missing.stderr
+
+
+def test_a_gzipped_profile_reads_as_the_plain_one(tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "py-spy-threads.txt.gz"
+    path.write_bytes(gzip.compress(FOLDED.encode()))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/spy_summary.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "140 samples over 2 threads" in done.stdout, done.stderr
