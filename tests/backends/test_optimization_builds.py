@@ -63,13 +63,18 @@ def test_timing_cache_is_reused_by_a_rebuild(tmp_path: Path) -> None:
     config = BuildConfig(backend="torch_inductor", optimization_level=4, timing_cache=cache, backend_options=CPU,
                          verify_shapes=False)
     lines: list[str] = []
-    first = streamrt.build(model, config, tmp_path / "a.plan", cache=False, cache_dir=tmp_path / "c")
+    first_lines: list[str] = []
+    first = streamrt.build(model, config, tmp_path / "a.plan", cache=False, cache_dir=tmp_path / "c",
+                           progress=first_lines.append)
+    # each miss says what the cache lacked (a first build: inputs never timed)
+    assert any("timing cache miss: addmm: these inputs never timed" in line for line in first_lines), first_lines
     shutil.rmtree(cache / PACKAGES_DIR)  # the timings alone: the package cache would skip the compile
     second = streamrt.build(model, config, tmp_path / "b.plan", cache=False, cache_dir=tmp_path / "c",
                             progress=lines.append)
     one, two = (r.manifest.build_settings["backend"]["timing_cache"] for r in (first, second))
     assert one["path"] == str(cache) and one["misses"] >= 1 and one["hits"] == 0
     assert two["hits"] == one["misses"] and two["misses"] == 0
+    assert not any("timing cache miss" in line for line in lines), lines
     assert one["package"] == two["package"] == "compiled"
     assert f"timing cache {cache}: {two['hits']} hits, 0 misses (GEMM/convolution autotuning); package compiled" \
         in lines

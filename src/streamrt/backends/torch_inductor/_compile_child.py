@@ -41,7 +41,8 @@ def main(job_path: str) -> int:
                 with atomic_write(Path(stage["out"])) as f:
                     f.write(package)
                 print(f"{STAGE_DONE} {index} {time.monotonic() - started:.0f}", flush=True)
-        Path(job["stats"]).write_text(json.dumps({"hits": stats.hits, "misses": stats.misses}))
+        Path(job["stats"]).write_text(json.dumps({"hits": stats.hits, "misses": stats.misses,
+                                                  "missed": stats.missed}))
     return 0
 
 

@@ -414,6 +414,8 @@ class BuildBudget:
             stats = json.loads((folder / "stats.json").read_text())
             self.hits += int(stats.get("hits", 0))
             self.misses += int(stats.get("misses", 0))
+            for why in stats.get("missed", []):
+                self.progress(f"{label}: timing cache miss: {why}")
             self.progress(f"{label}: autotuned in {done.elapsed_s:.0f} s ({stats.get('hits', 0)} timing-cache hits, "
                           f"{stats.get('misses', 0)} misses)")
             return kept, "", finished

@@ -279,6 +279,8 @@ def build_from_module(
             module, names, dtypes, recipe, meta, profiles, progress, kind, budget)
         stats.hits, stats.misses = stats.hits + budget.hits, stats.misses + budget.misses
         stats.packages = list(budget.outcomes) if budget.packages is not None else []
+    for why in stats.missed:  # compiled here (a child's misses are said by the budget)
+        progress(f"timing cache miss: {why}")
     progress(stats.line())
     epilogues = _epilogues_report(recipe, packages[0], progress) if recipe.conv_epilogues != "inductor" else None
     decided = layout_knobs(layout["memory_format"]) if layout else {}

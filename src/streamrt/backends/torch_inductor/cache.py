@@ -45,6 +45,9 @@ class TimingCacheStats:
     hits: int = 0
     misses: int = 0
     ignored: str = ""  # why the given cache was not used (another GPU or version)
+    missed: list[str] = field(default_factory=list)
+    """Per miss, what the timing cache lacked (:func:`why_missed`): which operator, and whether its inputs were never
+    timed or only some of its candidate kernels were (a candidate whose identity changes between builds)."""
     packages: list[str] = field(default_factory=list)
     """Per package of the plan, with an explicit timing cache: "compiled", "reused", "reused (level-3 fallback)"..."""
 
@@ -104,6 +107,27 @@ def _mismatch(recorded: Mapping[str, Any], identity: Mapping[str, Any]) -> str:
     return "timed on " + ", ".join(diffs) if diffs else ""
 
 
+def _why_missed(cache: Any, choices: Any = (), op: str = "?", inputs: str = "", *args: Any, **kwargs: Any) -> str:
+    """What ``PersistentCache.lookup(choices, op, inputs, ...)`` will not find in the local timing cache, in words
+    (read before the lookup; only used when the lookup then benchmarks). Never raises: a diagnosis, not a step."""
+    try:
+        import torch
+
+        hint = kwargs.get("hint_override", args[1] if len(args) > 1 else None)
+        key = f"{inputs}_{hint}" if hint is not None else inputs
+        known = cache.get_local_cache().get(op, {})
+        timed = known.get(key, {}).get(torch.get_float32_matmul_precision(), {})
+        names = [(c.hash_key(), getattr(c, "name", type(c).__name__)) for c in choices]
+        missing = [name for h, name in names if h not in timed]
+        if not timed:
+            return (f"{op}: these inputs never timed ({len(known)} other input layouts of {op} in the cache; "
+                    f"inputs {inputs[:120]})")
+        return (f"{op}: {len(missing)} of {len(names)} candidate kernels not timed before (e.g. "
+                f"{', '.join(missing[:3])}; {len(timed)} timed for these inputs)")
+    except Exception as exc:  # torch's internals moved: say so, never fail the build
+        return f"{op}: not diagnosed ({type(exc).__name__}: {exc})"
+
+
 @contextlib.contextmanager
 def count_autotuning(stats: TimingCacheStats) -> Iterator[TimingCacheStats]:
     """Count autotuning lookups into ``stats``: a lookup that benchmarked is a miss, one that did not a hit.
@@ -118,9 +142,12 @@ def count_autotuning(stats: TimingCacheStats) -> Iterator[TimingCacheStats]:
 
     def lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = counters["inductor"]["select_algorithm_autotune"]
+        why = _why_missed(self, *args, **kwargs)
         result = original(self, *args, **kwargs)
         if counters["inductor"]["select_algorithm_autotune"] > before:
             stats.misses += 1
+            stats.missed.append(why)
+            log.info("timing cache miss: %s", why)
         elif result:
             stats.hits += 1
         return result
