@@ -5,9 +5,9 @@ configs in turn (TF32 and cuDNN benchmark flags as the build has them; ``TORCHIN
 inherited, so the timing cache is the build's and a later stage finds what an earlier one timed).
 Each stage's ``.pt2`` is written whole (a temporary file renamed) as soon as it is compiled, and a
 line ``streamrt-stage-done INDEX SECONDS`` says so: the parent keeps the last whole package when
-it kills the child at its deadline (:mod:`.budget`). At the end it writes the timing-cache hits and
-misses it counted. It exits when its parent dies, so a build killed from outside leaves no compile
-running.
+it kills the child at its deadline (:mod:`.budget`). A line ``streamrt-timing-miss WHY`` says what each
+timing-cache miss lacked as it happens; at the end it writes the timing-cache hits and misses it counted.
+It exits when its parent dies, so a build killed from outside leaves no compile running.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main(job_path: str) -> int:
     """Run the job in ``job_path``; 0 when the package was written."""
     import torch
 
-    from streamrt.backends.torch_inductor.budget import STAGE_DONE
+    from streamrt.backends.torch_inductor.budget import MISSED, STAGE_DONE
     from streamrt.backends.torch_inductor.builder import compile_package, torch_warnings_logged
     from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning
     from streamrt.backends.torch_inductor.deadline import watch_parent
@@ -33,7 +33,10 @@ def main(job_path: str) -> int:
     with watch_parent():
         ep = torch.export.load(job["program"])
         stats = TimingCacheStats("child")
-        with count_autotuning(stats), backend_flags(bool(job["tf32"]), bool(job["cudnn_benchmark"])), \
+        def missed(why: str) -> None:  # as it happens: a child killed at its deadline writes no stats
+            print(f"{MISSED} {why}", flush=True)
+
+        with count_autotuning(stats, missed), backend_flags(bool(job["tf32"]), bool(job["cudnn_benchmark"])), \
                 torch.inference_mode(False), torch.no_grad(), torch_warnings_logged():
             for index, stage in enumerate(job["stages"]):
                 started = time.monotonic()
@@ -41,8 +44,7 @@ def main(job_path: str) -> int:
                 with atomic_write(Path(stage["out"])) as f:
                     f.write(package)
                 print(f"{STAGE_DONE} {index} {time.monotonic() - started:.0f}", flush=True)
-        Path(job["stats"]).write_text(json.dumps({"hits": stats.hits, "misses": stats.misses,
-                                                  "missed": stats.missed}))
+        Path(job["stats"]).write_text(json.dumps({"hits": stats.hits, "misses": stats.misses}))
     return 0
 
 

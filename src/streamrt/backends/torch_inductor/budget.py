@@ -89,6 +89,8 @@ HEARTBEAT_S = 15.0
 FALLBACK_TO = "level-3 recipe (max_autotune and coordinate_descent_tuning off)"
 TUNED_FALLBACK_TO = "autotuned recipe without coordinate descent (the child's first stage)"
 STAGE_DONE = "streamrt-stage-done"
+MISSED = "streamrt-timing-miss"
+"""The compile child's line for each timing-cache miss, as it happens (what the cache lacked)."""
 """The line the compile child prints when a stage's package is written (then its index and seconds)."""
 _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 REUSED = "reused"
@@ -379,6 +381,8 @@ class BuildBudget:
             def line(text: str) -> None:
                 if "AUTOTUNE " in text:
                     tuned[0] += 1
+                if text.startswith(MISSED):
+                    self.progress(f"{label}: timing cache miss: {text[len(MISSED):].strip()}")
                 if text.startswith(STAGE_DONE) and len(stages) > 1:
                     self.progress(f"{label}: autotuned without coordinate descent in {text.split()[-1]} s (kept "
                                   "if coordinate descent does not finish); coordinate descent next")
@@ -414,8 +418,6 @@ class BuildBudget:
             stats = json.loads((folder / "stats.json").read_text())
             self.hits += int(stats.get("hits", 0))
             self.misses += int(stats.get("misses", 0))
-            for why in stats.get("missed", []):
-                self.progress(f"{label}: timing cache miss: {why}")
             self.progress(f"{label}: autotuned in {done.elapsed_s:.0f} s ({stats.get('hits', 0)} timing-cache hits, "
                           f"{stats.get('misses', 0)} misses)")
             return kept, "", finished

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,11 +129,14 @@ def _why_missed(cache: Any, choices: Any = (), op: str = "?", inputs: str = "", 
 
 
 @contextlib.contextmanager
-def count_autotuning(stats: TimingCacheStats) -> Iterator[TimingCacheStats]:
+def count_autotuning(stats: TimingCacheStats,
+                     on_miss: Callable[[str], None] | None = None) -> Iterator[TimingCacheStats]:
     """Count autotuning lookups into ``stats``: a lookup that benchmarked is a miss, one that did not a hit.
 
     Wraps Inductor's ``PersistentCache.lookup`` (the autotuning timing cache) for the block; the
     benchmark counter ``counters["inductor"]["select_algorithm_autotune"]`` tells the two apart.
+    ``on_miss`` hears each miss's :func:`_why_missed` as it happens (a compile child prints it at once: a child
+    killed at its deadline reports no totals).
     """
     from torch._dynamo.utils import counters
     from torch._inductor import codecache
@@ -148,6 +151,8 @@ def count_autotuning(stats: TimingCacheStats) -> Iterator[TimingCacheStats]:
             stats.misses += 1
             stats.missed.append(why)
             log.info("timing cache miss: %s", why)
+            if on_miss is not None:
+                on_miss(why)
         elif result:
             stats.hits += 1
         return result
