@@ -89,9 +89,9 @@ HEARTBEAT_S = 15.0
 FALLBACK_TO = "level-3 recipe (max_autotune and coordinate_descent_tuning off)"
 TUNED_FALLBACK_TO = "autotuned recipe without coordinate descent (the child's first stage)"
 STAGE_DONE = "streamrt-stage-done"
-MISSED = "streamrt-timing-miss"
-"""The compile child's line for each timing-cache miss, as it happens (what the cache lacked)."""
 """The line the compile child prints when a stage's package is written (then its index and seconds)."""
+MISSED = "streamrt-timing-miss"
+"""The compile child's line for each timing-cache miss, as it happens (then what the cache lacked)."""
 _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 REUSED = "reused"
 REUSED_FALLBACK = "reused (level-3 fallback)"

@@ -46,7 +46,7 @@ class TimingCacheStats:
     misses: int = 0
     ignored: str = ""  # why the given cache was not used (another GPU or version)
     missed: list[str] = field(default_factory=list)
-    """Per miss, what the timing cache lacked (:func:`why_missed`): which operator, and whether its inputs were never
+    """Per miss, what the timing cache lacked (:func:`_why_missed`): which operator, and whether its inputs were never
     timed or only some of its candidate kernels were (a candidate whose identity changes between builds)."""
     packages: list[str] = field(default_factory=list)
     """Per package of the plan, with an explicit timing cache: "compiled", "reused", "reused (level-3 fallback)"..."""
