@@ -39,6 +39,9 @@ first, alone on the machine as before, and the level-3 compile is made only if t
 for it: :data:`WARM_LEVEL3_MARGIN` times the level-3 time that build recorded. A build whose first stage finished
 and whose coordinate descent ran out of budget records its structure too (for that stage): ResNet-50 at 200 s on an
 H100 on 2026-12-06 did, and its rebuild with new weights, lacking the record, compiled level 3 first again (64 s).
+A structure autotuned *to the end* before compiles the full recipe alone in its child: the first stage (without
+coordinate descent) is a fallback the rebuild does not need when every choice is timed, and it was 49 of that
+rebuild's 70 s of compiling (H100, 2026-12-06; the rebuild then took 60.4 s).
 
 Once a child has been killed (or the budget is spent) the rest of the build compiles with the
 level-3 recipe only, and an optional compile (level 5's second memory-format candidate) is
@@ -49,7 +52,8 @@ when, to what and why.
 
 What a killed child had already timed stays in the timing cache (Inductor writes each operator's
 autotuning result as it is measured), so the next build with the same ``--timing-cache`` starts
-further on. The child counts its timing-cache hits and misses and reports them here.
+further on. The child counts its timing-cache hits and misses and reports them here; each miss as it happens,
+with what the cache lacked (:func:`~.cache._why_missed`).
 
 The budget bounds the whole build, not only the compiles: it starts when the build starts (the
 caller's ``started``) and the autotuning deadline keeps :data:`FINISH_RESERVE_S` for what follows a
