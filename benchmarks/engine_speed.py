@@ -627,9 +627,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--deadlines: unknown variants {unknown}; known: {sorted(DEADLINES_S)}")
     args.deadline_map = {v: float(args.deadlines.get(v, args.deadline or default_for(DEADLINES_S, v, 240.0)))
                          for v in sorted(variants)}
+    for line in short_deadlines(args.deadline_map, args.build_budget_s):
+        print(f"warning: {line}", file=sys.stderr)
     if args.device == "cpu" and any(p_ in ("fp16", "bf16", "tf32") for p_ in args.precisions):
         p.error("--device cpu runs fp32 only (half precision is emulated on CPUs)")
     return args
+
+
+BUILD_MARGIN_S = 30.0
+"""What a level-4/5 build needs past its build budget: export, verification, writing, then the timing runs."""
+
+
+def short_deadlines(deadlines: dict[str, float], build_budget_s: float | None) -> list[str]:
+    """First builds (level 4-5, not rebuilds) whose deadline cannot let the plan's own build budget bound them: the
+    benchmark kills such a build first, and a row that the budget would have finished reads "did not finish" (a
+    170 s deadline under a 200 s budget on an H100, 2026-12-06)."""
+    budget = 300.0 if build_budget_s is None else build_budget_s  # BuildConfig's default
+    if not budget:  # 0: no budget, nothing bounds the build but the deadline
+        return []
+    need = budget + BUILD_MARGIN_S
+    return [f"{v}'s deadline {s:.0f} s is under its {budget:.0f} s build budget + {BUILD_MARGIN_S:.0f} s: the "
+            f"benchmark may kill the build before the budget bounds it (give --deadlines {v}={need:.0f} or a "
+            "smaller --build-budget-s)"
+            for v, s in deadlines.items()
+            if (level_of(v) or 0) >= 4 and not base_variant(v).endswith(("r", "w")) and s < need]
 
 
 def main(argv: list[str] | None = None) -> int:

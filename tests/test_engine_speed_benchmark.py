@@ -284,3 +284,17 @@ def test_rebuilds_reuse_the_package_and_with_new_weights_compile_again_from_the_
     assert by_variant["L3r"]["timing_cache"]["package"] == "reused", by_variant["L3r"]
     assert by_variant["L3w"]["timing_cache"]["package"] == "compiled", by_variant["L3w"]
     assert by_variant["L3w"]["rel_l2"] < 1e-3, by_variant["L3w"]  # fp32 on the CPU: its own weights' reference
+
+
+def test_a_first_builds_deadline_under_its_build_budget_is_warned_about(capsys: pytest.CaptureFixture[str]) -> None:
+    """2026-12-06, H100: a 170 s deadline under a 200 s build budget killed level 5 before the budget could bound it,
+    and the row read "did not finish"; a rebuild (L5w, L5r) may have a shorter deadline on purpose."""
+    bench = _module()
+    assert bench.short_deadlines({"L5": 170.0, "L5w": 100.0, "L3": 60.0, "max-autotune": 100.0}, 200.0) == [
+        "L5's deadline 170 s is under its 200 s build budget + 30 s: the benchmark may kill the build before the "
+        "budget bounds it (give --deadlines L5=230 or a smaller --build-budget-s)"]
+    assert bench.short_deadlines({"L5c": 240.0}, 200.0) == [] and bench.short_deadlines({"L4": 10.0}, 0.0) == []
+    assert len(bench.short_deadlines({"L4": 300.0}, None)) == 1  # BuildConfig's default budget, 300 s
+    bench.parse_args(["--out", "x", "--groups", "resnet50@32=L5,L5w", "--build-budget-s", "200",
+                      "--deadlines", "L5=170,L5w=100"])
+    assert "warning: L5's deadline 170 s" in capsys.readouterr().err
