@@ -34,7 +34,7 @@ def _run(out: Path, *extra: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     done = subprocess.run(_command(out, *extra), capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "# Engine speed" in done.stdout
-    return _module().read_jsonl(out / "engine-speed.jsonl")  # type: ignore[no-any-return]
+    return _module().read_jsonl(out / "engine-speed.jsonl")
 
 
 def _module() -> Any:
