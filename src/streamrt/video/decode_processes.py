@@ -154,7 +154,7 @@ class ProcessDecodePool:
         for proc, (_, theirs) in zip(self._procs, pipes, strict=True):
             proc.start()
             theirs.close()  # the worker's end lives in the worker only: its exit reads as EOF here
-        self._dispatcher = threading.Thread(target=self._dispatch, name="decoder-events", daemon=True)
+        self._dispatcher = threading.Thread(target=self._dispatch, name=f"decoder-events:{kind}", daemon=True)
         self._dispatcher.start()
         try:
             self.add_many([(p, 0) for p in paths])
