@@ -206,3 +206,24 @@ def test_the_real_child_writes_each_stage_whole_before_it_says_so(tmp_path: Path
     x = torch.randn(2, 16)
     with torch.no_grad():
         torch.testing.assert_close(runner(x), ep.module()(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_rebuild_whose_full_recipe_runs_out_says_autotuning_and_compiles_level_3(
+        stand_in: Any, tmp_path: Path) -> None:
+    """A structure tuned to the end before compiles the full recipe alone in its child: a deadline there is the
+    recipe's autotuning (no first stage ran), and the level-3 recipe kept in reserve is compiled after it."""
+    def net(seed: int) -> Any:
+        torch.manual_seed(seed)
+        return torch.export.export(torch.nn.Linear(8, 4).eval(), (torch.randn(2, 8),))
+
+    cache = PackageCache(tmp_path / "timings", {"device": "test"})
+    stand_in(["finish", "finish"])
+    BuildBudget(30.0, print, RecordingCompiler(), finish_reserve_s=1.0, packages=cache).compile(
+        net(0), LEVEL5, label="p")
+    jobs = stand_in(["hang"])
+    compiler = RecordingCompiler()
+    rebuild = BuildBudget(4.0, print, compiler, finish_reserve_s=0.5, packages=cache)
+    assert rebuild.compile(net(1), LEVEL5, label="p") == b"LEVEL3"
+    assert [len(json.loads(job)) for job in jobs.read_text().splitlines()][-1] == 1  # the full recipe alone
+    assert compiler.calls == [fallback_configs(LEVEL5)]
+    assert rebuild.events[0]["to"] == FALLBACK_TO and rebuild.events[0]["why"].startswith("autotuning passed its")

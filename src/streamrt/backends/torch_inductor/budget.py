@@ -163,6 +163,9 @@ class BuildBudget:
     """Per package of the plan: compiled, reused, ... (:meth:`compile`); the timing cache's report shows them."""
     _level3_took: float | None = field(default=None, repr=False)
     """The current compile's level-3 compile time, when it compiled one (recorded with a finished autotuning)."""
+    _whole_recipe: bool = field(default=False, repr=False)
+    """The current compile's child runs the full recipe alone (its structure tuned to the end before): a deadline
+    there is the recipe's autotuning, not coordinate descent after a first stage."""
 
     @property
     def spent_s(self) -> float:
@@ -218,7 +221,7 @@ class BuildBudget:
                 return None, FALLBACK
             return self._fallback(ep, configs, label, "the budget was already spent"), FALLBACK
         stages = autotune_stages(configs)
-        self._level3_took = None
+        self._level3_took, self._whole_recipe = None, False
         warm = None  # autotuned first: the level-3 compile's time (kept in reserve), when this structure was tuned
         fallback, kind = self._cached_first_stage(ep, stages, label), TUNED_FALLBACK
         if fallback is not None:
@@ -228,6 +231,7 @@ class BuildBudget:
             warm, to_the_end = before
             if to_the_end:  # every choice is in the timing cache: the full recipe alone (a first stage would compile
                 stages = stages[-1:]  # the program once more: 49 of ResNet-50's 70 s on an H100, 2026-12-06)
+                self._whole_recipe = True
         else:
             fallback, kind = (None if optional else self._fallback_first(ep, configs, label)), FALLBACK
             if self.exhausted:  # the level-3 compile alone used the budget up
@@ -407,7 +411,8 @@ class BuildBudget:
             if done.timed_out:  # what it timed is in the timing cache (Inductor writes each result as it goes)
                 self.misses += tuned[0]
                 # past the first stage, or a child that starts at the second (its first from the package cache)
-                what = "coordinate descent" if finished or len(autotune_stages(stages[0])) > 1 else "autotuning"
+                after_first = finished or (len(autotune_stages(stages[0])) > 1 and not self._whole_recipe)
+                what = "coordinate descent" if after_first else "autotuning"
                 return kept, f"{what} passed its {deadline:.0f} s deadline after timing {tuned[0]} operators", finished
             tail = " | ".join(t for t in done.tail[-6:] if t.strip())[-800:]
             if not done.ok or finished < len(outs):
