@@ -179,7 +179,7 @@ def test_the_real_child_writes_each_stage_whole_before_it_says_so(tmp_path: Path
     # deadline would. The first stage's package is whole when its line is read, loads and computes the module.
     from torch._inductor import aoti_load_package
 
-    from streamrt.backends.torch_inductor.budget import STAGE_DONE
+    from streamrt.backends.torch_inductor.budget import PHASES, STAGE_DONE
     from streamrt.backends.torch_inductor.deadline import child_env, kill_group, python_command, run_with_deadline
 
     ep = torch.export.export(torch.nn.Linear(16, 4).eval(), (torch.randn(2, 16),))
@@ -192,8 +192,11 @@ def test_the_real_child_writes_each_stage_whole_before_it_says_so(tmp_path: Path
     (tmp_path / "job.json").write_text(json.dumps(job))
     child: list[Any] = []
     whole_at_line: list[bool] = []
+    phases: list[str] = []
 
     def line(text: str) -> None:
+        if text.startswith(PHASES):
+            phases.append(text)
         if text.startswith(f"{STAGE_DONE} 0 "):
             whole_at_line.append(outs[0].is_file())
             kill_group(child[0])
@@ -201,6 +204,7 @@ def test_the_real_child_writes_each_stage_whole_before_it_says_so(tmp_path: Path
     done = run_with_deadline(python_command(budget_module.CHILD_MODULE, str(tmp_path / "job.json")), 300.0,
                              env=child_env(), on_line=line, on_start=child.append)
     assert whole_at_line == [True], done.tail
+    assert len(phases) == 1 and " s, " in phases[0] and "compile" in phases[0], phases  # where stage 1's time went
     assert not outs[1].exists() and not (tmp_path / "stats.json").exists()
     runner = aoti_load_package(str(outs[0]))
     x = torch.randn(2, 16)
@@ -227,3 +231,16 @@ def test_a_rebuild_whose_full_recipe_runs_out_says_autotuning_and_compiles_level
     assert [len(json.loads(job)) for job in jobs.read_text().splitlines()][-1] == 1  # the full recipe alone
     assert compiler.calls == [fallback_configs(LEVEL5)]
     assert rebuild.events[0]["to"] == FALLBACK_TO and rebuild.events[0]["why"].startswith("autotuning passed its")
+
+
+def test_compile_phases_name_torchs_timers_longest_first() -> None:
+    from streamrt.backends.torch_inductor._compile_child import compile_phases
+
+    torch._dynamo.utils.compile_times(repr="csv")  # whatever ran before in this process is fine: only the form
+    with torch._dynamo.utils.dynamo_timed("streamrt_test_phase"):
+        pass
+    text = compile_phases(shown=50)
+    pairs = [part.rsplit(" ", 2) for part in text.split(", ")]
+    assert any(name == "streamrt_test_phase" for name, _, _ in pairs), text
+    seconds = [float(s) for _, s, unit in pairs if unit == "s"]
+    assert seconds == sorted(seconds, reverse=True) and len(seconds) == len(pairs), text

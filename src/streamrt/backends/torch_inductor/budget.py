@@ -96,6 +96,8 @@ STAGE_DONE = "streamrt-stage-done"
 """The line the compile child prints when a stage's package is written (then its index and seconds)."""
 MISSED = "streamrt-timing-miss"
 """The compile child's line for each timing-cache miss, as it happens (then what the cache lacked)."""
+PHASES = "streamrt-compile-phases"
+"""The compile child's line after each stage: where its compile spent its time (:func:`compile_phases`)."""
 _TUNING_KNOBS = ("max_autotune", "coordinate_descent_tuning")
 REUSED = "reused"
 REUSED_FALLBACK = "reused (level-3 fallback)"
@@ -391,6 +393,8 @@ class BuildBudget:
                     tuned[0] += 1
                 if text.startswith(MISSED):
                     self.progress(f"{label}: timing cache miss: {text[len(MISSED):].strip()}")
+                if text.startswith(PHASES):
+                    self.progress(f"{label}: compile phases: {text[len(PHASES):].strip()}")
                 if text.startswith(STAGE_DONE) and len(stages) > 1:
                     self.progress(f"{label}: autotuned without coordinate descent in {text.split()[-1]} s (kept "
                                   "if coordinate descent does not finish); coordinate descent next")
