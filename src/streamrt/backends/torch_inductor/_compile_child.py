@@ -28,8 +28,8 @@ def compile_phases(shown: int = PHASES_SHOWN) -> str:
     try:
         from torch._dynamo.utils import compile_times
 
-        names, seconds = compile_times(repr="csv", aggregate=True)  # type: ignore[misc]
-        ranked = sorted(zip(names, (float(s) for s in seconds), strict=True), key=lambda p: -p[1])
+        names, seconds = compile_times(repr="csv", aggregate=True)
+        ranked = sorted(zip(names, (float(str(s)) for s in seconds), strict=True), key=lambda p: -p[1])
         return ", ".join(f"{name} {s:.1f} s" for name, s in ranked[:shown]) or "none recorded"
     except Exception as exc:  # torch's internals moved
         return f"not recorded ({type(exc).__name__}: {exc})"
