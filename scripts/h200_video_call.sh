@@ -113,9 +113,29 @@ done
 run runners "${RUNNERS_TIMEOUT:-150}" python3 -m pytest -v -p no:cacheprovider -m gpu --timeout 140 \
     tests/backends/test_torch_inductor_gpu.py -k "nogil or replay or steady or fresh" tests/video/test_gpu_detection.py
 # 6. (not by default) engine speed (benchmarks/engine_speed.py with SPEED_ARGS), e.g. level 5 and its warm rebuild
+#    SPEED_PROFILE=1: the benchmark and every process it starts (the builds' compile children) under py-spy, 50
+#    samples a second, waits included, as folded stacks in $out/speed/py-spy.txt (where a build's time goes)
+speed_profiler=()
+if [ -n "${SPEED_PROFILE:-}" ]; then
+    if [ -z "$dry" ] && [ ! -x "$spy" ]; then
+        echo "SPEED_PROFILE: no py-spy here (carry its wheel in .whl-video/); the benchmark runs unprofiled"
+    else
+        speed_profiler=("$spy" record --subprocesses --threads --idle --nonblocking --nolineno --rate 50 --format raw
+                        --output "$out/speed/py-spy.txt" --)
+    fi
+fi
 # shellcheck disable=SC2086  # SPEED_ARGS is a list of arguments
-run speed "${SPEED_TIMEOUT:-300}" python3 benchmarks/engine_speed.py --out "$out/speed" \
+run speed "${SPEED_TIMEOUT:-300}" "${speed_profiler[@]}" python3 benchmarks/engine_speed.py --out "$out/speed" \
     ${SPEED_ARGS:---groups resnet50@32=L5,L5r --lanes 1 --budget 280 --build-budget-s 200 --deadlines L5=230,L5r=60}
+[ -f "$out/speed/py-spy.txt" ] && gzip -f "$out/speed/py-spy.txt"  # the pack drops files over 4 MB
+# 6b. (not by default) what differs between the generated Triton template sources in a timing cache the speed step
+#     shared (SPEED_ARGS with --timing-cache SOURCES_DIR): why a rebuild's template candidates miss the cache
+run sources 60 python3 scripts/inductor_source_diff.py "${SOURCES_DIR:-/tmp/tc}" --examples 2
+#     and what Inductor's CPU vector-ISA probe costs a fresh process (AOTInductor's compile calls it; it builds and
+#     loads test programs unless the cache has them), twice: the second finds the first's builds
+for probe in 1 2; do
+    run sources 90 env TORCHINDUCTOR_CACHE_DIR="${SOURCES_DIR:-/tmp/tc}" python3 scripts/vec_isa_probe.py
+done
 # 7. (not by default) the kernel tables of plans the speed step kept (SPEED_ARGS with --keep-scratch): time per
 #    kernel kind, for issue 28's "what separates the plans from the roofline". PROFILE_PLANS: the plans' tags
 #    (MODEL-PRECISION-bBATCH-VARIANT), each profiled in turn into the same log, under PROFILE_TIMEOUT each

@@ -1,5 +1,8 @@
 """Summarise py-spy's folded stacks (``py-spy record --threads --format raw``) per thread.
 
+With ``--subprocesses`` each thread is named by its process too (``pid N (command)``), so a build's compile child
+shows apart from the process that started it.
+
 For each thread, the share of the samples and the functions it was in most: as the innermost frame (where its
 time went) and anywhere on the stack (what it was doing). Waits are named as such: a thread whose innermost frame
 is a wait (``wait``, ``sleep``, ``select``, ``poll``, ``recv``, ``acquire``, ``get``) was waiting for something,
@@ -24,6 +27,8 @@ from pathlib import Path
 WAITS = ("wait", "sleep", "select", "poll", "recv", "acquire", "get", "_recv_bytes", "_poll", "join", "synchronize")
 _LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 _THREAD = re.compile(r"^thread \((?P<id>\d+)\)(?::\s*(?P<name>.*))?$")
+_PROCESS = re.compile(r'^process (?P<pid>\d+):"?(?P<command>.*?)"?$')
+"""``py-spy record --subprocesses`` puts each sample's process first: its threads are named ``pid N (command)``."""
 
 
 @dataclass
@@ -38,6 +43,13 @@ class Thread:
 def _function(frame: str) -> str:
     """``name (file)`` -> ``name``."""
     return frame.split(" (", 1)[0].strip()
+
+
+def _command(command: str, width: int = 70) -> str:
+    """A process's command line, shortened to what tells processes apart (its script or module and argument)."""
+    words = [w for w in command.split() if not w.startswith("-")]
+    useful = [w.rsplit("/", 1)[-1] for w in words[1:3]] or words[:1]
+    return " ".join(useful)[:width]
 
 
 def is_wait(frame: str) -> bool:
@@ -55,10 +67,15 @@ def read(path: Path, skip_waits: bool = False, under: str = "") -> dict[str, Thr
         if match is None:
             continue
         frames = match["stack"].split(";")
-        head = _THREAD.match(frames[0])
+        process = _PROCESS.match(frames[0])
+        if process is not None:
+            frames = frames[1:]
+        head = _THREAD.match(frames[0]) if frames else None
         if head is None:
             continue
         name = head["name"] or f"thread {head['id']}"
+        if process is not None:
+            name = f"pid {process['pid']} ({_command(process['command'])}) {name}"
         count = int(match["count"])
         body = frames[1:]
         if under and not any(under in frame for frame in body):

@@ -54,3 +54,19 @@ def test_a_gzipped_profile_reads_as_the_plain_one(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts/spy_summary.py"), str(path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "140 samples over 2 threads" in done.stdout, done.stderr
+
+
+def test_subprocess_profiles_name_each_thread_by_its_process(tmp_path: Path) -> None:
+    path = tmp_path / "py-spy.txt"
+    child = 'process 4242:"python3 -m streamrt.backends.torch_inductor._compile_child /tmp/b/job.json"'
+    path.write_text("\n".join([
+        'process 11:"python3 benchmarks/engine_speed.py --out x";thread (7): MainThread;main (engine_speed.py) 5',
+        f"{child};thread (9): MainThread;compile_package (builder.py);compile_file (codecache.py) 15",
+    ]))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/spy_summary.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    child_name = "## pid 4242 (streamrt.backends.torch_inductor._compile_child job.json) MainThread: 15 samples"
+    assert child_name in done.stdout
+    assert "## pid 11 (benchmarks/engine_speed.py) MainThread: 5 samples" not in done.stdout  # words after argv[0]
+    assert "## pid 11 (engine_speed.py x) MainThread: 5 samples" in done.stdout
