@@ -187,19 +187,28 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
     from torch._inductor import aoti_compile_and_package
 
     from streamrt.backends.torch_inductor.conv_epilogues import installed
+    from streamrt.backends.torch_inductor.vec_isa import record_probed_isa, recorded_isa_configs
 
     configs = dict(inductor_configs)
     epilogues = str(configs.pop(EPILOGUE_KNOB, "inductor"))
+    isa = recorded_isa_configs()  # the CPU vector-ISA probe skipped where this cache directory recorded its answer
     with tempfile.TemporaryDirectory(prefix="streamrt-aoti-") as tmp:
         path = Path(tmp) / "model.pt2"
         try:
             with installed(epilogues):
-                aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
+                aoti_compile_and_package(ep, package_path=str(path), inductor_configs={**configs, **isa})
         except Exception as exc:
             raise BuildError(
                 f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
                 hint="try --optimization-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
             ) from exc
+        finally:
+            if isa:  # the process keeps the unprobed ISA list it built: not for compiles without the record
+                from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+                valid_vec_isa_list.cache_clear()
+        if not isa:
+            record_probed_isa()
         return path.read_bytes()
 
 
