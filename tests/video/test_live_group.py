@@ -154,6 +154,28 @@ def test_a_stream_started_later_is_paced_from_its_own_start_and_a_late_picture_i
     group.stop()
 
 
+def test_a_stream_started_while_the_thread_sleeps_gets_its_first_frame_at_once() -> None:
+    """At 10 FPS the thread sleeps ~100 ms between the first stream's frames; a stream started 30 ms in gets its
+    first frame when it starts, not at the first stream's next due time (70 ms late before 2026-12-06)."""
+    from streamrt.video.live_group import LiveGroup, ReadyPictures
+    from streamrt.video.sources import SourceInfo
+
+    class Lanes:
+        def take_ready(self, indices: list[int]) -> ReadyPictures:
+            return ReadyPictures([(i, time.perf_counter(), None) for i in indices], [], {})
+
+    infos = [SourceInfo(n, 8, 8, 10.0, None) for n in ("first", "joining")]
+    group = LiveGroup(Lanes(), [0, 1], infos, fps=10.0, depth=4, max_frames=[3, 1])
+    first, joining = group.streams
+    first.start()
+    time.sleep(0.03)
+    joining.start()
+    assert joining.wait_finished(5)
+    taken_at = joining.take().image
+    assert joining.t0 is not None and taken_at - joining.t0 < 0.02, taken_at - joining.t0
+    group.stop()
+
+
 class _FramePool:
     """Streams of BGR frames in memory behind the pool interface (a CPU engine takes no NV12, so the decoder
     processes' NV12 stand-in cannot feed it): ``take_ready`` hands out each stream's next frame."""

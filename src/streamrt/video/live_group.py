@@ -106,6 +106,7 @@ class GroupedStream(LiveQueue):
                 self._group.starting.append(self.lane)
             self.t0 = time.perf_counter()
         self._group.started()
+        self._group.poke()  # its first frame is due now: the thread may be asleep until another stream's next one
 
     def stop(self) -> None:
         """Stop taking this stream's pictures (the pool stays open: whoever opened it closes it)."""
@@ -157,6 +158,7 @@ class LiveGroup:
         self._by_lane = {s.lane: s for s in self.streams}
         self.starting: list[int] = []  # lanes started since the thread last looked (the wake lock held)
         self._stop = threading.Event()
+        self._poked = threading.Event()  # wakes the thread before its next due time: a stream started, or stop
         self._thread = threading.Thread(target=self._run, name="live-group", daemon=True)
 
     def started(self) -> None:
@@ -164,6 +166,11 @@ class LiveGroup:
         with self.wake:
             if self._thread.ident is None and not self._stop.is_set():
                 self._thread.start()
+
+    def poke(self) -> None:
+        """Wake the thread now (a stream started: until 2026-12-06 its first frame waited for the thread's next
+        due time, up to one frame period of the other streams)."""
+        self._poked.set()
 
     def stopped(self) -> None:
         """A stream was stopped: the thread ends with the last one."""
@@ -174,6 +181,7 @@ class LiveGroup:
 
     def stop(self) -> None:
         self._stop.set()
+        self._poked.set()
         with self.wake:
             for s in self.streams:
                 s._finish()
@@ -216,7 +224,8 @@ class LiveGroup:
                         return  # every stream ended
                     delay = heap[0][0] - now if heap else _POLL_S
                 if delay > 0:
-                    self._stop.wait(delay)
+                    self._poked.wait(delay)
+                self._poked.clear()  # a start after this is seen at the top of the loop, or wakes the next wait
         except BaseException as exc:  # handed to every stream's consumer by take()
             with self.wake:
                 for s in self.streams:
