@@ -125,8 +125,9 @@ def test_an_autotuned_compile_that_ends_in_time_is_kept_and_later_profiles_keep_
     assert compiler.calls == [fallback_configs(configs)] * 2 and not budget.events and not budget.exhausted
     reserve = budget.finish_reserve_s  # kept after the deadline for packaging, verifying and writing the plan
     assert reserve == 5.0
-    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s - reserve)
-    assert deadlines[1] == pytest.approx(300.0 - reserve)
+    # what the build spent before each deadline was set (microseconds; more on a loaded machine: 0.3 ms in CI)
+    assert deadlines[0] == pytest.approx(300.0 - budget.fallback_each_s - reserve, abs=0.05)
+    assert deadlines[1] == pytest.approx(300.0 - reserve, abs=0.05)
     assert budget.compile(None, {**configs, "layout_optimization": False}, label="p2 contiguous",
                           optional=True) == b"TUNED"
     assert len(compiler.calls) == 2  # an optional compile gets no level-3 package first
