@@ -396,3 +396,12 @@ def test_live_consumer_through_a_cpu_decoder_process(tmp_path: Path) -> None:
     (report,) = tmp_path.glob("*-live-consumer-cpu.md")
     (row,) = _rows(report.read_text())[1:]
     assert row[:3] == ["4", "processes", "heap"] and float(row[3].split()[0]) > 0 and float(row[5]) > 0, row
+
+
+def test_collect_detections_compares_both_ways_on_equal_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "collect.md"
+    text = _run(tmp_path, "collect_detections.py", "--batches", "1,4", "--rounds", "3", "--out", str(out))
+    rows = [r for r in _rows(text) if r and r[0] in ("1", "4")]
+    assert [(r[0], r[1]) for r in rows] == [("1", "per frame"), ("1", "whole batch"), ("4", "per frame"),
+                                          ("4", "whole batch")]
+    assert rows[1][4].endswith("x less") and "commit" in out.read_text()

@@ -28,7 +28,7 @@ The collector maps boxes back to frame pixels and returns one :class:`Detections
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from streamrt.ops.postprocess import CpuPostprocess, PostprocessConfig
 from streamrt.pipeline.stage import Lane, Slot, Stage, StageKind
 from streamrt.video.model import DetectorModel
 
-__all__ = ["DetectionWorkload", "Detections", "Frame", "gather_pictures"]
+__all__ = ["DetectionWorkload", "Detections", "Frame", "gather_pictures", "split_detections"]
 
 
 @dataclass
@@ -327,10 +327,26 @@ class DetectionWorkload:
         dets, counts = slot["dets_host"], slot["counts_host"]
         dets = dets.numpy() if not isinstance(dets, np.ndarray) else dets
         counts = counts.numpy() if not isinstance(counts, np.ndarray) else counts
-        out = []
-        for b, frame in enumerate(slot.input):
-            kept = dets[b, : int(counts[b])].copy()
-            self.geometry.to_source(kept[:, :4])
-            out.append(Detections(frame.source, frame.index, kept[:, :4], kept[:, 4], kept[:, 5].astype(np.int64),
-                                  frame.captured))
-        return out
+        return split_detections(slot.input, dets, counts, self.geometry)
+
+
+def split_detections(frames: Sequence[Any], dets: np.ndarray, counts: np.ndarray,
+                     geometry: LetterboxGeometry) -> list[Detections]:
+    """Each frame's detections in frame pixels, from a batch's ``dets`` (B, max_det, 6) and ``counts`` (B,).
+
+    The whole batch's kept rows are gathered and mapped to frame pixels at once, then split per frame (views of one
+    array): 6x less consumer CPU per frame than a copy and a mapping per frame (18 -> 3 us at batch 32,
+    ``benchmarks/collect_detections.py``), time the consumer spends holding the GIL at thousands of frames/s.
+    """
+    n = len(frames)
+    kept_per_frame = counts[:n].astype(np.int64)
+    kept = dets[:n][np.arange(dets.shape[1]) < kept_per_frame[:, None]]  # (sum of counts, 6), frame by frame
+    geometry.to_source(kept[:, :4])
+    classes = kept[:, 5].astype(np.int64)
+    out = []
+    start = 0
+    for frame, end in zip(frames, np.cumsum(kept_per_frame).tolist(), strict=True):
+        out.append(Detections(frame.source, frame.index, kept[start:end, :4], kept[start:end, 4], classes[start:end],
+                              frame.captured))
+        start = end
+    return out
