@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     geometry = LetterboxGeometry.fit((1080, 1920), (640, 640))
-    table = ["| batch | way | us per frame (median) | p90 | x per frame |", "|---:|---|---:|---:|---:|"]
+    table = ["| batch | way | us per frame (median) | p90 | speed-up |", "|---:|---|---:|---:|---:|"]
     for size in (int(b) for b in args.batches.split(",")):
         batch = batch_of(size, rng)
         outputs = [way(*batch, geometry) for way in WAYS.values()]
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, times in runs.items():
             median = statistics.median(times)
             p90 = sorted(times)[int(0.9 * (len(times) - 1))]
-            ratio = "" if name == "per frame" else f"{base / median:.1f}x less"
+            ratio = "" if name == "per frame" else f"{base / median:.2f}x"
             table.append(f"| {size} | {name} | {median:.2f} | {p90:.2f} | {ratio} |")
     text = "\n".join(table)
     print(text)

@@ -31,3 +31,12 @@ def test_each_frame_gets_its_own_rows_mapped_as_one_frame_at_a_time_would() -> N
         assert d.classes.dtype == np.int64 and np.array_equal(d.classes, one[:, 5].astype(np.int64))
         assert (d.boxes[:, 0::2] <= 1920).all() and (d.boxes >= 0).all()
     np.testing.assert_array_equal(dets, before)  # the slot's host buffer is left as it was (reused next batch)
+
+
+def test_no_frame_and_no_detection_split_to_nothing() -> None:
+    geometry = LetterboxGeometry.fit((480, 640), (320, 320))
+    dets = np.zeros((2, 10, 6), np.float32)
+    assert split_detections([], dets, np.zeros(2, np.int32), geometry) == []
+    frames = [SimpleNamespace(source=0, index=0, captured=0.0)] * 2
+    got = split_detections(frames, dets, np.zeros(2, np.int32), geometry)
+    assert [len(d) for d in got] == [0, 0] and got[0].boxes.shape == (0, 4)
