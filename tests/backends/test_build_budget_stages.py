@@ -244,3 +244,13 @@ def test_compile_phases_name_torchs_timers_longest_first() -> None:
     assert any(name == "streamrt_test_phase" for name, _, _ in pairs), text
     seconds = [float(s) for _, s, unit in pairs if unit == "s"]
     assert seconds == sorted(seconds, reverse=True) and len(seconds) == len(pairs), text
+
+
+def test_both_stages_finishing_say_the_first_stage_once(stand_in: Any, program: Any) -> None:
+    """The stage-done line of the last stage is not the first stage's "coordinate descent next" (it said so twice in
+    the H100 run of 2026-12-06, eighth session)."""
+    stand_in(["finish", "finish"])
+    lines: list[str] = []
+    BuildBudget(30.0, lines.append, RecordingCompiler(), finish_reserve_s=1.0).compile(program, LEVEL5, label="p")
+    assert sum("autotuned without coordinate descent in" in line for line in lines) == 1, lines
+    assert any("autotuned in" in line and "timing-cache hits" in line for line in lines), lines

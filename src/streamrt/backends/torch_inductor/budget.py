@@ -395,7 +395,7 @@ class BuildBudget:
                     self.progress(f"{label}: timing cache miss: {text[len(MISSED):].strip()}")
                 if text.startswith(PHASES):
                     self.progress(f"{label}: compile phases: {text[len(PHASES):].strip()}")
-                if text.startswith(STAGE_DONE) and len(stages) > 1:
+                if text.startswith(STAGE_DONE) and len(stages) > 1 and text.split()[1] == "0":
                     self.progress(f"{label}: autotuned without coordinate descent in {text.split()[-1]} s (kept "
                                   "if coordinate descent does not finish); coordinate descent next")
                 log.debug("compile child: %s", text)

@@ -187,7 +187,11 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
     from torch._inductor import aoti_compile_and_package
 
     from streamrt.backends.torch_inductor.conv_epilogues import installed
-    from streamrt.backends.torch_inductor.vec_isa import record_probed_isa, recorded_isa_configs
+    from streamrt.backends.torch_inductor.vec_isa import (
+        forget_unprobed_isas,
+        record_probed_isa,
+        recorded_isa_configs,
+    )
 
     configs = dict(inductor_configs)
     epilogues = str(configs.pop(EPILOGUE_KNOB, "inductor"))
@@ -204,9 +208,7 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
             ) from exc
         finally:
             if isa:  # the process keeps the unprobed ISA list it built: not for compiles without the record
-                from torch._inductor.cpu_vec_isa import valid_vec_isa_list
-
-                valid_vec_isa_list.cache_clear()
+                forget_unprobed_isas()
         if not isa:
             record_probed_isa()
         return path.read_bytes()

@@ -22,7 +22,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECORD", "record_probed_isa", "recorded_isa_configs"]
+__all__ = ["RECORD", "forget_unprobed_isas", "record_probed_isa", "recorded_isa_configs"]
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,10 @@ RECORD = "streamrt-vec-isa.json"
 
 
 def _cache_dir() -> Path:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # older torch
+        from torch._inductor.codecache import cache_dir
     return Path(cache_dir())
 
 
@@ -76,6 +78,17 @@ def recorded_isa_configs(folder: Path | None = None) -> dict[str, Any]:
     except Exception as exc:  # torch's internals moved: probe as usual
         log.debug("vector-ISA record not used: %s: %s", type(exc).__name__, exc)
         return {}
+
+
+def forget_unprobed_isas() -> None:
+    """After a compile with :func:`recorded_isa_configs`: the process's cached ISA list was built without the probe;
+    drop it so a compile without the record probes. Never raises."""
+    try:
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+        valid_vec_isa_list.cache_clear()
+    except Exception as exc:
+        log.debug("vector-ISA list not cleared: %s: %s", type(exc).__name__, exc)
 
 
 def record_probed_isa(folder: Path | None = None) -> None:
