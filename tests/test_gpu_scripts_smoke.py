@@ -4,6 +4,7 @@ GPU script's parts fail on their own (``scripts/_gpu_parts.py``)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -107,3 +108,18 @@ def test_cudnn_first_call_cpu_smoke_run_writes_a_line_per_mode(tmp_path: Path) -
     assert [line["mode"] for line in lines] == ["default", "heur_b"]
     assert all("error" not in line and len(line["rows"]) == 19 for line in lines)
     assert "| **total** |" in done.stdout
+
+
+@pytest.mark.slow
+def test_rebuild_check_cpu_smoke_run_writes_three_rows_and_the_template_diff(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_rebuild_check.py"), str(tmp_path / "out"),
+                           "--level", "3", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=290,
+                          env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rebuild-check.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in rows] == ["first", "rebuild", "rebuild-probing"]
+    assert all(r["build_s"] > 0 and r["package"] == "compiled" for r in rows), rows  # new weights: compiled
+    assert (tmp_path / "out" / "template-diff.txt").is_file()
+    assert "the vector-ISA record saved" in done.stdout

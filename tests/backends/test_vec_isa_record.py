@@ -67,6 +67,16 @@ def test_a_record_of_another_machine_or_isa_is_not_used(cache_dir: Path) -> None
     assert recorded_isa_configs() == {}
 
 
+def test_the_off_switch_probes_as_torch_does(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record_probed_isa()
+    if not (cache_dir / RECORD).is_file():
+        pytest.skip("no vector ISA on this CPU: nothing is recorded")
+    assert recorded_isa_configs() != {}
+    cpu_isa.valid_vec_isa_list.cache_clear()
+    monkeypatch.setenv(vec_isa.OFF_SWITCH, "0")
+    assert recorded_isa_configs() == {}
+
+
 def test_an_existing_record_is_kept(cache_dir: Path) -> None:
     (cache_dir / RECORD).write_text(json.dumps({"identity": "x", "isa": "y", "bits": 1}))
     record_probed_isa()

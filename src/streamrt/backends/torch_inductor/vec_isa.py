@@ -22,11 +22,13 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECORD", "forget_unprobed_isas", "record_probed_isa", "recorded_isa_configs"]
+__all__ = ["OFF_SWITCH", "RECORD", "forget_unprobed_isas", "record_probed_isa", "recorded_isa_configs"]
 
 log = logging.getLogger(__name__)
 
 RECORD = "streamrt-vec-isa.json"
+OFF_SWITCH = "STREAMRT_VEC_ISA_RECORD"
+"""``STREAMRT_VEC_ISA_RECORD=0``: never use a record (every compile process probes, as torch does alone)."""
 
 
 def _cache_dir() -> Path:
@@ -57,6 +59,8 @@ def recorded_isa_configs(folder: Path | None = None) -> dict[str, Any]:
     """Inductor configs that skip the probe when ``folder`` (Inductor's cache directory) recorded its answer for this
     machine and torch and that answer is what the configs pick; ``{}`` otherwise (the compile probes as usual).
     Never raises: the probe is the fallback."""
+    if os.environ.get(OFF_SWITCH) == "0":
+        return {}
     try:
         from torch._inductor import config
         from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
