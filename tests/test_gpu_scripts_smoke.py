@@ -123,3 +123,13 @@ def test_rebuild_check_cpu_smoke_run_writes_three_rows_and_the_template_diff(tmp
     assert all(r["build_s"] > 0 and r["package"] == "compiled" for r in rows), rows  # new weights: compiled
     assert (tmp_path / "out" / "template-diff.txt").is_file()
     assert "the vector-ISA record saved" in done.stdout
+
+
+def test_vec_isa_probe_prints_its_seconds_and_the_isas_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "vec_isa_probe.py")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    assert line.startswith("import torch ") and "valid_vec_isa_list" in line and "picked" in line, line

@@ -89,3 +89,13 @@ def test_pack_drops_build_scratch_and_falls_back_to_the_reports_when_too_big(tmp
     with tarfile.open(tmp_path / "h200.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert "engine-speed.md" in names and "noise.bin" not in names and "kernel.so" not in names
+
+
+def test_speed_profile_runs_the_benchmark_and_its_compile_children_under_py_spy(tmp_path: Path) -> None:
+    """SPEED_PROFILE=1 (issue 28: where a rebuild's 58 s go) samples the benchmark with every process it starts."""
+    commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), STEPS="speed", SPEED_PROFILE="1")
+    assert len(commands) == 1, commands
+    spy, _, benchmark = commands[0].partition(" -- ")
+    assert spy.endswith(f"py-spy record --subprocesses --threads --idle --nonblocking --nolineno --rate 50 --format "
+                        f"raw --output {tmp_path}/speed/py-spy.txt"), spy
+    assert_runnable(benchmark)

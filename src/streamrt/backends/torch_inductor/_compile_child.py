@@ -35,7 +35,6 @@ def compile_phases(shown: int = PHASES_SHOWN) -> str:
         return f"not recorded ({type(exc).__name__}: {exc})"
 
 
-
 def main(job_path: str) -> int:
     """Run the job in ``job_path``; 0 when the package was written."""
     import torch

@@ -14,6 +14,7 @@ else the probe runs as usual), so a compile never gets another ISA than the prob
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -21,6 +22,8 @@ import os
 import platform
 from pathlib import Path
 from typing import Any
+
+from streamrt.plan import atomic_write
 
 __all__ = ["OFF_SWITCH", "RECORD", "forget_unprobed_isas", "record_probed_isa", "recorded_isa_configs"]
 
@@ -39,6 +42,7 @@ def _cache_dir() -> Path:
     return Path(cache_dir())
 
 
+@functools.cache
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -63,7 +67,7 @@ def recorded_isa_configs(folder: Path | None = None) -> dict[str, Any]:
         return {}
     try:
         from torch._inductor import config
-        from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
 
         path = (folder or _cache_dir()) / RECORD
         if not path.is_file():
@@ -75,7 +79,7 @@ def recorded_isa_configs(folder: Path | None = None) -> dict[str, Any]:
         with config.patch(configs):
             picked = str(pick_vec_isa())
         if picked != record.get("isa"):  # another ISA of that width listed first: probe as torch does
-            valid_vec_isa_list.cache_clear()  # it kept the unprobed list
+            forget_unprobed_isas()
             log.info("vector-ISA record %s says %s, the CPU's list gives %s: probing", path, record.get("isa"), picked)
             return {}
         return configs
@@ -107,9 +111,7 @@ def record_probed_isa(folder: Path | None = None) -> None:
         isa = pick_vec_isa()
         if not isa:  # no vector ISA: nothing worth skipping
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"identity": identity(), "isa": str(isa), "bits": isa.bit_width()}))
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            f.write(json.dumps({"identity": identity(), "isa": str(isa), "bits": isa.bit_width()}).encode())
     except Exception as exc:
         log.debug("vector-ISA probe not recorded: %s: %s", type(exc).__name__, exc)
