@@ -131,11 +131,13 @@ run speed "${SPEED_TIMEOUT:-300}" "${speed_profiler[@]}" python3 benchmarks/engi
 # 6b. (not by default) what differs between the generated Triton template sources in a timing cache the speed step
 #     shared (SPEED_ARGS with --timing-cache SOURCES_DIR): why a rebuild's template candidates miss the cache
 run sources 60 python3 scripts/inductor_source_diff.py "${SOURCES_DIR:-/tmp/tc}" --examples 2
-#     and what Inductor's CPU vector-ISA probe costs a fresh process (AOTInductor's compile calls it; it builds and
-#     loads test programs unless the cache has them), twice: the second finds the first's builds
-for probe in 1 2; do
-    run sources 90 env TORCHINDUCTOR_CACHE_DIR="${SOURCES_DIR:-/tmp/tc}" python3 scripts/vec_isa_probe.py
-done
+#     and (SOURCES_PROBE=1) what Inductor's CPU vector-ISA probe costs a fresh process (AOTInductor's compile calls
+#     it; it builds and loads test programs unless the cache has them), twice: 42 and 47 s on the H100 of 2026-12-07
+if [ -n "${SOURCES_PROBE:-}" ]; then
+    for probe in 1 2; do
+        run sources 90 env TORCHINDUCTOR_CACHE_DIR="${SOURCES_DIR:-/tmp/tc}" python3 scripts/vec_isa_probe.py
+    done
+fi
 # 7. (not by default) the kernel tables of plans the speed step kept (SPEED_ARGS with --keep-scratch): time per
 #    kernel kind, for issue 28's "what separates the plans from the roofline". PROFILE_PLANS: the plans' tags
 #    (MODEL-PRECISION-bBATCH-VARIANT), each profiled in turn into the same log, under PROFILE_TIMEOUT each

@@ -30,7 +30,13 @@ import torch
 
 from streamrt.backends.base import BuildJob, BuildOutput, Progress
 from streamrt.backends.torch_inductor.budget import BuildBudget, tunes
-from streamrt.backends.torch_inductor.cache import TimingCacheStats, count_autotuning, inductor_cache, timing_cache
+from streamrt.backends.torch_inductor.cache import (
+    TimingCacheStats,
+    count_autotuning,
+    inductor_cache,
+    settle_triton_ptxas,
+    timing_cache,
+)
 from streamrt.backends.torch_inductor.heartbeat import with_heartbeat
 from streamrt.backends.torch_inductor.levels import EPILOGUE_KNOB, Recipe, layout_knobs, resolve_recipe
 from streamrt.backends.torch_inductor.memory_format import choose_memory_format, has_convolutions
@@ -187,30 +193,22 @@ def compile_package(ep: torch.export.ExportedProgram, inductor_configs: Mapping[
     from torch._inductor import aoti_compile_and_package
 
     from streamrt.backends.torch_inductor.conv_epilogues import installed
-    from streamrt.backends.torch_inductor.vec_isa import (
-        forget_unprobed_isas,
-        record_probed_isa,
-        recorded_isa_configs,
-    )
+    from streamrt.backends.torch_inductor.vec_isa import recorded_check_builds
 
+    settle_triton_ptxas()  # every compile process hashes Triton's backend alike (template candidates' cache keys)
     configs = dict(inductor_configs)
     epilogues = str(configs.pop(EPILOGUE_KNOB, "inductor"))
-    isa = recorded_isa_configs()  # the CPU vector-ISA probe skipped where this cache directory recorded its answer
     with tempfile.TemporaryDirectory(prefix="streamrt-aoti-") as tmp:
         path = Path(tmp) / "model.pt2"
         try:
-            with installed(epilogues):
-                aoti_compile_and_package(ep, package_path=str(path), inductor_configs={**configs, **isa})
+            # the CPU vector-ISA probe's test builds answered from this cache directory's record where it has them
+            with installed(epilogues), recorded_check_builds():
+                aoti_compile_and_package(ep, package_path=str(path), inductor_configs=configs)
         except Exception as exc:
             raise BuildError(
                 f"AOTInductor compilation failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:400]}",
                 hint="try --optimization-level 3 (no autotuning); check that g++ (and CUDA headers) exist",
             ) from exc
-        finally:
-            if isa:  # the process keeps the unprobed ISA list it built: not for compiles without the record
-                forget_unprobed_isas()
-        if not isa:
-            record_probed_isa()
         return path.read_bytes()
 
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["IDENTITY_FILE", "TimingCacheStats", "count_autotuning", "inductor_cache", "timing_cache"]
+__all__ = ["IDENTITY_FILE", "TimingCacheStats", "count_autotuning", "inductor_cache", "settle_triton_ptxas",
+           "timing_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,24 @@ def inductor_cache(cache_dir: Path) -> Iterator[None]:
         return
     with _cache_dir(cache_dir / "inductor"):
         yield
+
+
+def settle_triton_ptxas() -> None:
+    """Point Triton at the ptxas Inductor's compile workers use, before this process hashes Triton's backend.
+
+    A Triton GEMM template candidate's timing-cache key is the hash of its generated source, and the source carries
+    ``backend_hash`` (Triton's version and its ptxas's ``--version``, read once per process). Inductor points
+    ``TRITON_PTXAS_PATH`` at torch's own ptxas (where the wheel has one) when its compile workers start, so a process
+    that hashed before that and one that hashed after wrote different sources for the same kernel: on the H100 of
+    2026-12-07 the timing cache held every template candidate under two ``backend_hash`` values, and a rebuild in a
+    new process missed 20 of 21 ("mm: 20 of 21 candidate kernels not timed before"). Setting it first makes every
+    compile process hash alike. Never raises (torch's internals may move)."""
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+
+        _set_triton_ptxas_path()
+    except Exception as exc:
+        log.debug("TRITON_PTXAS_PATH not settled: %s: %s", type(exc).__name__, exc)
 
 
 def _mismatch(recorded: Mapping[str, Any], identity: Mapping[str, Any]) -> str:

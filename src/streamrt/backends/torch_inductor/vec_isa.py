@@ -1,31 +1,38 @@
 """Inductor's CPU vector-ISA probe, paid once per machine and cache directory instead of once per compile process.
 
 AOTInductor's compile calls ``pick_vec_isa()`` for its wrapper's compiler flags, even for a plan whose kernels all
-run on the GPU. The probe builds a test program per vector ISA the CPU lists (kept in Inductor's cache directory)
-and loads each one (torch 2.11: in a new Python process that imports torch), and every process that compiles pays
-it again: a level-5 build's compile child, a rebuild's. ``scripts/vec_isa_probe.py`` measures it.
+run on the GPU. The probe builds a test program per vector ISA the CPU lists, and per extension an ISA checks on top
+(AVX-512 BF16, VNNI, AMX, AMX-FP16), and loads each one (torch 2.11: in a new Python process that imports torch).
+Every process that compiles pays it again: a level-5 build's compile child, a rebuild's. On the H100 of 2026-12-07
+it took 42-48 s in a fresh process (``scripts/vec_isa_probe.py``), 22.5 s of a 64 s level-5 rebuild.
 
-The first compile in a cache directory probes as torch does and records what it picked, with the CPU's flags and
-torch's version (``streamrt-vec-isa.json`` beside Inductor's files). A later compile on the same CPU flags and torch
-trusts the record: Inductor's ``cpp.vec_isa_ok`` skips the probe and ``cpp.simdlen`` picks the recorded ISA's width
-among the ISAs the CPU lists. The record is checked before it is used (the ISA so picked must be the recorded one,
-else the probe runs as usual), so a compile never gets another ISA than the probe would have given it.
+:func:`recorded_check_builds` answers the probe's test builds (``VecISA.check_build``) from a record in Inductor's
+cache directory (``streamrt-vec-isa.json``), kept per CPU flags, torch version and C++ compiler: the first compile in
+a directory probes as torch does and records each test that passed (keyed by the ISA, its compiler flags and the
+test program); a later compile gets the same answers without building or loading anything, so it picks exactly the
+ISA the probe would have picked. A test that failed is not recorded (it could have failed for a passing reason, a
+full disk, a timeout) and runs again in the next process. ``STREAMRT_VEC_ISA_RECORD=0`` turns the record off.
+
+An earlier version set Inductor's ``cpp.vec_isa_ok``: that skips only the base test of each ISA; the extension
+tests still ran (the 22.5 s above).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from streamrt.plan import atomic_write
 
-__all__ = ["OFF_SWITCH", "RECORD", "forget_unprobed_isas", "record_probed_isa", "recorded_isa_configs"]
+__all__ = ["OFF_SWITCH", "RECORD", "recorded_check_builds"]
 
 log = logging.getLogger(__name__)
 
@@ -52,66 +59,74 @@ def _cpu_flags() -> str:
 
 
 def identity() -> str:
-    """What the probe's answer depends on: torch's version, the CPU's architecture and flags, the C++ compiler."""
+    """What the probe's answers depend on: torch's version, the CPU's architecture and flags, the C++ compiler."""
     import torch
 
     text = "|".join([torch.__version__, platform.machine(), _cpu_flags(), os.environ.get("CXX", "")])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def recorded_isa_configs(folder: Path | None = None) -> dict[str, Any]:
-    """Inductor configs that skip the probe when ``folder`` (Inductor's cache directory) recorded its answer for this
-    machine and torch and that answer is what the configs pick; ``{}`` otherwise (the compile probes as usual).
-    Never raises: the probe is the fallback."""
-    if os.environ.get(OFF_SWITCH) == "0":
-        return {}
-    try:
-        from torch._inductor import config
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
+def check_key(isa: Any, code: str) -> str:
+    """One test build: the ISA, the compiler flags it builds with now (an extension test adds its own) and the
+    program."""
+    flags = getattr(isa, "_arch_flags", "")
+    return hashlib.sha256(f"{type(isa).__name__}|{flags}|{code}".encode()).hexdigest()[:24]
 
-        path = (folder or _cache_dir()) / RECORD
-        if not path.is_file():
-            return {}
+
+def _read_passed(path: Path) -> set[str]:
+    """The tests ``path`` records as passed on this machine and torch; none for another's or an unreadable one."""
+    try:
         record = json.loads(path.read_text())
-        if record.get("identity") != identity() or not record.get("bits"):
-            return {}
-        configs = {"cpp.vec_isa_ok": True, "cpp.simdlen": int(record["bits"])}
-        with config.patch(configs):
-            picked = str(pick_vec_isa())
-        if picked != record.get("isa"):  # another ISA of that width listed first: probe as torch does
-            forget_unprobed_isas()
-            log.info("vector-ISA record %s says %s, the CPU's list gives %s: probing", path, record.get("isa"), picked)
-            return {}
-        return configs
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(record, dict) or record.get("identity") != identity():
+        return set()
+    return {str(key) for key in record.get("passed", [])}
+
+
+@contextlib.contextmanager
+def recorded_check_builds(folder: Path | None = None) -> Iterator[None]:
+    """For the block: each vector-ISA test build the record in ``folder`` (default: Inductor's cache directory) says
+    passed is answered without building; each other runs as usual and, when it passes, is added to the record at the
+    end. Never raises on its own account: without torch's ``VecISA.check_build`` (internals moved) the block runs
+    untouched."""
+    if os.environ.get(OFF_SWITCH) == "0":
+        yield
+        return
+    try:
+        from torch._inductor.cpu_vec_isa import VecISA
+
+        original = VecISA.check_build
+        path = (folder or _cache_dir()) / RECORD
+        passed = _read_passed(path)
     except Exception as exc:  # torch's internals moved: probe as usual
         log.debug("vector-ISA record not used: %s: %s", type(exc).__name__, exc)
-        return {}
+        yield
+        return
+    added: set[str] = set()
 
+    def check_build(self: Any, code: str) -> bool:
+        key = check_key(self, code)
+        if key in passed:
+            return True
+        ok = bool(original(self, code))
+        if ok:
+            added.add(key)
+        return ok
 
-def forget_unprobed_isas() -> None:
-    """After a compile with :func:`recorded_isa_configs`: the process's cached ISA list was built without the probe;
-    drop it so a compile without the record probes. Never raises."""
+    VecISA.check_build = check_build  # type: ignore[method-assign]
     try:
-        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+        yield
+    finally:
+        if VecISA.check_build is check_build:  # not replaced again meanwhile (another thread's block)
+            VecISA.check_build = original  # type: ignore[method-assign]
+        if added:
+            _write(path, _read_passed(path) | passed | added)
 
-        valid_vec_isa_list.cache_clear()
-    except Exception as exc:
-        log.debug("vector-ISA list not cleared: %s: %s", type(exc).__name__, exc)
 
-
-def record_probed_isa(folder: Path | None = None) -> None:
-    """Record what this process's probe picked (``pick_vec_isa()``: its answer is cached, so free after a compile),
-    unless a record is there already. Never raises."""
+def _write(path: Path, passed: set[str]) -> None:
     try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        path = (folder or _cache_dir()) / RECORD
-        if path.is_file():
-            return
-        isa = pick_vec_isa()
-        if not isa:  # no vector ISA: nothing worth skipping
-            return
         with atomic_write(path) as f:
-            f.write(json.dumps({"identity": identity(), "isa": str(isa), "bits": isa.bit_width()}).encode())
+            f.write(json.dumps({"identity": identity(), "passed": sorted(passed)}).encode())
     except Exception as exc:
-        log.debug("vector-ISA probe not recorded: %s: %s", type(exc).__name__, exc)
+        log.debug("vector-ISA record not written: %s: %s", type(exc).__name__, exc)
