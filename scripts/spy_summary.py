@@ -25,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 WAITS = ("wait", "sleep", "select", "poll", "recv", "acquire", "get", "_recv_bytes", "_poll", "join", "synchronize")
-_LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
+_LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$", re.S)
 _THREAD = re.compile(r"^thread \((?P<id>\d+)\)(?::\s*(?P<name>.*))?$")
-_PROCESS = re.compile(r'^process (?P<pid>\d+):"?(?P<command>.*?)"?$')
-"""``py-spy record --subprocesses`` puts each sample's process first: its threads are named ``pid N (command)``."""
+_PROCESS = re.compile(r'process (?P<pid>\d+):"(?P<command>.*?)";(?=process \d+:|thread \()', re.S)
+_STARTS = ("process ", "thread (")
+"""``py-spy record --subprocesses`` puts each sample's chain of processes first (the profiled one, its child, the
+child's child...), each with its command line, which may span lines (``python -c "..."``): a sample's threads are
+named by the innermost process, ``pid N (command)``."""
 
 
 @dataclass
@@ -57,19 +60,37 @@ def is_wait(frame: str) -> bool:
     return name in WAITS
 
 
+def _records(text: str) -> list[str]:
+    """One sample per item: a line starting a stack (``process``/``thread``), with the lines after it while it has no
+    count yet (a command line over several lines); other lines are dropped."""
+    records: list[str] = []
+    open_record = False
+    for line in text.splitlines():
+        if line.startswith(_STARTS):
+            records.append(line)
+        elif open_record:
+            records[-1] += "\n" + line
+        else:
+            continue
+        open_record = _LINE.match(records[-1].strip()) is None
+    return records
+
+
 def read(path: Path, skip_waits: bool = False, under: str = "") -> dict[str, Thread]:
     """Threads by name (``id`` where py-spy gave none) from a folded-stack file; with ``under``, only the samples
     with a frame containing it (``_live``: the detector's run loop, not its start)."""
     threads: dict[str, Thread] = {}
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    for raw in text.splitlines():
+    for raw in _records(text):
         match = _LINE.match(raw.strip())
         if match is None:
             continue
-        frames = match["stack"].split(";")
-        process = _PROCESS.match(frames[0])
+        stack = match["stack"]
+        processes = list(_PROCESS.finditer(stack))
+        process = processes[-1] if processes else None
         if process is not None:
-            frames = frames[1:]
+            stack = stack[processes[-1].end():]
+        frames = stack.split(";")
         head = _THREAD.match(frames[0]) if frames else None
         if head is None:
             continue

@@ -70,3 +70,24 @@ def test_subprocess_profiles_name_each_thread_by_its_process(tmp_path: Path) -> 
     assert child_name in done.stdout
     assert "## pid 11 (benchmarks/engine_speed.py) MainThread: 5 samples" not in done.stdout  # words after argv[0]
     assert "## pid 11 (engine_speed.py x) MainThread: 5 samples" in done.stdout
+
+
+def test_a_chain_of_processes_and_a_command_over_several_lines_name_the_innermost(tmp_path: Path) -> None:
+    """What py-spy 0.4 wrote on the H100 (2026-12-07): every sample starts with its whole chain of processes, and a
+    ``python -c`` child's command keeps its newlines."""
+    path = tmp_path / "py-spy.txt"
+    parent = 'process 525:"";process 551:"/venv/bin/python3 benchmarks/engine_speed.py --worker /tmp/w"'
+    probe = ('process 669:"/venv/bin/python3 -c import torch\nfrom ctypes import cdll\n'
+             'cdll.LoadLibrary(\'/tmp/x.so\')\n  "')
+    path.write_text("\n".join([
+        f"{parent};thread (551): MainThread;main (engine_speed.py) 4",
+        f"{parent};{probe};thread (669): MainThread;<module> (<string>);LoadLibrary (ctypes/__init__.py) 6",
+        'process 525:"";thread (525): MainThread;run (engine_speed.py) 2',
+    ]))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/spy_summary.py"), str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "12 samples over 3 threads" in done.stdout, done.stdout
+    assert "## pid 669 (import torch) MainThread: 6 samples" in done.stdout, done.stdout
+    assert "## pid 551 (engine_speed.py w) MainThread: 4 samples" in done.stdout, done.stdout
+    assert "## pid 525 () MainThread: 2 samples" in done.stdout, done.stdout
