@@ -15,7 +15,9 @@ DIR also keeps the compiled packages (:mod:`.package_cache`), since timings alon
 rebuild re-running the whole AOTInductor compile.
 
 Hits and misses are counted per autotuning lookup (one per GEMM or convolution with several
-candidate kernels): a miss is a lookup that had to benchmark the candidates.
+candidate kernels): a miss is a lookup that had to benchmark the candidates. A Triton template candidate timed
+under another recipe (level 5's first stage, without coordinate descent) is found through its alias
+(:mod:`.timing_aliases`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from streamrt.backends.torch_inductor.timing_aliases import fill_from_aliases, record_aliases
 
 __all__ = ["IDENTITY_FILE", "TimingCacheStats", "count_autotuning", "inductor_cache", "settle_triton_ptxas",
            "timing_cache"]
@@ -77,10 +81,22 @@ class TimingCacheStats:
                 f"{package}")
 
 
+def _forget_timing_cache_path() -> None:
+    """Inductor keeps its timing cache's file path per process (``CacheBase.get_local_cache_path`` is cached): without
+    this a second build in the process with another cache directory read and wrote the first one's timings."""
+    try:
+        from torch._inductor.codecache import CacheBase
+
+        CacheBase.get_local_cache_path.cache_clear()
+    except Exception as exc:  # torch's internals moved
+        log.debug("timing cache path not cleared: %s: %s", type(exc).__name__, exc)
+
+
 @contextlib.contextmanager
 def _cache_dir(folder: Path) -> Iterator[None]:
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    _forget_timing_cache_path()
     try:
         yield
     finally:
@@ -88,6 +104,7 @@ def _cache_dir(folder: Path) -> Iterator[None]:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+        _forget_timing_cache_path()
 
 
 @contextlib.contextmanager
@@ -163,10 +180,18 @@ def count_autotuning(stats: TimingCacheStats,
     original = codecache.PersistentCache.lookup
 
     def lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        choices = kwargs.get("choices", args[0] if args else ())
+        op = kwargs.get("op", args[1] if len(args) > 1 else "?")
+        inputs = kwargs.get("inputs", args[2] if len(args) > 2 else "")
+        hint = kwargs.get("hint_override", args[4] if len(args) > 4 else None)
+        filled = fill_from_aliases(self, choices, op, inputs, hint)
+        if filled:
+            log.info("timing cache: %s: %d candidate kernels found under another recipe's key", op, filled)
         before = counters["inductor"]["select_algorithm_autotune"]
         why = _why_missed(self, *args, **kwargs)
         result = original(self, *args, **kwargs)
         if counters["inductor"]["select_algorithm_autotune"] > before:
+            record_aliases(self, result, op, inputs, hint)
             stats.misses += 1
             stats.missed.append(why)
             log.info("timing cache miss: %s", why)
