@@ -2,9 +2,10 @@
 
 Issue 28's rebuild with new weights (ResNet-50, level 5, H100, 2026-12-06): the compile child spent 33.7 of its 55 s
 in AotCodeCompiler.compile, of which torch's timers named only 5 s; the same compile's second stage in the first
-build's child took 5 s in all. So ~29 s is paid once per process, and Inductor's CPU vector-ISA probe (untimed,
-cached per process) is the lead: since 6cadfab a cache directory records the probe's answer and later compile
-processes skip it. This check builds a three-layer MLP into one ``--timing-cache``:
+build's child took 5 s in all. So ~29 s is paid once per process: Inductor's CPU vector-ISA probe (untimed, cached
+per process; 42-48 s in a fresh process on the H100 of 2026-12-07). Since a1b293e a cache directory records which of
+the probe's test builds passed and later compile processes answer them from it. This check builds a three-layer MLP
+into one ``--timing-cache``:
 
 1. ``first``: the first build (records the probe's answer);
 2. ``rebuild``: new weights, a fresh process: the record used;
