@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 
-
 def test_the_block_freezes_what_is_open_and_gives_the_process_its_settings_back() -> None:
     # in a fresh process: an earlier test in this one may have configured it (a decoder worker run in-process
     # freezes the heap for good, as a worker should)
