@@ -12,7 +12,8 @@ def test_the_block_freezes_what_is_open_and_gives_the_process_its_settings_back(
     # freezes the heap for good, as a worker should)
     script = textwrap.dedent("""
         import gc
-                before = gc.get_threshold()
+        from streamrt.pipeline.collector import REALTIME_GC_THRESHOLDS, realtime_collector
+        before = gc.get_threshold()
         assert gc.get_freeze_count() == 0
         with realtime_collector():
             assert gc.get_threshold() == REALTIME_GC_THRESHOLDS and gc.get_freeze_count() > 0
