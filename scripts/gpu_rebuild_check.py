@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=float, default=120.0, help="build budget of a level-4/5 build (s)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds each build's process may take")
+    p.add_argument("--rows", default=",".join(name for name, _, _ in ROWS),
+                   help="which rows, in order (first,rebuild: the record's and the timing aliases' effect without the "
+                        "probing row's 45 s)")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: build seed ONE, print a row
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = args.out / "rebuild-check.jsonl"
     rows = []
-    for name, seed, env in ROWS:  # each in a fresh process: what a rebuild pays per process is the point
+    wanted = [name.strip() for name in args.rows.split(",") if name.strip()]
+    unknown = set(wanted) - {name for name, _, _ in ROWS}
+    if unknown:
+        p.error(f"--rows: no row {', '.join(sorted(unknown))} (rows: {', '.join(name for name, _, _ in ROWS)})")
+    for name, seed, env in (row for row in ROWS if row[0] in wanted):  # each in a fresh process: what a rebuild
+        # pays per process is the point
         command = [sys.executable, str(Path(__file__).resolve()), str(args.out), "--one", str(seed), "--level",
                    str(args.level), "--device", args.device, "--budget", str(args.budget)]
         started = time.perf_counter()
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "template-diff.txt").write_text(done.stdout + done.stderr)
     print(done.stdout[-3000:])
     ok = [r for r in rows if "error" not in r]
-    if len(ok) == len(rows):
+    if len(ok) == len(rows) == len(ROWS):
         saved = float(ok[2]["process_s"]) - float(ok[1]["process_s"])
         print(f"the vector-ISA record saved {saved:.1f} s of a rebuild's process (rebuild {ok[1]['process_s']} s, "
               f"probing {ok[2]['process_s']} s)")

@@ -125,6 +125,20 @@ def test_rebuild_check_cpu_smoke_run_writes_three_rows_and_the_template_diff(tmp
     assert "the vector-ISA record saved" in done.stdout
 
 
+def test_rebuild_check_runs_only_the_rows_asked_for(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    script = str(ROOT / "scripts" / "gpu_rebuild_check.py")
+    refused = subprocess.run([sys.executable, script, str(tmp_path / "x"), "--rows", "first,second"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and "--rows: no row second" in refused.stderr, refused.stderr
+    done = subprocess.run([sys.executable, script, str(tmp_path / "out"), "--level", "3", "--device", "cpu",
+                           "--rows", "first"], cwd=ROOT, capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rebuild-check.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in rows] == ["first"] and "the vector-ISA record saved" not in done.stdout
+
+
 def test_vec_isa_probe_prints_its_seconds_and_the_isas_in_one_line(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
