@@ -127,9 +127,10 @@ def settle_triton_ptxas() -> None:
     ``backend_hash`` (Triton's version and its ptxas's ``--version``, read once per process). Inductor points
     ``TRITON_PTXAS_PATH`` at torch's own ptxas (where the wheel has one) when its compile workers start, so a process
     that hashed before that and one that hashed after wrote different sources for the same kernel: on the H100 of
-    2026-12-07 the timing cache held every template candidate under two ``backend_hash`` values, and a rebuild in a
-    new process missed 20 of 21 ("mm: 20 of 21 candidate kernels not timed before"). Setting it first makes every
-    compile process hash alike. Never raises (torch's internals may move)."""
+    2026-12-07 the timing cache held the template candidates under two ``backend_hash`` values, and a candidate
+    timed under one was not found under the other (the rebuild's "mm: 20 of 21 candidate kernels not timed before"
+    had a second cause too: coordinate descent, :mod:`.timing_aliases`). Setting it first makes every compile process
+    hash alike (after it, one value). Never raises (torch's internals may move)."""
     try:
         from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
 
