@@ -28,10 +28,10 @@ WAITS = ("wait", "sleep", "select", "poll", "recv", "acquire", "get", "_recv_byt
 _LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$", re.S)
 _THREAD = re.compile(r"^thread \((?P<id>\d+)\)(?::\s*(?P<name>.*))?$")
 _PROCESS = re.compile(r'process (?P<pid>\d+):"(?P<command>.*?)";(?=process \d+:|thread \()', re.S)
-_STARTS = ("process ", "thread (")
 """``py-spy record --subprocesses`` puts each sample's chain of processes first (the profiled one, its child, the
 child's child...), each with its command line, which may span lines (``python -c "..."``): a sample's threads are
 named by the innermost process, ``pid N (command)``."""
+_STARTS = ("process ", "thread (")
 
 
 @dataclass
@@ -89,7 +89,7 @@ def read(path: Path, skip_waits: bool = False, under: str = "") -> dict[str, Thr
         processes = list(_PROCESS.finditer(stack))
         process = processes[-1] if processes else None
         if process is not None:
-            stack = stack[processes[-1].end():]
+            stack = stack[process.end():]
         frames = stack.split(";")
         head = _THREAD.match(frames[0]) if frames else None
         if head is None:

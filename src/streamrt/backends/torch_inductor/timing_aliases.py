@@ -63,14 +63,13 @@ def fill_from_aliases(cache: Any, choices: Iterable[Any], op: str, inputs: str, 
     missing one has an alias timed; returns how many were filled (0: the lookup goes on as Inductor's)."""
     try:
         whole, entry = _entry(cache, op, inputs, hint_override)
-        missing = [c for c in choices if c.hash_key() not in entry]
+        missing = {key: c for c in choices if (key := c.hash_key()) not in entry}
         if not missing:
             return 0
-        found = [entry.get(alias_of(c) or "") for c in missing]
-        if any(timing is None for timing in found):
+        found = {key: entry.get(alias_of(c) or "") for key, c in missing.items()}
+        if any(timing is None for timing in found.values()):
             return 0
-        for choice, timing in zip(missing, found, strict=True):
-            entry[choice.hash_key()] = timing
+        entry.update(found)
         cache.update_local_cache(whole)
         return len(missing)
     except Exception as exc:
