@@ -155,6 +155,8 @@ def main() -> int:
     parser.add_argument("--grpc-servers", default="grpcio",
                         help="serve StreamRT once per gRPC server (`streamrt serve --grpc-server`), comma list: "
                              "grpcio (row 'streamrt') and/or h2corn (row 'streamrt-h2corn')")
+    parser.add_argument("--delay-us", type=int, default=500,
+                        help="both models' max_queue_delay_microseconds (0: a batch runs as soon as an instance is free)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     grpc_servers = [g for g in args.grpc_servers.split(",") if g]
@@ -163,7 +165,7 @@ def main() -> int:
     streamrts = {("streamrt" if g == "grpcio" else f"streamrt-{g}"): ["--grpc-server", g] for g in grpc_servers}
     cases = [parse_case(c) for c in args.cases.split(",")]
     work = Path(tempfile.mkdtemp(prefix="streamrt-vs-triton-"))
-    repo = write_repository(work / "repo")
+    repo = write_repository(work / "repo", delay_us=args.delay_us)
     rows = []
     for round_ in range(1, args.rounds + 1):
         for server_name in ("triton", *streamrts, *(("streamrt-before",) if args.before_src else ())):
