@@ -138,6 +138,12 @@ if [ -n "${SOURCES_PROBE:-}" ]; then
         run sources 90 env TORCHINDUCTOR_CACHE_DIR="${SOURCES_DIR:-/tmp/tc}" python3 scripts/vec_isa_probe.py
     done
 fi
+# 6c. (not by default) the engine process's CPU per request behind N front ends, on this host's CPU (no GPU used):
+#     benchmarks/engine_request_path.py (issue 26: the H200 host's engine process spent 81-100 us per 64 B request
+#     against 33-52 on the CI machine; which host, which cause), ~15 s per case and round
+# shellcheck disable=SC2086  # ENGINEPATH_ARGS is a list of arguments
+run enginepath "${ENGINEPATH_TIMEOUT:-120}" python3 benchmarks/engine_request_path.py --out "$out/enginepath/table.md" \
+    ${ENGINEPATH_ARGS:---cases small:1 --concurrency 8 --drivers 8 --seconds 5 --rounds 2 --spinning both}
 # 7. (not by default) the kernel tables of plans the speed step kept (SPEED_ARGS with --keep-scratch): time per
 #    kernel kind, for issue 28's "what separates the plans from the roofline". PROFILE_PLANS: the plans' tags
 #    (MODEL-PRECISION-bBATCH-VARIANT), each profiled in turn into the same log, under PROFILE_TIMEOUT each
