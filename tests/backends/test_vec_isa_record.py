@@ -122,6 +122,19 @@ def test_a_record_of_another_machine_or_unreadable_is_not_used(
     assert json.loads((cache_dir / RECORD).read_text())["identity"] == vec_isa.identity()  # rewritten for here
 
 
+def test_a_compiler_upgraded_in_place_probes_again(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import cpp_builder
+
+    isa = _an_isa()
+    with recorded_check_builds():
+        assert cpu_isa.VecISA.check_build(isa, EXTENSION_TEST)
+    built = _builds(monkeypatch)
+    monkeypatch.setattr(cpp_builder, "get_compiler_version_info", lambda compiler: "gcc version 99.1.0")
+    with recorded_check_builds():
+        cpu_isa.VecISA.check_build(isa, EXTENSION_TEST)
+    assert built == [str(isa)]  # same path, another compiler version: the recorded answer is not trusted
+
+
 def test_the_off_switch_builds_every_test(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isa = _an_isa()
     with recorded_check_builds():

@@ -6,12 +6,12 @@ run on the GPU. The probe builds a test program per vector ISA the CPU lists, an
 Every process that compiles pays it again: a level-5 build's compile child, a rebuild's. On the H100 of 2026-12-07
 it took 42-48 s in a fresh process (``scripts/vec_isa_probe.py``), 22.5 s of a 64 s level-5 rebuild.
 
-:func:`recorded_check_builds` answers the probe's test builds (``VecISA.check_build``) from a record in Inductor's
-cache directory (``streamrt-vec-isa.json``), kept per CPU flags, torch version and C++ compiler: the first compile in
-a directory probes as torch does and records each test that passed (keyed by the ISA, its compiler flags and the
-test program); a later compile gets the same answers without building or loading anything, so it picks exactly the
-ISA the probe would have picked. A test that failed is not recorded (it could have failed for a passing reason, a
-full disk, a timeout) and runs again in the next process. ``STREAMRT_VEC_ISA_RECORD=0`` turns the record off.
+:func:`recorded_check_builds` answers the probe's test builds (``VecISA.check_build``) from a record in Inductor's cache
+directory (``streamrt-vec-isa.json``), kept per CPU flags, torch version and C++ compiler with its version: the first
+compile in a directory probes as torch does and records each test that passed (keyed by the ISA, its compiler flags and
+the test program); a later compile gets the same answers without building or loading anything, so it picks exactly the
+ISA the probe would have picked. A test that failed is not recorded (it could have failed for a passing reason, a full
+disk, a timeout) and runs again in the next process. ``STREAMRT_VEC_ISA_RECORD=0`` turns the record off.
 
 An earlier version set Inductor's ``cpp.vec_isa_ok``: that skips only the base test of each ISA; the extension
 tests still ran (the 22.5 s above).
@@ -58,11 +58,24 @@ def _cpu_flags() -> str:
         return ""
 
 
+def _compiler() -> str:
+    """The C++ compiler Inductor builds with and its version text (``$CXX`` alone where torch's helpers moved): a
+    compiler upgraded in place changes what the probe's tests would answer."""
+    try:
+        from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+        compiler = get_cpp_compiler()
+        return f"{compiler}|{get_compiler_version_info(compiler)}"
+    except Exception:
+        return os.environ.get("CXX", "")
+
+
 def identity() -> str:
-    """What the probe's answers depend on: torch's version, the CPU's architecture and flags, the C++ compiler."""
+    """What the probe's answers depend on: torch's version, the CPU's architecture and flags, the C++ compiler and
+    its version."""
     import torch
 
-    text = "|".join([torch.__version__, platform.machine(), _cpu_flags(), os.environ.get("CXX", "")])
+    text = "|".join([torch.__version__, platform.machine(), _cpu_flags(), _compiler()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
