@@ -156,7 +156,8 @@ def main() -> int:
                         help="serve StreamRT once per gRPC server (`streamrt serve --grpc-server`), comma list: "
                              "grpcio (row 'streamrt') and/or h2corn (row 'streamrt-h2corn')")
     parser.add_argument("--delay-us", type=int, default=500,
-                        help="both models' max_queue_delay_microseconds (0: a batch runs as soon as an instance is free)")
+                        help="both models' max_queue_delay_microseconds (0: a batch runs as soon as an instance "
+                             "is free)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     grpc_servers = [g for g in args.grpc_servers.split(",") if g]

@@ -15,7 +15,10 @@ from dry_run import assert_runnable, dry_run_commands
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("steps", [None, "tests,reruns,video,nvdec,videotests,detectcli,runners,speed,enginepath,profile"])
+ALL_STEPS = "tests,reruns,video,nvdec,videotests,detectcli,runners,speed,enginepath,profile"
+
+
+@pytest.mark.parametrize("steps", [None, ALL_STEPS])
 def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, steps: str | None) -> None:
     chosen = {"STEPS": steps} if steps else {}
     commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), **chosen)
