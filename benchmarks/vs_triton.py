@@ -160,6 +160,8 @@ def main() -> int:
                              "is free)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.delay_us < 0:
+        parser.error(f"--delay-us: 0 or more microseconds, got {args.delay_us}")
     grpc_servers = [g for g in args.grpc_servers.split(",") if g]
     if not grpc_servers or any(g not in ("grpcio", "h2corn") for g in grpc_servers):
         parser.error(f"--grpc-servers: grpcio and/or h2corn, got {args.grpc_servers!r}")

@@ -22,9 +22,8 @@ ALL_STEPS = "tests,reruns,video,nvdec,videotests,detectcli,runners,speed,enginep
 def test_dry_run_names_existing_scripts_with_flags_they_accept(tmp_path: Path, steps: str | None) -> None:
     chosen = {"STEPS": steps} if steps else {}
     commands = dry_run_commands("h200_video_call.sh", "abc1234", OUT=str(tmp_path), **chosen)
-    assert len(commands) == (11 if steps else 4), commands  # nvdec, detectcli, runners, speed, enginepath, profile
-    # (+ sources)
-    # only when asked
+    # nvdec, detectcli, runners, speed, enginepath and profile (+ sources) only when asked
+    assert len(commands) == (11 if steps else 4), commands
     for command in commands:
         assert_runnable(command)
 
