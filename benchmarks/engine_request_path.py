@@ -198,6 +198,14 @@ async def _engine(case: dict[str, Any], drivers: int, report: Path) -> dict[str,
             "rows_per_batch": stats["inference_count"] / max(stats["execution_count"], 1)}
 
 
+def _pythonpath(src: Path) -> str:
+    """The case's PYTHONPATH: its source tree first, then the caller's own entries (where a GPU host's
+    wheels were installed with ``--target``), less this tree's ``src`` when another tree is measured."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != (ROOT / "src").resolve()]
+    return os.pathsep.join([str(src), *kept])
+
+
 def engine_main(args: argparse.Namespace) -> None:
     kind, batch = args.case.split(":")
     work = Path(tempfile.mkdtemp(prefix="streamrt-engine-path-"))
@@ -258,7 +266,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--case", case, "--concurrency", str(args.concurrency),
                        "--drivers", str(args.drivers), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
                        "--instances", str(args.instances), "--spinning", spin]
-                env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+                env = {**os.environ, "PYTHONPATH": _pythonpath(src), "OMP_NUM_THREADS": "1"}
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.seconds * 4 + 180)
                 if out.returncode != 0:
                     raise SystemExit(f"{case} with {label} failed:\n{out.stderr[-3000:]}")

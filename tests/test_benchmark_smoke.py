@@ -46,6 +46,22 @@ def test_engine_request_path_writes_a_row_per_case(tmp_path: Path) -> None:
     assert all(float(r[3].replace(",", "")) > 0 and r[-1] == "0" for r in rows[1:]), rows
 
 
+def test_engine_request_path_cases_keep_the_callers_pythonpath(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    # A GPU host installs the wheels with pip --target and puts that folder on PYTHONPATH: a case child that
+    # replaced PYTHONPATH with its source tree lost cattrs there (H100, 2026-12-07, the enginepath step).
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_request_path", ROOT / "benchmarks" / "engine_request_path.py")
+    assert spec is not None and spec.loader is not None
+    erp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(erp)
+    site, other = tmp_path / "site", tmp_path / "other" / "src"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT / "src")]))
+    assert erp._pythonpath(ROOT / "src").split(os.pathsep) == [str(ROOT / "src"), str(site)]
+    assert erp._pythonpath(other).split(os.pathsep) == [str(other), str(site)]
+
+
 @pytest.mark.slow
 def test_serving_frontend_writes_a_row_per_protocol(tmp_path: Path) -> None:
     out = tmp_path / "sf.md"
