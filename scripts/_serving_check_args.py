@@ -98,9 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")
-    parser.add_argument("--null-spinning", choices=("default", "off"), default="default",
-                        help="part (a)'s null models: ONNX Runtime's spinning pool threads (default), or "
-                             "--option spinning=false (docs/benchmarks/2026-12-05-ort-spinning-cpu.md)")
+    parser.add_argument("--null-spinning", choices=("default", "off"), default="off",
+                        help="part (a)'s null models: --option spinning=false (the default since 2026-12-07: the "
+                             "ceiling measures the front end, and spinning pool threads took the front ends' cores: "
+                             "H100 4.8 MB gRPC 3.32 -> 7.43 GB/s, docs/benchmarks/2026-12-07-s11.md), or 'default' "
+                             "for ONNX Runtime's own spinning pool threads")
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="on",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions; on by default); both: the server's rows with it on, then "
