@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from _serving_check_placement import engine_cpus_arg
+
 DESCRIPTION = ("H200 check (issues 12 and 26): the server's front-end ceiling and ResNet fp16 plans served vs "
                "offline.")
 
@@ -103,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "ceiling measures the front end, and spinning pool threads took the front ends' cores: "
                              "H100 4.8 MB gRPC 3.32 -> 7.43 GB/s, docs/benchmarks/2026-12-07-s11.md), or 'default' "
                              "for ONNX Runtime's own spinning pool threads")
+    parser.add_argument("--engine-cpus", type=engine_cpus_arg, default=[None], metavar="none|LIST[;...]",
+                        help="part (a) once per placement: 'none' (the kernel's), or a CPU list (e.g. 0-1) for the "
+                             "engine process with the front ends and clients on the other CPUs (default none)")
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="on",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions; on by default); both: the server's rows with it on, then "

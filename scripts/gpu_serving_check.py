@@ -79,7 +79,8 @@ from streamrt.testing.server_process import stop
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
 sys.path.insert(0, str(ROOT / "scripts"))
-from _gpu_parts import Report  # noqa: E402 - the scripts folder is not a package
+import _serving_check_placement as placement  # noqa: E402 - the scripts folder is not a package
+from _gpu_parts import Report  # noqa: E402
 from _serving_check_args import (  # noqa: E402
     DIRECT_ENV,
     TRANSPORTS,
@@ -277,14 +278,31 @@ def _failure(exc: BaseException, limit: int) -> str:
     return _cell(f"{type(exc).__name__}: {exc}"[-limit:])
 
 
-def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: Report) -> None:
-    """Part (a) at one front-end process count: a row per protocol and request size, written as it comes."""
+def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: Report,
+                  engine_cpus: frozenset[int] | None = None) -> None:
+    """Part (a) at one front-end process count and CPU placement (:mod:`_serving_check_placement`): a row per
+    protocol and request size, written as it comes."""
     repo = sf.write_repository(work / "null-repo", instances=2,
                                backend_options={"spinning": False} if args.null_spinning == "off" else None)
-    server = Server(repo, args.out / f"server-null-fp{processes}.log", processes, args.grpc_server)
+    suffix = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
+    server = Server(repo, args.out / f"server-null-fp{processes}{suffix}.log", processes, args.grpc_server)
+    try:
+        with placement.placed(server.process.pid, engine_cpus) as rest:
+            others = "the front ends and clients" if processes > 1 else "the clients (the front end is the engine's)"
+            where = ("" if rest is None else
+                     f" Engine process on CPUs {placement.label(engine_cpus)}, {others} on {placement.label(rest)}.")
+            _frontend_table(args, server, processes, where, report)
+    except ValueError as exc:  # a placement this machine cannot give: said, and the next part goes on
+        say(f"(a) {exc}")
+        report.add([f"Front-end processes: {processes}: not run: {exc}", ""])
+    finally:
+        server.stop()
+
+
+def _frontend_table(args: argparse.Namespace, server: Server, processes: int, where: str, report: Report) -> None:
     # Server CPU per request, the engine process apart from the whole server (its front-end workers
     # too): the engine process is the part that does not scale with --frontend-processes.
-    report.add([f"Front-end processes: {processes}.", "",
+    report.add([f"Front-end processes: {processes}.{where}", "",
                 "| protocol | request | bytes | requests/s | GB/s | p50 ms | p99 ms | server us/req | "
                 "server CPU us/req (engine process / all) | client busy | errors |",
                 "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"])
@@ -313,8 +331,7 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
                     row = f"| {protocol} | {model} x{batch} | failed: {_failure(exc, 200)} | | | | | | | | |"
                 report.add([row])
     finally:
-        server.stop()
-    report.add([""])
+        report.add([""])
 
 
 def reference_rows(name: str, plan: Path, args: argparse.Namespace, report: Report) -> float:
@@ -510,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- commit: {git_commit(ROOT)}",
         f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, --device {args.device}",
+        f"- CPUs: {placement.topology()}",
         f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *(argv or sys.argv[1:])])}`",
         f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
         f"{args.seconds:g} s windows", "",
@@ -518,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_frontend:
         report.add(["skipped", ""])
     for n in args.frontend_processes if not args.skip_frontend else []:
-        with report.part(f"(a) front end, {n} process(es)"):
-            frontend_rows(args, work, n, report)
+        for engine_cpus in args.engine_cpus:
+            with report.part(f"(a) front end, {n} process(es), engine CPUs {placement.label(engine_cpus)}"):
+                frontend_rows(args, work, n, report, engine_cpus)
     report.add([
         "Targets: gRPC >= 3 GB/s at 4.8 MB (null_image x8) and >= 10,000 requests/s at 64 B (null_small x1).", "",
         "## (b) ResNet fp16 torch_inductor plans: server vs the engine's best offline, (c) under a latency bound",

@@ -38,14 +38,19 @@ def test_front_end_part_writes_a_row_per_protocol(tmp_path: Path, grpc_server: s
     if grpc_server == "h2corn":
         pytest.importorskip("h2corn")
     quiet = grpc_server == "grpcio"  # one of the two runs with ONNX Runtime's own spinning pool threads
+    # ... and twice, the second time with the engine process on CPU 0 and the rest on the others
     done, rows = _run(tmp_path, "--models", "", "--grpc-server", grpc_server,
-                      *([] if quiet else ["--null-spinning", "default"]))
+                      *(["--engine-cpus", "none;0"] if quiet else ["--null-spinning", "default"]))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
     assert ("pool threads not spinning" in report) == quiet
-    body = {r[0]: r for r in rows if r[0] in ("grpc", "http")}
-    assert set(body) == {"grpc", "http"}
-    for row in body.values():
+    assert "- CPUs: " in report
+    pinned = len(os.sched_getaffinity(0)) > 1 and 0 in os.sched_getaffinity(0)
+    placed = "Engine process on CPUs 0, the clients (the front end is the engine's) on "
+    assert (placed in report) == (quiet and pinned), report
+    body = [r for r in rows if r[0] in ("grpc", "http")]
+    assert [r[0] for r in body] == ["grpc", "http"] * (2 if quiet and pinned else 1), body
+    for row in body:
         assert row[1] == "null_small x1" and row[2] == "64" and float(row[3].replace(",", "")) > 0, row
         assert float(row[6]) >= float(row[5]) > 0 and row[-1] == "0", row
 
