@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from streamrt.device.threads import physical_cores
 from streamrt.testing.server_process import child_pids
 
 
@@ -63,16 +64,15 @@ def label(engine: frozenset[int] | None) -> str:
 
 
 def topology() -> str:
-    """This machine's CPUs as cores and SMT siblings (Linux sysfs), for the report's header."""
+    """This machine's CPUs, physical cores (:func:`~streamrt.device.threads.physical_cores`) and SMT siblings
+    (Linux sysfs), for the report's header."""
     siblings = set()
     for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list"):
         with contextlib.suppress(OSError):
             siblings.add(path.read_text().strip())
-    if not siblings:
-        return f"{os.cpu_count()} CPUs (topology not readable)"
     shown = sorted(siblings, key=lambda s: int(s.replace("-", ",").split(",")[0]))
-    return f"{os.cpu_count()} CPUs in {len(siblings)} cores; SMT siblings {' '.join(shown[:8])}" + (
-        " ..." if len(shown) > 8 else "")
+    return (f"{os.cpu_count()} CPUs in {physical_cores()} cores; SMT siblings "
+            + (" ".join(shown[:8]) + (" ..." if len(shown) > 8 else "") if shown else "not readable"))
 
 
 def _pin_process(pid: int, cpus: frozenset[int]) -> None:
@@ -91,20 +91,30 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def rest_of(engine: frozenset[int] | None) -> frozenset[int] | None:
+    """The usable CPUs left for the front ends and clients when the engine process takes ``engine`` (None for no
+    placement); ValueError for a placement this machine cannot give, before any server starts."""
+    if engine is None:
+        return None
+    usable = frozenset(os.sched_getaffinity(0))
+    if not engine <= usable:
+        raise ValueError(f"--engine-cpus {label(engine)}: not all of them are usable here ({label(usable)})")
+    if not usable - engine:
+        raise ValueError(f"--engine-cpus {label(engine)}: leaves no CPU for the front ends and clients")
+    return usable - engine
+
+
 @contextlib.contextmanager
 def placed(server_pid: int, engine: frozenset[int] | None) -> Iterator[frozenset[int] | None]:
     """Within the block, the server's engine process (``server_pid``) runs on ``engine`` and its descendants (the
-    front-end processes) and this process's future children (the clients) on the other usable CPUs; this process's
-    own mask is restored after. ``engine=None`` changes nothing. Yields the CPUs of the rest."""
-    if engine is None:
+    front-end processes) and this process's future children (the clients) on the other usable CPUs (:func:`rest_of`);
+    this process's own mask is restored after. ``engine=None`` changes nothing. Yields the CPUs of the rest. A front
+    end the server restarts inside the block inherits the engine's CPUs."""
+    rest = rest_of(engine)
+    if engine is None or rest is None:
         yield None
         return
     usable = frozenset(os.sched_getaffinity(0))
-    rest = usable - engine
-    if not engine <= usable:
-        raise ValueError(f"--engine-cpus {label(engine)}: not all of them are usable here ({label(usable)})")
-    if not rest:
-        raise ValueError(f"--engine-cpus {label(engine)}: leaves no CPU for the front ends and clients")
     _pin_process(server_pid, engine)
     for child in _descendants(server_pid):
         _pin_process(child, rest)

@@ -284,6 +284,12 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
     protocol and request size, written as it comes."""
     repo = sf.write_repository(work / "null-repo", instances=2,
                                backend_options={"spinning": False} if args.null_spinning == "off" else None)
+    try:
+        placement.rest_of(engine_cpus)
+    except ValueError as exc:  # a placement this machine cannot give: said, and the next part goes on
+        say(f"(a) {exc}")
+        report.add([f"Front-end processes: {processes}: not run: {exc}", ""])
+        return
     suffix = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
     server = Server(repo, args.out / f"server-null-fp{processes}{suffix}.log", processes, args.grpc_server)
     try:
@@ -292,9 +298,6 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
             where = ("" if rest is None else
                      f" Engine process on CPUs {placement.label(engine_cpus)}, {others} on {placement.label(rest)}.")
             _frontend_table(args, server, processes, where, report)
-    except ValueError as exc:  # a placement this machine cannot give: said, and the next part goes on
-        say(f"(a) {exc}")
-        report.add([f"Front-end processes: {processes}: not run: {exc}", ""])
     finally:
         server.stop()
 
