@@ -106,8 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "H100 4.8 MB gRPC 3.32 -> 7.43 GB/s, docs/benchmarks/2026-12-07-s11.md), or 'default' "
                              "for ONNX Runtime's own spinning pool threads")
     parser.add_argument("--engine-cpus", type=engine_cpus_arg, default=[None], metavar="none|LIST[;...]",
-                        help="part (a) once per placement: 'none' (the kernel's), or a CPU list (e.g. 0-1) for the "
-                             "engine process with the front ends and clients on the other CPUs (default none)")
+                        help="every part once per placement: 'none' (the kernel's), or a CPU list (e.g. 0-1) for "
+                             "the engine process (`streamrt serve --engine-cpus`) with the front ends and clients on "
+                             "the other CPUs (default none); the targets take each transport's best placement")
     parser.add_argument("--direct-copies", choices=("off", "on", "both"), default="on",
                         help=f"the engine process's {DIRECT_ENV} (copies straight from page-locked arenas and "
                              "shared-memory regions; on by default); both: the server's rows with it on, then "

@@ -240,13 +240,14 @@ class Server:
     """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
 
     def __init__(self, repo: Path, log: Path, frontend_processes: int = 1, grpc_server: str = "grpcio",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, engine_cpus: frozenset[int] | None = None) -> None:
         self.http, self.grpc = sf.free_port(), sf.free_port()
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
              "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING",
-             "--frontend-processes", str(frontend_processes), "--grpc-server", grpc_server],
+             "--frontend-processes", str(frontend_processes), "--grpc-server", grpc_server,
+             *placement.server_args(engine_cpus)],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         sf.wait_ready(self.http, 300, self.process)
@@ -291,9 +292,10 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
         report.add([f"Front-end processes: {processes}: not run: {exc}", ""])
         return
     suffix = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
-    server = Server(repo, args.out / f"server-null-fp{processes}{suffix}.log", processes, args.grpc_server)
+    server = Server(repo, args.out / f"server-null-fp{processes}{suffix}.log", processes, args.grpc_server,
+                    engine_cpus=engine_cpus)
     try:
-        with placement.placed(server.process.pid, engine_cpus) as rest:
+        with placement.clients_beside_front_ends(engine_cpus) as rest:
             others = "the front ends and clients" if processes > 1 else "the clients (the front end is the engine's)"
             where = ("" if rest is None else
                      f" Engine process on CPUs {placement.label(engine_cpus)}, {others} on {placement.label(rest)}.")
@@ -364,29 +366,31 @@ def _server_split(r: dict[str, Any]) -> str:
 
 def served_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
                 ratios: dict[str, float], transports: tuple[tuple[str, list[str]], ...] = TRANSPORTS,
-                suffix: str = "") -> None:
-    """Part (b): each transport at ``--concurrency``, no latency bound; a row each, written as it comes."""
+                suffix: str = "", where: str = "") -> None:
+    """Part (b): each transport at ``--concurrency``, no latency bound; a row each, written as it comes. ``where``
+    (the server's CPU placement) is shown in the rows; a transport's ratio is its best over placements."""
     for label, extra in transports:
         label += suffix
         try:
             r = perf(server, "grpc", name, args.request_batch, args, extra)
             lat = r.get("latency_ms") or {}
             ratio = r["throughput"] / reference
-            row = (f"| {name} {args.precision} | server, {label}, concurrency {args.concurrency} x "
+            row = (f"| {name} {args.precision} | server{where}, {label}, concurrency {args.concurrency} x "
                    f"{args.request_batch} img | {r['throughput']:,.0f} | {ratio:.0%} | "
                    f"{lat.get('median', float('nan')):.1f} / "
                    f"{lat.get('p99', float('nan')):.1f} | {(r.get('server_us') or {}).get('avg_batch', 0):.1f} | "
                    f"{r['errors']} errors" + (f"; {_cell(r['first_error'][:120])}" if r.get("first_error") else "")
                    + (f"; {_cell(r['warning'])}" if r.get("warning") else "") + _server_split(r) + " |")
-            ratios[label] = ratio  # measured, even at 0 (every request failed): a FAIL, not "not measured"
+            # measured, even at 0 (every request failed): a FAIL, not "not measured"
+            ratios[label] = max(ratio, ratios.get(label, ratio))
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
             say(f"{name} {label}: FAILED {exc}")
-            row = f"| {name} {args.precision} | server, {label} | failed | | | | {_failure(exc, 300)} |"
+            row = f"| {name} {args.precision} | server{where}, {label} | failed | | | | {_failure(exc, 300)} |"
         report.add([row])
 
 
 def bounded_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
-                 ratios: dict[str, float]) -> None:
+                 ratios: dict[str, float], where: str = "") -> None:
     """Part (c): each transport's highest images/s with p99 within ``--latency-bound-ms``, found by
     ``streamrt perf --latency-bound-ms`` (the search of :mod:`streamrt.client.search`); a row each."""
     bound = f"p99 <= {args.latency_bound_ms:g} ms"
@@ -409,17 +413,18 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                 # server's own time per request says whether the time is in the server or in the transport
                 low = min(levels, key=lambda level: level["concurrency"])
                 lat = low.get("latency_ms") or {}
-                row = (f"| {name} {args.precision} | server, {label}, {bound} | none under the bound | 0% | "
+                row = (f"| {name} {args.precision} | server{where}, {label}, {bound} | none under the bound | 0% | "
                        f"{lat.get('median', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} at concurrency "
                        f"{low['concurrency']} ({low.get('throughput', 0):,.0f} img/s) | "
                        f"{(low.get('server_us') or {}).get('avg_batch', 0):.1f} | "
                        f"{_cell(why[-250:])}; tried concurrency {tried}{_server_split(low)} |")
             else:
                 lat, ratio = best["latency_ms"], best["throughput"] / reference
-                ratios[f"{label}, {bound}"] = ratio
+                ratios[f"{label}, {bound}"] = max(ratio, ratios.get(f"{label}, {bound}", ratio))
                 say(f"{name} {label} {bound}: {best['throughput']:.0f} img/s at concurrency {best['concurrency']} "
                     f"(p99 {lat['p99']:.1f} ms; tried {tried})")
-                row = (f"| {name} {args.precision} | server, {label}, {bound}: concurrency {best['concurrency']} x "
+                row = (f"| {name} {args.precision} | server{where}, {label}, {bound}: concurrency "
+                       f"{best['concurrency']} x "
                        f"{args.request_batch} img | {best['throughput']:,.0f} | {ratio:.0%} | {lat['median']:.1f} / "
                        f"{lat['p99']:.1f} | {(best.get('server_us') or {}).get('avg_batch', 0):.1f} | "
                        f"tried concurrency {tried}" + ("; the range's end: raise --bound-range" if
@@ -427,7 +432,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                        + (f"; {_cell(best['warning'])}" if best.get("warning") else "") + _server_split(best) + " |")
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
             say(f"{name} {label} {bound}: FAILED {exc}")
-            row = f"| {name} {args.precision} | server, {label}, {bound} | failed | | | | {_failure(exc, 300)} |"
+            row = f"| {name} {args.precision} | server{where}, {label}, {bound} | failed | | | | {_failure(exc, 300)} |"
         report.add([row])
 
 
@@ -453,17 +458,8 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
     }))
     ratios: dict[str, float] = {}
     direct = "0" if args.direct_copies == "off" else "1"  # the main server's: the default unless off
-    server = Server(repo, args.out / f"server-{name}.log", max(args.frontend_processes), args.grpc_server,
-                    {DIRECT_ENV: direct})
-    try:
-        served_rows(name, server, reference, args, report, ratios, args.transports)
-        for options in args.client_variants:  # the same server, the client changed: rows side by side
-            variant = tuple((label, [*extra, *options]) for label, extra in args.transports)
-            served_rows(name, server, reference, args, report, {}, variant, ", perf " + " ".join(options))
-        if bounded:
-            bounded_rows(name, server, reference, args, report, ratios)
-    finally:
-        server.stop()
+    for engine_cpus in args.engine_cpus:  # a server per placement, the same plan and reference
+        placed_rows(name, repo, reference, args, report, ratios, {DIRECT_ENV: direct}, engine_cpus, bounded)
     if args.direct_copies == "both":  # the host transports again, each batch gathered into a pinned slot
         host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: "0"},
                               ", gathered (no direct copies)")
@@ -471,6 +467,34 @@ def model_rows(name: str, args: argparse.Namespace, work: Path, plans: Path, rep
         host_transports_again(name, repo, reference, args, report, ratios, {DIRECT_ENV: direct, **variant},
                               ", " + " ".join(f"{k}={v}" for k, v in variant.items()))
     return ratios
+
+
+def placed_rows(name: str, repo: Path, reference: float, args: argparse.Namespace, report: Report,
+                ratios: dict[str, float], env: dict[str, str], engine_cpus: frozenset[int] | None,
+                bounded: bool) -> None:
+    """Parts (b) and (c) from one server at one CPU placement (``--engine-cpus``: the server's engine process on
+    those CPUs, its front ends and this check's clients on the rest)."""
+    where = "" if args.engine_cpus == [None] else f" (engine CPUs {placement.label(engine_cpus)})"
+    try:
+        placement.rest_of(engine_cpus)
+    except ValueError as exc:  # a placement this machine cannot give: said, and the next goes on
+        say(f"(b) {exc}")
+        report.add([f"| {name} {args.precision} | server{where} | not run | | | | {_cell(str(exc))} |"])
+        return
+    tag = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
+    server = Server(repo, args.out / f"server-{name}{tag}.log", max(args.frontend_processes), args.grpc_server,
+                    env, engine_cpus)
+    try:
+        with placement.clients_beside_front_ends(engine_cpus):
+            served_rows(name, server, reference, args, report, ratios, args.transports, where=where)
+            for options in args.client_variants:  # the same server, the client changed: rows side by side
+                variant = tuple((label, [*extra, *options]) for label, extra in args.transports)
+                served_rows(name, server, reference, args, report, {}, variant, ", perf " + " ".join(options),
+                            where)
+            if bounded:
+                bounded_rows(name, server, reference, args, report, ratios, where)
+    finally:
+        server.stop()
 
 
 def host_transports_again(name: str, repo: Path, reference: float, args: argparse.Namespace, report: Report,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +149,35 @@ def test_spinning_option_is_recorded_and_reaches_the_session(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="spinning must be true or false"):
         streamrt.build(source, BuildConfig(profiles=model.profiles, backend_options={"spinning": "no"}),
                        tmp_path / "bad.plan", cache_dir=tmp_path / "cache")
+
+
+ORT_IN_A_NARROW_MASK = """
+import os, sys
+cpu = int(sys.argv[1])
+os.sched_setaffinity(0, {cpu})  # as taskset would, before any other thread starts
+import numpy as np, onnx, onnxruntime as ort
+from onnx import TensorProto, helper
+from streamrt.backends.onnxruntime.session import session_options
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "x"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 8
+session = ort.InferenceSession(model.SerializeToString(), session_options({}, 99), providers=["CPUExecutionProvider"])
+session.run(None, {"x": np.random.default_rng().standard_normal((256, 256)).astype(np.float32)})
+masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+print(sorted(masks))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable CPUs")
+def test_default_threads_stay_inside_the_process_cpu_mask() -> None:
+    """ONNX Runtime's default thread count pins each pool thread to a core of the machine, outside a narrowed
+    process mask too (found by `streamrt serve --engine-cpus`): a confined process gets an explicit count."""
+    cpu = min(os.sched_getaffinity(0))  # ONNX Runtime's own pinning leaves the first core to the caller's thread
+    out = subprocess.run([sys.executable, "-c", ORT_IN_A_NARROW_MASK, str(cpu)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             filter(None, [str(Path(__file__).resolve().parents[2] / "src"),
+                                           os.environ.get("PYTHONPATH")]))})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str([(cpu,)])

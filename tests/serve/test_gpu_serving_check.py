@@ -103,6 +103,23 @@ def test_model_part_builds_measures_offline_and_records_the_failing_variant(tmp_
     assert "- gRPC binary, p99 <= 500 ms >= 80% of offline (ResNet-50, issue 26)" in report
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or 0 not in os.sched_getaffinity(0),
+                    reason="needs CPU 0 and another usable CPU")
+def test_model_part_runs_once_per_cpu_placement(tmp_path: Path) -> None:
+    """``--engine-cpus none;0``: parts (b) and (c) from a server per placement (the second started with
+    ``streamrt serve --engine-cpus 0``), each row naming its placement."""
+    done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "2", "--request-batch", "1", "--instances", "1",
+                      "--transports", "binary", "--latency-bound-ms", "500", "--bound-range", "1:2",
+                      "--bound-seconds", "1", "--engine-cpus", "none;0")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    served = [r for r in rows if r[0] == "tiny fp32" and r[1].startswith("server")]
+    assert [r[1].split(", ")[0] for r in served] == ["server (engine CPUs none)"] * 2 + ["server (engine CPUs 0)"] * 2
+    assert ["p99 <=" in r[1] for r in served] == [False, True] * 2, served
+    assert all(_number(r[2]) > 0 for r in served), served
+    assert (tmp_path / "out" / "server-tiny-engine0.log").is_file()
+
+
 def test_a_model_that_fails_to_build_is_a_row_and_the_report_is_finished(tmp_path: Path) -> None:
     done, rows = _run(tmp_path, "--skip-frontend", "--models", "no_such_net")
     assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]

@@ -39,6 +39,8 @@ from streamrt.building.flags import (
     parse_options,
 )
 from streamrt.config import BuildConfig, CalibrationConfig, ImagePreprocess
+from streamrt.device.cpus import format_cpu_list, parse_cpu_list
+from streamrt.errors import ConfigError
 from streamrt.pipeline.config import PipelineConfig, Topology
 from streamrt.serve.configs.config import ServerConfig
 
@@ -277,6 +279,14 @@ def _port(text: str) -> int | str:
     return _OFF if value < 0 else value
 
 
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``--engine-cpus``: the kernel's CPU-list syntax, refused by argparse with the reason."""
+    try:
+        return tuple(sorted(parse_cpu_list(text)))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _port_value(value: int | str) -> int | None:
     return None if value == _OFF else int(value)
 
@@ -326,6 +336,10 @@ SERVER_OPTIONS = (
            "h2corn's Tokio threads (default: 1 on a machine of 2 CPUs or fewer, else h2corn's 2); fewer cost "
            "less CPU per small request, more move large ones faster; needs --grpc-server h2corn",
            {"type": int, "metavar": "N"}),
+    Option("engine_cpus", ("--engine-cpus",),
+           "run the engine process on these CPUs (the kernel's list syntax, e.g. 0-1) and the front-end "
+           "processes on the others, as Triton's --host-policy cpu-cores (default: the kernel places them); "
+           "see docs/serving-frontends.md", {"type": _cpu_list, "metavar": "LIST"}, text=format_cpu_list),
     Option("frontend_arena_bytes", ("--frontend-arena-mb",),
            "shared memory per front-end process for tensors in flight (default 1024; pages are used "
            "only as tensors arrive)",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from streamrt._version import __version__
+from streamrt.device.cpus import format_cpu_list, pin_process, split_cpus
 from streamrt.errors import (
     ModelLoadError,
     RequestError,
@@ -92,12 +94,20 @@ class ServerCore:
         self._open = False  # from start until stop finished: what stop has to undo
         self.shared_memory = SharedMemoryRegistry()
         self.tracer: Tracer | None = None
+        self.frontend_cpus: frozenset[int] | None = None  # engine_cpus's rest: where front ends run
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, *, wait_ready: bool = False) -> None:
-        """Open the repository, bind the listeners, start loading the start-up models (optionally wait)."""
+        """Place the process (``engine_cpus``), open the repository, bind the listeners, start loading the
+        start-up models (optionally wait)."""
         cfg = self.config
+        if cfg.engine_cpus is not None:  # first: every pool started later inherits the mask
+            self.frontend_cpus = split_cpus(cfg.engine_cpus, need_rest=cfg.frontend_processes > 1)
+            pin_process(os.getpid(), cfg.engine_cpus)
+            log.info("engine process on CPUs %s%s", format_cpu_list(cfg.engine_cpus),
+                     f", front-end processes on {format_cpu_list(self.frontend_cpus)}"
+                     if cfg.frontend_processes > 1 else "")
         self.repository = ModelRepository(
             self.repository_path, load_threads=cfg.load_threads, drain_timeout_s=cfg.exit_timeout_s,
             engine_loader=self.engine_loader, **_sharing(cfg),

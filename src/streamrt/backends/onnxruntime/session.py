@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import onnxruntime as ort
 
+from streamrt.device.threads import physical_cores, usable_cores
 from streamrt.errors import BuildError, UnsupportedOperatorError
 from streamrt.onnx.model import OnnxModel
 
-__all__ = ["MODES", "PROVIDERS", "session_options", "session_providers", "translate"]
+__all__ = ["MODES", "PROVIDERS", "intra_op_threads", "session_options", "session_providers", "translate"]
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -32,10 +34,22 @@ _NOT_REGISTERED = re.compile(r"(?:([\w.]+):)?(\w+)\((-?\d+)\) is not a registere
 DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 
+def intra_op_threads(settings: Mapping[str, Any]) -> int:
+    """The plan's ``threads`` (0: ONNX Runtime's default), except in a process confined to some of the machine's CPUs
+    (``taskset``, a container's cpuset, ``streamrt serve --engine-cpus``): there ONNX Runtime's default count, one
+    per physical core of the machine, comes with each pool thread pinned to a core of its own choosing, outside the
+    process's CPUs as well; an explicit count of the cores this process may use (ONNX Runtime's default, within the
+    mask) pins nothing, and the threads stay where the process was put."""
+    threads = int(settings.get("threads", 0))
+    if threads == 0 and usable_cores() < (os.cpu_count() or 1):
+        return physical_cores()
+    return threads
+
+
 def session_options(settings: Mapping[str, Any], level: int) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = _LEVELS.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    so.intra_op_num_threads = int(settings.get("threads", 0))
+    so.intra_op_num_threads = intra_op_threads(settings)
     so.inter_op_num_threads = int(settings.get("inter_op_threads", 0))
     so.execution_mode = MODES[str(settings.get("execution_mode", "sequential"))]
     so.log_severity_level = 3

@@ -543,6 +543,9 @@ class ServerConfig:
             grpcio's CPU per request; :mod:`streamrt.serve.listeners.grpc_h2corn`).
         grpc_threads: h2corn's Tokio threads (0: one on a machine of 2 CPUs or fewer, else h2corn's
             default, 2); only with ``grpc_server`` ``h2corn`` (grpcio's core sizes its own pollers).
+        engine_cpus: the CPUs the engine process runs on (every thread, those of its model pools
+            included), the front-end processes on the other usable CPUs (:mod:`streamrt.device.cpus`;
+            Triton's ``--host-policy cpu-cores``); None: the kernel places every process.
     """
 
     host: str = "127.0.0.1"
@@ -568,6 +571,7 @@ class ServerConfig:
     frontend_arena_bytes: int = 2**30
     grpc_server: str = "grpcio"
     grpc_threads: int = 0
+    engine_cpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_sharing()
@@ -601,6 +605,12 @@ class ServerConfig:
         if self.grpc_threads and self.grpc_server != "h2corn":
             raise ConfigError(f"grpc_threads sets h2corn's Tokio threads; the gRPC server is {self.grpc_server}",
                               hint="add --grpc-server h2corn, or drop --grpc-threads")
+        if self.engine_cpus is not None:
+            cpus = tuple(sorted(set(self.engine_cpus)))
+            if not cpus or any(not isinstance(c, int) or c < 0 for c in cpus):
+                raise ConfigError(f"engine_cpus must be CPU numbers >= 0, got {self.engine_cpus!r}",
+                                  hint="--engine-cpus 0-1 (the kernel's CPU-list syntax)")
+            object.__setattr__(self, "engine_cpus", cpus)
         if self.frontend_arena_bytes < 2**20:
             raise ConfigError(f"frontend_arena_bytes must be >= 1 MiB, got {self.frontend_arena_bytes}")
         if self.auth_token is not None and not self.auth_token.strip():

@@ -152,6 +152,7 @@ class FrontendSupervisor:
                 "http_socket": str(self._dir / "http.sock"), "grpc_socket": str(self._dir / "grpc.sock"),
                 "channel_fd": theirs.fileno(), "arena_fd": arena.fd, "arena_bytes": self.arena_bytes,
                 "log_level": logging.getLogger("streamrt").getEffectiveLevel(),
+                "cpus": None if self.core.frontend_cpus is None else sorted(self.core.frontend_cpus),
             }
             source = str(Path(streamrt.__file__).resolve().parents[1])  # the same streamrt in the worker
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from streamrt.device.cpus import pin_process
 from streamrt.errors import ServerShuttingDownError
 from streamrt.serve.configs.config import ServerConfig
 from streamrt.serve.listeners.frontends.arena import Arena
@@ -301,6 +302,8 @@ async def serve(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     spec = pickle.loads(sys.stdin.buffer.read())
+    if spec.get("cpus"):  # --engine-cpus: the front ends on the CPUs the engine process left them
+        pin_process(os.getpid(), spec["cpus"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the engine process, which stops us in order
     logging.basicConfig(level=spec["log_level"], stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s frontend[{spec['index']}] %(name)s: %(message)s")
