@@ -423,9 +423,19 @@ def merge(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise SystemExit(f"--merge: runs on different device kinds {sorted(map(str, kinds))}")
     meta = dict(metas[0])
     meta["merged"] = [m.get("header", []) for m in metas]
-    meta["spent_s"] = sum(m.get("spent_s", 0.0) for m in metas)
-    meta["budget_s"] = sum(m.get("budget_s", 0.0) for m in metas)
     return meta, rows
+
+
+def _call_lines(meta: dict[str, Any]) -> list[str]:
+    """One call's lanes, budget and deadlines (a merged table gives each call's command instead)."""
+    return [
+        *([f"- lanes: {meta['lanes']} children built at a time (build seconds overlap the other lane's build); "
+           f"timed runs never overlapped: the other lanes' processes were stopped during each "
+           f"({meta.get('gate_pauses', 0)} pauses)"] if (meta.get("lanes") or 1) > 1 else []),
+        f"- budget {_fmt(meta.get('budget_s'), '.0f')} s, spent {_fmt(meta.get('spent_s'), '.0f')} s; deadlines "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("deadlines_s") or {}).items())
+        + f"; plan build budget {meta.get('build_budget_s') if meta.get('build_budget_s') is not None else 'default'}",
+    ]
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -478,12 +488,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "- roofline: FLOPs (FlopCounterMode) x images/s / "
         + (f"{peaks.name} dense peak of the precision (fp16/bf16 {peaks.fp16:g}, tf32 {peaks.tf32:g}, fp32 "
            f"{peaks.fp32:g} TFLOP/s; {peaks.source})" if peaks else "unknown device: no roofline column"),
-        *([f"- lanes: {meta['lanes']} children built at a time (build seconds overlap the other lane's build); "
-           f"timed runs never overlapped: the other lanes' processes were stopped during each "
-           f"({meta.get('gate_pauses', 0)} pauses)"] if (meta.get("lanes") or 1) > 1 else []),
-        f"- budget {_fmt(meta.get('budget_s'), '.0f')} s, spent {_fmt(meta.get('spent_s'), '.0f')} s; deadlines "
-        + ", ".join(f"{k} {v:.0f} s" for k, v in (meta.get("deadlines_s") or {}).items())
-        + f"; plan build budget {meta.get('build_budget_s') if meta.get('build_budget_s') is not None else 'default'}",
+        *(_call_lines(meta) if not meta.get("merged") else
+          [f"- merged from {len(meta['merged'])} calls: each call's lanes, budget and deadlines are in its command "
+           "above; timed runs never overlapped within a call"]),
         "",
     ]
     for model in dict.fromkeys(r["model"] for r in rows):

@@ -69,6 +69,7 @@ def test_smoke_eager_times_a_build_past_its_deadline_is_reported_and_two_calls_m
     assert module.main(["--merge", *parts, "--out", str(merged)]) == 0
     text = (merged / "engine-speed.md").read_text()
     assert "--deadlines L0=2" in text and "--batches 2" in text  # both calls' headers
+    assert "- merged from 2 calls" in text and "spent 0 s" not in text  # no budget line summed from the headers
     assert "| fp32 | 1 | L0 | did not finish |" in text and "| fp32 | 2 | eager | ok |" in text
     assert "| fp32 | 1 | eager | ok | no |" in text and text.count("1.00 |") >= 2  # x eager of each batch
     assert len(_module().read_jsonl(merged / "engine-speed.jsonl")[1]) == 3
