@@ -108,3 +108,30 @@ def test_a_malformed_list_is_refused_by_the_parser(tmp_path: Path) -> None:
     out, _ = server.communicate(timeout=60)
     assert server.returncode == 2
     assert "--engine-cpus: expected a CPU list such as 0-1,8" in out.decode()
+
+
+IN_A_THREAD = """
+import os, sys
+from pathlib import Path
+from streamrt.serve import ServerConfig, ServerThread
+usable = frozenset(os.sched_getaffinity(0))
+engine = frozenset({min(usable)})
+def masks():
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+config = ServerConfig(http_port=0, grpc_port=None, metrics_port=None, engine_cpus=tuple(engine))
+with ServerThread(sys.argv[1], config) as server:
+    assert masks() == {engine}, masks()
+assert masks() == {usable}, masks()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(len(USABLE) < 2, reason="needs two usable CPUs")
+def test_a_server_in_a_thread_gives_the_process_its_cpus_back_at_stop(tmp_path: Path) -> None:
+    """``ServerThread`` with ``engine_cpus`` pins the whole process while it serves (its caller's threads too: the
+    option places a process) and gives every thread its CPUs back when it stops."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", IN_A_THREAD, str(_repo(tmp_path / "repo"))], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout + done.stderr)[-3000:]

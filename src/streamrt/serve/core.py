@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from streamrt._version import __version__
-from streamrt.device.cpus import format_cpu_list, pin_process, split_cpus
+from streamrt.device.cpus import format_cpu_list, pin_process, split_cpus, usable_cpus
 from streamrt.errors import (
     ModelLoadError,
     RequestError,
@@ -95,6 +95,7 @@ class ServerCore:
         self.shared_memory = SharedMemoryRegistry()
         self.tracer: Tracer | None = None
         self.frontend_cpus: frozenset[int] | None = None  # engine_cpus's rest: where front ends run
+        self._cpus_before: frozenset[int] | None = None  # the process's CPUs before engine_cpus pinned it
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -104,6 +105,7 @@ class ServerCore:
         cfg = self.config
         if cfg.engine_cpus is not None:  # first: every pool started later inherits the mask
             self.frontend_cpus = split_cpus(cfg.engine_cpus, need_rest=cfg.frontend_processes > 1)
+            self._cpus_before = usable_cpus()  # given back at stop (a server in a thread of a longer process)
             pin_process(os.getpid(), cfg.engine_cpus)
             log.info("engine process on CPUs %s%s", format_cpu_list(cfg.engine_cpus),
                      f", front-end processes on {format_cpu_list(self.frontend_cpus)}"
@@ -176,6 +178,9 @@ class ServerCore:
             self.tracer = None
         self._open = False
         _release_gpu_memory()
+        if self._cpus_before is not None:  # --engine-cpus: the process's threads back where they were
+            pin_process(os.getpid(), self._cpus_before)
+            self._cpus_before = None
         log.info("server stopped")
 
     # --- health -------------------------------------------------------------------------------

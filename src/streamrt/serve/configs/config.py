@@ -545,7 +545,9 @@ class ServerConfig:
             default, 2); only with ``grpc_server`` ``h2corn`` (grpcio's core sizes its own pollers).
         engine_cpus: the CPUs the engine process runs on (every thread, those of its model pools
             included), the front-end processes on the other usable CPUs (:mod:`streamrt.device.cpus`;
-            Triton's ``--host-policy cpu-cores``); None: the kernel places every process.
+            Triton's ``--host-policy cpu-cores``), from start to stop (a :class:`ServerThread` pins the
+            whole process it runs in, and gives its threads their CPUs back at stop); None: the kernel places
+            every process.
     """
 
     host: str = "127.0.0.1"
