@@ -165,7 +165,12 @@ model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 model.ir_version = 8
 session = ort.InferenceSession(model.SerializeToString(), session_options({}, 99), providers=["CPUExecutionProvider"])
 session.run(None, {"x": np.random.default_rng().standard_normal((256, 256)).astype(np.float32)})
-masks = {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+masks = set()
+for t in os.listdir(f"/proc/{os.getpid()}/task"):
+    try:
+        masks.add(tuple(sorted(os.sched_getaffinity(int(t)))))
+    except ProcessLookupError:  # the thread exited meanwhile
+        pass
 print(sorted(masks))
 """
 

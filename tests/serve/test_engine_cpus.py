@@ -4,6 +4,7 @@ placements this machine cannot give refused with one line before anything binds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -48,7 +49,12 @@ def _serve(repo: Path, http: int, *extra: str) -> subprocess.Popen[bytes]:
 
 
 def _masks(pid: int) -> set[frozenset[int]]:
-    return {frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()}
+    """The CPU masks of ``pid``'s threads (a thread that exits meanwhile is left out)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            found.add(frozenset(os.sched_getaffinity(int(task.name))))
+    return found
 
 
 def test_config_sorts_the_cpus_and_refuses_an_empty_list() -> None:
@@ -117,7 +123,13 @@ from streamrt.serve import ServerConfig, ServerThread
 usable = frozenset(os.sched_getaffinity(0))
 engine = frozenset({min(usable)})
 def masks():
-    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+    found = set()
+    for t in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            found.add(frozenset(os.sched_getaffinity(int(t))))
+        except ProcessLookupError:  # the thread exited meanwhile
+            pass
+    return found
 config = ServerConfig(http_port=0, grpc_port=None, metrics_port=None, engine_cpus=tuple(engine))
 with ServerThread(sys.argv[1], config) as server:
     assert masks() == {engine}, masks()
