@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,3 +55,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def thread_masks(pid: int) -> set[frozenset[int]]:
+    """The CPU masks of ``pid``'s threads, read from /proc (a thread that exits meanwhile is left out)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            found.add(frozenset(os.sched_getaffinity(int(task.name))))
+    return found

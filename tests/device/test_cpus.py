@@ -3,14 +3,13 @@ every thread of a real process (one started after the pin included) moved, check
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import thread_masks
 from streamrt.device.cpus import format_cpu_list, parse_cpu_list, pin_process, split_cpus, usable_cpus
 from streamrt.errors import ConfigError
 
@@ -28,15 +27,6 @@ t.start(); t.join()
 print(','.join(map(str, seen[0])), flush=True)
 time.sleep(60)
 """
-
-
-def _masks(pid: int) -> set[frozenset[int]]:
-    """The CPU masks of ``pid``'s threads (a thread that exits meanwhile is left out)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            found.add(frozenset(os.sched_getaffinity(int(task.name))))
-    return found
 
 
 def test_cpu_lists_parse_and_print_in_the_kernels_syntax() -> None:
@@ -67,9 +57,9 @@ def test_every_thread_is_moved_and_a_later_thread_inherits_the_mask() -> None:
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().strip() == "up"
-        assert _masks(proc.pid) == {USABLE}
+        assert thread_masks(proc.pid) == {USABLE}
         pin_process(proc.pid, cpus)
-        assert _masks(proc.pid) == {cpus}
+        assert thread_masks(proc.pid) == {cpus}
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert parse_cpu_list(proc.stdout.readline().strip()) == cpus

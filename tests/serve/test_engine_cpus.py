@@ -4,7 +4,6 @@ placements this machine cannot give refused with one line before anything binds.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from helpers import thread_masks
 from streamrt.device.cpus import format_cpu_list, usable_cpus
 from streamrt.errors import ConfigError
 from streamrt.serve.configs.config import ServerConfig
@@ -48,15 +48,6 @@ def _serve(repo: Path, http: int, *extra: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 
 
-def _masks(pid: int) -> set[frozenset[int]]:
-    """The CPU masks of ``pid``'s threads (a thread that exits meanwhile is left out)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(ProcessLookupError):
-            found.add(frozenset(os.sched_getaffinity(int(task.name))))
-    return found
-
-
 def test_config_sorts_the_cpus_and_refuses_an_empty_list() -> None:
     assert ServerConfig(engine_cpus=(3, 1, 1)).engine_cpus == (1, 3)
     with pytest.raises(ConfigError, match="engine_cpus"):
@@ -75,9 +66,9 @@ def test_the_engine_process_and_the_front_ends_run_where_they_were_put(tmp_path:
         wait_ready(http, 120, server)
         workers = child_pids(server.pid)
         assert len(workers) == 2
-        assert _masks(server.pid) == {engine}  # every thread: the loop, the model's pool, the driver's
+        assert thread_masks(server.pid) == {engine}  # every thread: the loop, the model's pool, the driver's
         for worker in workers:
-            assert _masks(worker) == {USABLE - engine}
+            assert thread_masks(worker) == {USABLE - engine}
         x = np.random.default_rng().standard_normal((3, 4)).astype(np.float32)
         body = json.dumps({"inputs": [{"name": "x", "shape": [3, 4], "datatype": "FP32",
                                        "data": x.ravel().tolist()}]}).encode()
@@ -87,7 +78,7 @@ def test_the_engine_process_and_the_front_ends_run_where_they_were_put(tmp_path:
             with urllib.request.urlopen(request, timeout=30) as reply:
                 y = np.array(json.loads(reply.read())["outputs"][0]["data"], np.float32).reshape(3, 4)
             np.testing.assert_array_equal(y, 2 * x)
-        assert _masks(server.pid) == {engine}  # threads started while serving too
+        assert thread_masks(server.pid) == {engine}  # threads started while serving too
     finally:
         assert stop(server, 30) is not None
     log = server.stdout.read().decode() if server.stdout else ""
