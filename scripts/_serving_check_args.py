@@ -68,6 +68,18 @@ def transports_arg(text: str) -> tuple[tuple[str, list[str]], ...]:
     return tuple(t for t in TRANSPORTS if t[0] in labels)
 
 
+CLIENTS = ("streamrt", "perf_analyzer")
+"""``--clients`` names: ``streamrt perf`` and NVIDIA's perf_analyzer."""
+
+
+def clients_arg(text: str) -> tuple[str, ...]:
+    """``--clients streamrt,perf_analyzer``: the load generators, in the order given."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(n not in CLIENTS for n in names):
+        raise argparse.ArgumentTypeError(f"--clients takes {','.join(CLIENTS)}, got {text!r}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked and completed (nothing created): the runbook's commands are parsed by a CPU
     test with this, so a GPU call cannot die on its own arguments."""
@@ -122,6 +134,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env-variants", type=env_variants, default=[], metavar="NAME=V[,NAME=V][;...]",
                         help="after part (b), the two host transports again from a server with each variant's "
                         "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")
+    parser.add_argument("--clients", type=clients_arg, default=("streamrt",), metavar="streamrt,perf_analyzer",
+                        help="the load generators of (b) and (c), each transport's rows once per client (default "
+                             "streamrt: `streamrt perf`; perf_analyzer: NVIDIA's C++ one, from "
+                             "scripts/setup_perf_analyzer.sh); a target takes a transport's best over clients")
+    parser.add_argument("--perf-analyzer", default=None, metavar="PATH",
+                        help="perf_analyzer's path (default $STREAMRT_PERF_ANALYZER, else "
+                             "build/perf_analyzer/perf_analyzer)")
     parser.add_argument("--latency-bound-ms", type=float, default=15.0,
                         help="(c): each transport's best images/s with p99 within this, for the first model "
                         "(default 15, MLPerf's Server bound for ResNet-50; 0 skips (c))")

@@ -88,15 +88,16 @@ from _serving_check_args import (  # noqa: E402
 )
 
 
-def _frontend() -> Any:
-    spec = importlib.util.spec_from_file_location("serving_frontend", ROOT / "benchmarks" / "serving_frontend.py")
+def _benchmark(name: str) -> Any:
+    """``benchmarks/<name>.py`` as a module (the benchmarks folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-sf = _frontend()
+sf = _benchmark("serving_frontend")
 
 
 def _cell(text: str) -> str:
@@ -262,13 +263,40 @@ class Server:
             self.log.close()
 
 
+def perf_analyzer(args: argparse.Namespace) -> tuple[Any, Path]:
+    """NVIDIA's perf_analyzer (``--clients perf_analyzer``): its runner module and binary, or SystemExit naming how
+    to get it (a row of each transport fails with that line; the other client's rows stand)."""
+    module = _benchmark("perf_analyzer_client")
+    binary = module.find(args.perf_analyzer)
+    if binary is None:
+        raise SystemExit("perf_analyzer not found: run scripts/setup_perf_analyzer.sh, or pass --perf-analyzer PATH")
+    return module, binary
+
+
+def _shared_memory(extra: list[str]) -> str:
+    """A transport's ``--shared-memory`` kind (``none`` for binary tensors in the request)."""
+    return extra[extra.index("--shared-memory") + 1] if "--shared-memory" in extra else "none"
+
+
 def perf(server: Server, protocol: str, model: str, batch: int, args: argparse.Namespace,
-         extra: list[str] | None = None) -> dict[str, Any]:
+         extra: list[str] | None = None, client: str = "streamrt") -> dict[str, Any]:
     port = server.http if protocol == "http" else server.grpc
-    options = [*(["--warmup-ms", "200"] if args.quick else []), *(extra or [])]
-    result = sf.run_perf(protocol, port, model, batch, args.concurrency, args.processes, args.seconds, options)
+    if client == "perf_analyzer":
+        module, binary = perf_analyzer(args)
+        levels, status, tail, command = module.run(binary, protocol, port, model, batch, str(args.concurrency),
+                                                   args.seconds, shared_memory=_shared_memory(extra or []),
+                                                   timeout=args.seconds * 30 + 120)
+        if not levels:
+            raise SystemExit(f"perf_analyzer failed ({status}): {tail.strip()[-1500:]}")
+        result = dict(levels[0], command=command)
+        result.setdefault("errors", 0)
+        if result.get("unstable"):
+            result["warning"] = "perf_analyzer: no stable measurement; the last window's figures"
+    else:
+        options = [*(["--warmup-ms", "200"] if args.quick else []), *(extra or [])]
+        result = sf.run_perf(protocol, port, model, batch, args.concurrency, args.processes, args.seconds, options)
     lat = result.get("latency_ms") or {}
-    say(f"{model} {protocol} b{batch} {' '.join(extra or [])}: {result.get('throughput', 0):.0f} items/s, "
+    say(f"{model} {protocol} b{batch} {' '.join(extra or [])} ({client}): {result.get('throughput', 0):.0f} items/s, "
         f"p99 {lat.get('p99', float('nan')):.1f} ms, errors {result.get('errors')}"
         + (f" ({result['first_error'][:200]})" if result.get("first_error") else "")
         + (f"; {result['warning']}" if result.get("warning") else ""))
@@ -369,13 +397,14 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
                 suffix: str = "", where: str = "") -> None:
     """Part (b): each transport at ``--concurrency``, no latency bound; a row each, written as it comes. ``where``
     (the server's CPU placement) is shown in the rows; a transport's ratio is its best over placements."""
-    for label, extra in transports:
+    for (label, extra), client in ((t, c) for t in transports for c in args.clients):
         label += suffix
+        by = _by(client, args)
         try:
-            r = perf(server, "grpc", name, args.request_batch, args, extra)
+            r = perf(server, "grpc", name, args.request_batch, args, extra, client)
             lat = r.get("latency_ms") or {}
             ratio = r["throughput"] / reference
-            row = (f"| {name} {args.precision} | server{where}, {label}, concurrency {args.concurrency} x "
+            row = (f"| {name} {args.precision} | server{where}, {label}{by}, concurrency {args.concurrency} x "
                    f"{args.request_batch} img | {r['throughput']:,.0f} | {ratio:.0%} | "
                    f"{lat.get('median', float('nan')):.1f} / "
                    f"{lat.get('p99', float('nan')):.1f} | {(r.get('server_us') or {}).get('avg_batch', 0):.1f} | "
@@ -384,36 +413,58 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
             # measured, even at 0 (every request failed): a FAIL, not "not measured"
             ratios[label] = max(ratio, ratios.get(label, ratio))
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
-            say(f"{name} {label}: FAILED {exc}")
-            row = f"| {name} {args.precision} | server{where}, {label} | failed | | | | {_failure(exc, 300)} |"
+            say(f"{name} {label}{by}: FAILED {exc}")
+            row = f"| {name} {args.precision} | server{where}, {label}{by} | failed | | | | {_failure(exc, 300)} |"
         report.add([row])
+
+
+def _by(client: str, args: argparse.Namespace) -> str:
+    """The client named in a row's measurement when more than one measures (``--clients``)."""
+    return f" ({client})" if len(args.clients) > 1 or client != "streamrt" else ""
+
+
+def bound_levels(server: Server, name: str, args: argparse.Namespace, extra: list[str],
+                 client: str) -> tuple[list[dict[str, Any]], int, str]:
+    """Part (c)'s search by one client: (every level tried, exit status, output tail); the best level within the
+    bound has ``latency_bound.best``."""
+    if client == "perf_analyzer":
+        module, binary = perf_analyzer(args)
+        levels, status, tail, _ = module.run(binary, "grpc", server.grpc, name, args.request_batch, args.bound_range,
+                                             args.bound_seconds, shared_memory=_shared_memory(extra),
+                                             latency_bound_ms=args.latency_bound_ms,
+                                             timeout=24 * (args.bound_seconds * 4 + 20) + 120)
+        return levels, status, tail
+    options = [*(["--warmup-ms", "200"] if args.quick else []), "--latency-bound-ms", f"{args.latency_bound_ms:g}",
+               *extra]
+    levels, status, stderr, _ = sf.run_perf_levels(
+        "grpc", server.grpc, name, args.request_batch, args.bound_range, args.processes, args.bound_seconds,
+        options, timeout=24 * (args.bound_seconds + 40) + 120)
+    return levels, status, stderr
 
 
 def bounded_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
                  ratios: dict[str, float], where: str = "") -> None:
     """Part (c): each transport's highest images/s with p99 within ``--latency-bound-ms``, found by
-    ``streamrt perf --latency-bound-ms`` (the search of :mod:`streamrt.client.search`); a row each."""
+    ``streamrt perf --latency-bound-ms`` (the search of :mod:`streamrt.client.search`) or perf_analyzer's
+    ``--latency-threshold --binary-search`` at the 99th percentile; a row per transport and client."""
     bound = f"p99 <= {args.latency_bound_ms:g} ms"
     end = int(args.bound_range.split(":")[1]) if ":" in args.bound_range else 1024
-    for label, extra in args.transports:
+    for (label, extra), client in ((t, c) for t in args.transports for c in args.clients):
+        by = _by(client, args)
         try:
-            options = [*(["--warmup-ms", "200"] if args.quick else []), "--latency-bound-ms",
-                       f"{args.latency_bound_ms:g}", *extra]
-            levels, status, stderr, _ = sf.run_perf_levels(
-                "grpc", server.grpc, name, args.request_batch, args.bound_range, args.processes, args.bound_seconds,
-                options, timeout=24 * (args.bound_seconds + 40) + 120)
+            levels, status, stderr = bound_levels(server, name, args, extra, client)
             if not levels:
                 raise SystemExit(f"perf failed ({status}): {stderr.strip()[-1500:]}")
             tried = ",".join(str(level["concurrency"]) for level in levels)
             best = next((level for level in levels if level["latency_bound"]["best"]), None)
             if best is None:
                 why = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {status}"
-                say(f"{name} {label} {bound}: no level under the bound (tried {tried})")
+                say(f"{name} {label}{by} {bound}: no level under the bound (tried {tried})")
                 # the lowest level tried, in full: a p50 far under the bound says the tail misses it, and the
                 # server's own time per request says whether the time is in the server or in the transport
                 low = min(levels, key=lambda level: level["concurrency"])
                 lat = low.get("latency_ms") or {}
-                row = (f"| {name} {args.precision} | server{where}, {label}, {bound} | none under the bound | 0% | "
+                row = (f"| {name} {args.precision} | server{where}, {label}{by}, {bound} | none under the bound | 0% | "
                        f"{lat.get('median', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} at concurrency "
                        f"{low['concurrency']} ({low.get('throughput', 0):,.0f} img/s) | "
                        f"{(low.get('server_us') or {}).get('avg_batch', 0):.1f} | "
@@ -421,9 +472,9 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
             else:
                 lat, ratio = best["latency_ms"], best["throughput"] / reference
                 ratios[f"{label}, {bound}"] = max(ratio, ratios.get(f"{label}, {bound}", ratio))
-                say(f"{name} {label} {bound}: {best['throughput']:.0f} img/s at concurrency {best['concurrency']} "
+                say(f"{name} {label}{by} {bound}: {best['throughput']:.0f} img/s at concurrency {best['concurrency']} "
                     f"(p99 {lat['p99']:.1f} ms; tried {tried})")
-                row = (f"| {name} {args.precision} | server{where}, {label}, {bound}: concurrency "
+                row = (f"| {name} {args.precision} | server{where}, {label}{by}, {bound}: concurrency "
                        f"{best['concurrency']} x "
                        f"{args.request_batch} img | {best['throughput']:,.0f} | {ratio:.0%} | {lat['median']:.1f} / "
                        f"{lat['p99']:.1f} | {(best.get('server_us') or {}).get('avg_batch', 0):.1f} | "
@@ -431,8 +482,9 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                                                        best["concurrency"] == end else "")
                        + (f"; {_cell(best['warning'])}" if best.get("warning") else "") + _server_split(best) + " |")
         except (SystemExit, Exception) as exc:  # one failed variant must not lose the others' numbers
-            say(f"{name} {label} {bound}: FAILED {exc}")
-            row = f"| {name} {args.precision} | server{where}, {label}, {bound} | failed | | | | {_failure(exc, 300)} |"
+            say(f"{name} {label}{by} {bound}: FAILED {exc}")
+            row = (f"| {name} {args.precision} | server{where}, {label}{by}, {bound} | failed | | | | "
+                   f"{_failure(exc, 300)} |")
         report.add([row])
 
 
@@ -557,7 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         f"- CPUs: {placement.topology()}",
         f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *(argv or sys.argv[1:])])}`",
         f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
-        f"{args.seconds:g} s windows", "",
+        f"{args.seconds:g} s windows" + ("; and NVIDIA's perf_analyzer (C++, tritonclient 2.43.0's, one process, "
+        "`--measurement-mode time_windows --percentile 99`, random input data), rows marked (perf_analyzer)"
+        if "perf_analyzer" in args.clients else ""), "",
         "## (a) Front-end ceiling (null model: ReduceMean on ONNX Runtime CPU, 2 instances, max batch 64"
         + (", pool threads not spinning: --option spinning=false" if args.null_spinning == "off" else "") + ")", ""])
     if args.skip_frontend:

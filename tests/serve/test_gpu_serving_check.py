@@ -4,6 +4,7 @@ formatting a failure) is found here, not in an H200 call."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -131,8 +132,6 @@ def test_a_model_that_fails_to_build_is_a_row_and_the_report_is_finished(tmp_pat
 def test_targets_say_not_measured_for_rows_that_did_not_run() -> None:
     """With ``--latency-bound-ms 0`` the H200 report of 2026-12-05 printed "p99 <= 0 ms ... 0% FAIL" for the three
     bounded targets that were never measured; a measured 0 (every request failed) stays a FAIL."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("gpu_serving_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
@@ -214,3 +213,36 @@ def test_a_bound_no_level_meets_still_reports_the_lowest_level(tmp_path: Path) -
     p50, p99 = (float(v) for v in row[4].split(" at concurrency ")[0].split(" / "))
     assert 0 < p50 <= p99 and row[4].split(" at concurrency ")[1].startswith("1 ("), row
     assert "server us/req: queue " in row[-1] and "tried concurrency 1" in row[-1], row
+
+
+@pytest.mark.slow
+def test_model_part_measures_with_perf_analyzer_beside_streamrt_perf(tmp_path: Path) -> None:
+    """``--clients streamrt,perf_analyzer``: parts (b) and (c) once per client, each row naming its client. Where
+    NVIDIA's perf_analyzer is not set up (scripts/setup_perf_analyzer.sh), its rows fail with how to get it and
+    ``streamrt perf``'s rows stand."""
+    spec = importlib.util.spec_from_file_location("perf_analyzer_client",
+                                                  ROOT / "benchmarks" / "perf_analyzer_client.py")
+    assert spec is not None and spec.loader is not None
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    present = client.find() is not None
+    done, rows = _run(tmp_path, "--skip-frontend", "--max-batch", "4", "--request-batch", "2", "--instances", "1",
+                      "--transports", "binary,system", "--clients", "streamrt,perf_analyzer",
+                      "--latency-bound-ms", "500", "--bound-range", "1:4:1", "--bound-seconds", "1")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    served = {r[1].split(", concurrency")[0].split(", p99")[0] + (" bounded" if "p99 <=" in r[1] else ""): r
+              for r in rows if r[0] == "tiny fp32" and r[1].startswith("server")}
+    assert set(served) == {f"server, {t} ({c}){b}" for t in ("gRPC binary", "gRPC + system shm")
+                           for c in ("streamrt", "perf_analyzer") for b in ("", " bounded")}, rows
+    for key, row in served.items():
+        if "(streamrt)" in key or present:
+            assert _number(row[2]) > 0, row
+            assert row[-1].startswith(("0 errors", "tried concurrency")), row
+        else:
+            assert row[2] == "failed" and "scripts/setup_perf_analyzer.sh" in row[-1], row
+    if present:  # perf_analyzer's own server split and its search's levels
+        row = served["server, gRPC binary (perf_analyzer) bounded"]
+        assert 1 <= int(row[1].split("concurrency ")[1].split()[0]) <= 4, row
+        assert "server us/req: queue " in served["server, gRPC binary (perf_analyzer)"][-1], served
+    report = (tmp_path / "out" / "serving-cpu.md").read_text()
+    assert "and NVIDIA's perf_analyzer (C++" in report
