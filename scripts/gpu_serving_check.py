@@ -407,7 +407,7 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
             row = (f"| {name} {args.precision} | server{where}, {label}{by}, concurrency {args.concurrency} x "
                    f"{args.request_batch} img | {r['throughput']:,.0f} | {ratio:.0%} | "
                    f"{lat.get('median', float('nan')):.1f} / "
-                   f"{lat.get('p99', float('nan')):.1f} | {(r.get('server_us') or {}).get('avg_batch', 0):.1f} | "
+                   f"{lat.get('p99', float('nan')):.1f} | {_avg_batch(r)} | "
                    f"{r['errors']} errors" + (f"; {_cell(r['first_error'][:120])}" if r.get("first_error") else "")
                    + (f"; {_cell(r['warning'])}" if r.get("warning") else "") + _server_split(r) + " |")
             # measured, even at 0 (every request failed): a FAIL, not "not measured"
@@ -416,6 +416,13 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
             say(f"{name} {label}{by}: FAILED {exc}")
             row = f"| {name} {args.precision} | server{where}, {label}{by} | failed | | | | {_failure(exc, 300)} |"
         report.add([row])
+
+
+def _avg_batch(r: dict[str, Any]) -> str:
+    """The engine's average batch in the window (``streamrt perf`` reads it from the server's statistics;
+    perf_analyzer does not report it: blank)."""
+    batch = (r.get("server_us") or {}).get("avg_batch")
+    return "" if batch is None else f"{batch:.1f}"
 
 
 def _by(client: str, args: argparse.Namespace) -> str:
@@ -467,7 +474,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                 row = (f"| {name} {args.precision} | server{where}, {label}{by}, {bound} | none under the bound | 0% | "
                        f"{lat.get('median', float('nan')):.1f} / {lat.get('p99', float('nan')):.1f} at concurrency "
                        f"{low['concurrency']} ({low.get('throughput', 0):,.0f} img/s) | "
-                       f"{(low.get('server_us') or {}).get('avg_batch', 0):.1f} | "
+                       f"{_avg_batch(low)} | "
                        f"{_cell(why[-250:])}; tried concurrency {tried}{_server_split(low)} |")
             else:
                 lat, ratio = best["latency_ms"], best["throughput"] / reference
@@ -477,7 +484,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
                 row = (f"| {name} {args.precision} | server{where}, {label}{by}, {bound}: concurrency "
                        f"{best['concurrency']} x "
                        f"{args.request_batch} img | {best['throughput']:,.0f} | {ratio:.0%} | {lat['median']:.1f} / "
-                       f"{lat['p99']:.1f} | {(best.get('server_us') or {}).get('avg_batch', 0):.1f} | "
+                       f"{lat['p99']:.1f} | {_avg_batch(best)} | "
                        f"tried concurrency {tried}" + ("; the range's end: raise --bound-range" if
                                                        best["concurrency"] == end else "")
                        + (f"; {_cell(best['warning'])}" if best.get("warning") else "") + _server_split(best) + " |")
