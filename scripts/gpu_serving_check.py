@@ -341,28 +341,29 @@ def _frontend_table(args: argparse.Namespace, server: Server, processes: int, wh
                 "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"])
     sizes = (("small", 1),) if args.quick else (("small", 1), ("image", 1), ("image", 8))
     try:
-        for protocol in ("grpc", "http"):
-            for kind, batch in sizes:
-                model = f"null_{kind}"
-                try:
-                    pid = server.process.pid
-                    cpu0, engine0 = sf.cpu_seconds(pid), sf.cpu_seconds(pid, children=False)
-                    count0 = sf.served(server.http, model)
-                    r = perf(server, protocol, model, batch, args)
-                    count = max(sf.served(server.http, model) - count0, 1)
-                    engine_us = (sf.cpu_seconds(pid, children=False) - engine0) / count * 1e6
-                    all_us = (sf.cpu_seconds(pid) - cpu0) / count * 1e6
-                    nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
-                    reqs = r["throughput"] / batch
-                    lat = r.get("latency_ms") or {}
-                    row = (f"| {protocol} | {model} x{batch} | {nbytes:,} | {reqs:,.0f} | "
-                           f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
-                           f"{lat.get('p99', float('nan')):.2f} | {(r.get('server_us') or {}).get('success', 0):.0f} | "
-                           f"{engine_us:,.0f} / {all_us:,.0f} | {r.get('client_busy', 0):.0%} | {r['errors']} |")
-                except (SystemExit, Exception) as exc:  # one failed case must not lose the others' numbers
-                    say(f"{model} {protocol}: FAILED {exc}")
-                    row = f"| {protocol} | {model} x{batch} | failed: {_failure(exc, 200)} | | | | | | | | |"
-                report.add([row])
+        for protocol, (kind, batch), client in ((p, size, c) for p in ("grpc", "http") for size in sizes
+                                                for c in args.clients):
+            model, label = f"null_{kind}", protocol + _by(client, args)
+            try:
+                pid = server.process.pid
+                cpu0, engine0 = sf.cpu_seconds(pid), sf.cpu_seconds(pid, children=False)
+                count0 = sf.served(server.http, model)
+                r = perf(server, protocol, model, batch, args, client=client)
+                count = max(sf.served(server.http, model) - count0, 1)
+                engine_us = (sf.cpu_seconds(pid, children=False) - engine0) / count * 1e6
+                all_us = (sf.cpu_seconds(pid) - cpu0) / count * 1e6
+                nbytes = batch * 4 * (16 if kind == "small" else 3 * 224 * 224)
+                reqs = r["throughput"] / batch
+                lat = r.get("latency_ms") or {}
+                row = (f"| {label} | {model} x{batch} | {nbytes:,} | {reqs:,.0f} | "
+                       f"{reqs * nbytes / 1e9:.2f} | {lat.get('median', float('nan')):.2f} | "
+                       f"{lat.get('p99', float('nan')):.2f} | "
+                       f"{_blank((r.get('server_us') or {}).get('success'), '.0f')} | "
+                       f"{engine_us:,.0f} / {all_us:,.0f} | {_blank(r.get('client_busy'), '.0%')} | {r['errors']} |")
+            except (SystemExit, Exception) as exc:  # one failed case must not lose the others' numbers
+                say(f"{model} {label}: FAILED {exc}")
+                row = f"| {label} | {model} x{batch} | failed: {_failure(exc, 200)} | | | | | | | | |"
+            report.add([row])
     finally:
         report.add([""])
 
@@ -418,11 +419,15 @@ def served_rows(name: str, server: Server, reference: float, args: argparse.Name
         report.add([row])
 
 
+def _blank(value: float | None, spec: str) -> str:
+    """A figure one client reports and the other does not (perf_analyzer: no engine batch, no client busy time)."""
+    return "" if value is None else format(value, spec)
+
+
 def _avg_batch(r: dict[str, Any]) -> str:
     """The engine's average batch in the window (``streamrt perf`` reads it from the server's statistics;
     perf_analyzer does not report it: blank)."""
-    batch = (r.get("server_us") or {}).get("avg_batch")
-    return "" if batch is None else f"{batch:.1f}"
+    return _blank((r.get("server_us") or {}).get("avg_batch"), ".1f")
 
 
 def _by(client: str, args: argparse.Namespace) -> str:

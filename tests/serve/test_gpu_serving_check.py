@@ -246,3 +246,18 @@ def test_model_part_measures_with_perf_analyzer_beside_streamrt_perf(tmp_path: P
         assert "server us/req: queue " in served["server, gRPC binary (perf_analyzer)"][-1], served
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
     assert "and NVIDIA's perf_analyzer (C++" in report
+
+
+@pytest.mark.slow
+def test_front_end_part_measures_with_each_client(tmp_path: Path) -> None:
+    """Part (a) with ``--clients streamrt,perf_analyzer``: a row per protocol and client (perf_analyzer's rows
+    are failed rows saying how to set it up where it is missing)."""
+    done, rows = _run(tmp_path, "--models", "", "--clients", "streamrt,perf_analyzer")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    body = [r for r in rows if r[0].startswith(("grpc", "http"))]
+    assert [r[0] for r in body] == [f"{p} ({c})" for p in ("grpc", "http") for c in ("streamrt", "perf_analyzer")]
+    for row in body:
+        if row[0].endswith("(streamrt)") or (ROOT / "build" / "perf_analyzer" / "perf_analyzer").is_file():
+            assert float(row[3].replace(",", "")) > 0 and row[-1] == "0", row
+        else:
+            assert row[2].startswith("failed") and "setup_perf_analyzer.sh" in row[2], row
