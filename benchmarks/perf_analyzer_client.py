@@ -17,6 +17,11 @@ What perf_analyzer does that callers should know (2.43.0):
   ``"unstable": True``.
 * With ``--latency-threshold`` a level over the bound is dropped from the CSV too (the stdout says
   "Measured latency went over the set limit"), so every returned level of a bounded run is within it.
+  Its ``--binary-search`` counts a level it cannot stabilise as over the bound: on an H100 serving
+  ResNet-50 (2026-12-07, 2 s windows) all three transports' searches over 1:64:1 ended at concurrency 1
+  while ``streamrt perf``'s search found 10-24. :func:`search` is the bounded search to use: the
+  search of ``streamrt perf --latency-bound-ms`` (:func:`streamrt.client.search.search_bound`), each
+  level one perf_analyzer run (stabilised, or rerun loosely and marked).
 * The CSV's rows come sorted by throughput; :func:`parse_csv` sorts them by concurrency.
 * Its ``Request count`` (requests in the reported windows) is only in the stdout; :func:`run` adds it
   to each level as ``requests``.
@@ -24,6 +29,8 @@ What perf_analyzer does that callers should know (2.43.0):
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
 import re
 import shlex
@@ -34,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["find", "parse_csv", "parse_request_counts", "run"]
+__all__ = ["find", "parse_csv", "parse_request_counts", "run", "search"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BINARY = ROOT / "build" / "perf_analyzer" / "perf_analyzer"
@@ -149,6 +156,63 @@ def run(binary: Path, protocol: str, port: int, model: str, batch: int, concurre
     if latency_bound_ms is not None:
         _mark_bound(levels, latency_bound_ms)
     return levels, status, tail, shlex.join(first)
+
+
+def search(binary: Path, protocol: str, port: int, model: str, batch: int, concurrency_range: str, seconds: float,
+           latency_bound_ms: float, shared_memory: str = "none", extra: Sequence[str] = (),
+           timeout: float = 600) -> tuple[list[dict[str, Any]], int, str, list[str]]:
+    """The highest throughput whose p99 stays within ``latency_bound_ms``: ``streamrt perf --latency-bound-ms``'s
+    search (doubling from START, then bisecting to STEP of ``concurrency_range`` ``START:END[:STEP]``), every level
+    measured by one perf_analyzer run at that concurrency.
+
+    Returns (levels in the order tried, each with ``latency_bound`` = ``{"ms", "percentile", "under", "best"}``;
+    the last non-zero exit status, 124 when ``timeout`` ran out; the output tails; each level's command). A level
+    perf_analyzer could not measure at all counts as over the bound (no requests), as in ``streamrt perf``.
+    """
+    from streamrt.client.loadgen import LevelResult
+    from streamrt.client.search import LatencyBound, search_bound
+    from streamrt.measure.stats import Stats
+
+    parts = [int(p) for p in concurrency_range.split(":")]
+    start, end, step = parts[0], parts[1] if len(parts) > 1 else parts[0], parts[2] if len(parts) > 2 else 1
+    bound = LatencyBound(bound_ms=latency_bound_ms, percentile=99, start=start, end=end, step=step)
+    deadline = time.monotonic() + timeout
+    measured: dict[int, dict[str, Any]] = {}
+    tails: list[str] = []
+    commands: list[str] = []
+    worst = 0
+
+    async def measure(concurrency: int) -> LevelResult:
+        nonlocal worst
+        left = deadline - time.monotonic()
+        levels, status, tail, command = ([], 124, "(no time left)", "") if left <= 1 else await asyncio.to_thread(
+            run, binary, protocol, port, model, batch, str(concurrency), seconds, shared_memory=shared_memory,
+            extra=extra, timeout=left)
+        worst = status or worst
+        tails.append(f"--- concurrency {concurrency} (exit {status}):\n{tail[-600:]}")
+        commands.append(command)
+        level = next((lv for lv in levels if lv["concurrency"] == concurrency), None)
+        if level is None:
+            return LevelResult(concurrency, 0, 1, 0.0, None, first_error=tail.strip()[-300:])
+        measured[concurrency] = level
+        lat, nan = level["latency_ms"], math.nan
+        stats = Stats(count=level.get("requests", 0), min=nan, max=nan, mean=lat["avg"], median=lat["median"],
+                      p90=lat["p90"], p95=lat["p95"], p99=lat["p99"], std=nan, cov=nan)
+        return LevelResult(concurrency, max(level.get("requests", 0), 1), 0, level["throughput"], stats,
+                           server_us=dict(level["server_us"]),
+                           warning="perf_analyzer: no stable measurement" if level.get("unstable") else "")
+
+    found = asyncio.run(search_bound(bound, measure))
+    levels = []
+    for result, verdict in zip(found.levels, found.to_json(), strict=True):
+        level = dict(measured.get(result.concurrency) or {"concurrency": result.concurrency, "throughput": 0.0,
+                                                          "latency_ms": {}, "server_us": {}, "errors": 1,
+                                                          "client": "perf_analyzer"})
+        level["latency_bound"] = verdict["latency_bound"]
+        if result.warning:
+            level["warning"] = result.warning
+        levels.append(level)
+    return levels, worst, "\n".join(tails), commands
 
 
 def _run_once(cmd: list[str], csv: Path, deadline: float) -> tuple[list[dict[str, Any]], int, str]:

@@ -164,3 +164,46 @@ def test_timeout_returns_124_and_what_was_measured(binary: Path, server: tuple[i
     levels, status, tail, _ = perf_analyzer_client.run(binary, "grpc", server[1], "null_small", 1, "2", 5.0,
                                                        timeout=2)
     assert status == 124 and levels == [] and "killed" in tail
+
+
+SLOWER = """#!{python}
+# p99 = 2 ms x concurrency, throughput 100 x concurrency; concurrency 3 cannot be measured at all
+import sys
+argv = sys.argv[1:]
+open({calls!r}, "a").write(" ".join(argv) + "\\n")
+c = int(argv[argv.index("--concurrency-range") + 1])
+if c == 3:
+    print("Failed to obtain stable measurement within 10 measurement windows for concurrency 3.")
+    sys.exit(2)
+print(f"Request concurrency: {{c}}\\n  Client:\\n    Request count: {{100 * c}}")
+row = f"{{c}},{{100.0 * c}},1,2,3,4,5,6,7,10,20,30,{{2000 * c}}"
+open(argv[argv.index("-f") + 1], "w").write({header!r} + "\\n" + row + "\\n")
+"""
+
+
+def test_search_doubles_then_bisects_with_a_run_per_level(tmp_path: Path) -> None:
+    """``search``: streamrt perf's doubling-then-bisecting search, each level one perf_analyzer run without its
+    own --latency-threshold / --binary-search (which counted unsettled levels as over the bound on an H100); a
+    level it cannot measure at all (3 here) counts as over, and the best is the fastest level within the bound."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text(SLOWER.format(python=sys.executable, calls=str(calls), header=CSV.splitlines()[0]))
+    fake.chmod(0o755)
+    levels, status, tail, commands = perf_analyzer_client.search(fake, "grpc", 1, "m", 8, "1:64:1", 1.0,
+                                                                 latency_bound_ms=11, extra=FAST)
+    # 1, 2, 4 (8 ms) and 8 (16 ms, over), then bisect 4..8: 6 (12 ms, over), 5 (10 ms, under)
+    assert [level["concurrency"] for level in levels] == [1, 2, 4, 8, 6, 5]
+    assert [level["latency_bound"]["under"] for level in levels] == [True, True, True, False, False, True]
+    (best,) = [level for level in levels if level["latency_bound"]["best"]]
+    assert best["concurrency"] == 5 and best["throughput"] == 500.0 and best["latency_ms"]["p99"] == 10.0
+    assert status == 0 and len(commands) == 6 and "--concurrency-range 8 " in commands[3]
+    assert not any("--latency-threshold" in line or "--binary-search" in line
+                   for line in calls.read_text().splitlines())
+    assert "--max-trials 6" in commands[0]
+    # a level that could not be measured is over the bound, and says why
+    levels, status, tail, _ = perf_analyzer_client.search(fake, "grpc", 1, "m", 8, "2:8:1", 1.0,
+                                                          latency_bound_ms=7)
+    assert [(level["concurrency"], level["latency_bound"]["under"]) for level in levels] == [
+        (2, True), (4, False), (3, False)]
+    assert levels[2]["throughput"] == 0.0 and levels[0]["latency_bound"]["best"]
+    assert status == 2 and "Failed to obtain stable measurement" in tail
