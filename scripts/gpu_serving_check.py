@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import shlex
@@ -79,7 +78,8 @@ from streamrt.testing.server_process import stop
 ROOT = Path(__file__).resolve().parents[1]
 START = time.monotonic()
 sys.path.insert(0, str(ROOT / "scripts"))
-import _serving_check_placement as placement  # noqa: E402 - the scripts folder is not a package
+import _serving_check_clients as clients  # noqa: E402 - the scripts folder is not a package
+import _serving_check_placement as placement  # noqa: E402
 from _gpu_parts import Report  # noqa: E402
 from _serving_check_args import (  # noqa: E402
     DIRECT_ENV,
@@ -87,17 +87,7 @@ from _serving_check_args import (  # noqa: E402
     parse_args,
 )
 
-
-def _benchmark(name: str) -> Any:
-    """``benchmarks/<name>.py`` as a module (the benchmarks folder is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sf = _benchmark("serving_frontend")
+sf = clients.sf
 
 
 def _cell(text: str) -> str:
@@ -263,38 +253,10 @@ class Server:
             self.log.close()
 
 
-def perf_analyzer(args: argparse.Namespace) -> tuple[Any, Path]:
-    """NVIDIA's perf_analyzer (``--clients perf_analyzer``): its runner module and binary, or SystemExit naming how
-    to get it (a row of each transport fails with that line; the other client's rows stand)."""
-    module = _benchmark("perf_analyzer_client")
-    binary = module.find(args.perf_analyzer)
-    if binary is None:
-        raise SystemExit("perf_analyzer not found: run scripts/setup_perf_analyzer.sh, or pass --perf-analyzer PATH")
-    return module, binary
-
-
-def _shared_memory(extra: list[str]) -> str:
-    """A transport's ``--shared-memory`` kind (``none`` for binary tensors in the request)."""
-    return extra[extra.index("--shared-memory") + 1] if "--shared-memory" in extra else "none"
-
-
 def perf(server: Server, protocol: str, model: str, batch: int, args: argparse.Namespace,
          extra: list[str] | None = None, client: str = "streamrt") -> dict[str, Any]:
     port = server.http if protocol == "http" else server.grpc
-    if client == "perf_analyzer":
-        module, binary = perf_analyzer(args)
-        levels, status, tail, command = module.run(binary, protocol, port, model, batch, str(args.concurrency),
-                                                   args.seconds, shared_memory=_shared_memory(extra or []),
-                                                   timeout=args.seconds * 30 + 120)
-        if not levels:
-            raise SystemExit(f"perf_analyzer failed ({status}): {tail.strip()[-1500:]}")
-        result = dict(levels[0], command=command)
-        result.setdefault("errors", 0)
-        if result.get("unstable"):
-            result["warning"] = "perf_analyzer: no stable measurement; the last window's figures"
-    else:
-        options = [*(["--warmup-ms", "200"] if args.quick else []), *(extra or [])]
-        result = sf.run_perf(protocol, port, model, batch, args.concurrency, args.processes, args.seconds, options)
+    result = clients.measure(client, protocol, port, model, batch, args, extra or [])
     lat = result.get("latency_ms") or {}
     say(f"{model} {protocol} b{batch} {' '.join(extra or [])} ({client}): {result.get('throughput', 0):.0f} items/s, "
         f"p99 {lat.get('p99', float('nan')):.1f} ms, errors {result.get('errors')}"
@@ -435,27 +397,6 @@ def _by(client: str, args: argparse.Namespace) -> str:
     return f" ({client})" if len(args.clients) > 1 or client != "streamrt" else ""
 
 
-def bound_levels(server: Server, name: str, args: argparse.Namespace, extra: list[str],
-                 client: str) -> tuple[list[dict[str, Any]], int, str]:
-    """Part (c)'s search by one client: (every level tried, exit status, output tail); the best level within the
-    bound has ``latency_bound.best``."""
-    if client == "perf_analyzer":
-        module, binary = perf_analyzer(args)
-        # streamrt perf's search with perf_analyzer measuring each level (its own --binary-search counts an unsettled
-        # level as over the bound: on the H100 on 2026-12-07 it ended at concurrency 1 on every transport)
-        levels, status, tail, _ = module.search(binary, "grpc", server.grpc, name, args.request_batch,
-                                                args.bound_range, args.bound_seconds, args.latency_bound_ms,
-                                                shared_memory=_shared_memory(extra), extra=("--max-trials", "6"),
-                                                timeout=16 * (args.bound_seconds * 12 + 10) + 60)
-        return levels, status, tail
-    options = [*(["--warmup-ms", "200"] if args.quick else []), "--latency-bound-ms", f"{args.latency_bound_ms:g}",
-               *extra]
-    levels, status, stderr, _ = sf.run_perf_levels(
-        "grpc", server.grpc, name, args.request_batch, args.bound_range, args.processes, args.bound_seconds,
-        options, timeout=24 * (args.bound_seconds + 40) + 120)
-    return levels, status, stderr
-
-
 def bounded_rows(name: str, server: Server, reference: float, args: argparse.Namespace, report: Report,
                  ratios: dict[str, float], where: str = "") -> None:
     """Part (c): each transport's highest images/s with p99 within ``--latency-bound-ms``, found by
@@ -466,7 +407,7 @@ def bounded_rows(name: str, server: Server, reference: float, args: argparse.Nam
     for (label, extra), client in ((t, c) for t in args.transports for c in args.clients):
         by = _by(client, args)
         try:
-            levels, status, stderr = bound_levels(server, name, args, extra, client)
+            levels, status, stderr = clients.bound_levels(client, server.grpc, name, args, extra)
             if not levels:
                 raise SystemExit(f"perf failed ({status}): {stderr.strip()[-1500:]}")
             tried = ",".join(str(level["concurrency"]) for level in levels)
