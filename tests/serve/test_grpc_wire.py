@@ -144,7 +144,8 @@ def test_numbered_requests_share_one_layout_and_keep_their_own_ids() -> None:
 
 
 def test_requests_with_parameters_are_decoded_every_time() -> None:
-    """Shared memory and sequence parameters depend on more than the message bytes: never remembered."""
+    """Sequence requests differ by their ids and flags (and shared memory by more than the message
+    bytes): never remembered."""
     from streamrt.serve.wire import grpc_layouts
 
     x = np.ones((1, 16), np.float32)
@@ -155,6 +156,34 @@ def test_requests_with_parameters_are_decoded_every_time() -> None:
         request = parse_infer_request(msg.SerializeToString(), 10**6)
         assert request.sequence is not None and request.sequence.start
     assert grpc_layouts.known_request(*split_infer_request(msg.SerializeToString()), 10**6) is None
+
+
+def test_request_level_parameters_are_remembered_with_their_priority_and_timeout() -> None:
+    """perf_analyzer sends ``triton_enable_empty_final_response`` with every request: a request-level
+    parameter that is not a sequence's keeps the layout, and a looked-up request gets the priority and
+    timeout its rest asked for, as the full decode gives them."""
+    from streamrt.serve.wire import grpc_layouts
+
+    rng = np.random.default_rng()
+    model = f"params_{rng.integers(1 << 30)}"
+    msg = m.ModelInferRequest.FromString(_small(model, np.ones((1, 16), np.float32), "r1"))
+    msg.parameters["triton_enable_empty_final_response"].bool_param = True
+    msg.parameters["priority"].int64_param = 2
+    msg.parameters["timeout"].int64_param = 7000
+    full = parse_infer_request(msg.SerializeToString(), 10**6)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    msg.raw_input_contents[0] = x.tobytes()
+    msg.id = "r2"
+    data = msg.SerializeToString()
+    for known in (grpc_layouts.known_whole_request(data, 10**6),
+                  grpc_layouts.known_request(*split_infer_request(data), 10**6)):
+        assert known is not None
+        assert (known.model, known.id, known.priority, known.timeout_us, known.sequence, known.outputs) == \
+            (model, "r2", 2, 7000, None, full.outputs)
+        np.testing.assert_array_equal(known.inputs["x"], x)
+    with pytest.raises(RequestError, match="'priority' and 'timeout'"):  # a bad value is never remembered
+        msg.parameters["priority"].int64_param = -1
+        parse_infer_request(msg.SerializeToString(), 10**6)
 
 
 def test_remembered_reply_headers_write_protobuf_bytes() -> None:

@@ -10,11 +10,17 @@ parameters, sequence flags) was ~14 us of a 64 B request, and building the reply
 :class:`GrpcRequestLayout` is what the rest of a request (the message without its raw contents, as
 :func:`~.grpc_wire.split_infer_request` returns it) said once it was decoded: each input's name,
 dtype, shape and byte size, the requested outputs and the request-level fields. The gRPC listener
-keeps one per rest it decoded that names only raw, non-BYTES inputs and carries no parameters at
-all (so no shared memory, sequence flags, priority or timeout: nothing in it depends on anything
-but the rest's bytes), keyed by those bytes and the element limit they were checked against. A
+keeps one per rest it decoded that names only raw, non-BYTES inputs, no tensor or output parameters
+(so no shared memory or classification) and no sequence, keyed by those bytes and the element limit
+they were checked against: nothing in such a request depends on anything but the rest's bytes. A
 request whose rest is known and whose raw entries have the sizes the layout implies skips the
 parse; anything else takes the full decode, which raises the same errors as before.
+
+Request-level parameters are allowed (the layout keeps the priority and timeout they gave):
+perf_analyzer sends ``triton_enable_empty_final_response`` with every gRPC request, and while any
+parameter kept a rest out of the table each of its requests took the full decode (~40% of the event
+loop's time per 64 B request, docs/benchmarks/2026-12-07-small-request-cpu.md). A sequence's
+requests stay out: their rests differ by sequence id and flags, so they would only churn the table.
 
 Reply headers (``model_name``, ``model_version`` and ``outputs``, the message without its ``id``
 and raw contents) are kept for replies whose outputs are all non-BYTES and not in shared memory;
@@ -76,6 +82,8 @@ class GrpcRequestLayout:
     version: str
     inputs: tuple[RawInput, ...]
     outputs: tuple[RequestedOutput, ...]
+    priority: int = 0
+    timeout_us: int = 0
 
 
 _REQUESTS: BoundedTable[GrpcRequestLayout] = BoundedTable()
@@ -180,14 +188,15 @@ def _request(layout: GrpcRequestLayout, raw: Sequence[memoryview], request_id: s
     return InferRequest(
         model=layout.model, version=layout.version, id=request_id,
         inputs={t.name: np.ndarray(t.shape, t.dtype, data) for data, t in zip(raw, layout.inputs, strict=True)},
-        outputs=layout.outputs,
+        outputs=layout.outputs, priority=layout.priority, timeout_us=layout.timeout_us,
     )
 
 
 def remember_request(rest: bytes, message: Any, request: InferRequest, max_elements: int) -> None:
     """Keep the layout of ``request`` (decoded from ``message``, the protobuf of ``rest``) when
-    nothing in it depends on more than the rest's bytes: raw non-BYTES inputs, no parameters."""
-    if len(rest) > MAX_HEADER_BYTES or message.parameters or request.sequence is not None:
+    nothing in it depends on more than the rest's bytes: raw non-BYTES inputs, no tensor or output
+    parameters, no sequence."""
+    if len(rest) > MAX_HEADER_BYTES or request.sequence is not None:
         return
     inputs = []
     for tensor in message.inputs:
@@ -201,7 +210,8 @@ def remember_request(rest: bytes, message: Any, request: InferRequest, max_eleme
     if key is None or key[1] != request.id:  # an id elsewhere in the message stays part of the rest
         return
     rest = key[0]
-    layout = GrpcRequestLayout(request.model, request.version, tuple(inputs), request.outputs)
+    layout = GrpcRequestLayout(request.model, request.version, tuple(inputs), request.outputs,
+                               request.priority, request.timeout_us)
     _REQUESTS.put((rest, max_elements), layout)
     frames, at = [], len(rest)
     for tensor in inputs:
