@@ -31,7 +31,8 @@ Usage (repository root)::
         --concurrency 16 --processes 2 --seconds 4 --rounds 2 [--client streamrt,perf_analyzer] \\
         [--before-src /tmp/base/src] [--out docs/benchmarks/x.md]
 
-``--before-src`` adds a third server, ``streamrt-before``: the same CLI from another source tree
+``--before-src`` adds a third server, ``streamrt-before``: the same CLI (with the first ``--grpc-servers``
+entry's gRPC server) from another source tree
 (``git archive BASE src | tar -x -C /tmp/base``), so a change is measured beside its base and Triton
 in one run, rounds alternating.
 """
@@ -238,6 +239,9 @@ def main() -> int:
     cases = [parse_case(c) for c in args.cases.split(",")]
     work = Path(tempfile.mkdtemp(prefix="streamrt-vs-triton-"))
     repo = write_repository(work / "repo", delay_us=args.delay_us)
+    # the before tree serves with the first --grpc-servers entry's flags (it ran grpcio whatever was asked until
+    # 2026-12-07)
+    before = next(iter(streamrts.values()))
     rows = []
     commands: dict[tuple[str, str], str] = {}
     for round_ in range(1, args.rounds + 1):
@@ -246,7 +250,7 @@ def main() -> int:
             log = work / f"{server_name}-{round_}.log"
             server = (start_triton(repo, work, http, grpc, log) if server_name == "triton"
                       else start_streamrt(repo, http, grpc, log,
-                                          [*shlex.split(args.server_args), *streamrts.get(server_name, [])],
+                                          [*shlex.split(args.server_args), *streamrts.get(server_name, before)],
                                           args.before_src if server_name == "streamrt-before" else None))
             try:
                 wait_ready(http, 300, server)
