@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="after part (b), the two host transports again from a server with each variant's "
                         "environment (e.g. 'STREAMRT_STAGING_THREADS=off;STREAMRT_BLOCKING_SYNC=1'), a row each")
     parser.add_argument("--clients", type=clients_arg, default=("streamrt",), metavar="streamrt,perf_analyzer",
-                        help="the load generators of (b) and (c), each transport's rows once per client (default "
+                        help="the load generators: every row of (a), (b) and (c) once per client (default "
                              "streamrt: `streamrt perf`; perf_analyzer: NVIDIA's C++ one, from "
                              "scripts/setup_perf_analyzer.sh); a target takes a transport's best over clients")
     parser.add_argument("--perf-analyzer", default=None, metavar="PATH",
