@@ -14,8 +14,6 @@ python="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$dir/bin" "$dir/lib"
-"$python" -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 --python-version 3.12 \
-    -d "$tmp" 'tritonclient==2.43.0' 'nvidia-cuda-runtime-cu12==12.9.79' 2>/dev/null || \
 "$python" -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     --python-version 3.12 -d "$tmp" 'tritonclient==2.43.0' 'nvidia-cuda-runtime-cu12==12.9.79'
 (cd "$tmp" && apt-get download -q libb64-0d >/dev/null 2>&1) || { echo "apt-get download libb64-0d failed" >&2; exit 1; }
