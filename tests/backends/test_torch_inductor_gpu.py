@@ -85,6 +85,9 @@ def test_cuda_graph_replay_matches_plain_runs_on_a_side_stream(plans: dict[str, 
     for _ in range(6):
         x = torch.randn(4, 3, 32, 32, device="cuda")
         want = plain.infer({"x": x})["logits"].clone()
+        # x is written on the current stream: the side stream must wait for it (the context does not;
+        # a race here failed this test on an H100 on 2026-12-07 with every element wrong)
+        stream.torch_stream.wait_stream(torch.cuda.current_stream())
         got = graphed.infer({"x": x}, stream)["logits"]
         stream.synchronize()
         results.append((got.clone(), want))
@@ -135,6 +138,7 @@ def test_gpu_plans_run_on_the_runner_without_the_gil_with_torchs_answers(plans: 
 
     stream = get_device("cuda").stream("engine")
     x = torch.randn(4, 3, 32, 32, device="cuda")
+    stream.torch_stream.wait_stream(torch.cuda.current_stream())  # x is written on the current stream
     answers = {}
     for kind in ("nogil", "torch"):
         monkeypatch.setenv(RUNNER_ENV, kind)

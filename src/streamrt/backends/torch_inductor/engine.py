@@ -2,8 +2,10 @@
 
 Contexts run on the caller's stream: the AOTInductor runner launches on torch's current
 stream, so ``infer(inputs, stream)`` enters ``torch.cuda.stream(stream)`` around the call and
-never synchronises. Outputs are allocated by the caching allocator on that stream; a consumer
-on another stream must wait on an event recorded after ``infer`` (the pipeline does).
+never synchronises. Inputs must be ready on that stream (work that wrote them on another stream
+must be waited for first, as with TensorRT's ``enqueueV3``). Outputs are allocated by the caching
+allocator on that stream; a consumer on another stream must wait on an event recorded after
+``infer`` (the pipeline does).
 
 CUDA graphs, on by default for GPU plans (the build option ``cuda_graphs``, or
 ``create_context(cuda_graph=...)``): a launch-bound plan (a text recognizer: 14.8 ms per call
