@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +47,27 @@ def label(engine: frozenset[int] | None) -> str:
 def server_args(engine: frozenset[int] | None) -> list[str]:
     """The ``streamrt serve`` flags of a placement."""
     return [] if engine is None else ["--engine-cpus", format_cpu_list(engine)]
+
+
+def host_speed() -> str:
+    """The CPU model (``/proc/cpuinfo``) and one core's speed at a fixed pure-Python loop (ns per iteration, the
+    median of 5 runs), for the report's header: hosts of one GPU kind differ ~2x in server CPU per request (an
+    H100 host on 2026-12-07 took 400 us per 64 B gRPC request where another had taken 234 us), and the front
+    end is Python."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter_ns()
+        total = 0
+        for i in range(200_000):
+            total += i & 7
+        runs.append((time.perf_counter_ns() - start) / 200_000)
+    return f"{model}; Python loop {statistics.median(runs):.1f} ns/iteration"
 
 
 def topology() -> str:

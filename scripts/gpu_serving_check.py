@@ -562,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- commit: {git_commit(ROOT)}",
         f"- machine: {gpu}, torch {torch.__version__}, {os.cpu_count()} CPUs, --device {args.device}",
         f"- CPUs: {placement.topology()}",
+        f"- host: {placement.host_speed()}",
         f"- command: `{shlex.join(['python', 'scripts/gpu_serving_check.py', *(argv or sys.argv[1:])])}`",
         f"- client: `streamrt perf`, {args.processes} processes, concurrency {args.concurrency}, "
         f"{args.seconds:g} s windows" + ("; and NVIDIA's perf_analyzer (C++, tritonclient 2.43.0's, one process, "

@@ -32,6 +32,7 @@ if [ -z "$dry" ]; then
         || { echo "streamrt does not import here: $(tail -n 1 "$out/import.log"); carry .whl/ (cattrs, attrs)"; exit 2; }
     python3 -c "import onnxruntime, torch; print('onnxruntime', onnxruntime.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
     nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv,noheader
+    grep -m1 "model name" /proc/cpuinfo || true
 fi
 
 run() {  # run NAME TIMEOUT CMD...: log to $out/NAME/log, print the tail

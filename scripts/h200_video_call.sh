@@ -29,6 +29,7 @@ if [ -z "$dry" ]; then
         echo "no .whl-video/ carried: PyNvVideoCodec not installed"
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+    grep -m1 "model name" /proc/cpuinfo || true
     if [ -f build/srtcache.tgz ] && [ ! -d "$cache" ]; then  # a build cache returned by an earlier call
         mkdir -p "$(dirname "$cache")" && tar -xzf build/srtcache.tgz -C "$(dirname "$cache")" \
             && echo "build cache restored from build/srtcache.tgz into $cache"

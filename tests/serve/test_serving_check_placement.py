@@ -47,3 +47,4 @@ def test_a_placement_this_machine_cannot_give_is_refused_before_anything_moves()
     with placement.clients_beside_front_ends(None) as rest:
         assert rest is None
     assert "CPUs" in placement.topology()
+    assert "ns/iteration" in placement.host_speed()
