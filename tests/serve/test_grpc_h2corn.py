@@ -100,15 +100,15 @@ def test_configuration_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 def test_tokio_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """``grpc_threads``: only for h2corn, not negative; 0 picks one thread on a 2-CPU process, h2corn's
     default on a larger one; the setting reaches h2corn's Config."""
-    from streamrt.serve.listeners import grpc_h2corn
+    from streamrt.serve.listeners import grpc_h2corn, h2corn_server
 
-    with pytest.raises(ConfigError, match="grpc_threads sets h2corn's Tokio threads; the gRPC server is grpcio"):
+    with pytest.raises(ConfigError, match="grpc_threads sets h2corn's Tokio threads; neither gRPC nor HTTP"):
         ServerConfig(grpc_threads=1)
     with pytest.raises(ConfigError, match="grpc_threads must be an integer >= 0"):
         ServerConfig(grpc_server="h2corn", grpc_threads=-1)
-    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(h2corn_server.os, "sched_getaffinity", lambda pid: {0, 1})
     assert grpc_h2corn.default_threads() == 1
-    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(h2corn_server.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert grpc_h2corn.default_threads() == 0
 
     # h2corn's Tokio runtime is process-global (set by the first server of the process): the Config is looked at,
