@@ -19,7 +19,7 @@ pytest.importorskip("tritonclient.grpc")
 
 import grpc as grpclib
 import tritonclient.grpc as tgrpc
-from tests.serve.conftest import BEHAVIOURS, fake_loader, make_repo, server_config
+from tests.serve.conftest import fake_loader, make_repo, server_config, serving
 from tests.serve.test_tritonclient import (  # noqa: F401  (re-run here, against h2corn)
     grpc,
     http,
@@ -43,12 +43,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
-    with ServerThread(repo, server_config(grpc_server="h2corn"), engine_loader=fake_loader,
-                      start_timeout=120) as running:
-        yield running
-    for b in BEHAVIOURS.values():
-        b.reset()
+    yield from serving(tmp_path_factory, plans, grpc_server="h2corn")
 
 
 def _raw(server: ServerThread, method: str, payload: bytes) -> grpclib.RpcError:

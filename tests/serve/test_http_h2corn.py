@@ -20,7 +20,7 @@ pytest.importorskip("h2corn")
 pytest.importorskip("tritonclient.http")
 
 import tritonclient.http as thttp
-from tests.serve.conftest import BEHAVIOURS, fake_loader, make_repo, server_config
+from tests.serve.conftest import fake_loader, make_repo, server_config, serving
 from tests.serve.test_tritonclient import (  # noqa: F401  (re-run here, against h2corn)
     grpc,
     http,
@@ -45,12 +45,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
-    with ServerThread(repo, server_config(http_server="h2corn"), engine_loader=fake_loader,
-                      start_timeout=120) as running:
-        yield running
-    for b in BEHAVIOURS.values():
-        b.reset()
+    yield from serving(tmp_path_factory, plans, http_server="h2corn")
 
 
 def _binary_body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
@@ -199,3 +194,94 @@ def test_missing_h2corn_is_one_config_error(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="--http-server h2corn needs the h2corn package") as err:
         ServerConfig(http_server="h2corn")
     assert "pip install 'streamrt[fast-grpc]'" in str(err.value)
+
+
+def test_the_flag_and_the_missing_package_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``--http-server h2corn`` reaches ServerConfig; without h2corn ``streamrt serve`` prints one line with the pip
+    command and exits 2, as ``--grpc-server h2corn`` does."""
+    import argparse
+
+    from streamrt.cli.main import main
+    from streamrt.cli.serve import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert config_from_args(parser.parse_args(["serve", "repo", "--http-server", "h2corn"])).http_server == "h2corn"
+    assert config_from_args(parser.parse_args(["serve", "repo"])).http_server == "aiohttp"
+    (tmp_path / "repo").mkdir()
+    monkeypatch.setitem(sys.modules, "h2corn", None)
+    for flag in ("--http-server", "--grpc-server"):
+        assert main(["serve", str(tmp_path / "repo"), flag, "h2corn"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{flag} h2corn needs the h2corn package" in err[0] \
+            and "pip install 'streamrt[fast-grpc]'" in err[0], err
+
+
+class _Forwarded:
+    """An HttpForwarder that records what it was asked and answers 299."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, list[tuple[str, str]], bytes]] = []
+
+    async def forward(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> Any:
+        self.calls.append((method, target, list(headers), body))
+        return 299, {"Content-Type": "text/plain"}, target.encode()
+
+
+def _call(app: Any, method: str, path: str, headers: dict[str, str], pieces: list[bytes],
+          query: bytes = b"") -> tuple[int, dict[bytes, bytes], bytes]:
+    """One request through the ASGI app, its body in ``pieces`` (as h2corn hands over 8 KiB at a time)."""
+    import asyncio
+
+    events = [{"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return events.pop(0) if events else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": query,
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_the_asgi_app_reads_into_the_ports_buffer_and_forwards_the_rest() -> None:
+    """Over test_port.py's DoublingPort: the body, split in pieces, lands in the port's buffer (the request's
+    tensor is a view of it), a refused request gives its buffer back, and any other route is forwarded whole
+    with its query and still-encoded body."""
+    from tests.serve.test_port import AUTH, DoublingPort, _binary_body, _binary_output
+
+    from streamrt.serve.listeners.http_h2corn import HttpAsgi
+
+    port, forwarder = DoublingPort(), _Forwarded()
+    app = HttpAsgi(port, forwarder)  # type: ignore[arg-type]
+    x = np.random.default_rng().standard_normal((2, 700)).astype(np.float32)
+    body, headers = _binary_body(x)
+    pieces = [body[i : i + 1000] for i in range(0, len(body), 1000)]
+    sized = {**headers, "Content-Length": str(len(body))}
+    status, _, data = _call(app, "POST", "/v2/models/m/infer", sized, pieces)
+    assert status == 401 and port.buffers == []  # refused before any body was read
+    status, got, data = _call(app, "POST", "/v2/models/m/versions/3/infer", {**sized, **AUTH}, pieces)
+    assert status == 200 and b"content-encoding" not in got  # no Accept-Encoding: identity
+    np.testing.assert_array_equal(_binary_output(data, int(got[b"inference-header-content-length"])), 2 * x)
+    request, buffer = port.answered[-1]
+    assert (request.model, request.version) == ("m", "3") and buffer is port.buffers[0]
+    assert np.shares_memory(request.inputs["x"], buffer.array) and port.released == []
+    status, got, data = _call(app, "POST", "/v2/models/m/infer", {**AUTH, "Content-Length": "9"}, [b"{not json"])
+    assert status == 400 and "malformed JSON" in json.loads(data)["error"] and port.released == [1]
+    status, got, data = _call(app, "POST", "/v2/models/m/infer", {**sized, **AUTH}, pieces[:-1])
+    assert status == 400 and "ended after" in json.loads(data)["error"] and port.released == [1, 2]
+    packed = gzip.compress(body)
+    status, got, data = _call(app, "POST", "/v2/models/m/infer", {**headers, **AUTH, "Content-Encoding": "gzip"},
+                              [packed[:100], packed[100:]])
+    assert status == 200 and port.answered[-1][1] is None  # decoded in memory of its own, not the port's buffer
+    assert forwarder.calls == []
+    status, got, data = _call(app, "POST", "/v2/repository/index", {"Content-Encoding": "gzip"},
+                              [packed[:10], packed[10:]], query=b"a=1")
+    assert status == 299 and data == b"/v2/repository/index?a=1"
+    method, _, sent, forwarded = forwarder.calls[-1]
+    assert method == "POST" and forwarded == packed and ("content-encoding", "gzip") in sent

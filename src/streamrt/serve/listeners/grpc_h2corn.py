@@ -34,7 +34,13 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
-from streamrt.serve.listeners.h2corn_server import SMALL_MACHINE_CPUS, default_threads, lifespan, serve_asgi
+from streamrt.serve.listeners.h2corn_server import (
+    LARGE_FRAMES,
+    SMALL_MACHINE_CPUS,
+    default_threads,
+    lifespan,
+    serve_asgi,
+)
 
 __all__ = ["SMALL_MACHINE_CPUS", "GrpcAsgi", "default_threads", "start_grpc_h2corn"]
 
@@ -42,8 +48,6 @@ log = logging.getLogger(__name__)
 
 _START = {"type": "http.response.start", "status": 200, "trailers": True,
           "headers": [(b"content-type", b"application/grpc")]}
-_MAX_FRAME = 2**24 - 1  # HTTP/2's largest DATA frame
-_WINDOW = 2**31 - 1  # HTTP/2's largest flow-control window
 _END_OF_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 _OK = [(b"grpc-status", b"0")]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -288,9 +292,6 @@ async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str
     """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port).
     ``reuse_port``: front-end worker processes share the port (SO_REUSEPORT); ``threads``: Tokio threads
     (0: :func:`~.h2corn_server.default_threads`)."""
-    # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
-    # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
     return await serve_asgi(GrpcAsgi(handlers, service, max_receive_bytes), host, port, what="gRPC",
                             port_flag="--grpc-port", reuse_port=reuse_port, threads=threads, grpc=True, http1=False,
-                            h2_max_inbound_frame_size=_MAX_FRAME, h2_initial_stream_window_size=_WINDOW,
-                            h2_initial_connection_window_size=_WINDOW)
+                            **LARGE_FRAMES)

@@ -5,7 +5,12 @@ machine, aiohttp's own request parsing, routing, middleware and response writing
 than StreamRT's inference handler (73% of the loop in ``RequestHandler._handle_request``, 41% of that in
 ``InferenceRoutes.infer``: docs/benchmarks/2026-12-07-small-request-cpu.md). h2corn (HTTP/1.1 and cleartext
 HTTP/2 parsed in Rust, the application through ASGI, the server gRPC already uses: :mod:`.grpc_h2corn`) runs in
-the server's own event loop; the measured difference is in docs/benchmarks/2026-12-07-http-h2corn-cpu.md.
+the server's own event loop. Measured there beside a real tritonserver, perf_analyzer at concurrency 16, three
+rounds (docs/benchmarks/2026-12-07-http-h2corn-cpu.md): 64 B requests 2,939-3,274 requests/s (0.77-0.87x
+Triton) at 311-348 us of server CPU each (Triton 319-330), against aiohttp's 1,934-2,167 (0.49-0.56x) at
+459-498 us; 4.8 MB requests (8 x 602 KB) the same requests/s as aiohttp (1.13-1.45x Triton, the model sets it)
+but 8,073-8,845 us of server CPU against aiohttp's 6,292-6,739: h2corn hands an HTTP/1.1 body over in 8 KiB
+pieces (~590 ASGI events, each waking the loop, for 4.8 MB) where aiohttp's reads are larger.
 
 ``POST /v2/models/{m}[/versions/{v}]/infer`` is :func:`~streamrt.serve.listeners.http.answer_infer`, the very
 code aiohttp's :class:`~streamrt.serve.listeners.http.InferenceRoutes` runs: auth, the body limit (413),
@@ -31,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamrt.errors import PayloadTooLargeError, RequestError, StreamRTError
-from streamrt.serve.listeners.h2corn_server import lifespan, serve_asgi
+from streamrt.serve.listeners.h2corn_server import LARGE_FRAMES, lifespan, serve_asgi
 from streamrt.serve.listeners.http import answer_infer, error_reply, fill_body, reply_coding
 from streamrt.serve.listeners.http_forward import HttpForwarder
 from streamrt.serve.port import InferencePort
@@ -202,7 +207,8 @@ async def start_http_h2corn(port: InferencePort, host: str, tcp_port: int, *, fo
     try:
         stop_h2corn, bound = await serve_asgi(
             HttpAsgi(port, forwarder), host, tcp_port, what="HTTP", port_flag="--http-port", reuse_port=reuse_port,
-            threads=threads, http1=True, grpc=False, max_request_body_size=0)  # 0: no limit of h2corn's, ours
+            threads=threads, http1=True, grpc=False, max_request_body_size=0,  # 0: no limit of h2corn's, ours
+            **LARGE_FRAMES)  # for HTTP/2 cleartext clients; HTTP/1.1 bodies come in 8 KiB pieces whatever is set
     except BaseException:
         for close in reversed(closers):
             await close()
