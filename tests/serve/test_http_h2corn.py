@@ -45,7 +45,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    yield from serving(tmp_path_factory, plans, http_server="h2corn")
+    yield from serving(tmp_path_factory, plans, http_server="h2corn", grpc_server="h2corn")  # one Tokio runtime
 
 
 def _binary_body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
