@@ -197,6 +197,12 @@ def ratios(rows: list[tuple[Any, ...]]) -> list[str]:
     return table
 
 
+def server_row(grpc_server: str, http_server: str) -> str:
+    """The table's name of a StreamRT server: 'streamrt', '-h2corn' for gRPC on h2corn, '-http-h2corn' for HTTP."""
+    return "streamrt" + ("" if grpc_server == "grpcio" else f"-{grpc_server}") + (
+        "" if http_server == "aiohttp" else f"-http-{http_server}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="grpc:small:1,grpc:image:1,grpc:image:8,http:small:1,http:image:1,"
@@ -218,6 +224,9 @@ def main() -> int:
     parser.add_argument("--grpc-servers", default="grpcio",
                         help="serve StreamRT once per gRPC server (`streamrt serve --grpc-server`), comma list: "
                              "grpcio (row 'streamrt') and/or h2corn (row 'streamrt-h2corn')")
+    parser.add_argument("--http-servers", default="aiohttp",
+                        help="serve StreamRT once per HTTP server too (`streamrt serve --http-server`), comma list: "
+                             "aiohttp and/or h2corn (rows '...-http-h2corn'); each with each --grpc-servers entry")
     parser.add_argument("--delay-us", type=int, default=500,
                         help="both models' max_queue_delay_microseconds (0: a batch runs as soon as an instance "
                              "is free)")
@@ -228,6 +237,9 @@ def main() -> int:
     grpc_servers = [g for g in args.grpc_servers.split(",") if g]
     if not grpc_servers or any(g not in ("grpcio", "h2corn") for g in grpc_servers):
         parser.error(f"--grpc-servers: grpcio and/or h2corn, got {args.grpc_servers!r}")
+    http_servers = [h for h in args.http_servers.split(",") if h]
+    if not http_servers or any(h not in ("aiohttp", "h2corn") for h in http_servers):
+        parser.error(f"--http-servers: aiohttp and/or h2corn, got {args.http_servers!r}")
     clients = [c for c in args.client.split(",") if c]
     if not clients or any(c not in ("streamrt", "perf_analyzer") for c in clients):
         parser.error(f"--client: streamrt and/or perf_analyzer, got {args.client!r}")
@@ -235,7 +247,8 @@ def main() -> int:
     if "perf_analyzer" in clients and binary is None:
         parser.error("--client perf_analyzer: no perf_analyzer found (run scripts/setup_perf_analyzer.sh, or pass "
                      "--perf-analyzer PATH)")
-    streamrts = {("streamrt" if g == "grpcio" else f"streamrt-{g}"): ["--grpc-server", g] for g in grpc_servers}
+    streamrts = {server_row(g, h): ["--grpc-server", g, *(["--http-server", h] if h != "aiohttp" else [])]
+                 for g in grpc_servers for h in http_servers}
     cases = [parse_case(c) for c in args.cases.split(",")]
     work = Path(tempfile.mkdtemp(prefix="streamrt-vs-triton-"))
     repo = write_repository(work / "repo", delay_us=args.delay_us)

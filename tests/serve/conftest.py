@@ -172,13 +172,18 @@ def make_server(tmp_path: Path, plans: dict[str, Path]) -> Any:
     return make
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
+def serving(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path], **changes: Any) -> Iterator[ServerThread]:
+    """A module's ``server`` fixture: a fresh repository served with ``server_config(**changes)``."""
     repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
-    with ServerThread(repo, server_config(), engine_loader=fake_loader, start_timeout=120) as running:
+    with ServerThread(repo, server_config(**changes), engine_loader=fake_loader, start_timeout=120) as running:
         yield running
     for b in BEHAVIOURS.values():
         b.reset()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
+    yield from serving(tmp_path_factory, plans)
 
 
 @pytest.fixture

@@ -63,7 +63,13 @@ def frontends_server(root: Path, plans: dict[str, Path], **changes: Any) -> Serv
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    """Two workers with 1 MiB arenas (512 KiB per half: large requests take the inline fallback)."""
+    yield from two_workers(tmp_path_factory, plans)
+
+
+def two_workers(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path], **changes: Any,
+                ) -> Iterator[ServerThread]:
+    """Two workers with 1 MiB arenas (512 KiB per half: large requests take the inline fallback), the
+    catalogue's models and "double" and "acc"; ``changes``: more ServerConfig changes."""
     root = tmp_path_factory.mktemp("repo")
     (root / "double" / "1").mkdir(parents=True)
     onnx.save(double_model(), str(root / "double" / "1" / "model.onnx"))
@@ -72,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> 
     onnx.save(accumulator(4), str(root / "acc" / "1" / "model.onnx"))
     (root / "acc" / "config.yaml").write_text(yaml.safe_dump(accumulator_config(4)))
     startup = (*server_config().startup_models, "double", "acc")
-    with frontends_server(root, plans, frontend_arena_bytes=2**20, startup_models=startup) as running:
+    with frontends_server(root, plans, frontend_arena_bytes=2**20, startup_models=startup, **changes) as running:
         assert running.frontends is not None and len(running.frontends.workers) == 2
         yield running
 

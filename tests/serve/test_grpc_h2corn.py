@@ -19,7 +19,7 @@ pytest.importorskip("tritonclient.grpc")
 
 import grpc as grpclib
 import tritonclient.grpc as tgrpc
-from tests.serve.conftest import BEHAVIOURS, fake_loader, make_repo, server_config
+from tests.serve.conftest import fake_loader, make_repo, server_config, serving
 from tests.serve.test_tritonclient import (  # noqa: F401  (re-run here, against h2corn)
     grpc,
     http,
@@ -43,12 +43,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, plans: dict[str, Path]) -> Iterator[ServerThread]:
-    repo = make_repo(tmp_path_factory.mktemp("repo"), plans)
-    with ServerThread(repo, server_config(grpc_server="h2corn"), engine_loader=fake_loader,
-                      start_timeout=120) as running:
-        yield running
-    for b in BEHAVIOURS.values():
-        b.reset()
+    yield from serving(tmp_path_factory, plans, grpc_server="h2corn")
 
 
 def _raw(server: ServerThread, method: str, payload: bytes) -> grpclib.RpcError:
@@ -100,15 +95,15 @@ def test_configuration_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> N
 def test_tokio_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """``grpc_threads``: only for h2corn, not negative; 0 picks one thread on a 2-CPU process, h2corn's
     default on a larger one; the setting reaches h2corn's Config."""
-    from streamrt.serve.listeners import grpc_h2corn
+    from streamrt.serve.listeners import grpc_h2corn, h2corn_server
 
-    with pytest.raises(ConfigError, match="grpc_threads sets h2corn's Tokio threads; the gRPC server is grpcio"):
+    with pytest.raises(ConfigError, match="grpc_threads sets h2corn's Tokio threads; neither gRPC nor HTTP"):
         ServerConfig(grpc_threads=1)
     with pytest.raises(ConfigError, match="grpc_threads must be an integer >= 0"):
         ServerConfig(grpc_server="h2corn", grpc_threads=-1)
-    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(h2corn_server.os, "sched_getaffinity", lambda pid: {0, 1})
     assert grpc_h2corn.default_threads() == 1
-    monkeypatch.setattr(grpc_h2corn.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(h2corn_server.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert grpc_h2corn.default_threads() == 0
 
     # h2corn's Tokio runtime is process-global (set by the first server of the process): the Config is looked at,

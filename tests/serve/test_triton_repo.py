@@ -63,13 +63,16 @@ def _classifier(weights: np.ndarray) -> onnx.ModelProto:
 WEIGHTS = np.random.default_rng(7).standard_normal((3, 1000)).astype(np.float32)
 
 
-@pytest.fixture(scope="module", params=[(1, "grpcio"), (2, "grpcio"), (1, "h2corn"), (2, "h2corn")],
-                ids=["one-process", "2-frontend-processes", "grpc-h2corn", "grpc-h2corn-2-frontend-processes"])
+@pytest.fixture(scope="module", params=[(1, "grpcio", "aiohttp"), (2, "grpcio", "aiohttp"), (1, "h2corn", "aiohttp"),
+                                        (2, "h2corn", "aiohttp"), (1, "grpcio", "h2corn"), (2, "h2corn", "h2corn")],
+                ids=["one-process", "2-frontend-processes", "grpc-h2corn", "grpc-h2corn-2-frontend-processes",
+                     "http-h2corn", "grpc-http-h2corn-2-frontend-processes"])
 def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     """The Triton examples served in one process and through two front-end worker processes, with gRPC on
-    grpcio and on h2corn (the same tests: compression, BYTES, classification, errors are the listeners' in all)."""
-    processes, grpc_server = request.param
-    if grpc_server == "h2corn":
+    grpcio and on h2corn, HTTP on aiohttp and on h2corn (the same tests: compression, BYTES, classification,
+    errors are the listeners' in all)."""
+    processes, grpc_server, http_server = request.param
+    if "h2corn" in (grpc_server, http_server):
         pytest.importorskip("h2corn")
     repo = tmp_path_factory.mktemp("triton") / "repo"
     shutil.copytree(REPO, repo)
@@ -86,7 +89,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         (repo / name / "1").mkdir(parents=True, exist_ok=True)
         onnx.save(model, str(repo / name / "1" / "model.onnx"))
     config = ServerConfig(http_port=0, grpc_port=0, metrics_port=None, exit_timeout_s=5.0, startup_models=SERVED,
-                          frontend_processes=processes, grpc_server=grpc_server)
+                          frontend_processes=processes, grpc_server=grpc_server,
+                          http_server=http_server)
     with ServerThread(repo, config, start_timeout=120) as running:
         yield running
 

@@ -332,9 +332,13 @@ SERVER_OPTIONS = (
            "who serves gRPC in the engine process: grpcio (default) or h2corn, a Rust HTTP/2 server with a "
            "quarter of grpcio's CPU per request (pip install 'streamrt[fast-grpc]')",
            {"choices": ("grpcio", "h2corn")}),
+    Option("http_server", ("--http-server",),
+           "who serves HTTP/REST: aiohttp (default) or h2corn, the same Rust server, for the inference route "
+           "(every other route still answered by the aiohttp app; pip install 'streamrt[fast-grpc]')",
+           {"choices": ("aiohttp", "h2corn")}),
     Option("grpc_threads", ("--grpc-threads",),
            "h2corn's Tokio threads (default: 1 on a machine of 2 CPUs or fewer, else h2corn's 2); fewer cost "
-           "less CPU per small request, more move large ones faster; needs --grpc-server h2corn",
+           "less CPU per small request, more move large ones faster; needs --grpc-server or --http-server h2corn",
            {"type": int, "metavar": "N"}),
     Option("engine_cpus", ("--engine-cpus",),
            "run the engine process on these CPUs (the kernel's list syntax, e.g. 0-1) and the front-end "

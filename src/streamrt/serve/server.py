@@ -73,6 +73,12 @@ class InferenceServer(ServerCore):
             await self.frontends.start()
             self.http_port, self.grpc_port = self.frontends.http_port, self.frontends.grpc_port
             self._closers.append(self.frontends.stop)
+        elif cfg.http_port is not None and cfg.http_server == "h2corn":
+            from streamrt.serve.listeners.http_h2corn import start_http_h2corn
+
+            stop_http, self.http_port = await start_http_h2corn(self, cfg.host, cfg.http_port, server=self,
+                                                                threads=cfg.grpc_threads)
+            self._closers.append(stop_http)
         elif cfg.http_port is not None:
             from streamrt.serve.listeners.http import start_http
 

@@ -491,14 +491,17 @@ class ModelConfig:
 
 #: What ``--grpc-server`` takes: grpcio's asyncio server (the default) or h2corn (listeners/grpc_h2corn.py).
 GRPC_SERVERS = ("grpcio", "h2corn")
+#: What ``--http-server`` takes: aiohttp (the default) or h2corn (listeners/http_h2corn.py).
+HTTP_SERVERS = ("aiohttp", "h2corn")
 
 
-def _check_grpc_server(name: str) -> None:
-    """Refuse an unknown ``--grpc-server``, or h2corn where it is not installed (one line with the pip command)."""
-    if name not in GRPC_SERVERS:
-        raise ConfigError(f"unknown gRPC server {name!r}", hint=f"--grpc-server {' or '.join(GRPC_SERVERS)}")
+def _check_server(what: str, flag: str, name: str, choices: tuple[str, ...]) -> None:
+    """Refuse an unknown ``--grpc-server`` / ``--http-server``, or h2corn where it is not installed (one line
+    with the pip command)."""
+    if name not in choices:
+        raise ConfigError(f"unknown {what} server {name!r}", hint=f"{flag} {' or '.join(choices)}")
     if name == "h2corn" and importlib.util.find_spec("h2corn") is None:
-        raise ConfigError("--grpc-server h2corn needs the h2corn package, which is not installed",
+        raise ConfigError(f"{flag} h2corn needs the h2corn package, which is not installed",
                           hint="pip install 'streamrt[fast-grpc]' (or: pip install h2corn)")
 
 
@@ -541,8 +544,12 @@ class ServerConfig:
         grpc_server: who serves gRPC (the engine process, or each front-end process): ``grpcio`` (its
             asyncio server) or ``h2corn`` (a Rust HTTP/2 server, the ``fast-grpc`` extra: a quarter of
             grpcio's CPU per request; :mod:`streamrt.serve.listeners.grpc_h2corn`).
-        grpc_threads: h2corn's Tokio threads (0: one on a machine of 2 CPUs or fewer, else h2corn's
-            default, 2); only with ``grpc_server`` ``h2corn`` (grpcio's core sizes its own pollers).
+        http_server: who serves HTTP/REST: ``aiohttp`` (the default) or ``h2corn`` (the inference route
+            served natively, every other route forwarded to the aiohttp app;
+            :mod:`streamrt.serve.listeners.http_h2corn`).
+        grpc_threads: h2corn's Tokio threads, shared by its gRPC and HTTP servers (0: one on a machine of
+            2 CPUs or fewer, else h2corn's default, 2); only when ``grpc_server`` or ``http_server`` is
+            ``h2corn`` (grpcio's core sizes its own pollers).
         engine_cpus: the CPUs the engine process runs on (every thread, those of its model pools
             included), the front-end processes on the other usable CPUs (:mod:`streamrt.device.cpus`;
             Triton's ``--host-policy cpu-cores``), from start to stop (a :class:`ServerThread` pins the
@@ -572,6 +579,7 @@ class ServerConfig:
     frontend_processes: int = 1
     frontend_arena_bytes: int = 2**30
     grpc_server: str = "grpcio"
+    http_server: str = "aiohttp"
     grpc_threads: int = 0
     engine_cpus: tuple[int, ...] | None = None
 
@@ -600,13 +608,15 @@ class ServerConfig:
                               hint="--trace-otlp-url http://localhost:4318/v1/traces (OTLP over HTTP)")
         if self.frontend_processes < 1:
             raise ConfigError(f"frontend_processes must be an integer >= 1, got {self.frontend_processes}")
-        _check_grpc_server(self.grpc_server)
+        _check_server("gRPC", "--grpc-server", self.grpc_server, GRPC_SERVERS)
+        _check_server("HTTP", "--http-server", self.http_server, HTTP_SERVERS)
         if self.grpc_threads < 0:
             raise ConfigError(f"grpc_threads must be an integer >= 0 (0: the server's default), "
                               f"got {self.grpc_threads}")
-        if self.grpc_threads and self.grpc_server != "h2corn":
-            raise ConfigError(f"grpc_threads sets h2corn's Tokio threads; the gRPC server is {self.grpc_server}",
-                              hint="add --grpc-server h2corn, or drop --grpc-threads")
+        if self.grpc_threads and "h2corn" not in (self.grpc_server, self.http_server):
+            raise ConfigError(f"grpc_threads sets h2corn's Tokio threads; neither gRPC nor HTTP is served by h2corn "
+                              f"({self.grpc_server}, {self.http_server})",
+                              hint="add --grpc-server h2corn or --http-server h2corn, or drop --grpc-threads")
         if self.engine_cpus is not None:
             cpus = tuple(sorted(set(self.engine_cpus)))
             if not cpus or any(not isinstance(c, int) or c < 0 for c in cpus):

@@ -15,8 +15,11 @@ contract): every request reaches a model through the core. Outside this room onl
 
 Public surface (each module's ``__all__``):
 
-* :mod:`.http`: ``build_app``, ``start_http``, ``InferenceRoutes``, ``ServerRoutes``,
+* :mod:`.http`: ``build_app``, ``start_http``, ``InferenceRoutes``, ``ServerRoutes``, ``answer_infer``,
   ``quiet_bad_requests``, ``read_body``, ``BadRequestLogFilter``;
+* :mod:`.http_h2corn`: ``start_http_h2corn``, ``HttpAsgi``, ``infer_route`` (``--http-server h2corn``: the
+  inference route on h2corn, the rest forwarded by :mod:`.http_forward`'s ``HttpForwarder`` to the aiohttp app);
+* :mod:`.h2corn_server`: ``serve_asgi``, ``default_threads`` (h2corn in the server's loop, for gRPC and HTTP);
 * :mod:`.grpc_service`: ``start_grpc``, ``grpc_server``, ``bind_grpc``, ``service_handler``,
   ``GrpcService``, ``InferenceRpcs``, ``UNARY_RPCS``, ``UNPARSABLE``, the request/response codecs;
 * :mod:`.metrics`: ``start_metrics``, ``collect``, ``render``;

@@ -28,15 +28,19 @@ the pip command. With ``--frontend-processes N`` every front-end worker serves g
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
-import os
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
-from streamrt.errors import ConfigError
+from streamrt.serve.listeners.h2corn_server import (
+    LARGE_FRAMES,
+    SMALL_MACHINE_CPUS,
+    default_threads,
+    lifespan,
+    serve_asgi,
+)
 
 __all__ = ["SMALL_MACHINE_CPUS", "GrpcAsgi", "default_threads", "start_grpc_h2corn"]
 
@@ -44,8 +48,6 @@ log = logging.getLogger(__name__)
 
 _START = {"type": "http.response.start", "status": 200, "trailers": True,
           "headers": [(b"content-type", b"application/grpc")]}
-_MAX_FRAME = 2**24 - 1  # HTTP/2's largest DATA frame
-_WINDOW = 2**31 - 1  # HTTP/2's largest flow-control window
 _END_OF_BODY = {"type": "http.response.body", "body": b"", "more_body": False}
 _OK = [(b"grpc-status", b"0")]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -212,7 +214,7 @@ class GrpcAsgi:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         route = self._routes.get(scope.get("path", ""))
         if route is None:
@@ -284,70 +286,12 @@ async def _trailers_only(send: Any, code: int, details: str) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _lifespan(receive: Any, send: Any) -> None:
-    while True:
-        event = await receive()
-        if event["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif event["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-SMALL_MACHINE_CPUS = 2
-"""On this many CPUs or fewer, h2corn gets one Tokio thread instead of its default two."""
-
-
-def default_threads() -> int:
-    """h2corn's Tokio threads when ``--grpc-threads`` is not given: 1 on a process with at most
-    :data:`SMALL_MACHINE_CPUS` CPUs, else 0 (h2corn's default, 2).
-
-    On the 2-core CPU machine (2026-12-04, after the request path lost ~25% of its Python) one thread cost
-    153-162 us of server CPU per 64 B gRPC request against 178-192 with two, and served 0.89-0.95x a real
-    tritonserver's requests/s against 0.85-0.90x; with two threads the second competes with the event loop
-    and the clients for the same cores (docs/benchmarks/2026-12-04-grpc-path-cpu.md). With more cores, two
-    threads move large requests faster."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    return 1 if cpus <= SMALL_MACHINE_CPUS else 0
-
-
-def _runtime_threads(threads: int) -> dict[str, int]:
-    return {"runtime_threads": threads} if threads else {}
-
-
 async def start_grpc_h2corn(handlers: Mapping[str, Any], service: str, host: str, port: int,
                             max_receive_bytes: int, *, reuse_port: bool = False, threads: int = 0,
                             ) -> tuple[Callable[[], Awaitable[None]], int]:
     """Serve ``handlers`` on ``host:port`` with h2corn in this event loop; (stop, the bound port).
     ``reuse_port``: front-end worker processes share the port (SO_REUSEPORT); ``threads``: Tokio threads
-    (0: :func:`default_threads`)."""
-    h2corn: Any = importlib.import_module("h2corn")  # optional, untyped here (its Config is built dynamically)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    # Large DATA frames and flow-control windows: a 4.8 MB request arrives in a few ASGI events instead of 75
-    # (64 KiB frames), and 16 concurrent ones on a connection do not wait for window updates (8 MiB defaults).
-    config = h2corn.Config(bind=(address,), grpc=True, http1=False, access_log=False, lifespan="off", workers=1,
-                           timeout_graceful_shutdown=1.0, h2_max_inbound_frame_size=_MAX_FRAME,
-                           h2_initial_stream_window_size=_WINDOW, h2_initial_connection_window_size=_WINDOW,
-                           reuse_port=reuse_port, **_runtime_threads(threads or default_threads()))
-    server = h2corn.Server(GrpcAsgi(handlers, service, max_receive_bytes), config)
-    serving = asyncio.create_task(server.serve(), name="streamrt-grpc-h2corn")
-    started = asyncio.ensure_future(server.wait_started())
-    await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
-    if not started.done() or started.exception() is not None:
-        started.cancel()
-        error = serving.exception() if serving.done() else started.exception()
-        if "runtime_threads is process-global" in str(error):  # h2corn's Tokio runtime: one per process
-            raise ConfigError(f"cannot start h2corn on {address}: {error}",
-                              hint="give every h2corn server of one process the same --grpc-threads") from error
-        raise ConfigError(f"cannot listen for gRPC (h2corn) on {address}: {error}",
-                          hint="--grpc-port N with a free port, or --grpc-port 0 to pick any") from error
-    bound = int(server.addresses[0].rsplit(":", 1)[1])
-
-    async def stop() -> None:
-        server.shutdown()
-        await asyncio.wait({serving}, timeout=5.0)
-
-    return stop, bound
+    (0: :func:`~.h2corn_server.default_threads`)."""
+    return await serve_asgi(GrpcAsgi(handlers, service, max_receive_bytes), host, port, what="gRPC",
+                            port_flag="--grpc-port", reuse_port=reuse_port, threads=threads, grpc=True, http1=False,
+                            **LARGE_FRAMES)

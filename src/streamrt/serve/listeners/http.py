@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 
     from streamrt.serve.core import ServerCore
 
-__all__ = ["BadRequestLogFilter", "InferenceRoutes", "ServerRoutes", "build_app", "quiet_bad_requests", "read_body",
-           "start_http"]
+__all__ = ["BadRequestLogFilter", "InferenceRoutes", "ServerRoutes", "answer_infer", "build_app", "error_reply",
+           "fill_body", "quiet_bad_requests", "read_body", "reply_coding", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,29 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def read_body(request: web.Request, into: np.ndarray | None = None) -> bytes | memoryview:
-    """The request body in one buffer, copied once from the chunks aiohttp's parser hands over.
-
-    The buffer is uninitialised NumPy memory (``bytearray(n)`` would zero it first: one more pass),
-    or ``into`` (a uint8 array of ``Content-Length`` bytes: a front-end worker's shared arena).
-    """
+    """The request body in one buffer, copied once from the chunks aiohttp's parser hands over
+    (:func:`fill_body`); without ``Content-Length``, aiohttp's ``read()``."""
     length = request.content_length
     if length is None:
         return await request.read()
+    return await fill_body(request.content.readany, length, into)
+
+
+async def fill_body(next_chunk: Callable[[], Awaitable[bytes]], length: int,
+                    into: np.ndarray | None = None) -> memoryview:
+    """A body of ``length`` bytes (its ``Content-Length``) in one buffer, from the chunks ``next_chunk``
+    returns (b"" at the end), copied once.
+
+    The buffer is uninitialised NumPy memory (``bytearray(n)`` would zero it first: one more pass),
+    or ``into`` (a uint8 array of ``length`` bytes: a front-end worker's shared arena).
+
+    Raises:
+        RequestError: the body is longer or shorter than ``length``.
+    """
     view = (np.empty(length, np.uint8) if into is None else into).data.cast("B")
     filled = 0
     while filled < length:
-        chunk = await request.content.readany()
+        chunk = await next_chunk()
         if not chunk:
             break
         if filled + len(chunk) > length:
@@ -93,13 +104,12 @@ async def read_body(request: web.Request, into: np.ndarray | None = None) -> byt
     return view
 
 
-def json_header_length(request: web.Request) -> int | None:
+def json_header_length(raw: str | None) -> int | None:
     """The ``Inference-Header-Content-Length`` of a binary inference request (None: all JSON).
 
     Raises:
         RequestError: it is not an integer.
     """
-    raw = request.headers.get(HEADER_LENGTH)
     try:
         return None if raw is None else int(raw)
     except ValueError:
@@ -114,9 +124,18 @@ default). HTTP lets a server answer identity to any ``Accept-Encoding``; nginx's
 is the same rule."""
 
 
+def reply_coding(nbytes: int, accepted: str) -> str | None:
+    """The content coding of a reply of ``nbytes`` to a request that sent ``Accept-Encoding: accepted``:
+    deflate or gzip (aiohttp's order of preference) from :data:`COMPRESS_MIN_BYTES` on, else None (identity)."""
+    if nbytes < COMPRESS_MIN_BYTES:
+        return None
+    accepted = accepted.lower()
+    return "deflate" if "deflate" in accepted else "gzip" if "gzip" in accepted else None
+
+
 def infer_reply(request: web.Request, payload: bytes, json_length: int | None) -> web.Response:
-    """The inference response: binary (with its JSON header's length) or JSON, compressed when the
-    client accepts gzip or deflate and the reply has at least :data:`COMPRESS_MIN_BYTES`."""
+    """The inference response: binary (with its JSON header's length) or JSON, compressed as
+    :func:`reply_coding` says."""
     from aiohttp import web
 
     if json_length is None:
@@ -124,10 +143,8 @@ def infer_reply(request: web.Request, payload: bytes, json_length: int | None) -
     else:
         reply = web.Response(body=payload, headers={"Content-Type": "application/octet-stream",
                                                     HEADER_LENGTH: str(json_length)})
-    if len(payload) >= COMPRESS_MIN_BYTES:
-        accepted = request.headers.get("Accept-Encoding", "")
-        if "gzip" in accepted or "deflate" in accepted:
-            reply.enable_compression()
+    if reply_coding(len(payload), request.headers.get("Accept-Encoding", "")) is not None:
+        reply.enable_compression()
     return reply
 
 
@@ -215,10 +232,7 @@ class InferenceRoutes:
                 self.port.check_auth(request.headers.get("Authorization"))
             return await handler(request)
         except StreamRTError as exc:
-            status = status_for(exc)
-            if status.http >= 500 and not isinstance(exc, ServeError):
-                log.warning("%s %s failed: %s", request.method, request.path, exc)
-            return _error(status.http, str(exc))
+            return _error(*error_reply(exc, request.method, request.path))
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"request body exceeds the server limit of {self.limit} bytes")
         except web.HTTPException as exc:
@@ -228,31 +242,70 @@ class InferenceRoutes:
 
     async def infer(self, request: web.Request) -> web.Response:
         name, version = model_and_version(request)
-        length, limit = request.content_length, self.limit
-        if length is not None and length > limit:
-            raise PayloadTooLargeError(f"request body of {length} bytes exceeds the limit of {limit}")
-        encoding = request.headers.get("Content-Encoding", "identity").lower()
-        if encoding not in ("identity", "", "gzip", "deflate"):
-            raise UnsupportedRequestError(
-                f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
-        identity = encoding in ("identity", "")
-        buffer = self.port.request_buffer(length) if identity and length else None
-        try:
+
+        async def read(into: np.ndarray | None, identity: bool) -> bytes | memoryview:
+            if identity:
+                return await read_body(request, into)
             # aiohttp undoes gzip/deflate; Content-Length is then the compressed size, so read() it.
-            body = await read_body(request, None if buffer is None else buffer.array) if identity \
-                else await request.read()
-            infer_request = decode_http_request(
-                body, json_header_length(request), model=name, version=version,
-                max_elements=self.port.config.max_tensor_elements, memory=self.port.regions,
-            )
-        except BaseException:
-            if buffer is not None:
-                buffer.release()
-            raise
-        infer_request.trace_parent = request.headers.get("traceparent")
-        payload, json_length = await self.port.answer(
-            infer_request, lambda response: encode_http_response(response, infer_request), buffer)
+            from aiohttp.web_protocol import RequestPayloadError
+
+            try:
+                return await request.read()
+            except RequestPayloadError as exc:  # a body that does not decode: the client's error, not a 500
+                raise RequestError(f"cannot decode the request body: {' '.join(str(exc).split())}") from None
+
+        headers = request.headers
+        payload, json_length = await answer_infer(
+            self.port, name, version, read, length=request.content_length,
+            encoding=headers.get("Content-Encoding", "identity"), header_length=headers.get(HEADER_LENGTH),
+            trace_parent=headers.get("traceparent"))
         return infer_reply(request, payload, json_length)
+
+
+BodyReader = Callable[["np.ndarray | None", bool], Awaitable["bytes | memoryview"]]
+"""``read(into, identity)``: an inference request's body, into ``into`` (the port's buffer of
+``Content-Length`` bytes, or None), decoded from its Content-Encoding unless ``identity``."""
+
+
+async def answer_infer(port: InferencePort, name: str, version: str, read: BodyReader, *, length: int | None,
+                       encoding: str, header_length: str | None, trace_parent: str | None,
+                       ) -> tuple[bytes, int | None]:
+    """``POST .../infer`` whoever parses the HTTP (aiohttp, h2corn): the size limit, the content
+    coding, the body read into the port's buffer (a front-end worker's arena), decoded and answered;
+    (the reply's bytes, its JSON header's length or None for all JSON).
+
+    Raises:
+        StreamRTError: what :func:`error_reply` turns into the answer (413 over the limit, 400 for a
+            malformed body, the model's errors).
+    """
+    limit = port.config.max_request_bytes
+    if length is not None and length > limit:
+        raise PayloadTooLargeError(f"request body of {length} bytes exceeds the limit of {limit}")
+    encoding = encoding.lower()
+    if encoding not in ("identity", "", "gzip", "deflate"):
+        raise UnsupportedRequestError(
+            f"Content-Encoding '{encoding}' is not supported; use gzip, deflate or identity")
+    identity = encoding in ("identity", "")
+    buffer = port.request_buffer(length) if identity and length else None
+    try:
+        body = await read(None if buffer is None else buffer.array, identity)
+        request = decode_http_request(body, json_header_length(header_length), model=name, version=version,
+                                      max_elements=port.config.max_tensor_elements, memory=port.regions)
+    except BaseException:
+        if buffer is not None:
+            buffer.release()
+        raise
+    request.trace_parent = trace_parent
+    return await port.answer(request, lambda response: encode_http_response(response, request), buffer)
+
+
+def error_reply(exc: StreamRTError, method: str, path: str) -> tuple[int, str]:
+    """The HTTP status and ``{"error": ...}`` message of a failed request (the status table's code);
+    a server-side failure that is not the server's own state is logged."""
+    status = status_for(exc)
+    if status.http >= 500 and not isinstance(exc, ServeError):
+        log.warning("%s %s failed: %s", method, path, exc)
+    return status.http, str(exc)
 
 
 class ServerRoutes(InferenceRoutes):

@@ -47,18 +47,16 @@ from streamrt.serve.listeners.frontends.channel import (
     raise_error,
 )
 from streamrt.serve.listeners.frontends.tensors import DeferredRegions, pack_request_tensors, unpack_outputs
+from streamrt.serve.listeners.http_forward import HttpForwarder
 from streamrt.serve.port import RequestBuffer, check_bearer, close_each
 from streamrt.serve.process import configure_serving_process, settle_heap
-from streamrt.serve.wire.protocol import HEADER_LENGTH, InferRequest, InferResponse
+from streamrt.serve.wire.protocol import InferRequest, InferResponse
 
 __all__ = ["EngineLink", "GrpcForwarder", "HttpForwarder", "build_http_app", "main"]
 
 log = logging.getLogger("streamrt.serve.listeners.frontends.worker")
 
 T = TypeVar("T")
-
-_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
-
 
 class EngineLink:
     """The worker's end of the tensor channel: sends INFER messages, matches replies to requests.
@@ -186,38 +184,6 @@ def _blocks(reply: tuple[Any, ...]) -> list[int]:
 # --- the other routes: forwarded to the engine process ----------------------------------------------
 
 
-class HttpForwarder:
-    """An aiohttp handler that sends a request unchanged to the engine process's own HTTP app (on a
-    private Unix socket) and its answer back."""
-
-    def __init__(self, control_socket: str) -> None:
-        self.control_socket = control_socket
-        self.session: Any = None
-
-    async def __call__(self, request: Any) -> Any:
-        from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
-
-        if self.session is None:
-            # no timeout of our own: a load request may build an engine for minutes, as in one process
-            self.session = ClientSession(connector=UnixConnector(path=self.control_socket), auto_decompress=False,
-                                         timeout=ClientTimeout(total=None))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        body = await request.read()
-        try:
-            async with self.session.request(request.method, f"http://engine{request.rel_url}", headers=headers,
-                                            data=body or None, allow_redirects=False) as answer:
-                data = await answer.read()
-                kept = {k: v for k, v in answer.headers.items()
-                        if k.lower() in ("content-type", "content-encoding", HEADER_LENGTH.lower())}
-                return web.Response(status=answer.status, body=data, headers=kept)
-        except OSError:
-            return web.json_response({"error": "the engine process is not answering; retry"}, status=503)
-
-    async def close(self, app: Any = None) -> None:
-        if self.session is not None:
-            await self.session.close()
-
-
 def build_http_app(link: EngineLink, control_socket: str) -> Any:
     """The worker's aiohttp app: the inference routes over ``link``, every other route forwarded."""
     from streamrt.serve.listeners.http import InferenceRoutes
@@ -271,7 +237,13 @@ async def serve(spec: dict[str, Any]) -> None:
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=spec["channel_fd"]))
     link = EngineLink(reader, writer, arena, config)
     closers: list[Callable[[], Awaitable[Any]]] = []
-    if spec["http_port"] is not None:
+    if spec["http_port"] is not None and config.http_server == "h2corn":
+        from streamrt.serve.listeners.http_h2corn import start_http_h2corn
+
+        stop_http, _ = await start_http_h2corn(link, config.host, spec["http_port"], forward_to=spec["http_socket"],
+                                               reuse_port=True, threads=config.grpc_threads)
+        closers.append(stop_http)
+    elif spec["http_port"] is not None:
         from aiohttp import web
 
         runner = web.AppRunner(build_http_app(link, spec["http_socket"]), access_log=None, handle_signals=False)
