@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-frontend", action="store_true", help="skip the null-model ceiling (a)")
     parser.add_argument("--grpc-server", choices=("grpcio", "h2corn"), default="grpcio",
                         help="`streamrt serve --grpc-server` of every server started (h2corn: carry its wheel)")
+    parser.add_argument("--http-server", choices=("aiohttp", "h2corn"), default="aiohttp",
+                        help="`streamrt serve --http-server` of every server started (h2corn: HTTP/1.1 parsed in Rust, "
+                        "the infer route over ASGI; 64 B requests at ~2/3 of aiohttp's server CPU on the CPU machine)")
     parser.add_argument("--frontend-processes", default="1", type=lambda text: [int(n) for n in text.split(",")],
                         help="comma list of `streamrt serve --frontend-processes` counts: (a) runs once per count, "
                         "(b) with the largest (default 1: the front ends in the engine process)")

@@ -231,14 +231,15 @@ class Server:
     """``streamrt serve`` on a repository, in a child process, with its log in ``log``."""
 
     def __init__(self, repo: Path, log: Path, frontend_processes: int = 1, grpc_server: str = "grpcio",
-                 env: dict[str, str] | None = None, engine_cpus: frozenset[int] | None = None) -> None:
+                 env: dict[str, str] | None = None, engine_cpus: frozenset[int] | None = None,
+                 http_server: str = "aiohttp") -> None:
         self.http, self.grpc = sf.free_port(), sf.free_port()
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streamrt.cli.main", "serve", str(repo), "--http-port", str(self.http),
              "--grpc-port", str(self.grpc), "--metrics-port", "-1", "--log-level", "WARNING",
              "--frontend-processes", str(frontend_processes), "--grpc-server", grpc_server,
-             *placement.server_args(engine_cpus)],
+             "--http-server", http_server, *placement.server_args(engine_cpus)],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
         sf.wait_ready(self.http, 300, self.process)
@@ -283,7 +284,7 @@ def frontend_rows(args: argparse.Namespace, work: Path, processes: int, report: 
         return
     suffix = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
     server = Server(repo, args.out / f"server-null-fp{processes}{suffix}.log", processes, args.grpc_server,
-                    engine_cpus=engine_cpus)
+                    engine_cpus=engine_cpus, http_server=args.http_server)
     try:
         with placement.clients_beside_front_ends(engine_cpus) as rest:
             others = "the front ends and clients" if processes > 1 else "the clients (the front end is the engine's)"
@@ -490,7 +491,7 @@ def placed_rows(name: str, repo: Path, reference: float, args: argparse.Namespac
         return
     tag = "" if engine_cpus is None else f"-engine{placement.label(engine_cpus).replace(',', '_')}"
     server = Server(repo, args.out / f"server-{name}{tag}.log", max(args.frontend_processes), args.grpc_server,
-                    env, engine_cpus)
+                    env, engine_cpus, args.http_server)
     try:
         with placement.clients_beside_front_ends(engine_cpus):
             served_rows(name, server, reference, args, report, ratios, args.transports, where=where)
@@ -510,7 +511,7 @@ def host_transports_again(name: str, repo: Path, reference: float, args: argpars
     tag = suffix.strip(", ").replace(" ", "-")
     try:
         server = Server(repo, args.out / f"server-{name}-{tag}.log", max(args.frontend_processes), args.grpc_server,
-                        env)
+                        env, http_server=args.http_server)
     except (SystemExit, Exception) as exc:
         report.add([f"| {name} {args.precision} | server with {' '.join(f'{k}={v}' for k, v in env.items())} | "
                     f"failed | | | | {_failure(exc, 300)} |"])

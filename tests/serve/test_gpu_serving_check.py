@@ -40,12 +40,14 @@ def test_front_end_part_writes_a_row_per_protocol(tmp_path: Path, grpc_server: s
         pytest.importorskip("h2corn")
     quiet = grpc_server == "grpcio"  # one of the two runs with ONNX Runtime's own spinning pool threads
     # ... and twice, the second time with the engine process on CPU 0 and the rest on the others
+    # the h2corn run serves HTTP on h2corn too
     done, rows = _run(tmp_path, "--models", "", "--grpc-server", grpc_server,
-                      *(["--engine-cpus", "none;0"] if quiet else ["--null-spinning", "default"]))
+                      *(["--engine-cpus", "none;0"] if quiet
+                        else ["--null-spinning", "default", "--http-server", "h2corn"]))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = (tmp_path / "out" / "serving-cpu.md").read_text()
     assert ("pool threads not spinning" in report) == quiet
-    assert "- CPUs: " in report
+    assert "- CPUs: " in report and "ns/iteration" in report
     pinned = len(os.sched_getaffinity(0)) > 1 and 0 in os.sched_getaffinity(0)
     placed = "Engine process on CPUs 0, the clients (the front end is the engine's) on "
     assert (placed in report) == (quiet and pinned), report
