@@ -167,8 +167,15 @@ class HttpAsgi:
         await _reply(send, 200, reply_headers, payload)
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = _Body(receive, None, 2**63, "identity")
-        data = await body.read(None, True)  # still encoded: its Content-Encoding travels with it
+        # the aiohttp app behind has the same limit (client_max_size): a body over it is refused here, before it
+        # is held whole in memory to be sent on
+        body = _Body(receive, None, self.limit, "identity")
+        try:
+            data = await body.read(None, True)  # still encoded: its Content-Encoding travels with it
+        except StreamRTError as exc:
+            status, message = error_reply(exc, scope["method"], scope["path"])
+            await _reply(send, status, [_JSON_ERROR], json.dumps({"error": message}).encode())
+            return
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
