@@ -49,7 +49,8 @@ SERVE_ROOMS = {
     "scheduling": ["batcher", "loop", "scheduler", "sequence", "timers"],  # loop: new in the room, no old path
     "models": ["model", "servable", "ensemble", "repository", "classification", "python_backend",
                "scheduled", "engine_files", "engine_config"],  # the last three: new in the room, no old path
-    "listeners": ["http", "grpc_service", "grpc_h2corn", "metrics", "frontends"],
+    "listeners": ["http", "http_forward", "http_h2corn", "h2corn_server", "grpc_service", "grpc_h2corn", "metrics",
+                  "frontends"],  # http_forward, http_h2corn, h2corn_server: new in the room, no old path
 }
 SERVE_MOVES = {module: f"{room}.{module}" for room, modules in SERVE_ROOMS.items() for module in modules}
 _SERVE_NAMES = "|".join(re.escape(m) for m in SERVE_MOVES)
