@@ -152,8 +152,7 @@ class HttpAsgi:
                 self.port, *route, body.read, length=length, encoding=encoding,
                 header_length=headers.get(HEADER_LENGTH.lower()), trace_parent=headers.get("traceparent"))
         except StreamRTError as exc:
-            status, message = error_reply(exc, scope["method"], scope["path"])
-            await _reply(send, status, [_JSON_ERROR], json.dumps({"error": message}).encode())
+            await _refuse(send, scope, exc)
             return
         if json_length is None:
             reply_headers = [_JSON]
@@ -173,8 +172,7 @@ class HttpAsgi:
         try:
             data = await body.read(None, True)  # still encoded: its Content-Encoding travels with it
         except StreamRTError as exc:
-            status, message = error_reply(exc, scope["method"], scope["path"])
-            await _reply(send, status, [_JSON_ERROR], json.dumps({"error": message}).encode())
+            await _refuse(send, scope, exc)
             return
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
@@ -190,6 +188,12 @@ def _content_length(raw: str | None) -> int | None:
         return None if raw is None else int(raw)
     except ValueError:
         raise RequestError(f"Content-Length must be an integer, got {raw!r}") from None
+
+
+async def _refuse(send: Any, scope: dict[str, Any], exc: StreamRTError) -> None:
+    """The ``{"error": ...}`` answer of a failed request, with the status table's code."""
+    status, message = error_reply(exc, scope["method"], scope["path"])
+    await _reply(send, status, [_JSON_ERROR], json.dumps({"error": message}).encode())
 
 
 async def _reply(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
