@@ -207,3 +207,18 @@ def test_search_doubles_then_bisects_with_a_run_per_level(tmp_path: Path) -> Non
         (2, True), (4, False), (3, False)]
     assert levels[2]["throughput"] == 0.0 and levels[0]["latency_bound"]["best"]
     assert status == 2 and "Failed to obtain stable measurement" in tail
+
+
+def test_server_threads_with_perf_analyzer_shares_each_thread(binary: Path, tmp_path: Path) -> None:
+    """``server_threads.py --client perf_analyzer``: every thread's CPU per request and its shares of the run."""
+    out = tmp_path / "threads.txt"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "server_threads.py"), "--client", "perf_analyzer",
+                           "--perf-analyzer", str(binary), "--protocols", "http", "--seconds", "1", "--concurrency",
+                           "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    text = out.read_text()
+    assert "requests/s (perf_analyzer)" in text, text
+    (loop,) = [line for line in text.splitlines() if "event loop (main thread)" in line]
+    assert float(loop.split()[4]) > 0, text  # us/request
+    if "on a CPU" in loop:  # where the kernel keeps schedstat
+        assert 0 < float(loop.split("on a CPU")[1].split("%")[0]) <= 100, text
