@@ -57,23 +57,6 @@ def thread_schedule(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-def drive(client: str, binary: Path | None, protocol: str, port: int, concurrency: int, processes: int,
-          seconds: float) -> float:
-    """Requests/s of ``null_small`` at ``concurrency`` from ``client``."""
-    from serving_frontend import run_perf
-
-    if client == "streamrt":
-        return float(run_perf(protocol, port, "null_small", 1, concurrency, processes, seconds, [])["throughput"])
-    import perf_analyzer_client
-
-    assert binary is not None
-    levels, status, tail, _ = perf_analyzer_client.run(binary, protocol, port, "null_small", 1, str(concurrency),
-                                                       seconds, timeout=seconds * 30 + 120)
-    if not levels:
-        raise SystemExit(f"perf_analyzer measured nothing (exit {status}):\n{tail[-2000:]}")
-    return float(levels[0]["throughput"])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--protocols", default="grpc,http")
@@ -86,7 +69,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from serving_frontend import free_port, served, wait_ready
-    from vs_triton import start_streamrt, stop, write_repository
+    from vs_triton import measure, start_streamrt, stop, write_repository
 
     binary = None
     if args.client == "perf_analyzer":
@@ -108,8 +91,8 @@ def main() -> int:
             time.sleep(0.5)
             before, count0 = thread_cpu(server.pid), served(http, "null_small")
             sched0, start = thread_schedule(server.pid), time.perf_counter()
-            throughput = drive(args.client, binary, protocol, http if protocol == "http" else grpc, args.concurrency,
-                               args.processes, args.seconds)
+            throughput = measure(args.client, binary, protocol, http if protocol == "http" else grpc, "null_small", 1,
+                                 args.concurrency, args.processes, args.seconds)["throughput"]
             sched1, wall = thread_schedule(server.pid), time.perf_counter() - start
             after, count1 = thread_cpu(server.pid), served(http, "null_small")
         finally:
